@@ -1,0 +1,1 @@
+"""baton's trainer: everything that runs inside one training process (one rank)."""

@@ -1,0 +1,186 @@
+"""The corpus, packed into fixed-length samples, and the order in which each rank sees them.
+
+The order of an epoch is a pure function of (seed, epoch): nothing about it lives in a generator
+that would need saving. Within an epoch, a torchdata StatefulDataLoader holds the position; the
+epoch number and the epoch's starting sample are plain integers saved beside it.
+
+Global layout of one epoch: a permutation `perm` of all samples. Optimizer step s, micro-batch m,
+rank r takes `perm[start + ((s*accum + m)*world + r)*bs : ... + bs]`, so the global sample position
+is the same whatever the world size, which is what a resharded resume continues from.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import signal
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import fsspec
+import torch
+from torch.utils.data import Dataset, Sampler
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+from trainer.config import ConfigError, DataConfig
+from trainer.storage import storage_options
+
+
+def read_documents(uri: str, text_field: str = "text") -> list[str]:
+    """Documents of a corpus: JSONL (one object a line, `text_field` holds the text) or plain text
+    (documents separated by blank lines)."""
+    try:
+        with fsspec.open(uri, "rt", encoding="utf-8", **storage_options(uri)) as f:
+            content = f.read()
+    except FileNotFoundError:
+        raise ConfigError(f"config key 'data.uri': {uri!r} does not exist") from None
+    if uri.endswith(".jsonl"):
+        docs = []
+        for n, line in enumerate(content.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ConfigError(f"config key 'data.uri': {uri} line {n} is not JSON ({e})") from None
+            if not isinstance(obj, dict) or not isinstance(obj.get(text_field), str):
+                raise ConfigError(f"config key 'data.text_field': {uri} line {n} has no string field {text_field!r}")
+            docs.append(obj[text_field])
+    else:
+        docs = [d.strip() for d in content.split("\n\n") if d.strip()]
+    if not docs:
+        raise ConfigError(f"config key 'data.uri': {uri!r} holds no documents")
+    return docs
+
+
+def pack(docs: list[str], tokenizer, seq_len: int) -> torch.Tensor:
+    """Tokenize each document, end it with EOS, concatenate, and cut into [n, seq_len] samples."""
+    eos = tokenizer.eos_token_id
+    if eos is None:
+        raise ConfigError("config key 'model.path': the tokenizer has no eos_token")
+    ids: list[int] = []
+    for enc in tokenizer(docs, add_special_tokens=False)["input_ids"]:
+        ids.extend(enc)
+        ids.append(eos)
+    n = len(ids) // seq_len
+    if n == 0:
+        raise ConfigError(f"config key 'data.seq_len': the corpus has {len(ids)} tokens, fewer than seq_len={seq_len}")
+    return torch.tensor(ids[: n * seq_len], dtype=torch.long).view(n, seq_len)
+
+
+class PackedDataset(Dataset):
+    def __init__(self, samples: torch.Tensor) -> None:
+        self.samples = samples
+
+    def __len__(self) -> int:
+        return self.samples.shape[0]
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return self.samples[i]
+
+
+def epoch_seed(seed: int, epoch: int) -> int:
+    digest = hashlib.sha256(f"baton-epoch:{seed}:{epoch}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
+
+
+def epoch_permutation(n_samples: int, seed: int, epoch: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(epoch_seed(seed, epoch))
+    return torch.randperm(n_samples, generator=g)
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """Batch geometry of one run."""
+
+    n_samples: int
+    batch_size: int
+    grad_accum: int
+    world: int
+
+    @property
+    def global_batch(self) -> int:
+        """Samples per optimizer step, all ranks together."""
+        return self.batch_size * self.grad_accum * self.world
+
+    def steps_in_epoch(self, start: int = 0) -> int:
+        """Whole optimizer steps left in an epoch that has consumed `start` samples."""
+        return (self.n_samples - start) // self.global_batch
+
+
+class EpochSampler(Sampler[int]):
+    """This rank's sample indices for one epoch, from global sample `start` on, whole steps only."""
+
+    def __init__(self, geo: Geometry, seed: int, epoch: int, rank: int, start: int = 0) -> None:
+        self.geo, self.rank, self.start = geo, rank, start
+        self.perm = epoch_permutation(geo.n_samples, seed, epoch)
+        self.n_micro = geo.steps_in_epoch(start) * geo.grad_accum
+
+    def __len__(self) -> int:
+        return self.n_micro * self.geo.batch_size
+
+    def __iter__(self) -> Iterator[int]:
+        bs, world = self.geo.batch_size, self.geo.world
+        for t in range(self.n_micro):
+            base = self.start + (t * world + self.rank) * bs
+            yield from self.perm[base: base + bs].tolist()
+
+
+def _ignore_sigterm(_worker_id: int) -> None:
+    # A pod deletion signals the whole process group; workers must outlive the parent's final save.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+class EpochData:
+    """Builds the loader for (epoch, start) and says where the run is in its data."""
+
+    def __init__(self, cfg: DataConfig, samples: torch.Tensor, seed: int, rank: int, world: int) -> None:
+        self.cfg, self.seed, self.rank = cfg, seed, rank
+        self.dataset = PackedDataset(samples)
+        self.geo = Geometry(len(self.dataset), cfg.batch_size, cfg.grad_accum, world)
+        if self.geo.steps_in_epoch() < 1:
+            raise ConfigError(
+                f"config key 'data.batch_size': one optimizer step needs {self.geo.global_batch} samples "
+                f"(batch_size {cfg.batch_size} x grad_accum {cfg.grad_accum} x world {world}) "
+                f"but the corpus packs into {self.geo.n_samples}")
+        self.seek(0, 0)
+
+    def _make_loader(self) -> StatefulDataLoader:
+        sampler = EpochSampler(self.geo, self.seed, self.epoch, self.rank, self.start)
+        # A private generator keeps the loader's per-iterator seed draw off the global torch RNG.
+        gen = torch.Generator().manual_seed(epoch_seed(self.seed, self.epoch) ^ self.rank)
+        return StatefulDataLoader(
+            self.dataset, batch_size=self.cfg.batch_size, sampler=sampler, drop_last=False,
+            num_workers=self.cfg.num_workers, generator=gen,
+            worker_init_fn=_ignore_sigterm if self.cfg.num_workers else None,
+        )
+
+    def seek(self, epoch: int, start: int, loader_state: dict | None = None, yielded: int = 0) -> None:
+        """Position at (epoch, start). `loader_state` (with the `yielded` micro-batches it has given)
+        restores the position within that loader."""
+        self.epoch, self.start = epoch, start
+        self.loader = self._make_loader()
+        self.yielded = 0
+        if loader_state is not None:
+            self.loader.load_state_dict(loader_state)
+            self.yielded = yielded
+        self._iter: Iterator[torch.Tensor] | None = None
+
+    def next_epoch(self) -> None:
+        self.seek(self.epoch + 1, 0)
+
+    def next_batch(self) -> torch.Tensor:
+        if self._iter is None:
+            self._iter = iter(self.loader)
+        batch = next(self._iter)
+        self.yielded += 1
+        return batch
+
+    @property
+    def epoch_done(self) -> bool:
+        return self.yielded >= len(self.loader)
+
+    @property
+    def position(self) -> int:
+        """Global samples consumed in this epoch so far."""
+        return self.start + self.yielded * self.geo.batch_size * self.geo.world

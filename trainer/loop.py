@@ -1,0 +1,334 @@
+"""The training loop: resume, step, checkpoint, stop on preemption.
+
+Order inside one optimizer step, and why:
+- before every micro-batch, the collective stop check: a preemption abandons the partial step (its
+  gradients are never saved) and saves the state of the last step boundary, captured beforehand;
+- checkpoints are taken only at step boundaries, after `step()` and `zero_grad()`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_model_state_dict, set_state_dict
+from torch.distributed.device_mesh import init_device_mesh
+
+from trainer import rng
+from trainer.checkpoint import (
+    FencedOut,
+    Store,
+    broadcast,
+    json_from_tensor,
+    resolve_and_load,
+    tensor_from_json,
+)
+from trainer.config import Config
+from trainer.data import EpochData, pack, read_documents
+from trainer.model import ensure_model, load_model, load_tokenizer, shard
+from trainer.preemption import Preemption
+from trainer.records import Records, log
+
+EXIT_OK, EXIT_FAIL, EXIT_PREEMPTED = 0, 1, 75
+RESTORABLE = ("rng", "data", "optimizer", "scheduler")
+
+
+def lr_factor(step: int, warmup: int, total: int, min_ratio: float) -> float:
+    """Linear warmup to 1, then cosine to `min_ratio` at `total`."""
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def skipped_restores() -> set[str]:
+    """`BATON_SKIP_RESTORE=rng,data,...`: the negative controls. Never set this for real work."""
+    raw = os.environ.get("BATON_SKIP_RESTORE", "")
+    items = {s.strip() for s in raw.split(",") if s.strip()}
+    unknown = items - set(RESTORABLE)
+    if unknown:
+        raise ValueError(f"BATON_SKIP_RESTORE: unknown component(s) {sorted(unknown)}; known: {RESTORABLE}")
+    return items
+
+
+def init_distributed() -> tuple[int, int, torch.device]:
+    cuda = torch.cuda.is_available()
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        if cuda:
+            torch.cuda.set_device(local)
+        dist.init_process_group("cpu:gloo,cuda:nccl" if cuda else "gloo")
+        device = torch.device("cuda", local) if cuda else torch.device("cpu")
+    else:
+        if cuda:
+            torch.cuda.set_device(0)
+        dist.init_process_group("cpu:gloo,cuda:nccl" if cuda else "gloo", store=dist.HashStore(),
+                                rank=0, world_size=1)
+        device = torch.device("cuda", 0) if cuda else torch.device("cpu")
+    return dist.get_rank(), dist.get_world_size(), device
+
+
+@dataclass
+class Boundary:
+    """Everything about a step boundary that the live objects move past during the next step."""
+
+    step: int
+    epoch: int
+    start: int
+    yielded: int
+    rng: dict[str, torch.Tensor]
+    loader: dict[str, Any]
+
+
+class Trainer:
+    def __init__(self, cfg: Config, preempt: Preemption) -> None:
+        self.cfg, self.preempt = cfg, preempt
+        self.skip = skipped_restores()
+        self.swap_ranks = os.environ.get("BATON_SWAP_RANK_STATE") == "1"
+        self.rank, self.world, self.device = init_distributed()
+        self.preempt.device = torch.device("cpu")  # gloo carries the flag; under NCCL the cpu:gloo half does
+        if cfg.deterministic:
+            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+            torch.use_deterministic_algorithms(True)
+        self.store = Store(cfg.checkpoint.uri, cfg.run_id)
+        self.attempt = broadcast(self.store.claim_attempt({"host": os.uname().nodename, "pid": os.getpid(),
+                                                           "world_size": self.world})
+                                 if self.rank == 0 else None)
+        self.rec = Records(cfg.run_id, self.attempt, self.rank)
+        self.last_committed: int | None = None
+        self.last_checkpoint: str | None = None
+
+    # -- records (rank 0 speaks for the job) --
+    def emit(self, event: str, step: int, **fields: Any) -> None:
+        if self.rank == 0:
+            self.rec.emit(event, step, **fields)
+
+    # -- setup --
+    def build(self) -> None:
+        cfg = self.cfg
+        if self.rank == 0:
+            path = ensure_model(cfg)
+        dist.barrier()
+        path = ensure_model(cfg)
+        rng.seed_everything(cfg.seed, self.rank)
+        tokenizer = load_tokenizer(path)
+        samples = pack(read_documents(cfg.data.uri, cfg.data.text_field), tokenizer, cfg.data.seq_len)
+        self.data = EpochData(cfg.data, samples, cfg.seed, self.rank, self.world)
+        model = load_model(cfg, path, self.device)
+        mesh = init_device_mesh(self.device.type, (self.world,))
+        self.model = shard(model, mesh)
+        self.model.train()
+        o = cfg.optim
+        self.optim = torch.optim.AdamW(self.model.parameters(), lr=o.lr, betas=tuple(o.betas), eps=o.eps,
+                                       weight_decay=o.weight_decay, foreach=False)
+        self.sched = torch.optim.lr_scheduler.LambdaLR(
+            self.optim, lambda s: lr_factor(s, o.warmup_steps, cfg.total_steps, o.min_lr_ratio))
+        self.step = 0
+        log(f"run {cfg.run_id} attempt {self.attempt}: rank {self.rank}/{self.world} on {self.device}, "
+            f"{self.data.geo.n_samples} samples, {self.data.geo.steps_in_epoch()} steps/epoch, "
+            f"{sum(p.numel() for p in self.model.parameters())} parameters (this rank's shards)")
+
+    # -- state <-> checkpoint --
+    def boundary(self) -> Boundary:
+        return Boundary(self.step, self.data.epoch, self.data.start, self.data.yielded, rng.capture(),
+                        self.data.loader.state_dict())
+
+    def state(self, b: Boundary) -> dict[str, Any]:
+        model_sd, optim_sd = get_state_dict(self.model, self.optim)
+        return {
+            "model": model_sd,
+            "optim": {"state": optim_sd["state"]},
+            "optim_lr": torch.tensor([[g["lr"], g["initial_lr"]] for g in self.optim.param_groups],
+                                     dtype=torch.float64),
+            "sched": torch.tensor([self.sched.last_epoch, self.sched._step_count], dtype=torch.int64),
+            "progress": torch.tensor([b.step, b.epoch, b.start, b.yielded], dtype=torch.int64),
+            f"rng.rank{self.rank}": b.rng,
+            f"loader.rank{self.rank}": tensor_from_json(b.loader),
+        }
+
+    def _load_template(self, step: int, manifest: dict) -> dict[str, Any]:
+        shapes = self.store.shapes(step)
+        same_world = manifest.get("world_size") == self.world
+        src = (self.world - 1 - self.rank) if self.swap_ranks else self.rank
+        template = self.state(self.boundary())
+        template.pop(f"rng.rank{self.rank}")
+        template.pop(f"loader.rank{self.rank}")
+        if same_world:
+            template[f"rng.rank{src}"] = {k: torch.empty(shapes[f"rng.rank{src}.{k}"], dtype=v.dtype)
+                                          for k, v in rng.capture().items()}
+            template[f"loader.rank{src}"] = torch.empty(shapes[f"loader.rank{src}"], dtype=torch.uint8)
+        return template
+
+    def resume(self) -> None:
+        def refused(step: int, why: str) -> None:
+            log(f"checkpoint step {step} refused: {why}; falling back")
+            self.emit("checkpoint_refused", step, path=self.store.url(self.store.step_path(step)), reason=why)
+
+        loaded = resolve_and_load(self.store, self.cfg.fingerprint, self._load_template, refused)
+        if loaded is None:
+            self.emit("resume", 0, from_step=0, fresh=True)
+            log("no committed checkpoint: starting fresh")
+            return
+        step, manifest, st = loaded
+        same_world = manifest.get("world_size") == self.world
+        if "optimizer" not in self.skip:
+            set_state_dict(self.model, self.optim, model_state_dict=st["model"],
+                           optim_state_dict={"state": st["optim"]["state"],
+                                             "param_groups": self._param_groups(st["optim_lr"])})
+        else:
+            set_model_state_dict(self.model, st["model"])
+        if "scheduler" not in self.skip:
+            last_epoch, step_count = st["sched"].tolist()
+            self.sched.last_epoch, self.sched._step_count = last_epoch, step_count
+            self.sched._last_lr = [g["lr"] for g in self.optim.param_groups]
+        p_step, epoch, start, yielded = st["progress"].tolist()
+        assert p_step == step, f"checkpoint step-{step:08d} holds progress for step {p_step}"
+        self.step = step
+        src = (self.world - 1 - self.rank) if self.swap_ranks else self.rank
+        if "data" not in self.skip:
+            if same_world:
+                self.data.seek(epoch, start, json_from_tensor(st[f"loader.rank{src}"]), yielded)
+            else:
+                # Another world size: continue from the same global sample in the epoch.
+                position = start + yielded * self.cfg.data.batch_size * manifest["world_size"]
+                self.data.seek(epoch, position)
+                if self.data.epoch_done:
+                    self.data.next_epoch()
+        if "rng" not in self.skip:
+            if same_world:
+                rng.restore(st[f"rng.rank{src}"])
+            else:
+                rng.seed_everything(self.cfg.seed * 1_000_003 + step, self.rank)
+        self.last_committed = step
+        self.last_checkpoint = self.store.url(self.store.step_path(step))
+        if self.skip or self.swap_ranks:
+            log(f"NEGATIVE CONTROL: restore skipped for {sorted(self.skip)}, swapped ranks={self.swap_ranks}")
+        if not same_world:
+            log(f"resharded resume: saved by {manifest['world_size']} ranks, running on {self.world}; "
+                "model and optimizer load exactly, the continuation is not bitwise (reduction order)")
+        self.emit("resume", step, from_step=step, checkpoint=self.last_checkpoint,
+                  saved_world_size=manifest.get("world_size"))
+        log(f"resumed from step {step} ({self.last_checkpoint})")
+
+    def _param_groups(self, lrs: torch.Tensor) -> list[dict[str, Any]]:
+        _, optim_sd = get_state_dict(self.model, self.optim)
+        groups = optim_sd["param_groups"]
+        for g, (lr, initial) in zip(groups, lrs.tolist(), strict=True):
+            g["lr"], g["initial_lr"] = lr, initial
+        return groups
+
+    def save(self, b: Boundary, reason: str) -> float:
+        res = self.store.save(b.step, self.state(b), {
+            "fingerprint": self.cfg.fingerprint, "run_id": self.cfg.run_id, "epoch": b.epoch,
+            "reason": reason, "config": self.cfg.to_dict(), "time": time.time(),
+        }, self.attempt)
+        self.last_committed, self.last_checkpoint = b.step, res.path
+        self.emit("checkpoint", b.step, reason=reason, save_ms=round(res.save_ms, 1), bytes=res.bytes,
+                  path=res.path)
+        if self.rank == 0:
+            deleted = self.store.retain(self.cfg.checkpoint.keep_last, b.step)
+            if deleted:
+                log(f"retention deleted steps {deleted}")
+        return res.save_ms
+
+    # -- the stop --
+    def stop(self, b: Boundary) -> int:
+        signal_name = self.preempt.signal_name
+        if self.last_committed == b.step:
+            save_ms = 0.0
+            log(f"preempted ({signal_name}) at step {b.step}, already committed: exiting")
+        else:
+            log(f"preempted ({signal_name}) at step {b.step}: saving, {self.preempt.grace_left():.1f}s of grace left")
+            save_ms = self.save(b, "preempt")
+        self.emit("preempt", b.step, signal=signal_name, save_ms=round(save_ms, 1),
+                  grace_left_s=round(self.preempt.grace_left(), 2), exit=EXIT_PREEMPTED,
+                  checkpoint=self.last_checkpoint, already_committed=save_ms == 0.0)
+        return EXIT_PREEMPTED
+
+    def _pause_for_test(self) -> None:
+        """`BATON_PAUSE_AFTER_STEP=K`: wait (at most 120 s) after step K for a signal, so that a test can
+        land SIGTERM on an exact step. A test hook; the wait polls the collective stop flag."""
+        raw = os.environ.get("BATON_PAUSE_AFTER_STEP")
+        if raw is None or int(raw) != self.step:
+            return
+        log(f"paused after step {self.step} (BATON_PAUSE_AFTER_STEP)")
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not self.preempt.should_stop():
+            time.sleep(0.01)
+
+    # -- the loop --
+    def run(self) -> int:
+        cfg, data = self.cfg, self.data
+        accum = cfg.data.grad_accum
+        tokens_per_step = cfg.data.batch_size * cfg.data.seq_len * accum * self.world
+        self._pause_for_test()
+        while self.step < cfg.total_steps:
+            b = self.boundary()
+            t0 = time.perf_counter()
+            loss_sum = torch.zeros((), dtype=torch.float64)
+            digest = []
+            for m in range(accum):
+                if self.preempt.should_stop():
+                    self.optim.zero_grad(set_to_none=True)
+                    return self.stop(b)
+                batch = data.next_batch().to(self.device)
+                digest.append(batch)
+                self.model.set_requires_gradient_sync(m == accum - 1)
+                loss = self.model(input_ids=batch, labels=batch).loss / accum
+                loss.backward()
+                loss_sum += loss.detach().double().cpu()
+            if cfg.optim.grad_clip > 0:
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.optim.grad_clip)
+            lr = self.optim.param_groups[0]["lr"]
+            self.optim.step()
+            self.sched.step()
+            self.optim.zero_grad(set_to_none=True)
+            self.step += 1
+            if self.world > 1:
+                dist.all_reduce(loss_sum, op=dist.ReduceOp.SUM)
+                loss_sum /= self.world
+            if data.epoch_done:
+                data.next_epoch()
+            dt = time.perf_counter() - t0
+            self.emit("step", self.step, loss=float(loss_sum), lr=lr, tokens_per_s=round(tokens_per_step / dt, 1),
+                      epoch=b.epoch, batch_sha=_batch_sha(digest))
+            if self.rank == 0 and (self.step % cfg.log_every == 0 or self.step == cfg.total_steps):
+                log(f"step {self.step}/{cfg.total_steps} loss {float(loss_sum):.4f} lr {lr:.2e} epoch {b.epoch}")
+            if self.step == cfg.total_steps:
+                break
+            if cfg.checkpoint.every_steps and self.step % cfg.checkpoint.every_steps == 0:
+                self.save(self.boundary(), "periodic")
+            self._pause_for_test()
+        if self.last_committed != cfg.total_steps:
+            self.save(self.boundary(), "final")
+        self.emit("done", self.step, total_steps=cfg.total_steps, checkpoint=self.last_checkpoint)
+        log(f"done: {cfg.total_steps} steps, final checkpoint {self.last_checkpoint}")
+        return EXIT_OK
+
+
+def _batch_sha(batches: list[torch.Tensor]) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    for t in batches:
+        h.update(t.cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def train(cfg: Config, preempt: Preemption) -> int:
+    trainer = Trainer(cfg, preempt)
+    try:
+        trainer.build()
+        trainer.resume()
+        return trainer.run()
+    except FencedOut as e:
+        log(f"error: {e}")
+        return EXIT_FAIL
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()

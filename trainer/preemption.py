@@ -1,0 +1,67 @@
+"""Preemption: SIGTERM sets a flag; the stop decision is collective.
+
+The handler only records the signal. The loop asks `should_stop()` before every micro-batch, and
+that answer is all-reduced (MAX) over the ranks, so one rank seeing SIGTERM stops every rank at the
+same point instead of leaving its peers waiting in a collective that it never enters.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import torch
+import torch.distributed as dist
+
+DEFAULT_GRACE_S = 30.0
+
+
+def grace_seconds() -> float:
+    """`BATON_GRACE`: the seconds this process budgets against between SIGTERM and SIGKILL."""
+    raw = os.environ.get("BATON_GRACE", "")
+    try:
+        return float(raw) if raw else DEFAULT_GRACE_S
+    except ValueError:
+        raise ValueError(f"BATON_GRACE must be a number of seconds, got {raw!r}") from None
+
+
+class Preemption:
+    def __init__(self) -> None:
+        self.signal_name: str | None = None
+        self.received_at: float | None = None
+        self.grace = grace_seconds()
+        self.device = torch.device("cpu")
+        self.group: dist.ProcessGroup | None = None
+        self._installed = False
+
+    def install(self) -> None:
+        if os.environ.get("BATON_DISABLE_SIGTERM_HANDLER") == "1":
+            return  # the drill's negative control: a trainer that dies on SIGTERM
+        signal.signal(signal.SIGTERM, self._on_signal)
+        self._installed = True
+
+    def _on_signal(self, signum: int, _frame) -> None:
+        if self.signal_name is None:
+            self.signal_name = signal.Signals(signum).name
+            self.received_at = time.monotonic()
+
+    @property
+    def local(self) -> bool:
+        return self.signal_name is not None
+
+    def should_stop(self) -> bool:
+        """True on every rank if any rank has been signalled. A collective when world > 1."""
+        if not dist.is_initialized() or dist.get_world_size() == 1:
+            return self.local
+        flag = torch.tensor([1 if self.local else 0], dtype=torch.int32, device=self.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
+        if flag.item() and self.signal_name is None:
+            self.signal_name = "peer"
+            self.received_at = time.monotonic()
+        return bool(flag.item())
+
+    def grace_left(self) -> float:
+        if self.received_at is None:
+            return self.grace
+        return self.grace - (time.monotonic() - self.received_at)
