@@ -248,6 +248,9 @@ class Trainer:
         self.emit("preempt", b.step, signal=signal_name, save_ms=round(save_ms, 1),
                   grace_left_s=round(self.preempt.grace_left(), 2), exit=EXIT_PREEMPTED,
                   checkpoint=self.last_checkpoint, already_committed=save_ms == 0.0)
+        # No rank leaves before rank 0 has written the record: a launcher that sees one rank exit
+        # signals the others, and the record is what says the stop was clean.
+        dist.barrier()
         return EXIT_PREEMPTED
 
     def _pause_for_test(self) -> None:

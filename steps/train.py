@@ -1,0 +1,129 @@
+"""PID 1 of a training container: launches torchrun, forwards SIGTERM, reports 0 / 75 / 1.
+
+    python -m steps.train --nproc N --config FILE [--set KEY=VALUE ...] [--evidence URI]
+
+torchrun collapses a worker's exit 75 into 1, so this wrapper decides the code itself from the
+records that pass through it: a `preempt` record (rank 0 writes it only after the checkpoint
+committed) means 75, a `done` record with torchrun's 0 means 0, anything else 1.
+`--evidence URI` (or BATON_EVIDENCE_URI) also copies every record line to
+`URI/<name>.jsonl` as it happens, so the evidence outlives the pod.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+
+EXIT_OK, EXIT_FAIL, EXIT_PREEMPTED = 0, 1, 75
+
+
+class Evidence:
+    """Record lines copied to an fsspec location: appended locally, rewritten (throttled) on object stores."""
+
+    def __init__(self, uri: str | None, name: str) -> None:
+        self.lines: list[str] = []
+        self.path = None
+        self.last_flush = 0.0
+        if not uri:
+            return
+        from trainer.storage import url_to_fs
+
+        self.fs, base = url_to_fs(uri)
+        self.fs.makedirs(base, exist_ok=True)
+        self.path = f"{base.rstrip('/')}/{name}.jsonl"
+        self.local = "file" in (self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,))
+
+    def add(self, line: str) -> None:
+        if self.path is None:
+            return
+        self.lines.append(line)
+        if self.local:
+            with open(self.path, "a") as f:
+                f.write(line + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+        elif time.monotonic() - self.last_flush > 2.0:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.path is None or self.local:
+            return
+        with self.fs.open(self.path, "w") as f:
+            f.write("".join(line + "\n" for line in self.lines))
+        self.last_flush = time.monotonic()
+
+
+def grace() -> float:
+    from trainer.preemption import grace_seconds
+
+    return grace_seconds()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m steps.train", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--nproc", type=int, default=1, help="ranks on this node (torchrun --nproc-per-node)")
+    ap.add_argument("--config", required=True)
+    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    ap.add_argument("--evidence", default=os.environ.get("BATON_EVIDENCE_URI"),
+                    help="fsspec folder to copy the record lines to as they happen")
+    ap.add_argument("--name", default=os.environ.get("BATON_POD_NAME") or f"attempt-{uuid.uuid4().hex[:8]}",
+                    help="name of this attempt's evidence file")
+    args = ap.parse_args(argv)
+    if args.nproc < 1:
+        ap.error("--nproc must be >= 1")
+
+    signalled = threading.Event()
+    child: subprocess.Popen | None = None
+
+    def forward(signum: int, _frame) -> None:
+        signalled.set()
+        if child is not None and child.poll() is None:
+            child.send_signal(signum)
+
+    signal.signal(signal.SIGTERM, forward)
+    g = grace()
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.nproc}",
+           "--max-restarts=0", f"--shutdown-timeout={max(1, int(g))}", "-m", "trainer",
+           "--config", args.config]
+    for o in args.overrides:
+        cmd += ["--set", o]
+    evidence = Evidence(args.evidence, args.name)
+    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
+    child = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, bufsize=1, env=env)
+    preempted = done = False
+    assert child.stdout is not None
+    for line in child.stdout:
+        sys.stdout.write(line)
+        sys.stdout.flush()
+        s = line.strip()
+        if s.startswith("{") and '"event"' in s:
+            try:
+                rec = json.loads(s)
+            except json.JSONDecodeError:
+                continue
+            evidence.add(s)
+            preempted |= rec.get("event") == "preempt"
+            done |= rec.get("event") == "done"
+    rc = child.wait()
+    evidence.flush()
+    if rc == 0 and done:
+        code = EXIT_OK
+    elif preempted:
+        code = EXIT_PREEMPTED
+    else:
+        code = EXIT_FAIL
+    print(f"[steps.train] torchrun exited {rc}; preempt record: {preempted}, done record: {done}, "
+          f"signalled: {signalled.is_set()} -> exit {code}", file=sys.stderr)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
