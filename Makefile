@@ -1,0 +1,49 @@
+# Every target sets up .venv by itself (idempotent); torch stays pinned to the CPU build on disk.
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PYTEST := $(PY) -m pytest
+STAMP  := $(VENV)/.installed
+OUT    ?= out/drill
+
+.PHONY: install test test-unit test-dist test-workflow test-gpu drill render templates lint bench \
+        image gke-up gke-destroy e2e-kind gpu-check clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	# Pinned first and alone: an unpinned torch would pull a CUDA build of several GB.
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+test: install lint
+	$(PYTEST) -q tests
+
+test-unit: install
+	$(PYTEST) -q tests/unit
+
+test-dist: install
+	$(PYTEST) -q tests/dist
+
+test-workflow: install
+	$(PYTEST) -q tests/workflow
+
+test-gpu: install
+	$(PYTEST) -q tests/gpu
+
+lint: install
+	$(VENV)/bin/ruff check .
+
+drill: install
+	$(PY) workflows/equivalence.py run --out $(OUT)
+
+render: install
+	$(PY) workflows/equivalence.py render
+
+templates: install
+	$(PY) workflows/equivalence.py write-templates
+
+clean:
+	rm -rf .baton out .pytest_cache

@@ -1,0 +1,90 @@
+"""Shared by the tests: run the real trainer as a real process, signal it, read its records."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+PY = sys.executable
+TINY_YAML = REPO / "trainer" / "configs" / "tiny.yaml"
+CORPUS = REPO / "trainer" / "assets" / "tiny_corpus.txt"
+
+
+def trainer_cmd(model_dir: Path | str, ckpt: Path | str, *sets: str, config: Path | str = TINY_YAML) -> list[str]:
+    cmd = [PY, "-m", "trainer", "--config", str(config), "--set", f"model.path={model_dir}",
+           "--set", f"checkpoint.uri={ckpt}", "--set", f"data.uri={CORPUS}"]
+    for s in sets:
+        cmd += ["--set", s]
+    return cmd
+
+
+def base_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BATON_")}
+    env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
+    env.update(extra)
+    return env
+
+
+def records(stdout: str) -> list[dict]:
+    return [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
+
+
+def run(cmd: list[str], env: dict[str, str] | None = None, timeout: float = 300) -> tuple[int, list[dict], str]:
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env or base_env(), cwd=REPO, timeout=timeout)
+    return p.returncode, records(p.stdout), p.stderr
+
+
+def run_and_sigterm(cmd: list[str], at_step: int, env: dict[str, str] | None = None,
+                    target=None, timeout: float = 300) -> tuple[int, list[dict], str]:
+    """Run with BATON_PAUSE_AFTER_STEP=at_step; when the step record for `at_step` shows, send a real
+    SIGTERM (to the process, or to `target(proc)`'s pid), and collect everything."""
+    env = dict(env or base_env(), BATON_PAUSE_AFTER_STEP=str(at_step))
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
+    out_lines = []
+    deadline = time.monotonic() + timeout
+    sent = False
+    assert p.stdout is not None
+    for line in p.stdout:
+        out_lines.append(line)
+        if not sent and line.startswith("{"):
+            rec = json.loads(line)
+            if rec["event"] == "step" and rec["step"] == at_step:
+                pid = target(p) if target else p.pid
+                os.kill(pid, signal.SIGTERM)
+                sent = True
+        if time.monotonic() > deadline:
+            p.kill()
+            break
+    rc = p.wait(timeout=max(1, deadline - time.monotonic()))
+    err = p.stderr.read() if p.stderr else ""
+    return rc, records("".join(out_lines)), err
+
+
+def step_dir(ckpt: Path | str, step: int) -> Path:
+    hits = glob.glob(f"{ckpt}/runs/*/step-{step:08d}")
+    assert len(hits) == 1, f"expected one step-{step:08d} under {ckpt}, found {hits}"
+    return Path(hits[0])
+
+
+def tensors(ckpt: Path | str, step: int) -> dict[str, torch.Tensor]:
+    from trainer.checkpoint import load_flat
+
+    return load_flat(f"file://{step_dir(ckpt, step)}")
+
+
+def model_and_optim(t: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {k: v for k, v in t.items() if k.startswith(("model.", "optim."))}
+
+
+def equal_count(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> tuple[int, int]:
+    assert a.keys() == b.keys(), f"different keys: {sorted(a.keys() ^ b.keys())[:5]}"
+    return sum(torch.equal(a[k], b[k]) for k in a), len(a)
