@@ -47,3 +47,17 @@ templates: install
 
 clean:
 	rm -rf .baton out .pytest_cache
+
+# ---- cluster (see infra/README.md) ----
+IMAGE ?= baton:dev
+image:
+	bash infra/scripts/build-image.sh $(IMAGE)
+
+gke-up:
+	bash infra/scripts/gke-up.sh
+
+gke-destroy:
+	bash infra/scripts/gke-destroy.sh
+
+e2e-kind:
+	bash infra/scripts/e2e-kind.sh
