@@ -239,15 +239,22 @@ class Trainer:
     # -- the stop --
     def stop(self, b: Boundary) -> int:
         signal_name = self.preempt.signal_name
-        if self.last_committed == b.step:
-            save_ms = 0.0
+        save_ms = 0.0
+        if b.step == 0 and self.last_committed is None:
+            # Nothing trained yet: a restart recomputes this exact state from the config and seed.
+            outcome = "nothing_to_save"
+            log(f"preempted ({signal_name}) before the first step: nothing to save")
+        elif self.last_committed == b.step:
+            outcome = "already_committed"
             log(f"preempted ({signal_name}) at step {b.step}, already committed: exiting")
         else:
+            outcome = "saved"
             log(f"preempted ({signal_name}) at step {b.step}: saving, {self.preempt.grace_left():.1f}s of grace left")
             save_ms = self.save(b, "preempt")
         self.emit("preempt", b.step, signal=signal_name, save_ms=round(save_ms, 1),
                   grace_left_s=round(self.preempt.grace_left(), 2), exit=EXIT_PREEMPTED,
-                  checkpoint=self.last_checkpoint, already_committed=save_ms == 0.0)
+                  checkpoint=self.last_checkpoint, already_committed=outcome == "already_committed",
+                  outcome=outcome)
         # No rank leaves before rank 0 has written the record: a launcher that sees one rank exit
         # signals the others, and the record is what says the stop was clean.
         dist.barrier()

@@ -1,0 +1,238 @@
+# baton on GKE: a cluster with an on-demand system pool and a Spot GPU pool, a bucket for checkpoints
+# and artifacts, a registry for the image, and a Google service account that only the drill's
+# Kubernetes ServiceAccount can act as (Workload Identity: no key files anywhere).
+
+locals {
+  location      = var.regional ? var.region : var.zone
+  bucket_name   = var.bucket_name != "" ? var.bucket_name : "${var.project_id}-baton-drills"
+  workload_pool = "${var.project_id}.svc.id.goog"
+  node_scopes   = ["https://www.googleapis.com/auth/cloud-platform"]
+}
+
+# The APIs a fresh project lacks. disable_on_destroy = false: turning an API off on destroy would
+# break anything else in the project that uses it.
+resource "google_project_service" "apis" {
+  for_each = toset([
+    "artifactregistry.googleapis.com",
+    "compute.googleapis.com",
+    "container.googleapis.com",
+    "iam.googleapis.com",
+    "storage.googleapis.com",
+  ])
+  service            = each.value
+  disable_on_destroy = false
+}
+
+# ---- nodes ----
+
+# Nodes run as their own minimal account, not the Compute Engine default (which is often Editor):
+# a pod escaping to the node's metadata would otherwise get the whole project.
+resource "google_service_account" "nodes" {
+  account_id   = "${var.cluster_name}-nodes"
+  display_name = "baton GKE nodes"
+  depends_on   = [google_project_service.apis]
+}
+
+resource "google_project_iam_member" "nodes_default" {
+  project = var.project_id
+  role    = "roles/container.defaultNodeServiceAccount"
+  member  = "serviceAccount:${google_service_account.nodes.email}"
+}
+
+resource "google_container_cluster" "this" {
+  name     = var.cluster_name
+  location = local.location
+
+  # Node pools are managed below; the default pool exists only while the cluster is created.
+  remove_default_node_pool = true
+  initial_node_count       = 1
+  deletion_protection      = var.deletion_protection
+  networking_mode          = "VPC_NATIVE"
+  ip_allocation_policy {}
+
+  release_channel {
+    channel = var.release_channel
+  }
+
+  # Pods get Google credentials from their Kubernetes ServiceAccount, through the GKE metadata
+  # server, instead of from key files or the node's account.
+  workload_identity_config {
+    workload_pool = local.workload_pool
+  }
+
+  resource_labels = var.labels
+  depends_on      = [google_project_service.apis]
+}
+
+resource "google_container_node_pool" "system" {
+  name       = "system"
+  cluster    = google_container_cluster.this.id
+  location   = local.location
+  node_count = var.system_node_count
+
+  management {
+    auto_repair  = true
+    auto_upgrade = true
+  }
+
+  node_config {
+    machine_type    = var.system_machine_type
+    service_account = google_service_account.nodes.email
+    oauth_scopes    = local.node_scopes
+    labels          = merge(var.labels, { "baton.dev/pool" = "system" })
+    resource_labels = var.labels
+
+    workload_metadata_config {
+      mode = "GKE_METADATA"
+    }
+
+    shielded_instance_config {
+      enable_secure_boot = true
+    }
+  }
+}
+
+# The pool the trial is preempted on. Spot: cheap, and Compute Engine reclaims it with 30 s notice,
+# of which ordinary pods get about 15 s (GKE graceful node shutdown) -- the budget a preemption save
+# must fit in. Autoscaled from 0 so an idle cluster holds no GPU.
+resource "google_container_node_pool" "gpu" {
+  name               = "gpu-spot"
+  cluster            = google_container_cluster.this.id
+  location           = local.location
+  node_locations     = length(var.gpu_zones) > 0 ? var.gpu_zones : null
+  initial_node_count = var.gpu_min_nodes
+
+  # total_* bounds count the whole pool, and location_policy ANY lets the autoscaler take whichever
+  # zone has Spot capacity right now instead of balancing zones that have none.
+  autoscaling {
+    total_min_node_count = var.gpu_min_nodes
+    total_max_node_count = var.gpu_max_nodes
+    location_policy      = "ANY"
+  }
+
+  management {
+    auto_repair  = true
+    auto_upgrade = true
+  }
+
+  node_config {
+    machine_type    = var.gpu_machine_type
+    spot            = true
+    service_account = google_service_account.nodes.email
+    oauth_scopes    = local.node_scopes
+    labels          = merge(var.labels, { "baton.dev/pool" = "gpu-spot" })
+    resource_labels = var.labels
+
+    guest_accelerator {
+      type  = var.gpu_accelerator_type
+      count = var.gpu_accelerator_count
+
+      gpu_driver_installation_config {
+        gpu_driver_version = var.gpu_driver_version
+      }
+    }
+
+    # Only pods that tolerate this land here (the drill's training steps do); everything else stays
+    # on the system pool and cannot be preempted with the trial.
+    taint {
+      key    = "nvidia.com/gpu"
+      value  = "present"
+      effect = "NO_SCHEDULE"
+    }
+
+    workload_metadata_config {
+      mode = "GKE_METADATA"
+    }
+
+    shielded_instance_config {
+      enable_secure_boot = true
+    }
+  }
+
+  # The autoscaler owns the size after creation.
+  lifecycle {
+    ignore_changes = [initial_node_count]
+  }
+}
+
+# ---- storage ----
+
+resource "google_storage_bucket" "drills" {
+  name                        = local.bucket_name
+  location                    = var.region
+  uniform_bucket_level_access = true
+  public_access_prevention    = "enforced"
+  force_destroy               = var.bucket_force_destroy
+  labels                      = var.labels
+
+  # Drill checkpoints are evidence for one run; old ones only cost money.
+  lifecycle_rule {
+    condition {
+      age = var.bucket_retention_days
+    }
+    action {
+      type = "Delete"
+    }
+  }
+
+  # Soft delete would keep every checkpoint that retention removes for another 7 days, billed.
+  soft_delete_policy {
+    retention_duration_seconds = 0
+  }
+
+  depends_on = [google_project_service.apis]
+}
+
+# ---- identity of the drill's pods ----
+
+resource "google_service_account" "drill" {
+  account_id   = var.gsa_account_id
+  display_name = "baton drill (Workload Identity for ${var.namespace}/${var.ksa_name})"
+  depends_on   = [google_project_service.apis]
+}
+
+# Object read/write/delete (retention deletes old checkpoints) on this bucket only, nothing project-wide.
+resource "google_storage_bucket_iam_member" "drill_objects" {
+  bucket = google_storage_bucket.drills.name
+  role   = "roles/storage.objectAdmin"
+  member = "serviceAccount:${google_service_account.drill.email}"
+}
+
+# Exactly one Kubernetes ServiceAccount may act as the GSA. The workload pool exists only once the
+# cluster does, hence the explicit dependency.
+resource "google_service_account_iam_member" "drill_workload_identity" {
+  service_account_id = google_service_account.drill.name
+  role               = "roles/iam.workloadIdentityUser"
+  member             = "serviceAccount:${local.workload_pool}[${var.namespace}/${var.ksa_name}]"
+  depends_on         = [google_container_cluster.this]
+}
+
+# ---- image registry ----
+
+resource "google_artifact_registry_repository" "images" {
+  location      = var.region
+  repository_id = var.registry_repository_id
+  format        = "DOCKER"
+  description   = "baton training/drill image"
+  labels        = var.labels
+
+  cleanup_policy_dry_run = false
+  cleanup_policies {
+    id     = "delete-old-untagged"
+    action = "DELETE"
+    condition {
+      tag_state  = "UNTAGGED"
+      older_than = "${var.registry_untagged_retention_days * 86400}s"
+    }
+  }
+
+  depends_on = [google_project_service.apis]
+}
+
+# Nodes pull the image with their own account; read-only, and only this repository.
+resource "google_artifact_registry_repository_iam_member" "nodes_pull" {
+  location   = google_artifact_registry_repository.images.location
+  repository = google_artifact_registry_repository.images.name
+  role       = "roles/artifactregistry.reader"
+  member     = "serviceAccount:${google_service_account.nodes.email}"
+}

@@ -1,0 +1,185 @@
+"""The proof: SIGTERM, restart, and the final tensors equal an uninterrupted run's, with the negative
+controls that show the comparison notices each missing piece of restored state.
+
+Real processes, real signals. `BATON_PAUSE_AFTER_STEP` holds the trainer at a chosen step boundary
+until the signal arrives, so the test lands SIGTERM on an exact step.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from tests.helpers import (
+    base_env,
+    equal_count,
+    model_and_optim,
+    run,
+    run_and_sigterm,
+    step_dir,
+    tensors,
+    trainer_cmd,
+)
+
+DROPOUT = "model.dropout=0.1"
+TOTAL = 40  # 20 steps per epoch at world 1 with the tiny config
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_model, tmp_path_factory):
+    ckpt = tmp_path_factory.mktemp("reference")
+    rc, recs, err = run(trainer_cmd(tiny_model, ckpt, DROPOUT))
+    assert rc == 0, err
+    assert [r["event"] for r in recs if r["event"] != "step"][-2:] == ["checkpoint", "done"]
+    steps = {r["step"]: r for r in recs if r["event"] == "step"}
+    assert sorted(steps) == list(range(1, TOTAL + 1))
+    return ckpt, steps, tensors(ckpt, TOTAL)
+
+
+@pytest.fixture(scope="module")
+def interrupted(tiny_model, tmp_path_factory):
+    """A trial stopped by SIGTERM after step 13, before its restart."""
+    ckpt = tmp_path_factory.mktemp("interrupted")
+    rc, recs, err = run_and_sigterm(trainer_cmd(tiny_model, ckpt, DROPOUT), at_step=13)
+    assert rc == 75, err
+    return ckpt, recs
+
+
+def _resume(tiny_model, src, dst, env=None):
+    shutil.copytree(src, dst)
+    rc, recs, err = run(trainer_cmd(tiny_model, dst, DROPOUT), env=env)
+    assert rc == 0, err
+    return recs
+
+
+def test_preemption_saves_the_step_the_signal_landed_on(interrupted):
+    _, recs = interrupted
+    pre = [r for r in recs if r["event"] == "preempt"]
+    assert len(pre) == 1 and pre[0]["step"] == 13 and pre[0]["exit"] == 75 and pre[0]["signal"] == "SIGTERM"
+    assert pre[0]["save_ms"] > 0 and not pre[0]["already_committed"]
+    assert pre[0]["grace_left_s"] > 0
+    ck = [r for r in recs if r["event"] == "checkpoint" and r["reason"] == "preempt"]
+    assert [c["step"] for c in ck] == [13] and ck[0]["bytes"] > 0
+    assert max(r["step"] for r in recs if r["event"] == "step") == 13
+
+
+def test_resume_is_bit_identical_to_the_uninterrupted_run(tiny_model, reference, interrupted, tmp_path):
+    ref_ckpt, ref_steps, ref_t = reference
+    recs = _resume(tiny_model, interrupted[0], tmp_path / "trial")
+    resume = [r for r in recs if r["event"] == "resume"]
+    assert resume and resume[0]["from_step"] == 13 and resume[0]["checkpoint"].endswith("step-00000013")
+    steps = {r["step"]: r for r in recs if r["event"] == "step"}
+    assert sorted(steps) == list(range(14, TOTAL + 1)), "no step replayed, none skipped"
+    # The batch consumed at step K+1 is the reference's, and so is every later one.
+    assert steps[14]["batch_sha"] == ref_steps[14]["batch_sha"]
+    assert all(steps[s]["batch_sha"] == ref_steps[s]["batch_sha"] for s in steps)
+    trial_t = tensors(tmp_path / "trial", TOTAL)
+    equal, total = equal_count(ref_t, trial_t)
+    assert equal == total and total > 100
+    assert len(model_and_optim(ref_t)) >= 100
+
+
+@pytest.mark.parametrize("component", ["rng", "data", "optimizer", "scheduler"])
+def test_negative_control_skipping_one_restore_breaks_equivalence(tiny_model, reference, interrupted, tmp_path,
+                                                                  component):
+    _, _, ref_t = reference
+    _resume(tiny_model, interrupted[0], tmp_path / "trial", env=base_env(BATON_SKIP_RESTORE=component))
+    trial_t = model_and_optim(tensors(tmp_path / "trial", TOTAL))
+    equal, total = equal_count(model_and_optim(ref_t), trial_t)
+    assert equal < total, f"skipping the {component} restore went unnoticed"
+
+
+@pytest.mark.parametrize("at_step", [20, 21], ids=["last-step-of-epoch-0", "first-step-of-epoch-1"])
+def test_resume_across_an_epoch_boundary(tiny_model, reference, tmp_path, at_step):
+    ref_ckpt, ref_steps, ref_t = reference
+    ckpt = tmp_path / "trial"
+    rc, recs, err = run_and_sigterm(trainer_cmd(tiny_model, ckpt, DROPOUT), at_step=at_step)
+    assert rc == 75, err
+    pre = [r for r in recs if r["event"] == "preempt"][0]
+    # Step 20 is also a periodic checkpoint: the preemption finds it committed and exits at once.
+    assert pre["already_committed"] == (at_step == 20)
+    rc, recs, err = run(trainer_cmd(tiny_model, ckpt, DROPOUT))
+    assert rc == 0, err
+    steps = {r["step"]: r for r in recs if r["event"] == "step"}
+    assert min(steps) == at_step + 1 and steps[at_step + 1]["epoch"] == 1
+    assert steps[at_step + 1]["batch_sha"] == ref_steps[at_step + 1]["batch_sha"]
+    equal, total = equal_count(ref_t, tensors(ckpt, TOTAL))
+    assert equal == total
+
+
+def test_sigterm_during_startup_exits_75_and_restarts_exactly(tiny_model, reference, tmp_path):
+    import subprocess
+
+    from tests.helpers import REPO, records
+
+    ckpt = tmp_path / "trial"
+    p = subprocess.Popen(trainer_cmd(tiny_model, ckpt, DROPOUT), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, env=base_env(), cwd=REPO)
+    for line in p.stderr:
+        if " attempt " in line:  # logged after the model loaded, before the first step
+            p.send_signal(15)
+            break
+    out, _ = p.communicate(timeout=120)
+    assert p.returncode == 75
+    pre = [r for r in records(out) if r["event"] == "preempt"]
+    assert pre and pre[0]["step"] == 0 and pre[0]["checkpoint"] is None and pre[0]["outcome"] == "nothing_to_save"
+    assert not list(ckpt.glob("runs/*/step-*")), "step 0 is recomputed from the config, not saved"
+    rc, recs, err = run(trainer_cmd(tiny_model, ckpt, DROPOUT))
+    assert rc == 0, err
+    equal, total = equal_count(reference[2], tensors(ckpt, TOTAL))
+    assert equal == total
+
+
+def test_torn_and_truncated_checkpoints_are_passed_over(tiny_model, reference, tmp_path):
+    ckpt = tmp_path / "trial"
+    rc, recs, err = run_and_sigterm(trainer_cmd(tiny_model, ckpt, DROPOUT, "checkpoint.keep_last=5"), at_step=25)
+    assert rc == 75, err
+    (step_dir(ckpt, 25) / "_COMMIT").unlink()  # torn: the commit marker never landed
+    shard = next(step_dir(ckpt, 20).glob("__0_*.distcp"))
+    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])  # truncated shard
+    rc, recs, err = run(trainer_cmd(tiny_model, ckpt, DROPOUT, "checkpoint.keep_last=5"))
+    assert rc == 0, err
+    refused = [r for r in recs if r["event"] == "checkpoint_refused"]
+    assert [r["step"] for r in refused] == [20] and "bytes" in refused[0]["reason"]
+    resume = [r for r in recs if r["event"] == "resume"][0]
+    assert resume["from_step"] == 10
+    equal, total = equal_count(reference[2], tensors(ckpt, TOTAL))
+    assert equal == total
+
+
+def test_a_foreign_checkpoint_is_refused_with_exit_1(tiny_model, interrupted, tmp_path):
+    import hashlib
+
+    ckpt = tmp_path / "trial"
+    shutil.copytree(interrupted[0], ckpt)
+    d = step_dir(ckpt, 13)
+    manifest = json.loads((d / "manifest.json").read_text())
+    manifest["fingerprint"] = "f" * 64
+    text = json.dumps(manifest)
+    (d / "manifest.json").write_text(text)
+    commit = json.loads((d / "_COMMIT").read_text())
+    commit["manifest_sha256"] = hashlib.sha256(text.encode()).hexdigest()
+    (d / "_COMMIT").write_text(json.dumps(commit))
+    rc, recs, err = run(trainer_cmd(tiny_model, ckpt, DROPOUT))
+    assert rc == 1
+    assert "refusing checkpoint" in err and "ffffffffffff" in err and "another run" in err
+    assert not [r for r in recs if r["event"] == "step"], "nothing trained on top of a foreign checkpoint"
+
+
+def test_a_crash_exits_1(tiny_model, tmp_path):
+    broken = tmp_path / "model"
+    shutil.copytree(tiny_model, broken)
+    (broken / "config.json").write_text("{not json")
+    rc, recs, err = run(trainer_cmd(broken, tmp_path / "ckpt"))
+    assert rc == 1 and "Traceback" in err or "error" in err
+
+
+def test_resuming_a_finished_run_exits_0_without_training(tiny_model, reference, tmp_path):
+    ckpt = tmp_path / "done"
+    shutil.copytree(reference[0], ckpt)
+    rc, recs, err = run(trainer_cmd(tiny_model, ckpt, DROPOUT))
+    assert rc == 0, err
+    assert not [r for r in recs if r["event"] == "step"]
+    assert [r["event"] for r in recs][-1] == "done"
