@@ -148,7 +148,8 @@ class Trainer:
             "sched": torch.tensor([self.sched.last_epoch, self.sched._step_count], dtype=torch.int64),
             "progress": torch.tensor([b.step, b.epoch, b.start, b.yielded], dtype=torch.int64),
             f"rng.rank{self.rank}": b.rng,
-            f"loader.rank{self.rank}": tensor_from_json(b.loader),
+            f"loader.rank{self.rank}": tensor_from_json({"rank": self.rank, "epoch": b.epoch, "start": b.start,
+                                                         "yielded": b.yielded, "state": b.loader}),
         }
 
     def _load_template(self, step: int, manifest: dict) -> dict[str, Any]:
@@ -192,7 +193,8 @@ class Trainer:
         src = (self.world - 1 - self.rank) if self.swap_ranks else self.rank
         if "data" not in self.skip:
             if same_world:
-                self.data.seek(epoch, start, json_from_tensor(st[f"loader.rank{src}"]), yielded)
+                blob = json_from_tensor(st[f"loader.rank{src}"])
+                self.data.seek(epoch, start, blob["state"], yielded)
             else:
                 # Another world size: continue from the same global sample in the epoch.
                 position = start + yielded * self.cfg.data.batch_size * manifest["world_size"]

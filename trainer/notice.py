@@ -145,7 +145,7 @@ def parse_timestamp(text: str) -> float | None:
     else:
         return value if math.isfinite(value) else None
     try:
-        dt = datetime.fromisoformat(text)
+        dt = datetime.fromisoformat(text.upper())  # RFC3339 allows a lowercase 't' and 'z'
     except ValueError:
         return None
     return dt.timestamp() if dt.tzinfo is not None else None  # a time without an offset is ambiguous

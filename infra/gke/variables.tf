@@ -4,13 +4,13 @@ variable "project_id" {
 }
 
 variable "region" {
-  description = "Region for the bucket, the Artifact Registry repository and (when regional = true) the cluster. us-central1 has L4 capacity in several zones."
+  description = "Region for the bucket, the Artifact Registry repository and (when regional = true) the cluster."
   type        = string
   default     = "us-central1"
 }
 
 variable "zone" {
-  description = "Zone of the cluster when regional = false. Pick one that offers the GPU in gpu_accelerator_type (L4: us-central1-a, -b, -c)."
+  description = "Zone of the cluster when regional = false. Pick one that offers gpu_accelerator_type: gcloud compute accelerator-types list --filter=name=nvidia-l4"
   type        = string
   default     = "us-central1-a"
 }

@@ -1,0 +1,69 @@
+# shellcheck shell=bash
+# Shared by the infra scripts (sourced, not run). Pins and helpers that must agree between gke-up.sh,
+# gke-destroy.sh and e2e-kind.sh live here once.
+
+# Argo Workflows release. Its CRDs and schema are what the project validates against
+# (../shared/argo), so the cluster must run the same version.
+ARGO_VERSION="v4.1.2"
+ARGO_INSTALL_URL="https://github.com/argoproj/argo-workflows/releases/download/${ARGO_VERSION}/install.yaml"
+ARGO_NAMESPACE="argo"
+
+REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd -P)"
+export REPO_ROOT
+
+log() { printf '==> %s\n' "$*" >&2; }
+die() { printf 'error: %s\n' "$*" >&2; exit 1; }
+
+# need TOOL "how to get it": fail before doing anything when a tool is missing, instead of halfway
+# through creating cloud resources.
+need() {
+  command -v "$1" >/dev/null 2>&1 || die "'$1' is not on PATH. $2"
+}
+
+need_docker_daemon() {
+  need docker "Install Docker (https://docs.docker.com/engine/install/)."
+  docker info >/dev/null 2>&1 \
+    || die "docker is installed but its daemon is not reachable (docker info failed). Start Docker, or check DOCKER_HOST."
+}
+
+# The Python the repository's tooling runs with: the project venv when present.
+repo_python() {
+  if [[ -x "${REPO_ROOT}/.venv/bin/python" ]]; then
+    printf '%s\n' "${REPO_ROOT}/.venv/bin/python"
+  else
+    command -v python3 || die "no Python found; run 'make install' first."
+  fi
+}
+
+# Idempotent namespace creation (create fails when it exists; apply of a generated object does not).
+ensure_namespace() {
+  kubectl create namespace "$1" --dry-run=client -o yaml | kubectl apply -f - >/dev/null
+}
+
+# Argo v4's release manifests carry full CRDs, too large for client-side apply's last-applied
+# annotation: the Argo docs require server-side apply.
+install_argo() {
+  log "installing Argo Workflows ${ARGO_VERSION} into namespace ${ARGO_NAMESPACE}"
+  ensure_namespace "${ARGO_NAMESPACE}"
+  kubectl apply --server-side --force-conflicts -n "${ARGO_NAMESPACE}" -f "${ARGO_INSTALL_URL}"
+  kubectl -n "${ARGO_NAMESPACE}" rollout status deployment/workflow-controller --timeout=300s
+}
+
+# templates/rbac.yaml names namespace "baton"; another namespace is substituted here rather than by a
+# second copy of the file.
+apply_rbac() {
+  local ns="$1"
+  ensure_namespace "${ns}"
+  sed -e "s/^\(  *namespace: \)baton$/\1${ns}/" "${REPO_ROOT}/templates/rbac.yaml" | kubectl apply -f -
+}
+
+# Tag of the image built from this checkout: the commit, marked when the tree has local changes so a
+# pushed tag never claims to be a commit it is not.
+default_image_tag() {
+  local rev
+  rev="$(git -C "${REPO_ROOT}" rev-parse --short=12 HEAD 2>/dev/null || echo dev)"
+  if [[ -n "$(git -C "${REPO_ROOT}" status --porcelain 2>/dev/null)" ]]; then
+    rev="${rev}-dirty"
+  fi
+  printf '%s\n' "${rev}"
+}

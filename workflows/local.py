@@ -1,0 +1,754 @@
+"""Run a *rendered* Argo Workflow (the dict that ``kubectl`` would receive) on this machine, with no cluster.
+
+Each attempt of a task is a "pod": one subprocess in its own process group (``start_new_session``),
+with stdout and stderr in ``<out_dir>/logs/<task>-<attempt>.log``. Retries, pod deletion and grace
+periods follow what Argo and Kubernetes do, so that the drill's retry expression is exercised for real.
+
+Supported (anything else is refused with ``UnsupportedSpec`` naming the field, before anything runs):
+
+- ``apiVersion: argoproj.io/v1alpha1``, ``kind: Workflow``; ``metadata.name`` or ``metadata.generateName``.
+- ``spec.entrypoint``; ``spec.arguments.parameters`` (name, value, description, enum), overridable with
+  ``params``; ``spec.templates``; ``spec.activeDeadlineSeconds`` (running pods get SIGTERM, then SIGKILL
+  after their grace, and the workflow fails).
+- ``dag`` templates: ``tasks`` with name, template (a container template), ``dependencies`` and, because
+  Hera's ``a >> b`` renders it, ``depends`` limited to ``a && b`` (optionally ``a.Succeeded``).
+  A container template may also be the entrypoint on its own.
+- ``container`` templates: ``command`` (required here: there is no image entrypoint), ``args``, ``env``
+  (``value``, or ``valueFrom.fieldRef.fieldPath: metadata.name`` for the pod name); ``inputs.parameters``
+  (name, default); ``outputs.artifacts`` (name, path: copied to ``<out_dir>/artifacts/<task>/<name>``
+  after a successful attempt); ``retryStrategy`` (limit, retryPolicy, expression, see ``argo_expr``);
+  ``podSpecPatch`` with only ``terminationGracePeriodSeconds``; ``activeDeadlineSeconds`` (per pod).
+- Substitution in command, args, env values, artifact paths, podSpecPatch and task argument values:
+  ``{{inputs.parameters.X}}``, ``{{workflow.parameters.X}}``, ``{{workflow.name}}``, ``{{pod.name}}``, and
+  ``{{retries}}`` (templates with a retryStrategy, as in Argo). It is textual, into argv elements, never
+  through a shell.
+
+Accepted without local effect: see ``ACCEPTED_WITHOUT_EFFECT`` below (one place, on purpose).
+
+Retry semantics: exit 0 is Succeeded; another exit is Failed, "Error (exit code N)"; a deleted pod is
+Error, "pod deleted", whatever it exits with. Policies: Always (Failed, Error), OnFailure (Failed), OnError
+(Error), OnTransientError (Error only: an approximation, Argo also classifies messages). Without a policy
+the default is OnFailure, or Always when an expression is given (Argo >= 3.5). The policy is ANDed with
+the expression; the limit counts retries. There is no backoff.
+
+Pod deletion contract (how a sibling "evict" step evicts locally): every pod gets
+``BATON_LOCAL_PODS=<out_dir>/pods``; each running pod has ``<pods>/<pod-name>.json``; creating
+``<pods>/<pod-name>.delete`` (``request_pod_deletion``) makes the runner SIGTERM the pod's group, then
+SIGKILL it after ``terminationGracePeriodSeconds`` (default 30).
+
+Ctrl-C or SIGTERM to the runner: every pod group gets SIGTERM, then SIGKILL after 5 s (at once on a
+second signal); then ``KeyboardInterrupt`` (SIGINT) or ``SystemExit(143)`` (SIGTERM) propagates.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import string
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+import yaml
+
+from workflows import argo_expr
+
+# Fields that the runner accepts and ignores because they have no meaning on one machine.
+ACCEPTED_WITHOUT_EFFECT: dict[str, frozenset[str]] = {
+    "metadata": frozenset({"labels", "annotations", "namespace"}),
+    "spec": frozenset({"serviceAccountName", "podGC", "ttlStrategy", "artifactRepositoryRef",
+                       "workflowMetadata", "podMetadata", "metrics"}),
+    "template": frozenset({"metrics", "metadata"}),
+    "container": frozenset({"image", "imagePullPolicy", "resources"}),
+    "artifact": frozenset({"archive", "s3", "gcs"}),
+}
+_SUPPORTED: dict[str, frozenset[str]] = {
+    "workflow": frozenset({"apiVersion", "kind", "metadata", "spec"}),
+    "metadata": frozenset({"name", "generateName"}),
+    "spec": frozenset({"entrypoint", "arguments", "templates", "activeDeadlineSeconds"}),
+    "arguments": frozenset({"parameters"}),
+    "wf_param": frozenset({"name", "value", "description", "enum"}),
+    "template": frozenset({"name", "dag", "container", "inputs", "outputs", "retryStrategy",
+                           "podSpecPatch", "activeDeadlineSeconds"}),
+    "dag": frozenset({"tasks"}),
+    "task": frozenset({"name", "template", "dependencies", "depends", "arguments"}),
+    "task_param": frozenset({"name", "value"}),
+    "container": frozenset({"command", "args", "env"}),
+    "env": frozenset({"name", "value", "valueFrom"}),
+    "inputs": frozenset({"parameters"}),
+    "input_param": frozenset({"name", "default"}),
+    "outputs": frozenset({"artifacts"}),
+    "artifact": frozenset({"name", "path"}),
+    "retryStrategy": frozenset({"limit", "retryPolicy", "expression"}),
+    "podSpecPatch": frozenset({"terminationGracePeriodSeconds"}),
+}
+_POLICY_RETRIES = {"Always": {"Failed", "Error"}, "OnFailure": {"Failed"}, "OnError": {"Error"},
+                   "OnTransientError": {"Error"}}
+_REF = re.compile(r"\{\{\s*([^{}]*?)\s*\}\}")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")  # also used as file names
+DEFAULT_GRACE_S = 30.0
+INTERRUPT_GRACE_S = 5.0
+POLL_S = 0.05
+STEP_PROGRESS_EVERY_S = 2.0
+DELETED = "pod deleted"
+
+
+class UnsupportedSpec(ValueError):
+    """The spec uses something the local runner does not implement, or is invalid; nothing has run."""
+
+
+@dataclass
+class NodeResult:
+    """One attempt (one pod). ``started``/``finished`` are Unix times; ``exit_code`` is -1 if unknown."""
+
+    task: str
+    template: str
+    attempt: int
+    pod_name: str
+    exit_code: int
+    status: str  # Succeeded, Failed or Error, as Argo names node phases
+    message: str
+    log_path: Path
+    started: float
+    finished: float
+    artifacts: dict[str, Path] = field(default_factory=dict)
+
+
+@dataclass
+class RunResult:
+    phase: str  # Succeeded or Failed
+    nodes: list[NodeResult]
+    name: str = ""
+    message: str = ""
+
+    def attempts(self, task: str) -> list[NodeResult]:
+        return [n for n in self.nodes if n.task == task]
+
+
+def request_pod_deletion(pods_dir: Path | str, pod_name: str) -> None:
+    """Delete a local pod, as ``kubectl delete pod`` would; FileNotFoundError if no such pod (a 404)."""
+    pods = Path(pods_dir)
+    if not _NAME.match(pod_name) or not (pods / f"{pod_name}.json").exists():
+        raise FileNotFoundError(f"no local pod {pod_name!r} in {pods}")
+    _write_atomic(pods / f"{pod_name}.delete", json.dumps({"requested": time.time()}))
+
+
+def list_pods(pods_dir: Path | str) -> list[dict[str, Any]]:
+    """The registry records (``phase`` is Running while the pod runs), sorted by pod name."""
+    out = []
+    for p in sorted(Path(pods_dir).glob("*.json")):
+        try:
+            out.append(json.loads(p.read_text()))
+        except (OSError, json.JSONDecodeError):
+            continue  # being replaced right now; the next read sees it
+    return out
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+# ----------------------------------------------------------------------------------------------- validation
+@dataclass
+class _Retry:
+    limit: int | None
+    policy: str
+    expr: argo_expr.Expr | None
+
+
+@dataclass
+class _Task:
+    name: str
+    template: str
+    path: str  # of the template, for messages
+    tmpl: dict
+    deps: list[str]
+    inputs: dict[str, str]
+    retry: _Retry | None
+    deadline_s: float | None
+
+
+@dataclass
+class _Plan:
+    name: str
+    wf_ctx: dict[str, str]
+    tasks: dict[str, _Task]
+    deadline_s: float | None
+
+
+def _refuse(path: str) -> UnsupportedSpec:
+    return UnsupportedSpec(f"{path}: not supported by the local runner")
+
+
+def _check(obj: Any, path: str, kind: str) -> dict:
+    if not isinstance(obj, dict):
+        raise UnsupportedSpec(f"{path}: expected a mapping, got {type(obj).__name__}")
+    allowed = _SUPPORTED[kind] | ACCEPTED_WITHOUT_EFFECT.get(kind, frozenset())
+    for key in obj:
+        if key not in allowed:
+            raise _refuse(f"{path}.{key}")
+    return obj
+
+
+def _list(obj: Any, path: str) -> list:
+    if obj is None:
+        return []
+    if not isinstance(obj, list):
+        raise UnsupportedSpec(f"{path}: expected a list")
+    return obj
+
+
+def _name(obj: dict, path: str) -> str:
+    name = obj.get("name")
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise UnsupportedSpec(f"{path}.name: missing, or not a name the local runner can use ({name!r})")
+    return name
+
+
+def _scalar(value: Any, path: str) -> str:
+    if isinstance(value, bool) or not isinstance(value, str | int):
+        raise UnsupportedSpec(f"{path}: expected a string, got {value!r}")
+    return str(value)
+
+
+def _seconds(value: Any, path: str) -> float:
+    if isinstance(value, bool) or not (isinstance(value, int) or (isinstance(value, str) and value.isdigit())):
+        raise UnsupportedSpec(f"{path}: expected a non-negative integer, got {value!r}")
+    return float(value)
+
+
+def _subst(text: Any, ctx: dict[str, str], path: str) -> str:
+    if not isinstance(text, str):
+        raise UnsupportedSpec(f"{path}: expected a string, got {text!r}")
+
+    def one(m: re.Match) -> str:
+        if m.group(1) not in ctx:
+            raise UnsupportedSpec(f"{path}: cannot resolve {m.group(0)} (the local runner knows: "
+                                  f"{', '.join('{{' + k + '}}' for k in sorted(ctx))})")
+        return ctx[m.group(1)]
+
+    return _REF.sub(one, text)  # one pass: substituted values are data, never re-expanded
+
+
+def _pod_ctx(plan: _Plan, task: _Task, pod_name: str, retries: int) -> dict[str, str]:
+    ctx = dict(plan.wf_ctx, **{f"inputs.parameters.{k}": v for k, v in task.inputs.items()})
+    ctx["pod.name"] = pod_name
+    if task.retry is not None:
+        ctx["retries"] = str(retries)
+    return ctx
+
+
+def _grace(task: _Task, ctx: dict[str, str]) -> float:
+    raw = task.tmpl.get("podSpecPatch")
+    if raw is None:
+        return DEFAULT_GRACE_S
+    path = f"{task.path}.podSpecPatch"
+    try:
+        patch = yaml.safe_load(_subst(raw, ctx, path))
+    except yaml.YAMLError as exc:
+        raise UnsupportedSpec(f"{path}: not JSON or YAML: {exc}") from None
+    _check(patch, path, "podSpecPatch")
+    value = patch.get("terminationGracePeriodSeconds")
+    return DEFAULT_GRACE_S if value is None else _seconds(value, f"{path}.terminationGracePeriodSeconds")
+
+
+def _argv_env(plan: _Plan, task: _Task, ctx: dict[str, str]) -> tuple[list[str], dict[str, str]]:
+    c, path = task.tmpl["container"], f"{task.path}.container"
+    argv = [_subst(a, ctx, f"{path}.{k}[{i}]") for k in ("command", "args") for i, a in enumerate(_list(c.get(k), f"{path}.{k}"))]
+    env: dict[str, str] = {}
+    for i, e in enumerate(_list(c.get("env"), f"{path}.env")):
+        epath = f"{path}.env[{i}]"
+        _check(e, epath, "env")
+        if "valueFrom" in e:
+            ref = e["valueFrom"].get("fieldRef") if isinstance(e["valueFrom"], dict) else None
+            if (e["valueFrom"] != {"fieldRef": ref} or not isinstance(ref, dict)
+                    or ref.get("fieldPath") != "metadata.name" or ref.keys() - {"fieldPath", "apiVersion"}):
+                raise UnsupportedSpec(f"{epath}.valueFrom: only fieldRef.fieldPath metadata.name is "
+                                      "supported by the local runner")
+            env[_name(e, epath)] = ctx["pod.name"]
+        else:
+            env[_name(e, epath)] = _subst(e.get("value", ""), ctx, f"{epath}.value")
+    return argv, env
+
+
+def _artifacts(task: _Task, ctx: dict[str, str]) -> dict[str, str]:
+    path = f"{task.path}.outputs"
+    out: dict[str, str] = {}
+    for i, a in enumerate(_list(_check(task.tmpl.get("outputs", {}), path, "outputs").get("artifacts"),
+                                f"{path}.artifacts")):
+        apath = f"{path}.artifacts[{i}]"
+        _check(a, apath, "artifact")
+        out[_name(a, apath)] = _subst(a.get("path"), ctx, f"{apath}.path")
+    return out
+
+
+def _retry(tmpl: dict, path: str) -> _Retry | None:
+    rs = tmpl.get("retryStrategy")
+    if rs is None:
+        return None
+    path += ".retryStrategy"
+    _check(rs, path, "retryStrategy")
+    limit = None if rs.get("limit") is None else int(_seconds(rs["limit"], f"{path}.limit"))
+    expr = None
+    if rs.get("expression") is not None:
+        try:
+            expr = argo_expr.parse(rs["expression"])
+        except argo_expr.ExprError as exc:
+            raise UnsupportedSpec(f"{path}.expression: {exc}; not supported by the local runner") from None
+    policy = rs.get("retryPolicy") or ("Always" if expr else "OnFailure")
+    if policy not in _POLICY_RETRIES:
+        raise UnsupportedSpec(f"{path}.retryPolicy: {policy!r} is not one of {', '.join(_POLICY_RETRIES)}")
+    return _Retry(limit, policy, expr)
+
+
+def _depends(text: Any, path: str) -> list[str]:
+    parts = [p.strip() for p in str(text).split("&&")]
+    if not all(re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*?(\.Succeeded)?", p) for p in parts):
+        raise UnsupportedSpec(f"{path}: only 'a && b' (optionally a.Succeeded) is supported by the local runner")
+    return [p.removesuffix(".Succeeded") for p in parts]
+
+
+def _plan(spec: dict, params: dict[str, str] | None) -> _Plan:
+    _check(spec, "workflow", "workflow")
+    if spec.get("apiVersion") != "argoproj.io/v1alpha1" or spec.get("kind") != "Workflow":
+        raise UnsupportedSpec("apiVersion/kind: expected argoproj.io/v1alpha1 Workflow")
+    meta = _check(spec.get("metadata", {}), "metadata", "metadata")
+    if meta.get("name"):
+        name = str(meta["name"])
+    elif meta.get("generateName"):
+        name = str(meta["generateName"]) + "".join(random.choices(string.ascii_lowercase + string.digits, k=5))
+    else:
+        raise UnsupportedSpec("metadata: needs name or generateName")
+    s = _check(spec.get("spec"), "spec", "spec")
+
+    wf_params: dict[str, str] = {}
+    args = _check(s.get("arguments", {}), "spec.arguments", "arguments")
+    for i, p in enumerate(_list(args.get("parameters"), "spec.arguments.parameters")):
+        ppath = f"spec.arguments.parameters[{i}]"
+        pname = _name(_check(p, ppath, "wf_param"), ppath)
+        wf_params[pname] = p.get("value")
+    for k, v in (params or {}).items():
+        if k not in wf_params:
+            raise ValueError(f"unknown workflow parameter {k!r} (the spec has: {', '.join(wf_params) or 'none'})")
+        wf_params[k] = v
+    for i, p in enumerate(_list(args.get("parameters"), "spec.arguments.parameters")):
+        ppath, value = f"spec.arguments.parameters[{i}]", wf_params[p["name"]]
+        if value is None:
+            raise UnsupportedSpec(f"{ppath}.value: parameter {p['name']!r} has no value and none was given")
+        value = wf_params[p["name"]] = _scalar(value, f"{ppath}.value")
+        if "enum" in p and value not in [str(x) for x in _list(p["enum"], f"{ppath}.enum")]:
+            raise UnsupportedSpec(f"{ppath}: value {value!r} is not in enum {p['enum']!r}")
+    wf_ctx = {"workflow.name": name, **{f"workflow.parameters.{k}": v for k, v in wf_params.items()}}
+    deadline = s.get("activeDeadlineSeconds")
+    deadline = None if deadline is None else _seconds(deadline, "spec.activeDeadlineSeconds")
+    plan = _Plan(name, wf_ctx, {}, deadline)
+
+    templates: dict[str, tuple[str, dict]] = {}
+    for i, t in enumerate(_list(s.get("templates"), "spec.templates")):
+        path = f"spec.templates[{i}]"
+        tname = _name(_check(t, path, "template"), path)
+        if tname in templates:
+            raise UnsupportedSpec(f"{path}.name: duplicate template {tname!r}")
+        if ("dag" in t) == ("container" in t):
+            raise UnsupportedSpec(f"{path}: needs exactly one of dag or container (the local runner's kinds)")
+        if "dag" in t:
+            extra = sorted(t.keys() - {"name", "dag"} - ACCEPTED_WITHOUT_EFFECT["template"])
+            if extra:
+                raise _refuse(f"{path}.{extra[0]}")
+            _check(t["dag"], f"{path}.dag", "dag")
+        else:
+            _check(t["container"], f"{path}.container", "container")
+            if not _list(t["container"].get("command"), f"{path}.container.command"):
+                raise UnsupportedSpec(f"{path}.container.command: required by the local runner (no image entrypoint)")
+            _retry(t, path)
+        templates[tname] = (path, t)
+
+    entry = s.get("entrypoint")
+    if entry not in templates:
+        raise UnsupportedSpec(f"spec.entrypoint: unknown template {entry!r}")
+    epath, etmpl = templates[entry]
+    if "container" in etmpl:
+        raw_tasks, tpath = [{"name": entry, "template": entry}], "spec.entrypoint"
+    else:
+        raw_tasks, tpath = _list(etmpl["dag"].get("tasks"), f"{epath}.dag.tasks"), f"{epath}.dag.tasks"
+    for i, rt in enumerate(raw_tasks):
+        path = f"{tpath}[{i}]"
+        task_name = _name(_check(rt, path, "task"), path)
+        if task_name in plan.tasks:
+            raise UnsupportedSpec(f"{path}.name: duplicate task {task_name!r}")
+        ref = rt.get("template")
+        if ref not in templates:
+            raise UnsupportedSpec(f"{path}.template: unknown template {ref!r}")
+        tmpl_path, tmpl = templates[ref]
+        if "container" not in tmpl:
+            raise UnsupportedSpec(f"{path}.template: {ref!r} is a dag; nested DAGs are not supported by the local runner")
+        deps = [str(d) for d in _list(rt.get("dependencies"), f"{path}.dependencies")]
+        if "depends" in rt:
+            deps += _depends(rt["depends"], f"{path}.depends")
+        given: dict[str, str] = {}
+        targs = _check(rt.get("arguments", {}), f"{path}.arguments", "arguments")
+        for j, p in enumerate(_list(targs.get("parameters"), f"{path}.arguments.parameters")):
+            ppath = f"{path}.arguments.parameters[{j}]"
+            given[_name(_check(p, ppath, "task_param"), ppath)] = _subst(_scalar(p.get("value"), f"{ppath}.value"),
+                                                                        wf_ctx, f"{ppath}.value")
+        inputs: dict[str, str] = {}
+        ins = _check(tmpl.get("inputs", {}), f"{tmpl_path}.inputs", "inputs")
+        for j, p in enumerate(_list(ins.get("parameters"), f"{tmpl_path}.inputs.parameters")):
+            ppath = f"{tmpl_path}.inputs.parameters[{j}]"
+            pname = _name(_check(p, ppath, "input_param"), ppath)
+            if pname in given:
+                inputs[pname] = given.pop(pname)
+            elif "default" in p:
+                inputs[pname] = _subst(_scalar(p["default"], f"{ppath}.default"), wf_ctx, f"{ppath}.default")
+            else:
+                raise UnsupportedSpec(f"{path}.arguments: task {task_name!r} gives no value for input {pname!r}")
+        if given:
+            raise UnsupportedSpec(f"{path}.arguments.parameters: {sorted(given)} are not inputs of {ref!r}")
+        tdl = tmpl.get("activeDeadlineSeconds")
+        task = _Task(task_name, ref, tmpl_path, tmpl, deps, inputs, _retry(tmpl, tmpl_path),
+                     None if tdl is None else _seconds(tdl, f"{tmpl_path}.activeDeadlineSeconds"))
+        # Resolve everything now with stand-in per-attempt values, so a bad reference fails before any pod.
+        ctx = _pod_ctx(plan, task, f"{name}-{task_name}-0", 0)
+        _argv_env(plan, task, ctx)
+        _artifacts(task, ctx)
+        _grace(task, ctx)
+        plan.tasks[task_name] = task
+
+    for tname, task in plan.tasks.items():
+        for d in task.deps:
+            if d not in plan.tasks:
+                raise UnsupportedSpec(f"task {tname!r}: unknown dependency {d!r}")
+    _check_acyclic(plan.tasks)
+    return plan
+
+
+def _check_acyclic(tasks: dict[str, _Task]) -> None:
+    state: dict[str, int] = {}  # 1 visiting, 2 done
+
+    def visit(n: str, trail: list[str]) -> None:
+        if state.get(n) == 2:
+            return
+        if state.get(n) == 1:
+            raise UnsupportedSpec(f"dependency cycle: {' -> '.join(trail[trail.index(n):] + [n])}")
+        state[n] = 1
+        for d in tasks[n].deps:
+            visit(d, trail + [n])
+        state[n] = 2
+
+    for n in tasks:
+        visit(n, [])
+
+
+# ----------------------------------------------------------------------------------------------- execution
+@dataclass
+class _Pod:
+    task: _Task
+    attempt: int
+    name: str
+    proc: subprocess.Popen
+    log_path: Path
+    reader: Any
+    grace: float
+    started: float
+    t0: float  # monotonic
+    forced: tuple[str, str] | None = None  # (status, message) decided by whoever stopped it
+    kill_at: float | None = None
+    partial: bytes = b""
+    step: int | None = None
+    total: int | None = None
+    shown_step: int | None = None
+
+
+class _Runner:
+    def __init__(self, plan: _Plan, out_dir: Path, progress: TextIO | None, cwd: Path, env: dict[str, str]):
+        self.plan, self.out, self.progress, self.cwd = plan, out_dir, progress, cwd
+        self.pods_dir = out_dir / "pods"
+        self.base_env = {**os.environ, **env, "BATON_LOCAL_PODS": str(self.pods_dir)}
+        # pending -> running -> (retry -> running)* -> succeeded | failed; pending ones may never run.
+        self.state = dict.fromkeys(plan.tasks, "pending")
+        self.next_attempt = dict.fromkeys(plan.tasks, 0)
+        self.running: dict[str, _Pod] = {}
+        self.nodes: list[NodeResult] = []
+        self.t0 = time.monotonic()
+        self.stopping = False  # no new tasks, no retries
+        self.message = ""
+        self.signalled: int | None = None
+        self.hurry = False  # a second signal: SIGKILL without waiting for the grace
+        self.interrupted = self.deadline_hit = False
+        self.last_step_line: dict[str, float] = {}
+
+    def say(self, msg: str) -> None:
+        if self.progress is not None:
+            self.progress.write(f"[{time.monotonic() - self.t0:.1f}s] {msg}\n")
+            self.progress.flush()
+
+    def run(self) -> RunResult:
+        for d in ("logs", "pods", "artifacts"):
+            (self.out / d).mkdir(parents=True, exist_ok=True)
+        self.say(f"workflow {self.plan.name}: {len(self.plan.tasks)} task(s); logs in {self.out / 'logs'}")
+        handlers = self._install_signals()
+        try:
+            while True:
+                self._check_aborts()
+                for task in self._startable():
+                    self._start(task, self.next_attempt[task.name])
+                for pod in list(self.running.values()):
+                    self._tick(pod)
+                if not self.running and not self._startable():
+                    break
+                time.sleep(POLL_S)
+        finally:
+            for pod in list(self.running.values()):  # only after an unexpected exception: leave no orphans
+                _killpg(pod.proc.pid, signal.SIGKILL)
+                pod.proc.wait()
+                pod.reader.close()
+                self._record(pod, "Failed", exit_code=_exit_code(pod.proc.returncode), status="Error")
+            for sig, h in handlers.items():
+                signal.signal(sig, h if h is not None else signal.SIG_DFL)
+            self._write_nodes()
+        for name, st in self.state.items():
+            if st == "pending":
+                self.say(f"{name} not run")
+        phase = "Succeeded" if all(st == "succeeded" for st in self.state.values()) else "Failed"
+        if phase == "Failed" and not self.message:
+            self.message = "failed: " + ", ".join(n for n, st in self.state.items() if st == "failed")
+        self.say(f"workflow {self.plan.name} {phase}" + (f": {self.message}" if phase == "Failed" else ""))
+        if self.signalled == signal.SIGINT:
+            raise KeyboardInterrupt
+        if self.signalled is not None:
+            raise SystemExit(128 + self.signalled)
+        return RunResult(phase, self.nodes, self.plan.name, self.message if phase == "Failed" else "")
+
+    def _startable(self) -> list[_Task]:
+        if self.stopping:
+            return []
+        return [t for n, t in self.plan.tasks.items() if self.state[n] == "retry"
+                or (self.state[n] == "pending" and all(self.state[d] == "succeeded" for d in t.deps))]
+
+    def _install_signals(self) -> dict[int, Any]:
+        if threading.current_thread() is not threading.main_thread():
+            return {}
+
+        def on_signal(signum: int, _frame: Any) -> None:
+            self.hurry = self.signalled is not None
+            self.signalled = signum
+
+        return {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+    def _check_aborts(self) -> None:
+        if self.signalled is not None and not self.interrupted:
+            self.interrupted = True
+            self._abort(f"runner interrupted ({signal.Signals(self.signalled).name})", INTERRUPT_GRACE_S)
+        elif (self.plan.deadline_s is not None and not self.deadline_hit
+              and time.monotonic() - self.t0 > self.plan.deadline_s):
+            self.deadline_hit = True
+            self.message = "Max duration limit exceeded"
+            self._abort("Step exceeded its deadline", None)
+
+    def _abort(self, why: str, grace: float | None) -> None:
+        self.stopping = True
+        self.message = self.message or why
+        self.say(f"stopping: {why}")
+        for name, st in self.state.items():
+            if st == "retry":  # its retry will not start now
+                self.state[name] = "failed"
+        for pod in self.running.values():
+            self._terminate(pod, "Failed", why, grace)
+            if grace is not None and pod.kill_at is not None:  # a pod already being deleted: the sooner wins
+                pod.kill_at = min(pod.kill_at, time.monotonic() + grace)
+
+    def _start(self, task: _Task, attempt: int) -> None:
+        name = f"{self.plan.name}-{task.name}-{attempt}"
+        ctx = _pod_ctx(self.plan, task, name, attempt)
+        argv, cenv = _argv_env(self.plan, task, ctx)
+        grace = _grace(task, ctx)
+        log_path = self.out / "logs" / f"{task.name}-{attempt}.log"
+        (self.pods_dir / f"{name}.delete").unlink(missing_ok=True)  # stale, from a reused out_dir
+        self.state[task.name] = "running"
+        started = time.time()
+        try:
+            with open(log_path, "wb") as log:
+                proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                        cwd=self.cwd, env={**self.base_env, **cenv}, start_new_session=True)
+        except OSError as exc:  # like a container that cannot start: an Error, subject to the retry policy
+            node = NodeResult(task.name, task.template, attempt, name, -1, "Error", f"failed to start: {exc}",
+                              log_path, started, time.time())
+            self.say(f"{task.name} attempt {attempt} Error: {node.message}")
+            self._after(task, node)
+            return
+        pod = _Pod(task, attempt, name, proc, log_path, open(log_path, "rb"), grace, started, time.monotonic())
+        self.running[task.name] = pod
+        self._record(pod, "Running")
+        self.say(f"{task.name} attempt {attempt} Running (pod {name}, pid {proc.pid})")
+
+    def _record(self, pod: _Pod, phase: str, **extra: Any) -> None:
+        _write_atomic(self.pods_dir / f"{pod.name}.json", json.dumps({
+            "name": pod.name, "workflow": self.plan.name, "task": pod.task.name, "template": pod.task.template,
+            "attempt": pod.attempt, "pid": pod.proc.pid, "pgid": pod.proc.pid, "grace_s": pod.grace,
+            "phase": phase, **extra}))
+
+    def _terminate(self, pod: _Pod, status: str, message: str, grace: float | None) -> None:
+        """What the kubelet does to a pod being deleted: SIGTERM to the group now, SIGKILL after grace."""
+        if pod.forced is None:
+            pod.forced = (status, message)
+            pod.kill_at = time.monotonic() + (pod.grace if grace is None else grace)
+            _killpg(pod.proc.pid, signal.SIGTERM)
+
+    def _tick(self, pod: _Pod) -> None:
+        self._read_log(pod)
+        if pod.proc.poll() is None:
+            now = time.monotonic()
+            if pod.forced is None and (self.pods_dir / f"{pod.name}.delete").exists():
+                self.say(f"{pod.task.name} attempt {pod.attempt}: pod deleted, SIGTERM (grace {pod.grace:g}s)")
+                self._terminate(pod, "Error", DELETED, None)
+            elif pod.forced is None and pod.task.deadline_s is not None and now - pod.t0 > pod.task.deadline_s:
+                self._terminate(pod, "Failed", "Pod was active on the node longer than the specified deadline", None)
+            if pod.kill_at is not None and (now >= pod.kill_at or self.hurry):
+                self.say(f"{pod.task.name} attempt {pod.attempt}: grace over, SIGKILL")
+                _killpg(pod.proc.pid, signal.SIGKILL)
+                pod.kill_at = None
+            return
+        _killpg(pod.proc.pid, signal.SIGKILL)  # the container is gone, so is everything it started
+        self._read_log(pod)
+        if pod.forced:
+            status, message = pod.forced
+        elif pod.proc.returncode == 0:
+            status, message = "Succeeded", ""
+        else:
+            status, message = "Failed", f"Error (exit code {_exit_code(pod.proc.returncode)})"
+        self._finish(pod, status, message, may_retry=not self.stopping)
+
+    def _finish(self, pod: _Pod, status: str, message: str, may_retry: bool) -> None:
+        del self.running[pod.task.name]
+        pod.reader.close()
+        code = _exit_code(pod.proc.returncode)
+        node = NodeResult(pod.task.name, pod.task.template, pod.attempt, pod.name, code, status, message,
+                          pod.log_path, pod.started, time.time())
+        if status == "Succeeded":
+            try:
+                node.artifacts = self._collect(pod)
+            except OSError as exc:
+                node.status, node.message = "Error", f"failed to save outputs: {exc}"
+        self._record(pod, "Succeeded" if node.status == "Succeeded" else "Failed", exit_code=code, status=node.status)
+        at = f" at step {pod.step}" if pod.step is not None else ""
+        detail = f": {node.message} (exit {code}){at}" if node.status != "Succeeded" else at
+        self.say(f"{pod.task.name} attempt {pod.attempt} {node.status}{detail}")
+        self._after(pod.task, node, may_retry)
+
+    def _after(self, task: _Task, node: NodeResult, may_retry: bool = True) -> None:
+        self.nodes.append(node)
+        if node.status == "Succeeded":
+            self.state[task.name] = "succeeded"
+            return
+        retry, why = self._should_retry(task, node) if may_retry else (False, "workflow stopping")
+        if retry:
+            limit = "unlimited" if task.retry.limit is None else task.retry.limit
+            self.say(f"{task.name} -> retrying ({node.attempt + 1}/{limit})")
+            self.state[task.name], self.next_attempt[task.name] = "retry", node.attempt + 1  # starts right away
+        else:
+            self.say(f"{task.name} failed" + (f" ({why})" if why else ""))
+            self.state[task.name] = "failed"
+            self.stopping = True  # like Argo's DAG failFast: running tasks finish, nothing new starts
+
+    @staticmethod
+    def _should_retry(task: _Task, node: NodeResult) -> tuple[bool, str]:
+        r = task.retry
+        if r is None:
+            return False, ""
+        if r.limit is not None and node.attempt >= r.limit:
+            return False, f"retry limit {r.limit} reached"
+        if node.status not in _POLICY_RETRIES[r.policy]:
+            return False, f"retryPolicy {r.policy} does not retry {node.status}"
+        if r.expr is not None:
+            dur = node.finished - node.started
+            env = {"lastRetry.exitCode": str(node.exit_code), "lastRetry.status": node.status,
+                   "lastRetry.message": node.message,
+                   "lastRetry.duration": str(int(dur)) if dur.is_integer() else repr(dur)}
+            try:
+                if not r.expr.evaluate(env):
+                    return False, "retryStrategy.expression evaluated to false"
+            except argo_expr.ExprError as exc:
+                return False, f"retryStrategy.expression failed: {exc}"
+        return True, ""
+
+    def _collect(self, pod: _Pod) -> dict[str, Path]:
+        out: dict[str, Path] = {}
+        ctx = _pod_ctx(self.plan, pod.task, pod.name, pod.attempt)
+        for name, src in _artifacts(pod.task, ctx).items():
+            srcp = self.cwd / src  # an absolute src stays absolute
+            dest = self.out / "artifacts" / pod.task.name / name
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            if dest.is_dir():
+                shutil.rmtree(dest)
+            if srcp.is_dir():
+                shutil.copytree(srcp, dest)
+            elif srcp.is_file():
+                shutil.copy2(srcp, dest)
+            else:
+                raise FileNotFoundError(f"output artifact {name!r}: {src} does not exist")
+            out[name] = dest
+        return out
+
+    def _read_log(self, pod: _Pod) -> None:
+        data = pod.reader.read(1 << 20)
+        if not data:
+            return
+        lines = (pod.partial + data).split(b"\n")
+        pod.partial = lines.pop()[-65536:]
+        for line in lines:
+            line = line.strip()
+            if not line.startswith(b"{") or b'"event"' not in line:
+                continue
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            if not isinstance(rec, dict):
+                continue
+            if isinstance(rec.get("total_steps"), int):
+                pod.total = rec["total_steps"]
+            if rec.get("event") == "step" and isinstance(rec.get("step"), int):
+                pod.step = rec["step"]
+            elif rec.get("event") == "resume" and isinstance(rec.get("from_step"), int):
+                self.say(f"{pod.task.name} attempt {pod.attempt} resumed from step {rec['from_step']}")
+        now = time.monotonic()
+        if pod.step != pod.shown_step and now - self.last_step_line.get(pod.task.name, -1e9) >= STEP_PROGRESS_EVERY_S:
+            pod.shown_step, self.last_step_line[pod.task.name] = pod.step, now
+            total = f"/{pod.total}" if pod.total else ""
+            self.say(f"{pod.task.name} attempt {pod.attempt} step {pod.step}{total}")
+
+    def _write_nodes(self) -> None:
+        rows = [{**asdict(n), "log_path": str(n.log_path), "artifacts": {k: str(v) for k, v in n.artifacts.items()}}
+                for n in self.nodes]
+        _write_atomic(self.out / "nodes.json", json.dumps({"workflow": self.plan.name, "nodes": rows}, indent=1))
+
+
+def _exit_code(returncode: int | None) -> int:
+    if returncode is None:
+        return -1
+    return 128 - returncode if returncode < 0 else returncode  # killed by signal N: 128+N, as a container reports
+
+
+def _killpg(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass  # the whole group has already exited
+
+
+def run_workflow(spec: dict, out_dir: Path, params: dict[str, str] | None = None, *,
+                 progress: TextIO | None = sys.stderr, cwd: Path | None = None,
+                 env: dict[str, str] | None = None) -> RunResult:
+    """Validate ``spec`` (raising ``UnsupportedSpec`` before anything runs), then run it to the end."""
+    plan = _plan(spec, params)
+    return _Runner(plan, Path(out_dir), progress, Path(cwd) if cwd else Path.cwd(), dict(env or {})).run()
