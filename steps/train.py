@@ -74,6 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--evidence", default=os.environ.get("BATON_EVIDENCE_URI"),
                     help="fsspec folder to copy the record lines to as they happen")
+    ap.add_argument("--shutdown-timeout", type=float, default=None,
+                    help="torchrun's --shutdown-timeout and the workers' BATON_GRACE (default: BATON_GRACE or 30)")
     ap.add_argument("--name", default=os.environ.get("BATON_POD_NAME") or f"attempt-{uuid.uuid4().hex[:8]}",
                     help="name of this attempt's evidence file")
     args = ap.parse_args(argv)
@@ -89,14 +91,15 @@ def main(argv: list[str] | None = None) -> int:
             child.send_signal(signum)
 
     signal.signal(signal.SIGTERM, forward)
-    g = grace()
+    g = args.shutdown_timeout if args.shutdown_timeout is not None else grace()
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.nproc}",
            "--max-restarts=0", f"--shutdown-timeout={max(1, int(g))}", "-m", "trainer",
            "--config", args.config]
     for o in args.overrides:
         cmd += ["--set", o]
     evidence = Evidence(args.evidence, args.name)
-    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
+    # One grace for the whole pod: the workers budget against what torchrun allows them.
+    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"), BATON_GRACE=str(g))
     child = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, bufsize=1, env=env)
     preempted = done = False
     assert child.stdout is not None

@@ -226,7 +226,7 @@ class Trainer:
 
     def save(self, b: Boundary, reason: str) -> float:
         res = self.store.save(b.step, self.state(b), {
-            "fingerprint": self.cfg.fingerprint, "run_id": self.cfg.run_id, "epoch": b.epoch,
+            "fingerprint": self.cfg.fingerprint, "run_id": self.cfg.run_id, "epoch": b.epoch, "device": self.device.type,
             "reason": reason, "config": self.cfg.to_dict(), "time": time.time(),
         }, self.attempt)
         self.last_committed, self.last_checkpoint = b.step, res.path

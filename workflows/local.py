@@ -583,8 +583,7 @@ class _Runner:
         except OSError as exc:  # like a container that cannot start: an Error, subject to the retry policy
             node = NodeResult(task.name, task.template, attempt, name, -1, "Error", f"failed to start: {exc}",
                               log_path, started, time.time())
-            self.say(f"{task.name} attempt {attempt} Error: {node.message}")
-            self._after(task, node)
+            self._after(task, node, f"{task.name} attempt {attempt} Error: {node.message}")
             return
         pod = _Pod(task, attempt, name, proc, log_path, open(log_path, "rb"), grace, started, time.monotonic())
         self.running[task.name] = pod
@@ -641,24 +640,26 @@ class _Runner:
                 node.status, node.message = "Error", f"failed to save outputs: {exc}"
         self._record(pod, "Succeeded" if node.status == "Succeeded" else "Failed", exit_code=code, status=node.status)
         at = f" at step {pod.step}" if pod.step is not None else ""
-        detail = f": {node.message} (exit {code}){at}" if node.status != "Succeeded" else at
-        self.say(f"{pod.task.name} attempt {pod.attempt} {node.status}{detail}")
-        self._after(pod.task, node, may_retry)
+        detail = at
+        if node.status != "Succeeded":
+            detail = f": {node.message}{'' if 'exit code' in node.message else f' (exit {code})'}{at}"
+        self._after(pod.task, node, f"{pod.task.name} attempt {pod.attempt} {node.status}{detail}", may_retry)
 
-    def _after(self, task: _Task, node: NodeResult, may_retry: bool = True) -> None:
+    def _after(self, task: _Task, node: NodeResult, line: str, may_retry: bool = True) -> None:
         self.nodes.append(node)
         if node.status == "Succeeded":
             self.state[task.name] = "succeeded"
+            self.say(line)
             return
         retry, why = self._should_retry(task, node) if may_retry else (False, "workflow stopping")
         if retry:
             limit = "unlimited" if task.retry.limit is None else task.retry.limit
-            self.say(f"{task.name} -> retrying ({node.attempt + 1}/{limit})")
+            self.say(f"{line} -> retrying ({node.attempt + 1}/{limit})")
             self.state[task.name], self.next_attempt[task.name] = "retry", node.attempt + 1  # starts right away
         else:
-            self.say(f"{task.name} failed" + (f" ({why})" if why else ""))
+            self.say(f"{line} -> task failed" + (f" ({why})" if why else ""))
             self.state[task.name] = "failed"
-            self.stopping = True  # like Argo's DAG failFast: running tasks finish, nothing new starts
+            pass  # like Argo's DAG failFast: running tasks finish, nothing new starts
 
     @staticmethod
     def _should_retry(task: _Task, node: NodeResult) -> tuple[bool, str]:

@@ -37,7 +37,7 @@ NOW = datetime(2026, 11, 29, 23, 5, tzinfo=UTC).timestamp()
 
 
 def podinfo(tmp_path, **files: str):
-    """A downward-API folder holding `files` (keys with '_' for '-'; a value of None leaves it out)."""
+    """A downward-API folder holding `files` (names spelled with '_' for '-')."""
     d = tmp_path / "podinfo"
     d.mkdir(exist_ok=True)
     for name, text in files.items():

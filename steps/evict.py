@@ -1,0 +1,188 @@
+"""Evict the trial at computed points: locally by deleting its pod through the local runner, on a
+cluster through the Eviction API (what a node drain does).
+
+    python -m steps.evict --evidence URI --total-steps T --evictions N --seed S [--jitter]
+                          --workflow NAME [--task trial] [--out URI]
+
+Eviction points: the first 80% of the run is cut into N equal bands; by default each point is the end
+of its band (evenly spaced), with --jitter it is drawn uniformly inside its band under the seed. No
+point lies past 80% of the run, every point is a distinct step, and the trial must make progress in
+a new attempt after each eviction before the next one, so each eviction has work behind it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import time
+from pathlib import Path
+
+from steps.evidence import read_evidence, write_json
+
+MAX_FRACTION = 0.8
+
+
+def eviction_points(total_steps: int, evictions: int, seed: int = 0, jitter: bool = False) -> list[int]:
+    """The steps after which the trial is evicted: sorted, distinct, in [1, 0.8*total_steps]."""
+    if total_steps < 2:
+        raise ValueError(f"total_steps must be >= 2, got {total_steps}")
+    if evictions < 0:
+        raise ValueError(f"evictions must be >= 0, got {evictions}")
+    last = int(total_steps * MAX_FRACTION)
+    if evictions > last:
+        raise ValueError(f"{evictions} evictions do not fit in the first 80% of {total_steps} steps "
+                         f"(at most {last}: one distinct step each)")
+    edges = [i * last // evictions for i in range(evictions + 1)] if evictions else [0]
+    rng = random.Random(seed)
+    points = []
+    for lo, hi in zip(edges, edges[1:], strict=False):
+        points.append(rng.randint(lo + 1, hi) if jitter else hi)
+    return points
+
+
+def bands(total_steps: int, evictions: int) -> list[tuple[int, int]]:
+    last = int(total_steps * MAX_FRACTION)
+    edges = [i * last // evictions for i in range(evictions + 1)]
+    return [(lo + 1, hi) for lo, hi in zip(edges, edges[1:], strict=False)]
+
+
+class LocalPods:
+    """The local runner's pod registry (BATON_LOCAL_PODS): find the trial's pod, ask for its deletion."""
+
+    def __init__(self, folder: str, workflow: str, task: str) -> None:
+        self.folder, self.workflow, self.task = Path(folder), workflow, task
+
+    def running(self) -> str | None:
+        for p in sorted(self.folder.glob("*.json")):
+            try:
+                pod = json.loads(p.read_text())
+            except (OSError, json.JSONDecodeError):
+                continue
+            if pod.get("task") == self.task and pod.get("phase") == "Running" and (
+                    not self.workflow or pod.get("workflow") == self.workflow):
+                return pod["name"]
+        return None
+
+    def evict(self, name: str) -> None:
+        from workflows.local import request_pod_deletion
+
+        request_pod_deletion(self.folder, name)
+
+    def gone(self, name: str) -> bool:
+        try:
+            return json.loads((self.folder / f"{name}.json").read_text()).get("phase") != "Running"
+        except (OSError, json.JSONDecodeError):
+            return True
+
+
+class ClusterPods:
+    """The workflow's own pods, through the Kubernetes API with the pod's service account."""
+
+    def __init__(self, workflow: str, task: str) -> None:
+        from kubernetes import client, config
+
+        config.load_incluster_config()
+        self.v1 = client.CoreV1Api()
+        self.client = client
+        self.namespace = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace").read_text().strip()
+        self.workflow, self.task = workflow, task
+
+    def running(self) -> str | None:
+        pods = self.v1.list_namespaced_pod(self.namespace,
+                                           label_selector=f"workflows.argoproj.io/workflow={self.workflow}")
+        for pod in pods.items:
+            node = (pod.metadata.annotations or {}).get("workflows.argoproj.io/node-name", "")
+            if node.startswith(f"{self.workflow}.{self.task}(") and pod.status.phase == "Running":
+                return pod.metadata.name
+        return None
+
+    def evict(self, name: str) -> None:
+        body = self.client.V1Eviction(metadata=self.client.V1ObjectMeta(name=name, namespace=self.namespace))
+        self.v1.create_namespaced_pod_eviction(name, self.namespace, body)
+
+    def gone(self, name: str) -> bool:
+        try:
+            return self.v1.read_namespaced_pod(name, self.namespace).status.phase != "Running"
+        except self.client.ApiException as e:
+            return e.status == 404
+
+
+def latest(records: list[dict]) -> tuple[int, int, bool]:
+    """(highest step seen, attempt that reached it, whether the run is done)."""
+    step, attempt, done = 0, 0, False
+    for r in records:
+        if r.get("event") == "step" and r["step"] >= step:
+            step, attempt = r["step"], r["attempt"]
+        done |= r.get("event") == "done"
+    return step, attempt, done
+
+
+def say(event: dict) -> None:
+    sys.stdout.write(json.dumps(event) + "\n")
+    sys.stdout.flush()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m steps.evict", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--evidence", required=True, help="the trial's evidence folder (record lines)")
+    ap.add_argument("--total-steps", type=int, required=True)
+    ap.add_argument("--evictions", type=int, required=True)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--jitter", default="false", help="true: jitter points inside their bands")
+    ap.add_argument("--workflow", default="", help="the workflow's name (to find its pods)")
+    ap.add_argument("--task", default="trial")
+    ap.add_argument("--out", help="where to write the evictions as JSON")
+    ap.add_argument("--poll", type=float, default=0.1)
+    ap.add_argument("--timeout", type=float, default=3600.0)
+    args = ap.parse_args(argv)
+    try:
+        points = eviction_points(args.total_steps, args.evictions, args.seed, args.jitter.lower() == "true")
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    pods_dir = os.environ.get("BATON_LOCAL_PODS")
+    pods = LocalPods(pods_dir, args.workflow, args.task) if pods_dir else ClusterPods(args.workflow, args.task)
+    print(f"[evict] points {points} of {args.total_steps} steps ({'local' if pods_dir else 'cluster'})",
+          file=sys.stderr)
+    done_evictions: list[dict] = []
+    last_attempt = -1
+    deadline = time.monotonic() + args.timeout
+    for point in points:
+        while True:
+            if time.monotonic() > deadline:
+                print(f"error: timed out waiting for step {point}", file=sys.stderr)
+                return 1
+            step, attempt, done = latest(read_evidence(args.evidence))
+            if done:
+                break
+            # Work behind each eviction: a newer attempt must have trained since the last one.
+            if step >= point and attempt > last_attempt:
+                name = pods.running()
+                if name:
+                    pods.evict(name)
+                    ev = {"event": "evict", "point": point, "observed_step": step, "attempt": attempt,
+                          "pod": name, "time": time.time()}
+                    say(ev)
+                    done_evictions.append(ev)
+                    last_attempt = attempt
+                    while not pods.gone(name) and time.monotonic() < deadline:
+                        time.sleep(args.poll)
+                    break
+            time.sleep(args.poll)
+        if done:
+            print(f"[evict] the trial finished before point {point}", file=sys.stderr)
+            break
+    result = {"points": points, "evictions": done_evictions, "planned": len(points),
+              "bands": bands(args.total_steps, args.evictions) if args.evictions else []}
+    if args.out:
+        write_json(args.out, result)
+    print(f"[evict] {len(done_evictions)} of {len(points)} evictions done", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

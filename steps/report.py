@@ -1,0 +1,75 @@
+"""The drill's report: report.json, report.md and loss.png (the reference pale, the trial over it,
+the evictions marked)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from trainer.storage import url_to_fs
+
+
+def losses(records: list[dict[str, Any]]) -> dict[int, float]:
+    return {r["step"]: r["loss"] for r in records if r.get("event") == "step"}
+
+
+def plot(path: Path, reference: dict[int, float], trial: list[dict[str, Any]], preempt_steps: list[int]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5), dpi=110)
+    if reference:
+        xs = sorted(reference)
+        ax.plot(xs, [reference[s] for s in xs], color="#9bb8d8", linewidth=5, alpha=0.6, label="reference")
+    by_attempt: dict[int, list[tuple[int, float]]] = {}
+    for r in trial:
+        if r.get("event") == "step":
+            by_attempt.setdefault(r["attempt"], []).append((r["step"], r["loss"]))
+    for i, (attempt, pts) in enumerate(sorted(by_attempt.items())):
+        pts.sort()
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], color="#c0392b", linewidth=1.2,
+                label="trial (each attempt)" if i == 0 else None)
+    for j, s in enumerate(preempt_steps):
+        ax.axvline(s, color="#555555", linestyle="--", linewidth=0.8, label="eviction" if j == 0 else None)
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("loss")
+    ax.set_title("baton equivalence drill")
+    ax.legend(loc="upper right")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def markdown(report: dict[str, Any]) -> str:
+    s = report["steps"]
+    verdict = "PASS" if report["passed"] else "FAIL"
+    lines = [f"# baton equivalence drill: {verdict}", "",
+             f"- tier {report['tier']}: {report.get('equal_tensors', 0)}/{report['tensors']} model and optimizer "
+             f"tensors equal; max |diff| {report['max_abs_diff']:.3g}; floor {report['floor']:.3g}",
+             f"- step records {s['total']} total, {s['distinct']} distinct; replayed {s['replayed']}",
+             f"- resumed from {s['resumed_from']}; preemptions {s['preemptions']}", "",
+             "| step | save ms | grace left s | exit | outcome |", "|---:|---:|---:|---:|---|"]
+    for p in report["preempt"]:
+        lines.append(f"| {p['step']} | {p['save_ms']} | {p['grace_left_s']} | {p['exit']} | {p['outcome']} |")
+    for problem in report.get("verify_problems", []):
+        lines.append(f"\n- problem: {problem}")
+    if report.get("differing"):
+        lines.append(f"\nDiffering tensors (first 20): {', '.join(report['differing'])}")
+    lines.append("\n![loss](loss.png)\n")
+    return "\n".join(lines)
+
+
+def write_report(out: Path, report: dict[str, Any], reference_records: list[dict[str, Any]],
+                 trial_records: list[dict[str, Any]], copy_to: str | None = None) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "report.json").write_text(json.dumps(report, indent=1, sort_keys=True, default=str))
+    (out / "report.md").write_text(markdown(report))
+    plot(out / "loss.png", losses(reference_records), trial_records, [p["step"] for p in report["preempt"]])
+    if copy_to:
+        fs, base = url_to_fs(copy_to)
+        fs.makedirs(base, exist_ok=True)
+        for name in ("report.json", "report.md", "loss.png"):
+            fs.put_file(str(out / name), f"{base.rstrip('/')}/{name}")

@@ -1,0 +1,81 @@
+"""Count the trial's records across every attempt: the evidence that resume lost nothing.
+
+    python -m steps.verify --evidence URI --total-steps T [--out URI]
+
+Passes when every step 1..T has exactly one step record (0 replayed, none missing), each resume
+started from the step of the preemption before it, and the run finished. Exit 0 or 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections import Counter
+from typing import Any
+
+from steps.evidence import read_evidence, write_json
+
+
+def verify(records: list[dict[str, Any]], total_steps: int) -> dict[str, Any]:
+    steps = [r["step"] for r in records if r.get("event") == "step"]
+    counts = Counter(steps)
+    resumes = sorted((r for r in records if r.get("event") == "resume"), key=lambda r: (r["attempt"], r["time"]))
+    preempts = sorted((r for r in records if r.get("event") == "preempt"), key=lambda r: (r["attempt"], r["time"]))
+    resumed_from = [r["from_step"] for r in resumes if not r.get("fresh")]
+    missing = sorted(set(range(1, total_steps + 1)) - set(counts))
+    problems = []
+    replayed = len(steps) - len(counts)
+    if replayed:
+        problems.append(f"{replayed} step(s) replayed: {sorted(s for s, n in counts.items() if n > 1)[:10]}")
+    if missing:
+        problems.append(f"{len(missing)} step(s) missing: {missing[:10]}")
+    if not any(r.get("event") == "done" for r in records):
+        problems.append("no done record: the trial did not finish")
+    # Each attempt after a preemption must resume exactly where that preemption saved.
+    by_attempt = {r["attempt"]: r for r in preempts}
+    for r in resumes:
+        prev = by_attempt.get(r["attempt"] - 1)
+        if prev is not None and prev["step"] != r["from_step"]:
+            problems.append(f"attempt {r['attempt']} resumed from {r['from_step']}, "
+                            f"but attempt {prev['attempt']} was preempted at {prev['step']}")
+    return {
+        "total": len(steps), "distinct": len(counts), "replayed": replayed, "missing": missing[:50],
+        "resumed_from": resumed_from, "preemptions": len(preempts),
+        "preempt": [{"step": p["step"], "save_ms": p.get("save_ms"), "grace_left_s": p.get("grace_left_s"),
+                     "exit": p.get("exit"), "outcome": p.get("outcome"), "attempt": p["attempt"]}
+                    for p in preempts],
+        "attempts": len({r["attempt"] for r in records if "attempt" in r}),
+        "passed": not problems, "problems": problems,
+    }
+
+
+def summary(v: dict[str, Any]) -> str:
+    lines = [f"step records {v['total']} total, {v['distinct']} distinct",
+             f"resumed from {v['resumed_from']}",
+             f"replayed {v['replayed']} steps",
+             f"preemptions {v['preemptions']}"]
+    for p in v["preempt"]:
+        lines.append(f"  step {p['step']}: save {p['save_ms']} ms, grace left {p['grace_left_s']} s, "
+                     f"exit {p['exit']} ({p['outcome']})")
+    lines += [f"problem: {x}" for x in v["problems"]]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m steps.verify", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--evidence", required=True, help="the trial's evidence folder")
+    ap.add_argument("--total-steps", type=int, required=True)
+    ap.add_argument("--out", help="where to write verify.json")
+    ap.add_argument("--no-fail", action="store_true",
+                    help="exit 0 whenever a verdict was written (the drill's compare step is the gate)")
+    args = ap.parse_args(argv)
+    v = verify(read_evidence(args.evidence), args.total_steps)
+    print(summary(v), file=sys.stderr)
+    if args.out:
+        write_json(args.out, v)
+    return 0 if v["passed"] or args.no_fail else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,46 @@
+"""Validate rendered objects against Argo v4.1.2's CRD openAPIV3Schema, as the API server would:
+int-or-string accepts both, preserve-unknown-fields accepts anything, and every other object
+rejects unknown fields (kubectl's strict field validation)."""
+
+from __future__ import annotations
+
+import copy
+import functools
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import yaml
+
+ARGO = Path(__file__).resolve().parent.parent.parent / "shared" / "argo"
+CRD_FILES = {"Workflow": "crd-workflows.yaml", "CronWorkflow": "crd-cronworkflows.yaml",
+             "WorkflowTemplate": "crd-workflowtemplates.yaml"}
+
+
+def _strict(node: Any) -> Any:
+    if isinstance(node, list):
+        return [_strict(x) for x in node]
+    if not isinstance(node, dict):
+        return node
+    out = {k: _strict(v) for k, v in node.items() if not k.startswith("x-kubernetes-validations")}
+    if node.get("x-kubernetes-int-or-string"):
+        out.pop("type", None)
+        out["anyOf"] = [{"type": "integer"}, {"type": "string"}]
+    if node.get("type") == "object" and "properties" in node and not node.get("x-kubernetes-preserve-unknown-fields") \
+            and "additionalProperties" not in node:
+        out["additionalProperties"] = False
+    return out
+
+
+@functools.cache
+def crd_schema(kind: str) -> dict[str, Any]:
+    crd = yaml.safe_load((ARGO / CRD_FILES[kind]).read_text())
+    schema = copy.deepcopy(crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"])
+    # The API server fills metadata itself; its schema here is a bare object.
+    return _strict(schema)
+
+
+def validate(obj: dict[str, Any]) -> None:
+    """Raise jsonschema.ValidationError on the first problem."""
+    assert obj.get("apiVersion") == "argoproj.io/v1alpha1", obj.get("apiVersion")
+    jsonschema.validate(obj, crd_schema(obj["kind"]), cls=jsonschema.Draft7Validator)

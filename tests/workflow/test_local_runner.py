@@ -1,0 +1,409 @@
+"""The local Argo runner: DAG order, substitution, retries, pod deletion, refusals, cleanup.
+
+Workflows are plain dicts (what Hera renders); every container is `fixtures/pod.py` run by this Python.
+"""
+
+from __future__ import annotations
+
+import copy
+import io
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from workflows import argo_expr
+from workflows.local import UnsupportedSpec, list_pods, request_pod_deletion, run_workflow
+
+REPO = Path(__file__).resolve().parents[2]
+POD = str(Path(__file__).parent / "fixtures" / "pod.py")
+DRILL_EXPR = "asInt(lastRetry.exitCode) == 75 || lastRetry.message matches 'imminent node shutdown|pod deleted'"
+
+
+def ctr(name: str, *args: str, retry: dict | None = None, grace: int | None = None, **extra) -> dict:
+    t = {"name": name, "container": {"image": "baton:test", "command": [sys.executable, POD], "args": list(args)}}
+    if retry is not None:
+        t["retryStrategy"] = retry
+    if grace is not None:
+        t["podSpecPatch"] = json.dumps({"terminationGracePeriodSeconds": grace})
+    t.update(extra)
+    return t
+
+
+def wf(tasks: list[dict], *templates: dict, params: dict[str, str] | None = None, **spec_extra) -> dict:
+    spec = {"entrypoint": "main", "templates": [{"name": "main", "dag": {"tasks": tasks}}, *templates], **spec_extra}
+    if params:
+        spec["arguments"] = {"parameters": [{"name": k, "value": v} for k, v in params.items()]}
+    return {"apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow",
+            "metadata": {"generateName": "t-", "labels": {"app": "baton"}}, "spec": spec}
+
+
+def run(spec: dict, tmp_path: Path, **kw):
+    out, buf = tmp_path / "out", io.StringIO()
+    res = run_workflow(spec, out, progress=buf, cwd=tmp_path, env={"PYTHONPATH": str(REPO)}, **kw)
+    return res, out, buf.getvalue()
+
+
+def alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has exited already
+
+
+def assert_no_pods_alive(out: Path) -> None:
+    pods = list_pods(out / "pods")
+    assert pods
+    for p in pods:
+        assert p["phase"] in ("Succeeded", "Failed"), p
+        assert not alive(p["pid"]), p
+
+
+def statuses(res, task: str) -> list[tuple[str, int, str]]:
+    return [(n.status, n.exit_code, n.message) for n in res.attempts(task)]
+
+
+def test_dag_order_and_parallelism(tmp_path):
+    spec = wf([{"name": "a", "template": "stamp", "arguments": {"parameters": [
+                  {"name": "me", "value": "a"}, {"name": "peer", "value": "b"}]}},
+               {"name": "b", "template": "stamp", "arguments": {"parameters": [
+                  {"name": "me", "value": "b"}, {"name": "peer", "value": "a"}]}},
+               {"name": "c", "template": "stamp", "depends": "a && b.Succeeded",
+                "arguments": {"parameters": [{"name": "me", "value": "c"}]}},
+               {"name": "d", "template": "stamp", "dependencies": ["c"],
+                "arguments": {"parameters": [{"name": "me", "value": "d"}]}}],
+              ctr("stamp", "stamp", str(tmp_path), "{{inputs.parameters.me}}", "{{inputs.parameters.peer}}",
+                  inputs={"parameters": [{"name": "me"}, {"name": "peer", "default": "me-self"}]}))
+    (tmp_path / "me-self.start").write_text("0")  # tasks without a peer meet themselves at once
+    res, out, _ = run(spec, tmp_path)
+    assert res.phase == "Succeeded", res.nodes
+    t = {f"{n}.{e}": float((tmp_path / f"{n}.{e}").read_text()) for n in "abcd" for e in ("start", "end")}
+    assert t["a.start"] < t["b.end"] and t["b.start"] < t["a.end"]  # a and b overlapped
+    assert t["c.start"] >= max(t["a.end"], t["b.end"])
+    assert t["d.start"] >= t["c.end"]
+    assert [n.task for n in res.nodes][2:] == ["c", "d"]
+    assert json.loads((out / "nodes.json").read_text())["nodes"][3]["task"] == "d"
+    assert_no_pods_alive(out)
+
+
+def test_substitution_is_textual_and_never_through_a_shell(tmp_path):
+    evil = """x"; echo $(id) ' `whoami` \\n {{workflow.name}}"""
+    dump = tmp_path / "argv.json"
+    spec = wf([{"name": "show", "template": "show",
+                "arguments": {"parameters": [{"name": "v", "value": "{{workflow.parameters.evil}}"}]}}],
+              ctr("show", "argv", str(dump), "{{inputs.parameters.v}}", "pre-{{ workflow.parameters.evil }}-post",
+                  "{{workflow.name}}", "{{pod.name}}", "{{retries}}",
+                  inputs={"parameters": [{"name": "v"}]}, retry={"limit": "1"}),
+              params={"evil": "harmless"})
+    spec["spec"]["templates"][1]["container"]["env"] = [
+        {"name": "T_V", "value": "{{inputs.parameters.v}}"},
+        {"name": "T_POD", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}]
+    res, out, _ = run(spec, tmp_path, params={"evil": evil})
+    assert res.phase == "Succeeded"
+    got = json.loads(dump.read_text())
+    pod = f"{res.name}-show-0"
+    assert res.name.startswith("t-") and len(res.name) == 7
+    assert got["argv"] == [evil, f"pre-{evil}-post", res.name, pod, "0"]
+    assert got["env"] == {"T_V": evil, "T_POD": pod, "BATON_LOCAL_PODS": str(out / "pods")}
+    assert res.nodes[0].pod_name == pod
+
+
+def test_retry_on_exit_75_with_the_drill_expression(tmp_path):
+    spec = wf([{"name": "trial", "template": "trial"}],
+              ctr("trial", "seq", "{{retries}}", "75", "75", "0",
+                  retry={"limit": 5, "retryPolicy": "Always", "expression": DRILL_EXPR}))
+    res, out, progress = run(spec, tmp_path)
+    assert res.phase == "Succeeded"
+    assert statuses(res, "trial") == [("Failed", 75, "Error (exit code 75)")] * 2 + [("Succeeded", 0, "")]
+    assert [n.pod_name for n in res.nodes] == [f"{res.name}-trial-{i}" for i in range(3)]
+    for i, n in enumerate(res.nodes):  # every attempt keeps its own log
+        assert n.log_path == out / "logs" / f"trial-{i}.log"
+        assert f"attempt {i}\n" in n.log_path.read_text()
+    assert "retrying (1/5)" in progress and "retrying (2/5)" in progress
+    assert re.search(r"trial attempt 0 step [123](/40)?\n", progress)  # live, while the pod runs
+    assert "trial attempt 0 Failed: Error (exit code 75) at step 3 -> retrying (1/5)\n" in progress
+    assert "trial attempt 2 Succeeded at step 23\n" in progress
+    assert_no_pods_alive(out)
+
+
+def test_crash_is_not_retried_by_the_drill_expression_and_dependents_do_not_run(tmp_path):
+    spec = wf([{"name": "trial", "template": "trial"},
+               {"name": "verify", "template": "verify", "dependencies": ["trial"]}],
+              ctr("trial", "seq", "{{retries}}", "1", "0",
+                  retry={"limit": 5, "retryPolicy": "Always", "expression": DRILL_EXPR}),
+              ctr("verify", "argv", str(tmp_path / "verify-ran")))
+    res, out, progress = run(spec, tmp_path)
+    assert res.phase == "Failed"
+    assert statuses(res, "trial") == [("Failed", 1, "Error (exit code 1)")]
+    assert res.attempts("verify") == [] and not (tmp_path / "verify-ran").exists()
+    assert "expression evaluated to false" in progress and "verify not run" in progress
+
+
+def test_after_a_failure_running_tasks_finish_and_nothing_new_starts(tmp_path):
+    spec = wf([{"name": "crash", "template": "crash"}, {"name": "slow", "template": "slow"},
+               {"name": "later", "template": "later", "dependencies": ["slow"]}],
+              ctr("crash", "seq", "0", "1"), ctr("slow", "sleep", str(tmp_path / "slow.pid"), "0.5"),
+              ctr("later", "argv", str(tmp_path / "later-ran")))
+    res, _, progress = run(spec, tmp_path)
+    assert res.phase == "Failed" and res.message == "failed: crash"
+    assert statuses(res, "crash") == [("Failed", 1, "Error (exit code 1)")]
+    assert statuses(res, "slow") == [("Succeeded", 0, "")]  # it was running: it finishes
+    assert res.attempts("later") == [] and not (tmp_path / "later-ran").exists()  # like Argo's failFast
+    assert "later not run" in progress
+
+
+def test_retry_limit_exhausted_fails(tmp_path):
+    spec = wf([{"name": "trial", "template": "trial"}],
+              ctr("trial", "seq", "{{retries}}", "75", retry={"limit": "2", "expression": DRILL_EXPR}))
+    res, _, progress = run(spec, tmp_path)
+    assert res.phase == "Failed"
+    assert statuses(res, "trial") == [("Failed", 75, "Error (exit code 75)")] * 3
+    assert "retry limit 2 reached" in progress
+
+
+def deletion_spec(tmp_path: Path, mode: str, grace: int, retry: dict) -> dict:
+    return wf([{"name": "trial", "template": "trial"}, {"name": "evict", "template": "evict"}],
+              ctr("trial", mode, str(tmp_path), "{{retries}}", retry=retry, grace=grace),
+              ctr("evict", "evict", str(tmp_path), "trial"))
+
+
+def test_deleted_pod_that_exits_75_is_an_error_and_is_retried(tmp_path):
+    spec = deletion_spec(tmp_path, "term75", 5, {"limit": 3, "retryPolicy": "Always", "expression": DRILL_EXPR})
+    res, out, progress = run(spec, tmp_path)
+    assert res.phase == "Succeeded", progress
+    assert statuses(res, "trial") == [("Error", 75, "pod deleted"), ("Succeeded", 0, "")]
+    assert statuses(res, "evict") == [("Succeeded", 0, "")]
+    first = json.loads((out / "pods" / f"{res.name}-trial-0.json").read_text())
+    assert first["phase"] == "Failed" and first["grace_s"] == 5 and first["pgid"] == first["pid"]
+    assert (out / "pods" / f"{res.name}-trial-0.delete").exists()
+    assert (tmp_path / "child-got-term").exists()  # SIGTERM went to the pod's process group, not one pid
+    assert_no_pods_alive(out)
+
+
+def test_deleted_pod_that_ignores_sigterm_is_killed_after_its_grace(tmp_path):
+    spec = deletion_spec(tmp_path, "ignore-term", 1, {"limit": 3, "retryPolicy": "Always", "expression": DRILL_EXPR})
+    res, out, progress = run(spec, tmp_path)
+    assert res.phase == "Succeeded", progress
+    assert statuses(res, "trial") == [("Error", 137, "pod deleted"), ("Succeeded", 0, "")]
+    deleted = res.attempts("trial")[0]
+    assert deleted.finished - deleted.started >= 1.0  # it outlived SIGTERM for the whole grace
+    assert "SIGKILL" in progress
+    assert not alive(int((tmp_path / "grandchild.pid").read_text()))  # the pod's whole group went
+    assert_no_pods_alive(out)
+
+
+def test_on_failure_policy_does_not_retry_a_deleted_pod(tmp_path):
+    res, out, progress = run(deletion_spec(tmp_path, "term75", 5, {"limit": 3, "retryPolicy": "OnFailure"}), tmp_path)
+    assert res.phase == "Failed"
+    assert statuses(res, "trial") == [("Error", 75, "pod deleted")]
+    assert "retryPolicy OnFailure does not retry Error" in progress
+    assert_no_pods_alive(out)
+
+
+def test_template_deadline_fails_the_attempt(tmp_path):
+    spec = wf([{"name": "slow", "template": "slow"}],
+              ctr("slow", "sleep", str(tmp_path / "pid"), "30", grace=1, activeDeadlineSeconds=1,
+                  retry={"limit": 1, "retryPolicy": "OnError"}))
+    res, out, _ = run(spec, tmp_path)
+    assert res.phase == "Failed"
+    assert statuses(res, "slow") == [("Failed", 143, "Pod was active on the node longer than the specified deadline")]
+    assert_no_pods_alive(out)
+
+
+def test_workflow_deadline_kills_everything_and_fails(tmp_path):
+    spec = wf([{"name": "slow", "template": "slow"}],
+              ctr("slow", "sleep", str(tmp_path / "pid"), "30", grace=1, retry={"limit": 3, "retryPolicy": "Always"}),
+              activeDeadlineSeconds=1)
+    res, out, _ = run(spec, tmp_path)
+    assert (res.phase, res.message) == ("Failed", "Max duration limit exceeded")
+    assert statuses(res, "slow") == [("Failed", 143, "Step exceeded its deadline")]  # and no retry
+    assert_no_pods_alive(out)
+
+
+def test_artifacts_are_copied(tmp_path):
+    spec = wf([{"name": "make", "template": "make"}],
+              ctr("make", "artifacts", str(tmp_path), outputs={"artifacts": [
+                  {"name": "report", "path": "report.json", "archive": {"none": {}}},
+                  {"name": "tree", "path": str(tmp_path / "out" / "sub"), "s3": {"key": "x"}}]}))
+    res, out, _ = run(spec, tmp_path)
+    assert res.phase == "Succeeded"
+    arts = res.nodes[0].artifacts
+    assert arts == {"report": out / "artifacts" / "make" / "report", "tree": out / "artifacts" / "make" / "tree"}
+    assert json.loads(arts["report"].read_text()) == {"ok": True}
+    assert (arts["tree"] / "a.txt").read_text() == "A"
+
+
+def test_missing_artifact_is_an_error(tmp_path):
+    spec = wf([{"name": "make", "template": "make"}],
+              ctr("make", "argv", str(tmp_path / "x"), outputs={"artifacts": [{"name": "gone", "path": "nope.txt"}]}))
+    res, _, _ = run(spec, tmp_path)
+    assert res.phase == "Failed"
+    assert res.nodes[0].status == "Error" and "nope.txt" in res.nodes[0].message
+
+
+def test_container_entrypoint_and_enum(tmp_path):
+    spec = {"apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow", "metadata": {"name": "solo"},
+            "spec": {"entrypoint": "one", "arguments": {"parameters": [
+                {"name": "mode", "value": "a", "enum": ["a", "b"], "description": "which"}]},
+                "templates": [ctr("one", "argv", str(tmp_path / "one.json"), "{{workflow.parameters.mode}}")]}}
+    res, _, _ = run(spec, tmp_path, params={"mode": "b"})
+    assert (res.phase, res.name, res.nodes[0].pod_name) == ("Succeeded", "solo", "solo-one-0")
+    assert json.loads((tmp_path / "one.json").read_text())["argv"] == ["b"]
+    with pytest.raises(UnsupportedSpec, match=r"spec.arguments.parameters\[0\]: value 'c' is not in enum"):
+        run(spec, tmp_path, params={"mode": "c"})
+
+
+def _base(tmp_path: Path) -> dict:
+    return wf([{"name": "a", "template": "a"}, {"name": "b", "template": "b", "dependencies": ["a"]}],
+              ctr("a", "argv", str(tmp_path / "ran-a"), retry={"limit": 1, "expression": DRILL_EXPR}),
+              ctr("b", "argv", str(tmp_path / "ran-b")), params={"p": "1"})
+
+
+def _set(path: str, value):
+    def mutate(spec: dict) -> None:
+        *keys, last = path.split(".")
+        node = spec
+        for k in keys:
+            node = node[int(k)] if isinstance(node, list) else node[k]
+        if isinstance(node, list):
+            node[int(last)] = value
+        else:
+            node[last] = value
+    return mutate
+
+
+def _script(spec: dict) -> None:
+    t = spec["spec"]["templates"][2]
+    t["script"] = {"image": "x", "source": "print(1)"}
+    del t["container"]
+
+
+REFUSALS = [
+    ("spec volumes", _set("spec.volumes", [{"name": "v", "emptyDir": {}}]), r"^spec\.volumes: not supported"),
+    ("script template", _script, r"^spec\.templates\[2\]\.script: not supported"),
+    ("workingDir", _set("spec.templates.1.container.workingDir", "/w"),
+     r"^spec\.templates\[1\]\.container\.workingDir: not supported"),
+    ("volumeMounts", _set("spec.templates.1.container.volumeMounts", []),
+     r"^spec\.templates\[1\]\.container\.volumeMounts: not supported by the local runner$"),
+    ("podSpecPatch key", _set("spec.templates.1.podSpecPatch", "nodeSelector: {a: b}\nterminationGracePeriodSeconds: 3"),
+     r"^spec\.templates\[1\]\.podSpecPatch\.nodeSelector: not supported"),
+    ("expression identifier", _set("spec.templates.1.retryStrategy.expression", "lastRetry.exitCode == '75' || workflow.status"),
+     r"^spec\.templates\[1\]\.retryStrategy\.expression: unknown identifier 'workflow\.status'"),
+    ("expression function", _set("spec.templates.1.retryStrategy.expression", "sprig.int(lastRetry.exitCode) == 75"),
+     r"^spec\.templates\[1\]\.retryStrategy\.expression: unknown function"),
+    ("backoff", _set("spec.templates.1.retryStrategy.backoff", {"duration": "1s"}),
+     r"^spec\.templates\[1\]\.retryStrategy\.backoff: not supported"),
+    ("bad policy", _set("spec.templates.1.retryStrategy.retryPolicy", "Sometimes"), r"retryPolicy: 'Sometimes'"),
+    ("env secret", _set("spec.templates.1.container.env", [{"name": "S", "valueFrom": {"secretKeyRef": {}}}]),
+     r"^spec\.templates\[1\]\.container\.env\[0\]\.valueFrom: only fieldRef"),
+    ("unresolvable", _set("spec.templates.2.container.args.1", "{{tasks.a.outputs.result}}"),
+     r"^spec\.templates\[2\]\.container\.args\[1\]: cannot resolve \{\{tasks\.a\.outputs\.result\}\}"),
+    ("unknown workflow param", _set("spec.templates.2.container.args.1", "{{workflow.parameters.q}}"),
+     r"cannot resolve \{\{workflow\.parameters\.q\}\}"),
+    ("retries without retryStrategy", _set("spec.templates.2.container.args.1", "{{retries}}"),
+     r"cannot resolve \{\{retries\}\}"),
+    ("unknown dependency", _set("spec.templates.0.dag.tasks.1.dependencies", ["zz"]), r"unknown dependency 'zz'"),
+    ("cycle", _set("spec.templates.0.dag.tasks.0.dependencies", ["b"]), r"dependency cycle: a -> b -> a"),
+    ("depends with ||", _set("spec.templates.0.dag.tasks.1.depends", "a || b"), r"tasks\[1\]\.depends: only"),
+    ("unknown template", _set("spec.templates.0.dag.tasks.1.template", "nope"), r"unknown template 'nope'"),
+    ("nested dag", _set("spec.templates.0.dag.tasks.1.template", "main"), r"nested DAGs are not supported"),
+    ("task when", _set("spec.templates.0.dag.tasks.1.when", "1 == 1"), r"tasks\[1\]\.when: not supported"),
+    ("dag failFast", _set("spec.templates.0.dag.failFast", False), r"dag\.failFast: not supported"),
+    ("missing input", _set("spec.templates.2.inputs", {"parameters": [{"name": "x"}]}), r"no value for input 'x'"),
+    ("no command", _set("spec.templates.2.container.command", []), r"command: required by the local runner"),
+    ("onExit", _set("spec.onExit", "b"), r"^spec\.onExit: not supported"),
+]
+
+
+@pytest.mark.parametrize("mutate,message", [r[1:] for r in REFUSALS], ids=[r[0] for r in REFUSALS])
+def test_refusals_name_the_field_and_run_nothing(tmp_path, mutate, message):
+    run(_base(tmp_path), tmp_path / "ok")  # the unmutated spec is fine
+    assert (tmp_path / "ran-a").exists() and (tmp_path / "ran-b").exists()
+    (tmp_path / "ran-a").unlink()
+    (tmp_path / "ran-b").unlink()
+    spec = copy.deepcopy(_base(tmp_path))
+    mutate(spec)
+    with pytest.raises(UnsupportedSpec, match=message):
+        run(spec, tmp_path)
+    assert not (tmp_path / "ran-a").exists() and not (tmp_path / "out").exists()
+
+
+def test_unknown_param_override_is_an_error(tmp_path):
+    with pytest.raises(ValueError, match="unknown workflow parameter 'typo'"):
+        run(_base(tmp_path), tmp_path, params={"typo": "1"})
+    assert not (tmp_path / "out").exists()
+
+
+def test_request_pod_deletion_of_an_unknown_pod_is_a_404(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        request_pod_deletion(tmp_path, "nope-trial-0")
+
+
+RUNNER = """
+import json, sys
+from pathlib import Path
+from workflows.local import run_workflow
+run_workflow(json.loads(Path(sys.argv[1]).read_text()), Path(sys.argv[2]), progress=None)
+"""
+
+
+@pytest.mark.parametrize("sig,code", [(signal.SIGINT, -signal.SIGINT), (signal.SIGTERM, 143)])
+def test_signal_to_the_runner_stops_every_pod(tmp_path, sig, code):
+    spec = wf([{"name": "a", "template": "slow"}, {"name": "b", "template": "slow"}],
+              ctr("slow", "sleep", str(tmp_path / "pid-{{pod.name}}"), "60", grace=30))
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-c", RUNNER, str(tmp_path / "spec.json"), str(out)],
+                            cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)}, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 20
+    while len(list(tmp_path.glob("pid-*"))) < 2:  # both pods are up
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.05)
+    proc.send_signal(sig)
+    assert proc.wait(timeout=20) == code
+    nodes = json.loads((out / "nodes.json").read_text())["nodes"]
+    assert sorted(n["task"] for n in nodes) == ["a", "b"]
+    assert {n["message"] for n in nodes} == {f"runner interrupted ({sig.name})"}
+    for f in tmp_path.glob("pid-*"):
+        assert not alive(int(f.read_text()))
+    assert_no_pods_alive(out)
+
+
+@pytest.mark.parametrize("env,expected", [
+    ({"lastRetry.exitCode": "75", "lastRetry.message": "Error (exit code 75)"}, True),
+    ({"lastRetry.exitCode": "137", "lastRetry.message": "pod deleted"}, True),
+    ({"lastRetry.exitCode": "-1", "lastRetry.message": "Pod was terminated: imminent node shutdown"}, True),
+    ({"lastRetry.exitCode": "1", "lastRetry.message": "Error (exit code 1)"}, False),
+])
+def test_drill_expression(env, expected):
+    env = {"lastRetry.status": "Failed", "lastRetry.duration": "1.5", **env}
+    assert argo_expr.parse(DRILL_EXPR).evaluate(env) is expected
+
+
+def test_expression_semantics():
+    env = {"lastRetry.exitCode": "75", "lastRetry.status": "Error", "lastRetry.message": "m", "lastRetry.duration": "3"}
+
+    def ev(src: str) -> bool:
+        return argo_expr.parse(src).evaluate(env)
+
+    assert ev('lastRetry.exitCode == "75"') and not ev("lastRetry.exitCode == 75")  # a string, as in Argo
+    assert ev("asInt(lastRetry.exitCode) >= 75 && asInt(lastRetry.duration) < 10")
+    assert ev("!(lastRetry.status == 'Failed') && lastRetry.status != \"Failed\"")
+    assert ev("lastRetry.status == 'Failed' || lastRetry.status == 'Error' && lastRetry.message == 'm'")
+    assert not ev("(lastRetry.status == 'Failed' || lastRetry.status == 'Error') && lastRetry.message == 'n'")
+    assert ev("lastRetry.message matches '^m$'") and not ev("lastRetry.message matches 'x'")
+    with pytest.raises(argo_expr.ExprError):
+        ev("asInt(lastRetry.message) == 1")  # a run-time error: not an integer
+    with pytest.raises(argo_expr.ExprError):
+        ev("lastRetry.exitCode < 1")  # string < int
+    for bad in ("lastRetry.exitCode = 75", "(lastRetry.status == 'Error'", "lastRetry.status == 'Error' )",
+                "workflow.status == 'x'", "eval('1')", "lastRetry.message matches '('", "1 +", "", "'unterminated"):
+        with pytest.raises(argo_expr.ExprError):
+            argo_expr.parse(bad)
