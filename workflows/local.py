@@ -659,7 +659,7 @@ class _Runner:
         else:
             self.say(f"{line} -> task failed" + (f" ({why})" if why else ""))
             self.state[task.name] = "failed"
-            pass  # like Argo's DAG failFast: running tasks finish, nothing new starts
+            self.stopping = True  # like Argo's DAG failFast: running tasks finish, nothing new starts
 
     @staticmethod
     def _should_retry(task: _Task, node: NodeResult) -> tuple[bool, str]:

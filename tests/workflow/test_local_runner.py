@@ -149,7 +149,7 @@ def test_crash_is_not_retried_by_the_drill_expression_and_dependents_do_not_run(
 def test_after_a_failure_running_tasks_finish_and_nothing_new_starts(tmp_path):
     spec = wf([{"name": "crash", "template": "crash"}, {"name": "slow", "template": "slow"},
                {"name": "later", "template": "later", "dependencies": ["slow"]}],
-              ctr("crash", "seq", "0", "1"), ctr("slow", "sleep", str(tmp_path / "slow.pid"), "0.5"),
+              ctr("crash", "seq", "0", "1"), ctr("slow", "wait-failed", "crash"),
               ctr("later", "argv", str(tmp_path / "later-ran")))
     res, _, progress = run(spec, tmp_path)
     assert res.phase == "Failed" and res.message == "failed: crash"
