@@ -61,3 +61,7 @@ gke-destroy:
 
 e2e-kind:
 	bash infra/scripts/e2e-kind.sh
+
+# ---- benchmarks (not tests: nothing asserts on time; writes docs/results.md) ----
+bench: install
+	$(PY) -m bench.run

@@ -3,9 +3,40 @@
 Layout under any fsspec root (file://, s3://, gs://, or a local path):
 
     <root>/runs/<run_id>/step-<step:08d>/.metadata, __<rank>_0.distcp   DCP, one writer per rank
-                                         manifest.json                  step, fingerprint, files + sha256
+                                         manifest.json                  step, fingerprint, metrics, files + sha256
                                          _COMMIT                        written last; absent = incomplete
     <root>/runs/<run_id>/attempts/<n:08d>-<token>.json                  one per process start (fencing)
+
+Commit order: every rank writes its DCP files, reads them back and hashes them; rank 0 gathers the
+hashes, checks the fencing, writes manifest.json, and writes _COMMIT last (its body holds the
+manifest's sha256). So a _COMMIT exists only over files that were all durable and hashed. Loading
+verifies sizes and checksums against the manifest and falls back past anything that fails.
+
+Finding the newest complete checkpoint is one listing request (`Store.committed_steps`), after the
+listing caches are dropped. Retention keeps the newest `keep_last` committed checkpoints and the best
+one by a metric recorded in the manifest; it runs only after a commit, and every deletion removes
+_COMMIT first, so a deletion cut short leaves an incomplete folder, never a complete-looking one.
+
+Asynchronous saves (`Store.save_async`): the state is staged (copied) by `dcp.async_save` on a gloo
+group of its own, written and read back in the background, and committed at a later step boundary
+(`Store.step_boundary`) once every rank's upload has finished; at most one is in flight, and `drain`
+commits it before any synchronous save.
+
+Fencing, and its limits. Each process start claims the next attempt number by listing `attempts/`
+and writing its own marker (equal numbers: the smaller token keeps it, the other retries). Before a
+save touches the step folder, and again before manifest.json and before _COMMIT, rank 0 lists
+`attempts/` and refuses (FencedOut) if a newer attempt exists. This is check-then-act on a store
+without compare-and-swap, so it narrows the window without closing it:
+- an attempt that claims its number after the older one's last check, but before that older
+  one's _COMMIT lands, does not stop that commit (a process stalled in that gap, by GC or a network
+  partition, commits late). The commit is still a complete checkpoint of the same run (same
+  fingerprint, same step, so the same tensors), and the newer attempt may or may not list it;
+- the older attempt's retention, in the same gap, may delete an uncommitted folder that the newer
+  attempt is still writing; that save then fails its read-back or, if the files vanish after the
+  hashes, its checkpoint fails verification at load and the loader falls back;
+- claims rely on the store's read-after-write listing consistency (S3 and GCS have it).
+Stronger fencing would need conditional writes (S3 If-None-Match, GCS generation preconditions) on
+the commit marker, or a lease outside the bucket.
 
 The state handed to DCP holds tensors only, and `.metadata` is read through an unpickler that admits
 DCP's own metadata classes and nothing else, so loading never runs code from the bucket.
@@ -13,14 +44,18 @@ DCP's own metadata classes and nothing else, so loading never runs code from the
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
+import math
 import os
 import pickle
 import time
 import uuid
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,8 +63,17 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
+from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 
-from trainer.storage import full_url, storage_options, url_to_fs
+from trainer.storage import (
+    StorageError,
+    full_url,
+    redact,
+    retrying,
+    storage_error,
+    storage_options,
+    url_to_fs,
+)
 
 COMMIT = "_COMMIT"
 MANIFEST = "manifest.json"
@@ -142,6 +186,24 @@ class SaveResult:
     path: str
     save_ms: float
     bytes: int
+    blocking_ms: float = 0.0
+    asynchronous: bool = False
+
+
+@dataclass
+class PendingSave:
+    """A save whose files are being written (and hashed) while training goes on; committed later."""
+
+    step: int
+    path: str
+    manifest: dict[str, Any]
+    attempt: int
+    t0: float
+    files: Future  # this rank's {name: {size, sha256}}, once its upload finished and was read back
+    staging: Future | None = None
+    blocking_s: float = 0.0
+    asynchronous: bool = False
+    on_commit: Callable[[SaveResult], None] | None = None
 
 
 def _sha256(fs, path: str) -> str:
@@ -152,14 +214,39 @@ def _sha256(fs, path: str) -> str:
     return h.hexdigest()
 
 
-class Store:
-    """One run's checkpoints under `<root>/runs/<run_id>`."""
+def _name(p: str) -> str:
+    return p.rstrip("/").split("/")[-1]
 
-    def __init__(self, root_uri: str, run_id: str) -> None:
+
+def _step_of(name: str) -> int | None:
+    digits = name.removeprefix("step-")
+    return int(digits) if name.startswith("step-") and digits.isdigit() else None
+
+
+def _done(value: Any) -> Future:
+    f: Future = Future()
+    f.set_result(value)
+    return f
+
+
+class Store:
+    """One run's checkpoints under `<root>/runs/<run_id>`.
+
+    Construction checks the store (one listing), so a bad URI, a missing bucket, missing
+    credentials or an unreachable endpoint stop the run at start-up with a StorageError naming the URI.
+    """
+
+    def __init__(self, root_uri: str, run_id: str, check: bool = True) -> None:
         self.root_uri = root_uri
         self.fs, root = url_to_fs(root_uri)
         self.run_path = f"{root.rstrip('/')}/runs/{run_id}"
         self.run_id = run_id
+        self.pending: PendingSave | None = None
+        self._group: Any = None
+        self._hasher: ThreadPoolExecutor | None = None
+        self._manifests: dict[int, dict[str, Any]] = {}
+        if check:
+            self.check()
 
     def step_path(self, step: int) -> str:
         return f"{self.run_path}/step-{step:08d}"
@@ -167,21 +254,46 @@ class Store:
     def url(self, path: str) -> str:
         return full_url(self.fs, path)
 
+    @contextmanager
+    def _io(self, what: str, path: str | None = None):
+        """Storage failures (after the client's retries) become a StorageError naming the URI."""
+        try:
+            yield
+        except (CheckpointRefused, CorruptCheckpoint, FencedOut, StorageError):
+            raise
+        except Exception as e:
+            raise storage_error(self.url(path or self.run_path), what, e) from None
+
+    def check(self) -> None:
+        """Fail fast when the store cannot be used: list the run prefix (which needs the endpoint,
+        the bucket and the credentials). Nothing is created: a missing bucket is an error, not a
+        bucket to make. Local folders are created on the first write."""
+        with self._io("checking the checkpoint store"):
+            self.committed_steps()
+
     def _fresh(self) -> None:
         # s3fs and gcsfs cache listings per instance; another process's _COMMIT must be seen.
         self.fs.invalidate_cache()
 
     def committed_steps(self) -> list[int]:
-        """Steps with a _COMMIT, newest first: one listing (a single glob)."""
+        """Steps with a _COMMIT, newest first, from exactly one listing request.
+
+        One recursive listing of the keys that start with `<run>/step-` (a glob would list every step
+        folder on its own on object stores: one request per checkpoint). It returns up to 1000 keys
+        per request, and retention bounds the folders to keep_last + 1 (+ torn ones), each with
+        world_size + 3 keys, so it is one request in practice.
+        """
         self._fresh()
         steps = []
-        for p in self.fs.glob(f"{self.run_path}/step-*/{COMMIT}"):
-            name = p.rstrip("/").split("/")[-2]
-            try:
-                steps.append(int(name.removeprefix("step-")))
-            except ValueError:
-                continue
-        return sorted(steps, reverse=True)
+        with self._io("listing checkpoints under"):
+            found = self.fs.find(self.run_path, prefix="step-")
+        for p in found:
+            parts = p.rstrip("/").split("/")
+            if len(parts) >= 2 and parts[-1] == COMMIT and parts[-3:-2] == [_name(self.run_path)]:
+                step = _step_of(parts[-2])
+                if step is not None:
+                    steps.append(step)
+        return sorted(set(steps), reverse=True)
 
     # -- attempts and fencing --
     def _attempts(self) -> list[tuple[int, str]]:
@@ -192,8 +304,7 @@ class Store:
         except FileNotFoundError:
             return []
         for p in names:
-            base = p.rstrip("/").split("/")[-1].removesuffix(".json")
-            num, _, token = base.partition("-")
+            num, _, token = _name(p).removesuffix(".json").partition("-")
             if num.isdigit():
                 out.append((int(num), token))
         return sorted(out)
@@ -201,64 +312,195 @@ class Store:
     def claim_attempt(self, info: dict[str, Any]) -> int:
         """Take the next attempt number. Two claimants of one number: the smaller token keeps it."""
         token = uuid.uuid4().hex[:12]
-        for _ in range(20):
-            existing = self._attempts()
-            n = (existing[-1][0] + 1) if existing else 1
-            path = f"{self.run_path}/attempts/{n:08d}-{token}.json"
-            self.fs.makedirs(f"{self.run_path}/attempts", exist_ok=True)
-            with self.fs.open(path, "w") as f:
-                f.write(json.dumps({**info, "attempt": n, "token": token, "time": time.time()}))
-            rivals = [t for m, t in self._attempts() if m == n]
-            if min(rivals) == token:
-                return n
-            self.fs.rm(path)
-        raise RuntimeError(f"could not claim an attempt number under {self.url(self.run_path)}")
+        with self._io("claiming an attempt number under"):
+            for _ in range(20):
+                existing = self._attempts()
+                n = (existing[-1][0] + 1) if existing else 1
+                path = f"{self.run_path}/attempts/{n:08d}-{token}.json"
+                body = json.dumps({**info, "attempt": n, "token": token, "time": time.time()})
+                retrying(lambda p=path, b=body: self._write(p, b), self.url(path), "writing")
+                rivals = [t for m, t in self._attempts() if m == n]
+                if min(rivals) == token:
+                    return n
+                self.fs.rm(path)
+        raise StorageError(f"could not claim an attempt number under {self.url(self.run_path)}")
 
     def newest_attempt(self) -> int:
-        existing = self._attempts()
+        with self._io("listing attempts under"):
+            existing = self._attempts()
         return existing[-1][0] if existing else 0
 
+    def _fence(self, attempt: int, step: int) -> None:
+        newest = self.newest_attempt()
+        if newest > attempt:
+            raise FencedOut(f"attempt {attempt} may not commit step {step}: attempt {newest} of "
+                            f"{self.run_id} has started since (another process now owns this run)")
+
+    def _write(self, path: str, text: str) -> None:
+        with self.fs.open(path, "w") as f:
+            f.write(text)
+
     # -- save and commit (collective) --
-    def save(self, step: int, state: dict[str, Any], manifest: dict[str, Any], attempt: int) -> SaveResult:
+    def save(self, step: int, state: dict[str, Any], manifest: dict[str, Any], attempt: int,
+             on_commit: Callable[[SaveResult], None] | None = None) -> SaveResult:
+        """Write, verify and commit a checkpoint now (a save in flight commits first)."""
+        self.drain()
+        res = self._finish(self._start(step, state, manifest, attempt, asynchronous=False))
+        if on_commit:
+            on_commit(res)
+        return res
+
+    def save_async(self, step: int, state: dict[str, Any], manifest: dict[str, Any], attempt: int,
+                   on_commit: Callable[[SaveResult], None]) -> float:
+        """Stage the state, write it in the background (dcp.async_save on a dedicated gloo group),
+        and commit at a later step boundary (`step_boundary`) once every rank's files are written and
+        read back. At most one save is in flight: an older one is committed first. Returns the ms
+        this call blocked."""
+        t = time.perf_counter()
+        self.drain()
+        pending = self._start(step, state, manifest, attempt, asynchronous=True)
+        pending.on_commit = on_commit
+        pending.blocking_s += time.perf_counter() - t
+        self.pending = pending
+        return pending.blocking_s * 1000
+
+    def step_boundary(self) -> None:
+        """Call at the top of every optimizer step. Waits until the save in flight has staged its
+        copy (so this step cannot mutate what is being written), then commits it if every rank's
+        upload has finished. A collective while a save is in flight (all ranks agree on when)."""
+        p = self.pending
+        if p is None:
+            return
+        t = time.perf_counter()
+        if p.staging is not None:
+            p.staging.result()
+        ready = p.files.done()
+        if _world() > 1:
+            flag = torch.tensor([1 if ready else 0], dtype=torch.int32)
+            dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+            ready = bool(flag.item())
+        p.blocking_s += time.perf_counter() - t
+        if ready:
+            self._complete(p)
+
+    def drain(self) -> None:
+        """Wait for the save in flight (if any) and commit it. Collective."""
+        p = self.pending
+        if p is None:
+            return
+        t = time.perf_counter()
+        with contextlib.suppress(Exception):  # a failure is reported, collectively, by _finish
+            p.files.result()
+        p.blocking_s += time.perf_counter() - t
+        self._complete(p)
+
+    def _complete(self, p: PendingSave) -> None:
+        self.pending = None
+        res = self._finish(p)
+        if p.on_commit:
+            p.on_commit(res)
+
+    def _gloo_group(self) -> Any:
+        # Created once, by every rank at the same save. dcp.async_save on the default group hangs
+        # or mismatches while training uses it; its own gloo group does not.
+        if self._group is None:
+            self._group = dist.new_group(backend="gloo") if dist.is_initialized() else False
+        return self._group or None
+
+    def _start(self, step: int, state: dict[str, Any], manifest: dict[str, Any], attempt: int,
+               asynchronous: bool) -> PendingSave:
         assert_tensors_only(state)
-        rank, world = _rank(), _world()
+        rank = _rank()
         path = self.step_path(step)
         t0 = time.perf_counter()
-        if rank == 0 and self.fs.exists(path):
-            self._delete(path)  # an uncommitted leftover of a crashed attempt at this step
-        barrier()
-        dcp.save(state, storage_writer=FsspecWriter(self.url(path), **storage_options(self.root_uri)))
-        # Every rank hashes the shards it wrote; rank 0 also hashes .metadata.
-        names = broadcast(sorted(p.rstrip("/").split("/")[-1] for p in self.fs.ls(path, detail=False))
-                          if rank == 0 else None)
-        mine = [n for n in names if n.startswith(f"__{rank}_") or (rank == 0 and not n.startswith("__"))]
-        files = {}
-        for n in mine:
-            full = f"{path}/{n}"
-            files[n] = {"size": self.fs.size(full), "sha256": _sha256(self.fs, full)}
-        all_files = {k: v for part in gather(files) for k, v in part.items()}
-        save_ms = (time.perf_counter() - t0) * 1000
         error = None
         if rank == 0:
             try:
-                newest = self.newest_attempt()
-                if newest > attempt:
-                    raise FencedOut(f"attempt {attempt} may not commit step {step}: attempt {newest} of "
-                                    f"{self.run_id} has started since")
-                body = {**manifest, "step": step, "attempt": attempt, "world_size": world,
-                        "files": all_files, "save_ms": round(save_ms, 1)}
+                # Fenced before anything is written or deleted: a stale attempt must not remove a
+                # folder at this step that the newer attempt may own.
+                self._fence(attempt, step)
+                self._manifests.pop(step, None)
+                with self._io("clearing a leftover folder at", path):
+                    if self.fs.exists(path):
+                        self._delete(path)  # uncommitted leftover, or a refused one being replaced
+            except Exception as e:
+                error = _agreed(e)
+        _raise_agreed(broadcast(error))
+        writer = FsspecWriter(self.url(path), **storage_options(self.root_uri))
+        what = f"saving step {step} to"
+        if not asynchronous:
+            try:
+                with self._io(what, path):
+                    md = dcp.save(state, storage_writer=writer)
+                files = _done(self._hash_own(path, md))
+            except Exception as e:
+                files = Future()
+                files.set_exception(e)
+            return PendingSave(step, path, manifest, attempt, t0, files)
+        with self._io(what, path):
+            resp = dcp.async_save(state, storage_writer=writer, process_group=self._gloo_group())
+        staging, upload = ((resp.staging_completion, resp.upload_completion)
+                           if isinstance(resp, AsyncSaveResponse) else (None, resp))
+        if self._hasher is None:
+            self._hasher = ThreadPoolExecutor(1, thread_name_prefix="baton-ckpt-hash")
+
+        def written_then_hashed() -> dict[str, Any]:
+            with self._io(what, path):
+                md = upload.result()
+            return self._hash_own(path, md)
+
+        return PendingSave(step, path, manifest, attempt, t0, self._hasher.submit(written_then_hashed),
+                           staging=staging, asynchronous=True)
+
+    def _hash_own(self, path: str, md: Any) -> dict[str, Any]:
+        """Size and sha256 of the files this rank wrote (rank 0 also owns .metadata), read back from
+        the store: the manifest describes what is stored, not what was meant to be."""
+        rank = _rank()
+        names = sorted({si.relative_path for si in (getattr(md, "storage_data", None) or {}).values()})
+        if not names:
+            with self._io("listing", path):
+                names = sorted(_name(p) for p in self.fs.ls(path, detail=False))
+        mine = [n for n in names if n.startswith(f"__{rank}_")]
+        if rank == 0:
+            mine = [".metadata", *[n for n in names if not n.startswith("__") and n != ".metadata"], *mine]
+        files = {}
+        for n in mine:
+            full = f"{path}/{n}"
+            with self._io("reading back", full):
+                files[n] = {"size": self.fs.size(full), "sha256": _sha256(self.fs, full)}
+        return files
+
+    def _finish(self, p: PendingSave) -> SaveResult:
+        """Commit `p` once every rank's files are written and hashed: rank 0 checks the fencing,
+        writes manifest.json and then _COMMIT. Collective; every rank raises the same error."""
+        t = time.perf_counter()
+        rank, world = _rank(), _world()
+        try:
+            mine, err = p.files.result(), None
+        except Exception as e:
+            mine, err = {}, _agreed(e)
+        parts = gather((mine, err))
+        error = next((e for _, e in parts if e), None)
+        all_files = {k: v for files, _ in parts for k, v in files.items()}
+        save_ms = (time.perf_counter() - p.t0) * 1000
+        if rank == 0 and error is None:
+            try:
+                body = {**p.manifest, "step": p.step, "attempt": p.attempt, "world_size": world,
+                        "files": all_files, "save_ms": round(save_ms, 1), "async": p.asynchronous}
                 text = json.dumps(body, indent=1, sort_keys=True)
-                with self.fs.open(f"{path}/{MANIFEST}", "w") as f:
-                    f.write(text)
-                with self.fs.open(f"{path}/{COMMIT}", "w") as f:
-                    f.write(json.dumps({"step": step, "attempt": attempt,
-                                        "manifest_sha256": hashlib.sha256(text.encode()).hexdigest()}))
-            except FencedOut as e:
-                error = str(e)
-        error = broadcast(error)
-        if error:
-            raise FencedOut(error)
-        return SaveResult(step, self.url(path), save_ms, sum(f["size"] for f in all_files.values()))
+                commit = json.dumps({"step": p.step, "attempt": p.attempt,
+                                     "manifest_sha256": hashlib.sha256(text.encode()).hexdigest()})
+                self._fence(p.attempt, p.step)
+                retrying(lambda: self._write(f"{p.path}/{MANIFEST}", text), self.url(p.path), "writing the manifest of")
+                self._fence(p.attempt, p.step)  # the last look before the marker that makes it count
+                retrying(lambda: self._write(f"{p.path}/{COMMIT}", commit), self.url(p.path), "committing")
+                self._manifests[p.step] = body
+            except Exception as e:
+                error = _agreed(e)
+        _raise_agreed(broadcast(error))
+        p.blocking_s += time.perf_counter() - t
+        return SaveResult(p.step, self.url(p.path), (time.perf_counter() - p.t0) * 1000,
+                          sum(f["size"] for f in all_files.values()), p.blocking_s * 1000, p.asynchronous)
 
     # -- verify and load --
     def read_manifest(self, step: int) -> dict[str, Any]:
@@ -268,8 +510,10 @@ class Store:
                 commit = json.loads(f.read())
             with self.fs.open(f"{path}/{MANIFEST}", "r") as f:
                 text = f.read()
-        except (OSError, json.JSONDecodeError) as e:
+        except (FileNotFoundError, json.JSONDecodeError, UnicodeDecodeError) as e:
             raise CorruptCheckpoint(f"commit or manifest unreadable: {e}") from e
+        except Exception as e:
+            raise storage_error(self.url(path), "reading the manifest of", e) from None
         if hashlib.sha256(text.encode()).hexdigest() != commit.get("manifest_sha256"):
             raise CorruptCheckpoint("manifest.json does not match the checksum in _COMMIT")
         return json.loads(text)
@@ -281,14 +525,15 @@ class Store:
             raise CorruptCheckpoint("manifest lists no .metadata")
         for name, want in sorted(files.items()):
             full = f"{path}/{name}"
-            try:
-                size = self.fs.size(full)
-            except FileNotFoundError:
-                raise CorruptCheckpoint(f"{name} is missing") from None
-            if size != want["size"]:
-                raise CorruptCheckpoint(f"{name} has {size} bytes, the manifest says {want['size']}")
-            if _sha256(self.fs, full) != want["sha256"]:
-                raise CorruptCheckpoint(f"{name} fails its sha256 checksum")
+            with self._io("verifying", full):
+                try:
+                    size = self.fs.size(full)
+                except FileNotFoundError:
+                    raise CorruptCheckpoint(f"{name} is missing") from None
+                if size != want["size"]:
+                    raise CorruptCheckpoint(f"{name} has {size} bytes, the manifest says {want['size']}")
+                if _sha256(self.fs, full) != want["sha256"]:
+                    raise CorruptCheckpoint(f"{name} fails its sha256 checksum")
 
     def shapes(self, step: int) -> dict[str, tuple[int, ...]]:
         """Saved tensor shapes by flattened key, read from .metadata (safely)."""
@@ -303,35 +548,72 @@ class Store:
     # -- retention --
     def _delete(self, path: str) -> None:
         # _COMMIT goes first: a half-deleted checkpoint must read as incomplete, never as complete.
-        try:
-            self.fs.rm(f"{path}/{COMMIT}")
-        except FileNotFoundError:
-            pass
-        try:
-            self.fs.rm(path, recursive=True)
-        except FileNotFoundError:
-            pass
+        for target, recursive in ((f"{path}/{COMMIT}", False), (path, True)):
+            try:
+                retrying(lambda t=target, r=recursive: self.fs.rm(t, recursive=r), self.url(path), "deleting")
+            except StorageError as e:
+                if not isinstance(e.__context__, FileNotFoundError) and "not found" not in str(e):
+                    raise
 
-    def retain(self, keep_last: int, newest: int) -> list[int]:
-        """Delete committed checkpoints beyond the newest `keep_last`, and torn folders older than
-        `newest`. Called after `newest` committed. Returns the deleted steps."""
+    def metric(self, step: int, name: str) -> float | None:
+        """The value of metric `name` that the manifest of committed `step` records (None if absent)."""
+        if step not in self._manifests:
+            try:
+                self._manifests[step] = self.read_manifest(step)
+            except (CorruptCheckpoint, StorageError):
+                return None
+        value = (self._manifests[step].get("metrics") or {}).get(name)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+            return float(value)
+        return None
+
+    def best_step(self, name: str, steps: list[int]) -> int | None:
+        """The step with the lowest `name` among `steps` (the newest of equals); None if none has it."""
+        scored = [(v, -s) for s in steps if (v := self.metric(s, name)) is not None]
+        return -min(scored)[1] if scored else None
+
+    def retain(self, keep_last: int, newest: int, best_metric: str = "") -> list[int]:
+        """Delete committed checkpoints beyond the newest `keep_last` (keeping also the best one by
+        `best_metric`, lower is better, when set), and torn folders older than `newest`. Called only
+        after `newest` committed. _COMMIT goes first in every deletion. Returns the deleted steps."""
         deleted = []
-        for step in self.committed_steps()[keep_last:]:
-            self._delete(self.step_path(step))
-            deleted.append(step)
-        committed = set(self.committed_steps())
-        try:
-            entries = self.fs.ls(self.run_path, detail=False)
-        except FileNotFoundError:
-            entries = []
+        committed = self.committed_steps()
+        keep = set(committed[:keep_last]) | {newest}
+        best = self.best_step(best_metric, committed) if best_metric else None
+        if best is not None:
+            keep.add(best)
+        for step in committed:
+            if step not in keep:
+                self._delete(self.step_path(step))
+                self._manifests.pop(step, None)
+                deleted.append(step)
+        with self._io("listing"):
+            try:
+                entries = self.fs.ls(self.run_path, detail=False)
+            except FileNotFoundError:
+                entries = []
         for p in entries:
-            name = p.rstrip("/").split("/")[-1]
-            if name.startswith("step-") and name.removeprefix("step-").isdigit():
-                s = int(name.removeprefix("step-"))
-                if s < newest and s not in committed:
-                    self._delete(p)
-                    deleted.append(s)
-        return deleted
+            s = _step_of(_name(p))
+            if s is not None and s < newest and s not in committed:
+                self._delete(p)
+                deleted.append(s)
+        return sorted(deleted)
+
+
+def _agreed(e: BaseException) -> tuple[str, str]:
+    """An exception as (kind, message), to broadcast so that every rank raises the same one."""
+    if isinstance(e, FencedOut):
+        return "fenced", str(e)
+    if isinstance(e, StorageError):
+        return "storage", str(e)
+    return "storage", redact(f"{type(e).__name__}: {e}".splitlines()[0][:500])
+
+
+def _raise_agreed(error: tuple[str, str] | None) -> None:
+    if error is None:
+        return
+    kind, msg = error
+    raise FencedOut(msg) if kind == "fenced" else StorageError(msg)
 
 
 def resolve_and_load(store: Store, fingerprint: str, build_state: Callable[[int, dict], dict],
@@ -341,6 +623,8 @@ def resolve_and_load(store: Store, fingerprint: str, build_state: Callable[[int,
     `build_state(step, manifest)` returns the tensor-only state to load into. Returns
     (step, manifest, state), or None when no usable checkpoint exists. Raises CheckpointRefused for a
     checkpoint of another run (a different fingerprint): that is a mistake to stop on, not to skip.
+    A store that fails (after retries) while being read raises StorageError: a network fault is not
+    a reason to pass over a good checkpoint.
     """
     steps = broadcast(store.committed_steps() if _rank() == 0 else None)
     for step in steps:
@@ -356,10 +640,14 @@ def resolve_and_load(store: Store, fingerprint: str, build_state: Callable[[int,
                     store.verify_files(step, manifest)
             except CorruptCheckpoint as e:
                 verdict = str(e)
+            except StorageError as e:
+                verdict = f"storage:{e}"
         verdict, manifest = broadcast((verdict, manifest))
         if verdict and verdict.startswith("foreign:"):
             raise CheckpointRefused(f"refusing checkpoint {verdict.removeprefix('foreign:')}; "
                                     "it belongs to another run")
+        if verdict and verdict.startswith("storage:"):
+            raise StorageError(verdict.removeprefix("storage:"))
         if verdict is None:
             try:
                 state = build_state(step, manifest)

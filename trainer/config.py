@@ -18,13 +18,11 @@ from typing import Any
 import yaml
 
 
-class ConfigError(ValueError):
-    """A config that cannot be run. The message names the offending key."""
+from trainer.notice import CadenceConfig, NoticeConfig
+from trainer.validation import ConfigError
+from trainer.validation import require as _require
 
-
-def _require(cond: bool, key: str, msg: str) -> None:
-    if not cond:
-        raise ConfigError(f"config key '{key}': {msg}")
+__all__ = ["Config", "ConfigError", "load_config", "config_from_dict"]
 
 
 @dataclass
@@ -130,6 +128,10 @@ class Config:
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    notice: NoticeConfig = field(default_factory=NoticeConfig)
+    """Preemption warnings: podinfo annotations and GCP's metadata server (trainer/notice.py)."""
+    cadence: CadenceConfig = field(default_factory=CadenceConfig)
+    """Wall-clock and Young/Daly checkpoint cadence beside checkpoint.every_steps (trainer/notice.py)."""
 
     def __post_init__(self) -> None:
         _require(bool(self.name), "name", "is required")

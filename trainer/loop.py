@@ -31,6 +31,7 @@ from trainer.checkpoint import (
 from trainer.config import Config
 from trainer.data import EpochData, pack, read_documents
 from trainer.model import ensure_model, load_model, load_tokenizer, shard
+from trainer.notice import Attempt, Cadence, NoticeThread, NoticeWatcher
 from trainer.preemption import Preemption
 from trainer.records import Records, log
 
@@ -129,6 +130,13 @@ class Trainer:
         self.sched = torch.optim.lr_scheduler.LambdaLR(
             self.optim, lambda s: lr_factor(s, o.warmup_steps, cfg.total_steps, o.min_lr_ratio))
         self.step = 0
+        self.notice: NoticeThread | None = None
+        if cfg.notice.enabled:
+            self.watcher = NoticeWatcher.from_config(cfg.notice, lead_s=cfg.notice.poll_s)
+            self.notice = NoticeThread(self.watcher, cfg.notice.poll_s).start()
+        self.cadence = Cadence(cfg.cadence)
+        self.last_save_at = time.time()
+        self.warned = False
         log(f"run {cfg.run_id} attempt {self.attempt}: rank {self.rank}/{self.world} on {self.device}, "
             f"{self.data.geo.n_samples} samples, {self.data.geo.steps_in_epoch()} steps/epoch, "
             f"{sum(p.numel() for p in self.model.parameters())} parameters (this rank's shards)")
@@ -230,6 +238,7 @@ class Trainer:
             "reason": reason, "config": self.cfg.to_dict(), "time": time.time(),
         }, self.attempt)
         self.last_committed, self.last_checkpoint = b.step, res.path
+        self._after_save(res.save_ms)
         self.emit("checkpoint", b.step, reason=reason, save_ms=round(res.save_ms, 1), bytes=res.bytes,
                   path=res.path)
         if self.rank == 0:
@@ -262,15 +271,70 @@ class Trainer:
         dist.barrier()
         return EXIT_PREEMPTED
 
+    def _on_boundary(self) -> int | None:
+        """Warnings and the wall-clock cadence, decided together for all ranks at a step boundary.
+        Returns an exit code when a warning under policy `stop` ends the run."""
+        pending = bool(self.notice and self.notice.pending())
+        due = self.rank == 0 and self.cadence.due(time.time(), self.last_save_at)
+        flags = torch.tensor([int(pending), int(due)], dtype=torch.int32)
+        if self.world > 1:
+            dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+        pending, due = bool(flags[0]), bool(flags[1])
+        if pending:
+            notice = self.notice.take() if self.notice else None
+            reason = notice.reason if notice else "peer"
+            self.warned = True
+            log(f"preemption warning ({reason}{': ' + notice.source if notice else ''}) at step {self.step}")
+            if self.last_committed != self.step:
+                self.save(self.boundary(), "warning")
+            if self.cfg.notice.policy == "stop":
+                self.preempt.signal_name = f"warning:{reason}"
+                self.preempt.received_at = time.monotonic()
+                return self.stop(self.boundary())
+        elif due and self.last_committed != self.step:
+            self.save(self.boundary(), "periodic")
+        return None
+
+    def _after_save(self, save_ms: float) -> None:
+        """Feed the measured cost to the cadence and to the warning lead time."""
+        self.last_save_at = time.time()
+        if self.notice:
+            self.watcher.lead_s = self.cfg.notice.poll_s + 2 * save_ms / 1000 + 5
+        history = self._attempt_history() if self.cfg.cadence.mode == "auto" else None
+        change = self.cadence.update(save_cost_s=save_ms / 1000, history=history)
+        if change and change.interval_s is not None and self.rank == 0:
+            log(f"checkpoint cadence ({change.mode}): every {change.interval_s:.0f} s "
+                f"(save cost {change.save_cost_s}, MTBF {change.mtbf_s})")
+
+    def _attempt_history(self) -> list[Attempt]:
+        """Approximate: every attempt before this one is taken to have ended by preemption."""
+        if getattr(self, "_history", None) is None:
+            import json as _json
+
+            starts = []
+            for n, token in self.store._attempts():
+                try:
+                    with self.store.fs.open(f"{self.store.run_path}/attempts/{n:08d}-{token}.json") as f:
+                        starts.append(float(_json.loads(f.read())["time"]))
+                except (OSError, ValueError, KeyError):
+                    continue
+            starts.sort()
+            self._history = [Attempt(a, True, b - a) for a, b in zip(starts, starts[1:], strict=False)]
+            self._history_started = starts[-1] if starts else time.time()
+        return [*self._history, Attempt(self._history_started, False, time.time() - self._history_started)]
+
     def _pause_for_test(self) -> None:
-        """`BATON_PAUSE_AFTER_STEP=K`: wait (at most 120 s) after step K for a signal, so that a test can
-        land SIGTERM on an exact step. A test hook; the wait polls the collective stop flag."""
+        """`BATON_PAUSE_AFTER_STEP=K[,K2...]`: wait (at most 120 s) after step K until a signal or a
+        preemption warning arrives, so that a test lands them on an exact step. A test hook; the wait
+        polls the collective stop flag, so every rank leaves it together."""
         raw = os.environ.get("BATON_PAUSE_AFTER_STEP")
-        if raw is None or int(raw) != self.step:
+        if raw is None or self.step not in {int(x) for x in raw.split(",") if x.strip()}:
             return
         log(f"paused after step {self.step} (BATON_PAUSE_AFTER_STEP)")
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and not self.preempt.should_stop():
+            if self.notice and self.notice.pending():
+                break
             time.sleep(0.01)
 
     # -- the loop --
@@ -315,6 +379,8 @@ class Trainer:
                 break
             if cfg.checkpoint.every_steps and self.step % cfg.checkpoint.every_steps == 0:
                 self.save(self.boundary(), "periodic")
+            if (code := self._on_boundary()) is not None:
+                return code
             self._pause_for_test()
         if self.last_committed != cfg.total_steps:
             self.save(self.boundary(), "final")
@@ -342,5 +408,7 @@ def train(cfg: Config, preempt: Preemption) -> int:
         log(f"error: {e}")
         return EXIT_FAIL
     finally:
+        if getattr(trainer, "notice", None):
+            trainer.notice.stop()
         if dist.is_initialized():
             dist.destroy_process_group()

@@ -36,7 +36,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import NamedTuple
 
-from trainer.config import _require
+from trainer.validation import require as _require
 from trainer.records import log
 
 TERMINATION, GUARANTEED, GCP_PREEMPTED = "termination-warning-at", "guaranteed-until", "gcp-preempted"

@@ -18,10 +18,11 @@ Supported (anything else is refused with ``UnsupportedSpec`` naming the field, b
   (name, default); ``outputs.artifacts`` (name, path: copied to ``<out_dir>/artifacts/<task>/<name>``
   after a successful attempt); ``retryStrategy`` (limit, retryPolicy, expression, see ``argo_expr``);
   ``podSpecPatch`` with only ``terminationGracePeriodSeconds``; ``activeDeadlineSeconds`` (per pod).
-- Substitution in command, args, env values, artifact paths, podSpecPatch and task argument values:
-  ``{{inputs.parameters.X}}``, ``{{workflow.parameters.X}}``, ``{{workflow.name}}``, ``{{pod.name}}``, and
-  ``{{retries}}`` (templates with a retryStrategy, as in Argo). It is textual, into argv elements, never
-  through a shell.
+- Substitution in command, args, env values, artifact paths, podSpecPatch, task argument values,
+  ``retryStrategy.limit`` and ``activeDeadlineSeconds``: ``{{inputs.parameters.X}}``,
+  ``{{workflow.parameters.X}}``, ``{{workflow.name}}``, ``{{pod.name}}``, and ``{{retries}}`` (only in
+  templates with a retryStrategy, as in Argo). It is one textual pass into argv elements, never through a
+  shell: a substituted value stays data, even if it holds quotes, ``$(...)`` or ``{{...}}``.
 
 Accepted without local effect: see ``ACCEPTED_WITHOUT_EFFECT`` below (one place, on purpose).
 
@@ -29,15 +30,19 @@ Retry semantics: exit 0 is Succeeded; another exit is Failed, "Error (exit code 
 Error, "pod deleted", whatever it exits with. Policies: Always (Failed, Error), OnFailure (Failed), OnError
 (Error), OnTransientError (Error only: an approximation, Argo also classifies messages). Without a policy
 the default is OnFailure, or Always when an expression is given (Argo >= 3.5). The policy is ANDed with
-the expression; the limit counts retries. There is no backoff.
+the expression; the limit counts retries (no limit: unlimited, as in Argo). There is no backoff.
+When a task fails for good, nothing new starts (Argo's DAG failFast); running tasks, their retries
+included, finish; the workflow fails.
 
 Pod deletion contract (how a sibling "evict" step evicts locally): every pod gets
 ``BATON_LOCAL_PODS=<out_dir>/pods``; each running pod has ``<pods>/<pod-name>.json``; creating
 ``<pods>/<pod-name>.delete`` (``request_pod_deletion``) makes the runner SIGTERM the pod's group, then
-SIGKILL it after ``terminationGracePeriodSeconds`` (default 30).
+SIGKILL it after ``terminationGracePeriodSeconds`` (default 30). ``list_pods`` reads the registry.
+When the pod's main process exits, the rest of its group is SIGKILLed, as a container's would be.
 
 Ctrl-C or SIGTERM to the runner: every pod group gets SIGTERM, then SIGKILL after 5 s (at once on a
-second signal); then ``KeyboardInterrupt`` (SIGINT) or ``SystemExit(143)`` (SIGTERM) propagates.
+second signal); then ``KeyboardInterrupt`` (SIGINT) or ``SystemExit(143)`` (SIGTERM) propagates, after
+``<out_dir>/nodes.json`` is written. (Signal handlers are installed only when called from the main thread.)
 """
 
 from __future__ import annotations
@@ -99,6 +104,7 @@ INTERRUPT_GRACE_S = 5.0
 POLL_S = 0.05
 STEP_PROGRESS_EVERY_S = 2.0
 DELETED = "pod deleted"
+POD_DEADLINE = "Pod was active on the node longer than the specified deadline"  # the kubelet's words
 
 
 class UnsupportedSpec(ValueError):
@@ -186,8 +192,8 @@ class _Plan:
     deadline_s: float | None
 
 
-def _refuse(path: str) -> UnsupportedSpec:
-    return UnsupportedSpec(f"{path}: not supported by the local runner")
+def _refuse(path: str, what: str = "") -> UnsupportedSpec:
+    return UnsupportedSpec(f"{path}: {what}{' ' if what else ''}not supported by the local runner")
 
 
 def _check(obj: Any, path: str, kind: str) -> dict:
@@ -196,7 +202,7 @@ def _check(obj: Any, path: str, kind: str) -> dict:
     allowed = _SUPPORTED[kind] | ACCEPTED_WITHOUT_EFFECT.get(kind, frozenset())
     for key in obj:
         if key not in allowed:
-            raise _refuse(f"{path}.{key}")
+            raise _refuse(f"{path}.{key}" if path else key)
     return obj
 
 
@@ -221,8 +227,10 @@ def _scalar(value: Any, path: str) -> str:
     return str(value)
 
 
-def _seconds(value: Any, path: str) -> float:
-    if isinstance(value, bool) or not (isinstance(value, int) or (isinstance(value, str) and value.isdigit())):
+def _seconds(value: Any, path: str, ctx: dict[str, str] | None = None) -> float:
+    if isinstance(value, str) and ctx is not None:  # Argo substitutes parameters into IntOrString fields too
+        value = _subst(value, ctx, path)
+    if isinstance(value, bool) or not (isinstance(value, int) or isinstance(value, str) and value.isdigit()):
         raise UnsupportedSpec(f"{path}: expected a non-negative integer, got {value!r}")
     return float(value)
 
@@ -264,7 +272,8 @@ def _grace(task: _Task, ctx: dict[str, str]) -> float:
 
 def _argv_env(plan: _Plan, task: _Task, ctx: dict[str, str]) -> tuple[list[str], dict[str, str]]:
     c, path = task.tmpl["container"], f"{task.path}.container"
-    argv = [_subst(a, ctx, f"{path}.{k}[{i}]") for k in ("command", "args") for i, a in enumerate(_list(c.get(k), f"{path}.{k}"))]
+    argv = [_subst(a, ctx, f"{path}.{k}[{i}]")
+            for k in ("command", "args") for i, a in enumerate(_list(c.get(k), f"{path}.{k}"))]
     env: dict[str, str] = {}
     for i, e in enumerate(_list(c.get("env"), f"{path}.env")):
         epath = f"{path}.env[{i}]"
@@ -292,13 +301,16 @@ def _artifacts(task: _Task, ctx: dict[str, str]) -> dict[str, str]:
     return out
 
 
-def _retry(tmpl: dict, path: str) -> _Retry | None:
+def _retry(tmpl: dict, path: str, ctx: dict[str, str] | None) -> _Retry | None:
+    """``ctx`` None: check the shape only (a template no task uses)."""
     rs = tmpl.get("retryStrategy")
     if rs is None:
         return None
     path += ".retryStrategy"
     _check(rs, path, "retryStrategy")
-    limit = None if rs.get("limit") is None else int(_seconds(rs["limit"], f"{path}.limit"))
+    limit = rs.get("limit")
+    if limit is not None and (ctx is not None or not isinstance(limit, str) or "{{" not in limit):
+        limit = int(_seconds(limit, f"{path}.limit", ctx))
     expr = None
     if rs.get("expression") is not None:
         try:
@@ -314,19 +326,20 @@ def _retry(tmpl: dict, path: str) -> _Retry | None:
 def _depends(text: Any, path: str) -> list[str]:
     parts = [p.strip() for p in str(text).split("&&")]
     if not all(re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*?(\.Succeeded)?", p) for p in parts):
-        raise UnsupportedSpec(f"{path}: only 'a && b' (optionally a.Succeeded) is supported by the local runner")
+        raise _refuse(path, "anything but 'a && b' (or a.Succeeded) is")
     return [p.removesuffix(".Succeeded") for p in parts]
 
 
 def _plan(spec: dict, params: dict[str, str] | None) -> _Plan:
-    _check(spec, "workflow", "workflow")
+    _check(spec, "", "workflow")
     if spec.get("apiVersion") != "argoproj.io/v1alpha1" or spec.get("kind") != "Workflow":
         raise UnsupportedSpec("apiVersion/kind: expected argoproj.io/v1alpha1 Workflow")
     meta = _check(spec.get("metadata", {}), "metadata", "metadata")
     if meta.get("name"):
         name = str(meta["name"])
     elif meta.get("generateName"):
-        name = str(meta["generateName"]) + "".join(random.choices(string.ascii_lowercase + string.digits, k=5))
+        suffix = "".join(random.choices(string.ascii_lowercase + string.digits, k=5))
+        name = str(meta["generateName"]) + suffix
     else:
         raise UnsupportedSpec("metadata: needs name or generateName")
     s = _check(spec.get("spec"), "spec", "spec")
@@ -339,7 +352,8 @@ def _plan(spec: dict, params: dict[str, str] | None) -> _Plan:
         wf_params[pname] = p.get("value")
     for k, v in (params or {}).items():
         if k not in wf_params:
-            raise ValueError(f"unknown workflow parameter {k!r} (the spec has: {', '.join(wf_params) or 'none'})")
+            known = ", ".join(wf_params) or "none"
+            raise ValueError(f"unknown workflow parameter {k!r} (the spec has: {known})")
         wf_params[k] = v
     for i, p in enumerate(_list(args.get("parameters"), "spec.arguments.parameters")):
         ppath, value = f"spec.arguments.parameters[{i}]", wf_params[p["name"]]
@@ -369,8 +383,9 @@ def _plan(spec: dict, params: dict[str, str] | None) -> _Plan:
         else:
             _check(t["container"], f"{path}.container", "container")
             if not _list(t["container"].get("command"), f"{path}.container.command"):
-                raise UnsupportedSpec(f"{path}.container.command: required by the local runner (no image entrypoint)")
-            _retry(t, path)
+                raise UnsupportedSpec(f"{path}.container.command: required by the local runner "
+                                      "(it cannot use an image's entrypoint)")
+            _retry(t, path, None)
         templates[tname] = (path, t)
 
     entry = s.get("entrypoint")
@@ -391,7 +406,7 @@ def _plan(spec: dict, params: dict[str, str] | None) -> _Plan:
             raise UnsupportedSpec(f"{path}.template: unknown template {ref!r}")
         tmpl_path, tmpl = templates[ref]
         if "container" not in tmpl:
-            raise UnsupportedSpec(f"{path}.template: {ref!r} is a dag; nested DAGs are not supported by the local runner")
+            raise _refuse(f"{path}.template", f"{ref!r} is a dag; nested DAGs are")
         deps = [str(d) for d in _list(rt.get("dependencies"), f"{path}.dependencies")]
         if "depends" in rt:
             deps += _depends(rt["depends"], f"{path}.depends")
@@ -399,8 +414,8 @@ def _plan(spec: dict, params: dict[str, str] | None) -> _Plan:
         targs = _check(rt.get("arguments", {}), f"{path}.arguments", "arguments")
         for j, p in enumerate(_list(targs.get("parameters"), f"{path}.arguments.parameters")):
             ppath = f"{path}.arguments.parameters[{j}]"
-            given[_name(_check(p, ppath, "task_param"), ppath)] = _subst(_scalar(p.get("value"), f"{ppath}.value"),
-                                                                        wf_ctx, f"{ppath}.value")
+            value = _scalar(p.get("value"), f"{ppath}.value")
+            given[_name(_check(p, ppath, "task_param"), ppath)] = _subst(value, wf_ctx, f"{ppath}.value")
         inputs: dict[str, str] = {}
         ins = _check(tmpl.get("inputs", {}), f"{tmpl_path}.inputs", "inputs")
         for j, p in enumerate(_list(ins.get("parameters"), f"{tmpl_path}.inputs.parameters")):
@@ -411,12 +426,13 @@ def _plan(spec: dict, params: dict[str, str] | None) -> _Plan:
             elif "default" in p:
                 inputs[pname] = _subst(_scalar(p["default"], f"{ppath}.default"), wf_ctx, f"{ppath}.default")
             else:
-                raise UnsupportedSpec(f"{path}.arguments: task {task_name!r} gives no value for input {pname!r}")
+                raise UnsupportedSpec(f"{path}.arguments: no value for input {pname!r} of {ref!r}")
         if given:
             raise UnsupportedSpec(f"{path}.arguments.parameters: {sorted(given)} are not inputs of {ref!r}")
+        ictx = dict(wf_ctx, **{f"inputs.parameters.{k}": v for k, v in inputs.items()})
         tdl = tmpl.get("activeDeadlineSeconds")
-        task = _Task(task_name, ref, tmpl_path, tmpl, deps, inputs, _retry(tmpl, tmpl_path),
-                     None if tdl is None else _seconds(tdl, f"{tmpl_path}.activeDeadlineSeconds"))
+        task = _Task(task_name, ref, tmpl_path, tmpl, deps, inputs, _retry(tmpl, tmpl_path, ictx),
+                     None if tdl is None else _seconds(tdl, f"{tmpl_path}.activeDeadlineSeconds", ictx))
         # Resolve everything now with stand-in per-attempt values, so a bad reference fails before any pod.
         ctx = _pod_ctx(plan, task, f"{name}-{task_name}-0", 0)
         _argv_env(plan, task, ctx)
@@ -480,7 +496,8 @@ class _Runner:
         self.running: dict[str, _Pod] = {}
         self.nodes: list[NodeResult] = []
         self.t0 = time.monotonic()
-        self.stopping = False  # no new tasks, no retries
+        self.failed_fast = False  # a task failed: no new tasks, but running ones go on, retries included
+        self.aborting = False  # signal or deadline: no new tasks, no retries
         self.message = ""
         self.signalled: int | None = None
         self.hurry = False  # a second signal: SIGKILL without waiting for the grace
@@ -530,10 +547,11 @@ class _Runner:
         return RunResult(phase, self.nodes, self.plan.name, self.message if phase == "Failed" else "")
 
     def _startable(self) -> list[_Task]:
-        if self.stopping:
+        if self.aborting:
             return []
         return [t for n, t in self.plan.tasks.items() if self.state[n] == "retry"
-                or (self.state[n] == "pending" and all(self.state[d] == "succeeded" for d in t.deps))]
+                or (self.state[n] == "pending" and not self.failed_fast
+                    and all(self.state[d] == "succeeded" for d in t.deps))]
 
     def _install_signals(self) -> dict[int, Any]:
         if threading.current_thread() is not threading.main_thread():
@@ -556,7 +574,7 @@ class _Runner:
             self._abort("Step exceeded its deadline", None)
 
     def _abort(self, why: str, grace: float | None) -> None:
-        self.stopping = True
+        self.aborting = True
         self.message = self.message or why
         self.say(f"stopping: {why}")
         for name, st in self.state.items():
@@ -585,15 +603,17 @@ class _Runner:
                               log_path, started, time.time())
             self._after(task, node, f"{task.name} attempt {attempt} Error: {node.message}")
             return
-        pod = _Pod(task, attempt, name, proc, log_path, open(log_path, "rb"), grace, started, time.monotonic())
+        reader = open(log_path, "rb")  # closed when the pod ends
+        pod = _Pod(task, attempt, name, proc, log_path, reader, grace, started, time.monotonic())
         self.running[task.name] = pod
         self._record(pod, "Running")
         self.say(f"{task.name} attempt {attempt} Running (pod {name}, pid {proc.pid})")
 
     def _record(self, pod: _Pod, phase: str, **extra: Any) -> None:
         _write_atomic(self.pods_dir / f"{pod.name}.json", json.dumps({
-            "name": pod.name, "workflow": self.plan.name, "task": pod.task.name, "template": pod.task.template,
-            "attempt": pod.attempt, "pid": pod.proc.pid, "pgid": pod.proc.pid, "grace_s": pod.grace,
+            "name": pod.name, "workflow": self.plan.name, "task": pod.task.name,
+            "template": pod.task.template, "attempt": pod.attempt,
+            "pid": pod.proc.pid, "pgid": pod.proc.pid, "grace_s": pod.grace,
             "phase": phase, **extra}))
 
     def _terminate(self, pod: _Pod, status: str, message: str, grace: float | None) -> None:
@@ -608,12 +628,14 @@ class _Runner:
         if pod.proc.poll() is None:
             now = time.monotonic()
             if pod.forced is None and (self.pods_dir / f"{pod.name}.delete").exists():
-                self.say(f"{pod.task.name} attempt {pod.attempt}: pod deleted, SIGTERM (grace {pod.grace:g}s)")
+                self.say(f"{pod.task.name} attempt {pod.attempt}: pod deleted, SIGTERM "
+                         f"(grace {pod.grace:g}s)")
                 self._terminate(pod, "Error", DELETED, None)
-            elif pod.forced is None and pod.task.deadline_s is not None and now - pod.t0 > pod.task.deadline_s:
-                self._terminate(pod, "Failed", "Pod was active on the node longer than the specified deadline", None)
+            elif pod.forced is None and now - pod.t0 > _or_inf(pod.task.deadline_s):
+                self._terminate(pod, "Failed", POD_DEADLINE, None)
             if pod.kill_at is not None and (now >= pod.kill_at or self.hurry):
-                self.say(f"{pod.task.name} attempt {pod.attempt}: grace over, SIGKILL")
+                why = "second signal" if self.hurry else "grace over"
+                self.say(f"{pod.task.name} attempt {pod.attempt}: {why}, SIGKILL")
                 _killpg(pod.proc.pid, signal.SIGKILL)
                 pod.kill_at = None
             return
@@ -625,7 +647,7 @@ class _Runner:
             status, message = "Succeeded", ""
         else:
             status, message = "Failed", f"Error (exit code {_exit_code(pod.proc.returncode)})"
-        self._finish(pod, status, message, may_retry=not self.stopping)
+        self._finish(pod, status, message, may_retry=not self.aborting)
 
     def _finish(self, pod: _Pod, status: str, message: str, may_retry: bool) -> None:
         del self.running[pod.task.name]
@@ -638,7 +660,8 @@ class _Runner:
                 node.artifacts = self._collect(pod)
             except OSError as exc:
                 node.status, node.message = "Error", f"failed to save outputs: {exc}"
-        self._record(pod, "Succeeded" if node.status == "Succeeded" else "Failed", exit_code=code, status=node.status)
+        phase = "Succeeded" if node.status == "Succeeded" else "Failed"  # a Kubernetes pod phase
+        self._record(pod, phase, exit_code=code, status=node.status)
         at = f" at step {pod.step}" if pod.step is not None else ""
         detail = at
         if node.status != "Succeeded":
@@ -655,11 +678,12 @@ class _Runner:
         if retry:
             limit = "unlimited" if task.retry.limit is None else task.retry.limit
             self.say(f"{line} -> retrying ({node.attempt + 1}/{limit})")
-            self.state[task.name], self.next_attempt[task.name] = "retry", node.attempt + 1  # starts right away
+            # no backoff: the main loop starts it on this same pass
+            self.state[task.name], self.next_attempt[task.name] = "retry", node.attempt + 1
         else:
             self.say(f"{line} -> task failed" + (f" ({why})" if why else ""))
             self.state[task.name] = "failed"
-            self.stopping = True  # like Argo's DAG failFast: running tasks finish, nothing new starts
+            self.failed_fast = True  # like Argo's DAG failFast: running tasks finish, nothing new starts
 
     @staticmethod
     def _should_retry(task: _Task, node: NodeResult) -> tuple[bool, str]:
@@ -723,21 +747,28 @@ class _Runner:
             elif rec.get("event") == "resume" and isinstance(rec.get("from_step"), int):
                 self.say(f"{pod.task.name} attempt {pod.attempt} resumed from step {rec['from_step']}")
         now = time.monotonic()
-        if pod.step != pod.shown_step and now - self.last_step_line.get(pod.task.name, -1e9) >= STEP_PROGRESS_EVERY_S:
+        last = self.last_step_line.get(pod.task.name, -1e9)
+        if pod.step != pod.shown_step and now - last >= STEP_PROGRESS_EVERY_S:
             pod.shown_step, self.last_step_line[pod.task.name] = pod.step, now
             total = f"/{pod.total}" if pod.total else ""
             self.say(f"{pod.task.name} attempt {pod.attempt} step {pod.step}{total}")
 
     def _write_nodes(self) -> None:
-        rows = [{**asdict(n), "log_path": str(n.log_path), "artifacts": {k: str(v) for k, v in n.artifacts.items()}}
-                for n in self.nodes]
-        _write_atomic(self.out / "nodes.json", json.dumps({"workflow": self.plan.name, "nodes": rows}, indent=1))
+        rows = [{**asdict(n), "log_path": str(n.log_path),
+                 "artifacts": {k: str(v) for k, v in n.artifacts.items()}} for n in self.nodes]
+        doc = {"workflow": self.plan.name, "nodes": rows}
+        _write_atomic(self.out / "nodes.json", json.dumps(doc, indent=1))
 
 
 def _exit_code(returncode: int | None) -> int:
     if returncode is None:
         return -1
-    return 128 - returncode if returncode < 0 else returncode  # killed by signal N: 128+N, as a container reports
+    # killed by signal N: 128+N, as a container runtime reports it
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def _or_inf(seconds: float | None) -> float:
+    return float("inf") if seconds is None else seconds
 
 
 def _killpg(pgid: int, sig: int) -> None:

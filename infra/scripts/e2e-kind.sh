@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # make e2e-kind: the drill end to end on a local kind cluster, CPU only. kind cluster -> CPU image
 # loaded into it -> Argo Workflows (pinned) -> namespace and RBAC -> MinIO as the bucket -> Argo
-# artifact repository -> submit the drill -> wait -> print the report.
+# artifact repository -> submit the drill -> wait -> print the compare step's report.
 #
 #   KIND_CLUSTER      cluster name (default baton-e2e); reused when it exists
 #   KIND_NODE_IMAGE   kindest/node image to pin the Kubernetes version (default: kind's own)
 #   E2E_TIMEOUT       seconds to wait for the workflow (default 3600)
-#   SUBMIT_ARGS       extra arguments for 'workflows/equivalence.py submit'
+#   SUBMIT_ARGS       extra arguments for 'workflows/equivalence.py submit' (e.g. -p evictions=2)
 #   KEEP_CLUSTER      0: delete the cluster at the end (default 1: keep it for inspection)
 set -euo pipefail
 
@@ -105,9 +105,11 @@ ENV
 # --- the drill -----------------------------------------------------------------------------------
 log "submitting the equivalence drill"
 before="$(kubectl -n "${NAMESPACE}" get workflows.argoproj.io -o name 2>/dev/null | sort || true)"
+# The drill's parameters (workflows/equivalence.py PARAMETERS) carry the image and the bucket; the
+# kubectl context selected above is the kind cluster.
 # shellcheck disable=SC2086 # SUBMIT_ARGS is a word list on purpose
 "${PY}" "${REPO_ROOT}/workflows/equivalence.py" submit \
-  --namespace "${NAMESPACE}" --image "${IMAGE}" --bucket "s3://${BUCKET}" ${SUBMIT_ARGS:-}
+  -p "image=${IMAGE}" -p "bucket=s3://${BUCKET}" ${SUBMIT_ARGS:-}
 # The workflow the submit created: the one name that was not there before.
 WF="$(comm -13 <(printf '%s\n' "${before}") \
   <(kubectl -n "${NAMESPACE}" get workflows.argoproj.io -o name | sort) | tail -n 1)"
@@ -126,17 +128,18 @@ while ((SECONDS < deadline)); do
 done
 log "${WF}: ${phase:-no phase}"
 
-# The report step prints its JSON on stdout; the same JSON and the PNG are artifacts in MinIO.
+# The compare step writes the report: its verdict on stdout, report.json / report.md / loss.png as
+# Argo artifacts and under s3://${BUCKET}/drills/${WF}/report in MinIO.
 report_pod="$(kubectl -n "${NAMESPACE}" get pods -l "workflows.argoproj.io/workflow=${WF}" -o json \
   | "${PY}" -c 'import json, sys
 pods = json.load(sys.stdin)["items"]
 names = [p["metadata"]["name"] for p in pods
-         if p["metadata"].get("annotations", {}).get("workflows.argoproj.io/node-name", "").endswith(".report")]
+         if p["metadata"].get("annotations", {}).get("workflows.argoproj.io/node-name", "").endswith(".compare")]
 print(names[-1] if names else "")')"
 if [[ -n "${report_pod}" ]]; then
   kubectl -n "${NAMESPACE}" logs "${report_pod}" -c main
 else
-  log "no report pod found; the workflow's nodes:"
+  log "no compare pod found; the workflow's nodes:"
   kubectl -n "${NAMESPACE}" get workflows.argoproj.io "${WF}" -o jsonpath='{range .status.nodes.*}{.displayName}{"\t"}{.phase}{"\t"}{.message}{"\n"}{end}'
 fi
 [[ "${phase}" == "Succeeded" ]] || die "workflow ${WF} ended ${phase:-without a phase (timed out)}"

@@ -23,11 +23,16 @@ from workflows.local import UnsupportedSpec, list_pods, request_pod_deletion, ru
 
 REPO = Path(__file__).resolve().parents[2]
 POD = str(Path(__file__).parent / "fixtures" / "pod.py")
-DRILL_EXPR = "asInt(lastRetry.exitCode) == 75 || lastRetry.message matches 'imminent node shutdown|pod deleted'"
+DRILL_EXPR = (
+    "asInt(lastRetry.exitCode) == 75 || lastRetry.message matches 'imminent node shutdown|pod deleted'"
+)
 
 
 def ctr(name: str, *args: str, retry: dict | None = None, grace: int | None = None, **extra) -> dict:
-    t = {"name": name, "container": {"image": "baton:test", "command": [sys.executable, POD], "args": list(args)}}
+    t = {
+        "name": name,
+        "container": {"image": "baton:test", "command": [sys.executable, POD], "args": list(args)},
+    }
     if retry is not None:
         t["retryStrategy"] = retry
     if grace is not None:
@@ -37,11 +42,19 @@ def ctr(name: str, *args: str, retry: dict | None = None, grace: int | None = No
 
 
 def wf(tasks: list[dict], *templates: dict, params: dict[str, str] | None = None, **spec_extra) -> dict:
-    spec = {"entrypoint": "main", "templates": [{"name": "main", "dag": {"tasks": tasks}}, *templates], **spec_extra}
+    spec = {
+        "entrypoint": "main",
+        "templates": [{"name": "main", "dag": {"tasks": tasks}}, *templates],
+        **spec_extra,
+    }
     if params:
         spec["arguments"] = {"parameters": [{"name": k, "value": v} for k, v in params.items()]}
-    return {"apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow",
-            "metadata": {"generateName": "t-", "labels": {"app": "baton"}}, "spec": spec}
+    return {
+        "apiVersion": "argoproj.io/v1alpha1",
+        "kind": "Workflow",
+        "metadata": {"generateName": "t-", "labels": {"app": "baton"}},
+        "spec": spec,
+    }
 
 
 def run(spec: dict, tmp_path: Path, **kw):
@@ -71,16 +84,40 @@ def statuses(res, task: str) -> list[tuple[str, int, str]]:
 
 
 def test_dag_order_and_parallelism(tmp_path):
-    spec = wf([{"name": "a", "template": "stamp", "arguments": {"parameters": [
-                  {"name": "me", "value": "a"}, {"name": "peer", "value": "b"}]}},
-               {"name": "b", "template": "stamp", "arguments": {"parameters": [
-                  {"name": "me", "value": "b"}, {"name": "peer", "value": "a"}]}},
-               {"name": "c", "template": "stamp", "depends": "a && b.Succeeded",
-                "arguments": {"parameters": [{"name": "me", "value": "c"}]}},
-               {"name": "d", "template": "stamp", "dependencies": ["c"],
-                "arguments": {"parameters": [{"name": "me", "value": "d"}]}}],
-              ctr("stamp", "stamp", str(tmp_path), "{{inputs.parameters.me}}", "{{inputs.parameters.peer}}",
-                  inputs={"parameters": [{"name": "me"}, {"name": "peer", "default": "me-self"}]}))
+    spec = wf(
+        [
+            {
+                "name": "a",
+                "template": "stamp",
+                "arguments": {"parameters": [{"name": "me", "value": "a"}, {"name": "peer", "value": "b"}]},
+            },
+            {
+                "name": "b",
+                "template": "stamp",
+                "arguments": {"parameters": [{"name": "me", "value": "b"}, {"name": "peer", "value": "a"}]},
+            },
+            {
+                "name": "c",
+                "template": "stamp",
+                "depends": "a && b.Succeeded",
+                "arguments": {"parameters": [{"name": "me", "value": "c"}]},
+            },
+            {
+                "name": "d",
+                "template": "stamp",
+                "dependencies": ["c"],
+                "arguments": {"parameters": [{"name": "me", "value": "d"}]},
+            },
+        ],
+        ctr(
+            "stamp",
+            "stamp",
+            str(tmp_path),
+            "{{inputs.parameters.me}}",
+            "{{inputs.parameters.peer}}",
+            inputs={"parameters": [{"name": "me"}, {"name": "peer", "default": "me-self"}]},
+        ),
+    )
     (tmp_path / "me-self.start").write_text("0")  # tasks without a peer meet themselves at once
     res, out, _ = run(spec, tmp_path)
     assert res.phase == "Succeeded", res.nodes
@@ -96,15 +133,32 @@ def test_dag_order_and_parallelism(tmp_path):
 def test_substitution_is_textual_and_never_through_a_shell(tmp_path):
     evil = """x"; echo $(id) ' `whoami` \\n {{workflow.name}}"""
     dump = tmp_path / "argv.json"
-    spec = wf([{"name": "show", "template": "show",
-                "arguments": {"parameters": [{"name": "v", "value": "{{workflow.parameters.evil}}"}]}}],
-              ctr("show", "argv", str(dump), "{{inputs.parameters.v}}", "pre-{{ workflow.parameters.evil }}-post",
-                  "{{workflow.name}}", "{{pod.name}}", "{{retries}}",
-                  inputs={"parameters": [{"name": "v"}]}, retry={"limit": "1"}),
-              params={"evil": "harmless"})
+    spec = wf(
+        [
+            {
+                "name": "show",
+                "template": "show",
+                "arguments": {"parameters": [{"name": "v", "value": "{{workflow.parameters.evil}}"}]},
+            }
+        ],
+        ctr(
+            "show",
+            "argv",
+            str(dump),
+            "{{inputs.parameters.v}}",
+            "pre-{{ workflow.parameters.evil }}-post",
+            "{{workflow.name}}",
+            "{{pod.name}}",
+            "{{retries}}",
+            inputs={"parameters": [{"name": "v"}]},
+            retry={"limit": "1"},
+        ),
+        params={"evil": "harmless"},
+    )
     spec["spec"]["templates"][1]["container"]["env"] = [
         {"name": "T_V", "value": "{{inputs.parameters.v}}"},
-        {"name": "T_POD", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}]
+        {"name": "T_POD", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+    ]
     res, out, _ = run(spec, tmp_path, params={"evil": evil})
     assert res.phase == "Succeeded"
     got = json.loads(dump.read_text())
@@ -116,9 +170,18 @@ def test_substitution_is_textual_and_never_through_a_shell(tmp_path):
 
 
 def test_retry_on_exit_75_with_the_drill_expression(tmp_path):
-    spec = wf([{"name": "trial", "template": "trial"}],
-              ctr("trial", "seq", "{{retries}}", "75", "75", "0",
-                  retry={"limit": 5, "retryPolicy": "Always", "expression": DRILL_EXPR}))
+    spec = wf(
+        [{"name": "trial", "template": "trial"}],
+        ctr(
+            "trial",
+            "seq",
+            "{{retries}}",
+            "75",
+            "75",
+            "0",
+            retry={"limit": 5, "retryPolicy": "Always", "expression": DRILL_EXPR},
+        ),
+    )
     res, out, progress = run(spec, tmp_path)
     assert res.phase == "Succeeded"
     assert statuses(res, "trial") == [("Failed", 75, "Error (exit code 75)")] * 2 + [("Succeeded", 0, "")]
@@ -134,11 +197,21 @@ def test_retry_on_exit_75_with_the_drill_expression(tmp_path):
 
 
 def test_crash_is_not_retried_by_the_drill_expression_and_dependents_do_not_run(tmp_path):
-    spec = wf([{"name": "trial", "template": "trial"},
-               {"name": "verify", "template": "verify", "dependencies": ["trial"]}],
-              ctr("trial", "seq", "{{retries}}", "1", "0",
-                  retry={"limit": 5, "retryPolicy": "Always", "expression": DRILL_EXPR}),
-              ctr("verify", "argv", str(tmp_path / "verify-ran")))
+    spec = wf(
+        [
+            {"name": "trial", "template": "trial"},
+            {"name": "verify", "template": "verify", "dependencies": ["trial"]},
+        ],
+        ctr(
+            "trial",
+            "seq",
+            "{{retries}}",
+            "1",
+            "0",
+            retry={"limit": 5, "retryPolicy": "Always", "expression": DRILL_EXPR},
+        ),
+        ctr("verify", "argv", str(tmp_path / "verify-ran")),
+    )
     res, out, progress = run(spec, tmp_path)
     assert res.phase == "Failed"
     assert statuses(res, "trial") == [("Failed", 1, "Error (exit code 1)")]
@@ -146,36 +219,66 @@ def test_crash_is_not_retried_by_the_drill_expression_and_dependents_do_not_run(
     assert "expression evaluated to false" in progress and "verify not run" in progress
 
 
-def test_after_a_failure_running_tasks_finish_and_nothing_new_starts(tmp_path):
-    spec = wf([{"name": "crash", "template": "crash"}, {"name": "slow", "template": "slow"},
-               {"name": "later", "template": "later", "dependencies": ["slow"]}],
-              ctr("crash", "seq", "0", "1"), ctr("slow", "wait-failed", "crash"),
-              ctr("later", "argv", str(tmp_path / "later-ran")))
+def test_after_a_failure_running_tasks_finish_retries_included_and_nothing_new_starts(tmp_path):
+    spec = wf(
+        [
+            {"name": "crash", "template": "crash"},
+            {"name": "slow", "template": "slow"},
+            {"name": "later", "template": "later", "dependencies": ["slow"]},
+        ],
+        ctr("crash", "seq", "0", "1"),
+        ctr(
+            "slow",
+            "wait-failed",
+            "crash",
+            "{{retries}}",
+            "75",
+            "0",
+            retry={"limit": 1, "expression": DRILL_EXPR},
+        ),
+        ctr("later", "argv", str(tmp_path / "later-ran")),
+    )
     res, _, progress = run(spec, tmp_path)
     assert res.phase == "Failed" and res.message == "failed: crash"
     assert statuses(res, "crash") == [("Failed", 1, "Error (exit code 1)")]
-    assert statuses(res, "slow") == [("Succeeded", 0, "")]  # it was running: it finishes
+    assert statuses(res, "slow") == [
+        ("Failed", 75, "Error (exit code 75)"),
+        ("Succeeded", 0, ""),
+    ]  # it goes on
     assert res.attempts("later") == [] and not (tmp_path / "later-ran").exists()  # like Argo's failFast
     assert "later not run" in progress
 
 
 def test_retry_limit_exhausted_fails(tmp_path):
-    spec = wf([{"name": "trial", "template": "trial"}],
-              ctr("trial", "seq", "{{retries}}", "75", retry={"limit": "2", "expression": DRILL_EXPR}))
-    res, _, progress = run(spec, tmp_path)
+    spec = wf(
+        [{"name": "trial", "template": "trial"}],
+        ctr(
+            "trial",
+            "seq",
+            "{{retries}}",
+            "75",
+            retry={"limit": "{{workflow.parameters.retry_limit}}", "expression": DRILL_EXPR},
+        ),
+        params={"retry_limit": "8"},
+    )
+    res, _, progress = run(spec, tmp_path, params={"retry_limit": "2"})
     assert res.phase == "Failed"
     assert statuses(res, "trial") == [("Failed", 75, "Error (exit code 75)")] * 3
     assert "retry limit 2 reached" in progress
 
 
 def deletion_spec(tmp_path: Path, mode: str, grace: int, retry: dict) -> dict:
-    return wf([{"name": "trial", "template": "trial"}, {"name": "evict", "template": "evict"}],
-              ctr("trial", mode, str(tmp_path), "{{retries}}", retry=retry, grace=grace),
-              ctr("evict", "evict", str(tmp_path), "trial"))
+    return wf(
+        [{"name": "trial", "template": "trial"}, {"name": "evict", "template": "evict"}],
+        ctr("trial", mode, str(tmp_path), "{{retries}}", retry=retry, grace=grace),
+        ctr("evict", "evict", str(tmp_path), "trial"),
+    )
 
 
 def test_deleted_pod_that_exits_75_is_an_error_and_is_retried(tmp_path):
-    spec = deletion_spec(tmp_path, "term75", 5, {"limit": 3, "retryPolicy": "Always", "expression": DRILL_EXPR})
+    spec = deletion_spec(
+        tmp_path, "term75", 5, {"limit": 3, "retryPolicy": "Always", "expression": DRILL_EXPR}
+    )
     res, out, progress = run(spec, tmp_path)
     assert res.phase == "Succeeded", progress
     assert statuses(res, "trial") == [("Error", 75, "pod deleted"), ("Succeeded", 0, "")]
@@ -188,7 +291,9 @@ def test_deleted_pod_that_exits_75_is_an_error_and_is_retried(tmp_path):
 
 
 def test_deleted_pod_that_ignores_sigterm_is_killed_after_its_grace(tmp_path):
-    spec = deletion_spec(tmp_path, "ignore-term", 1, {"limit": 3, "retryPolicy": "Always", "expression": DRILL_EXPR})
+    spec = deletion_spec(
+        tmp_path, "ignore-term", 1, {"limit": 3, "retryPolicy": "Always", "expression": DRILL_EXPR}
+    )
     res, out, progress = run(spec, tmp_path)
     assert res.phase == "Succeeded", progress
     assert statuses(res, "trial") == [("Error", 137, "pod deleted"), ("Succeeded", 0, "")]
@@ -200,7 +305,9 @@ def test_deleted_pod_that_ignores_sigterm_is_killed_after_its_grace(tmp_path):
 
 
 def test_on_failure_policy_does_not_retry_a_deleted_pod(tmp_path):
-    res, out, progress = run(deletion_spec(tmp_path, "term75", 5, {"limit": 3, "retryPolicy": "OnFailure"}), tmp_path)
+    res, out, progress = run(
+        deletion_spec(tmp_path, "term75", 5, {"limit": 3, "retryPolicy": "OnFailure"}), tmp_path
+    )
     assert res.phase == "Failed"
     assert statuses(res, "trial") == [("Error", 75, "pod deleted")]
     assert "retryPolicy OnFailure does not retry Error" in progress
@@ -208,19 +315,34 @@ def test_on_failure_policy_does_not_retry_a_deleted_pod(tmp_path):
 
 
 def test_template_deadline_fails_the_attempt(tmp_path):
-    spec = wf([{"name": "slow", "template": "slow"}],
-              ctr("slow", "sleep", str(tmp_path / "pid"), "30", grace=1, activeDeadlineSeconds=1,
-                  retry={"limit": 1, "retryPolicy": "OnError"}))
+    spec = wf(
+        [{"name": "slow", "template": "slow"}],
+        ctr(
+            "slow",
+            "sleep",
+            str(tmp_path / "pid"),
+            "30",
+            grace=1,
+            activeDeadlineSeconds=1,
+            retry={"limit": 1, "retryPolicy": "OnError"},
+        ),
+    )
     res, out, _ = run(spec, tmp_path)
     assert res.phase == "Failed"
-    assert statuses(res, "slow") == [("Failed", 143, "Pod was active on the node longer than the specified deadline")]
+    assert statuses(res, "slow") == [
+        ("Failed", 143, "Pod was active on the node longer than the specified deadline")
+    ]
     assert_no_pods_alive(out)
 
 
 def test_workflow_deadline_kills_everything_and_fails(tmp_path):
-    spec = wf([{"name": "slow", "template": "slow"}],
-              ctr("slow", "sleep", str(tmp_path / "pid"), "30", grace=1, retry={"limit": 3, "retryPolicy": "Always"}),
-              activeDeadlineSeconds=1)
+    spec = wf(
+        [{"name": "slow", "template": "slow"}],
+        ctr(
+            "slow", "sleep", str(tmp_path / "pid"), "30", grace=1, retry={"limit": 3, "retryPolicy": "Always"}
+        ),
+        activeDeadlineSeconds=1,
+    )
     res, out, _ = run(spec, tmp_path)
     assert (res.phase, res.message) == ("Failed", "Max duration limit exceeded")
     assert statuses(res, "slow") == [("Failed", 143, "Step exceeded its deadline")]  # and no retry
@@ -228,31 +350,56 @@ def test_workflow_deadline_kills_everything_and_fails(tmp_path):
 
 
 def test_artifacts_are_copied(tmp_path):
-    spec = wf([{"name": "make", "template": "make"}],
-              ctr("make", "artifacts", str(tmp_path), outputs={"artifacts": [
-                  {"name": "report", "path": "report.json", "archive": {"none": {}}},
-                  {"name": "tree", "path": str(tmp_path / "out" / "sub"), "s3": {"key": "x"}}]}))
+    spec = wf(
+        [{"name": "make", "template": "make"}],
+        ctr(
+            "make",
+            "artifacts",
+            str(tmp_path),
+            outputs={
+                "artifacts": [
+                    {"name": "report", "path": "report.json", "archive": {"none": {}}},
+                    {"name": "tree", "path": str(tmp_path / "out" / "sub"), "s3": {"key": "x"}},
+                ]
+            },
+        ),
+    )
     res, out, _ = run(spec, tmp_path)
     assert res.phase == "Succeeded"
     arts = res.nodes[0].artifacts
-    assert arts == {"report": out / "artifacts" / "make" / "report", "tree": out / "artifacts" / "make" / "tree"}
+    assert arts == {
+        "report": out / "artifacts" / "make" / "report",
+        "tree": out / "artifacts" / "make" / "tree",
+    }
     assert json.loads(arts["report"].read_text()) == {"ok": True}
     assert (arts["tree"] / "a.txt").read_text() == "A"
 
 
 def test_missing_artifact_is_an_error(tmp_path):
-    spec = wf([{"name": "make", "template": "make"}],
-              ctr("make", "argv", str(tmp_path / "x"), outputs={"artifacts": [{"name": "gone", "path": "nope.txt"}]}))
+    spec = wf(
+        [{"name": "make", "template": "make"}],
+        ctr(
+            "make", "argv", str(tmp_path / "x"), outputs={"artifacts": [{"name": "gone", "path": "nope.txt"}]}
+        ),
+    )
     res, _, _ = run(spec, tmp_path)
     assert res.phase == "Failed"
     assert res.nodes[0].status == "Error" and "nope.txt" in res.nodes[0].message
 
 
 def test_container_entrypoint_and_enum(tmp_path):
-    spec = {"apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow", "metadata": {"name": "solo"},
-            "spec": {"entrypoint": "one", "arguments": {"parameters": [
-                {"name": "mode", "value": "a", "enum": ["a", "b"], "description": "which"}]},
-                "templates": [ctr("one", "argv", str(tmp_path / "one.json"), "{{workflow.parameters.mode}}")]}}
+    spec = {
+        "apiVersion": "argoproj.io/v1alpha1",
+        "kind": "Workflow",
+        "metadata": {"name": "solo"},
+        "spec": {
+            "entrypoint": "one",
+            "arguments": {
+                "parameters": [{"name": "mode", "value": "a", "enum": ["a", "b"], "description": "which"}]
+            },
+            "templates": [ctr("one", "argv", str(tmp_path / "one.json"), "{{workflow.parameters.mode}}")],
+        },
+    }
     res, _, _ = run(spec, tmp_path, params={"mode": "b"})
     assert (res.phase, res.name, res.nodes[0].pod_name) == ("Succeeded", "solo", "solo-one-0")
     assert json.loads((tmp_path / "one.json").read_text())["argv"] == ["b"]
@@ -261,9 +408,12 @@ def test_container_entrypoint_and_enum(tmp_path):
 
 
 def _base(tmp_path: Path) -> dict:
-    return wf([{"name": "a", "template": "a"}, {"name": "b", "template": "b", "dependencies": ["a"]}],
-              ctr("a", "argv", str(tmp_path / "ran-a"), retry={"limit": 1, "expression": DRILL_EXPR}),
-              ctr("b", "argv", str(tmp_path / "ran-b")), params={"p": "1"})
+    return wf(
+        [{"name": "a", "template": "a"}, {"name": "b", "template": "b", "dependencies": ["a"]}],
+        ctr("a", "argv", str(tmp_path / "ran-a"), retry={"limit": 1, "expression": DRILL_EXPR}),
+        ctr("b", "argv", str(tmp_path / "ran-b")),
+        params={"p": "1"},
+    )
 
 
 def _set(path: str, value):
@@ -276,6 +426,7 @@ def _set(path: str, value):
             node[int(last)] = value
         else:
             node[last] = value
+
     return mutate
 
 
@@ -288,35 +439,81 @@ def _script(spec: dict) -> None:
 REFUSALS = [
     ("spec volumes", _set("spec.volumes", [{"name": "v", "emptyDir": {}}]), r"^spec\.volumes: not supported"),
     ("script template", _script, r"^spec\.templates\[2\]\.script: not supported"),
-    ("workingDir", _set("spec.templates.1.container.workingDir", "/w"),
-     r"^spec\.templates\[1\]\.container\.workingDir: not supported"),
-    ("volumeMounts", _set("spec.templates.1.container.volumeMounts", []),
-     r"^spec\.templates\[1\]\.container\.volumeMounts: not supported by the local runner$"),
-    ("podSpecPatch key", _set("spec.templates.1.podSpecPatch", "nodeSelector: {a: b}\nterminationGracePeriodSeconds: 3"),
-     r"^spec\.templates\[1\]\.podSpecPatch\.nodeSelector: not supported"),
-    ("expression identifier", _set("spec.templates.1.retryStrategy.expression", "lastRetry.exitCode == '75' || workflow.status"),
-     r"^spec\.templates\[1\]\.retryStrategy\.expression: unknown identifier 'workflow\.status'"),
-    ("expression function", _set("spec.templates.1.retryStrategy.expression", "sprig.int(lastRetry.exitCode) == 75"),
-     r"^spec\.templates\[1\]\.retryStrategy\.expression: unknown function"),
-    ("backoff", _set("spec.templates.1.retryStrategy.backoff", {"duration": "1s"}),
-     r"^spec\.templates\[1\]\.retryStrategy\.backoff: not supported"),
-    ("bad policy", _set("spec.templates.1.retryStrategy.retryPolicy", "Sometimes"), r"retryPolicy: 'Sometimes'"),
-    ("env secret", _set("spec.templates.1.container.env", [{"name": "S", "valueFrom": {"secretKeyRef": {}}}]),
-     r"^spec\.templates\[1\]\.container\.env\[0\]\.valueFrom: only fieldRef"),
-    ("unresolvable", _set("spec.templates.2.container.args.1", "{{tasks.a.outputs.result}}"),
-     r"^spec\.templates\[2\]\.container\.args\[1\]: cannot resolve \{\{tasks\.a\.outputs\.result\}\}"),
-    ("unknown workflow param", _set("spec.templates.2.container.args.1", "{{workflow.parameters.q}}"),
-     r"cannot resolve \{\{workflow\.parameters\.q\}\}"),
-    ("retries without retryStrategy", _set("spec.templates.2.container.args.1", "{{retries}}"),
-     r"cannot resolve \{\{retries\}\}"),
-    ("unknown dependency", _set("spec.templates.0.dag.tasks.1.dependencies", ["zz"]), r"unknown dependency 'zz'"),
+    (
+        "workingDir",
+        _set("spec.templates.1.container.workingDir", "/w"),
+        r"^spec\.templates\[1\]\.container\.workingDir: not supported",
+    ),
+    (
+        "volumeMounts",
+        _set("spec.templates.1.container.volumeMounts", []),
+        r"^spec\.templates\[1\]\.container\.volumeMounts: not supported by the local runner$",
+    ),
+    (
+        "podSpecPatch key",
+        _set("spec.templates.1.podSpecPatch", "nodeSelector: {a: b}\nterminationGracePeriodSeconds: 3"),
+        r"^spec\.templates\[1\]\.podSpecPatch\.nodeSelector: not supported",
+    ),
+    (
+        "expression identifier",
+        _set("spec.templates.1.retryStrategy.expression", "lastRetry.exitCode == '75' || workflow.status"),
+        r"^spec\.templates\[1\]\.retryStrategy\.expression: unknown identifier 'workflow\.status'",
+    ),
+    (
+        "expression function",
+        _set("spec.templates.1.retryStrategy.expression", "sprig.int(lastRetry.exitCode) == 75"),
+        r"^spec\.templates\[1\]\.retryStrategy\.expression: unknown function",
+    ),
+    (
+        "backoff",
+        _set("spec.templates.1.retryStrategy.backoff", {"duration": "1s"}),
+        r"^spec\.templates\[1\]\.retryStrategy\.backoff: not supported",
+    ),
+    (
+        "bad policy",
+        _set("spec.templates.1.retryStrategy.retryPolicy", "Sometimes"),
+        r"retryPolicy: 'Sometimes'",
+    ),
+    (
+        "env secret",
+        _set("spec.templates.1.container.env", [{"name": "S", "valueFrom": {"secretKeyRef": {}}}]),
+        r"^spec\.templates\[1\]\.container\.env\[0\]\.valueFrom: only fieldRef",
+    ),
+    (
+        "unresolvable",
+        _set("spec.templates.2.container.args.1", "{{tasks.a.outputs.result}}"),
+        r"^spec\.templates\[2\]\.container\.args\[1\]: cannot resolve \{\{tasks\.a\.outputs\.result\}\}",
+    ),
+    (
+        "unknown workflow param",
+        _set("spec.templates.2.container.args.1", "{{workflow.parameters.q}}"),
+        r"cannot resolve \{\{workflow\.parameters\.q\}\}",
+    ),
+    (
+        "retries without retryStrategy",
+        _set("spec.templates.2.container.args.1", "{{retries}}"),
+        r"cannot resolve \{\{retries\}\}",
+    ),
+    (
+        "unknown dependency",
+        _set("spec.templates.0.dag.tasks.1.dependencies", ["zz"]),
+        r"unknown dependency 'zz'",
+    ),
     ("cycle", _set("spec.templates.0.dag.tasks.0.dependencies", ["b"]), r"dependency cycle: a -> b -> a"),
-    ("depends with ||", _set("spec.templates.0.dag.tasks.1.depends", "a || b"), r"tasks\[1\]\.depends: only"),
+    (
+        "depends with ||",
+        _set("spec.templates.0.dag.tasks.1.depends", "a || b"),
+        r"tasks\[1\]\.depends: anything but 'a && b'",
+    ),
     ("unknown template", _set("spec.templates.0.dag.tasks.1.template", "nope"), r"unknown template 'nope'"),
     ("nested dag", _set("spec.templates.0.dag.tasks.1.template", "main"), r"nested DAGs are not supported"),
     ("task when", _set("spec.templates.0.dag.tasks.1.when", "1 == 1"), r"tasks\[1\]\.when: not supported"),
     ("dag failFast", _set("spec.templates.0.dag.failFast", False), r"dag\.failFast: not supported"),
-    ("missing input", _set("spec.templates.2.inputs", {"parameters": [{"name": "x"}]}), r"no value for input 'x'"),
+    (
+        "missing input",
+        _set("spec.templates.2.inputs", {"parameters": [{"name": "x"}]}),
+        r"no value for input 'x'",
+    ),
     ("no command", _set("spec.templates.2.container.command", []), r"command: required by the local runner"),
     ("onExit", _set("spec.onExit", "b"), r"^spec\.onExit: not supported"),
 ]
@@ -356,12 +553,18 @@ run_workflow(json.loads(Path(sys.argv[1]).read_text()), Path(sys.argv[2]), progr
 
 @pytest.mark.parametrize("sig,code", [(signal.SIGINT, -signal.SIGINT), (signal.SIGTERM, 143)])
 def test_signal_to_the_runner_stops_every_pod(tmp_path, sig, code):
-    spec = wf([{"name": "a", "template": "slow"}, {"name": "b", "template": "slow"}],
-              ctr("slow", "sleep", str(tmp_path / "pid-{{pod.name}}"), "60", grace=30))
+    spec = wf(
+        [{"name": "a", "template": "slow"}, {"name": "b", "template": "slow"}],
+        ctr("slow", "sleep", str(tmp_path / "pid-{{pod.name}}"), "60", grace=30),
+    )
     (tmp_path / "spec.json").write_text(json.dumps(spec))
     out = tmp_path / "out"
-    proc = subprocess.Popen([sys.executable, "-c", RUNNER, str(tmp_path / "spec.json"), str(out)],
-                            cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)}, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", RUNNER, str(tmp_path / "spec.json"), str(out)],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        stderr=subprocess.PIPE,
+    )
     deadline = time.monotonic() + 20
     while len(list(tmp_path.glob("pid-*"))) < 2:  # both pods are up
         assert time.monotonic() < deadline and proc.poll() is None
@@ -376,19 +579,30 @@ def test_signal_to_the_runner_stops_every_pod(tmp_path, sig, code):
     assert_no_pods_alive(out)
 
 
-@pytest.mark.parametrize("env,expected", [
-    ({"lastRetry.exitCode": "75", "lastRetry.message": "Error (exit code 75)"}, True),
-    ({"lastRetry.exitCode": "137", "lastRetry.message": "pod deleted"}, True),
-    ({"lastRetry.exitCode": "-1", "lastRetry.message": "Pod was terminated: imminent node shutdown"}, True),
-    ({"lastRetry.exitCode": "1", "lastRetry.message": "Error (exit code 1)"}, False),
-])
+@pytest.mark.parametrize(
+    "env,expected",
+    [
+        ({"lastRetry.exitCode": "75", "lastRetry.message": "Error (exit code 75)"}, True),
+        ({"lastRetry.exitCode": "137", "lastRetry.message": "pod deleted"}, True),
+        (
+            {"lastRetry.exitCode": "-1", "lastRetry.message": "Pod was terminated: imminent node shutdown"},
+            True,
+        ),
+        ({"lastRetry.exitCode": "1", "lastRetry.message": "Error (exit code 1)"}, False),
+    ],
+)
 def test_drill_expression(env, expected):
     env = {"lastRetry.status": "Failed", "lastRetry.duration": "1.5", **env}
     assert argo_expr.parse(DRILL_EXPR).evaluate(env) is expected
 
 
 def test_expression_semantics():
-    env = {"lastRetry.exitCode": "75", "lastRetry.status": "Error", "lastRetry.message": "m", "lastRetry.duration": "3"}
+    env = {
+        "lastRetry.exitCode": "75",
+        "lastRetry.status": "Error",
+        "lastRetry.message": "m",
+        "lastRetry.duration": "3",
+    }
 
     def ev(src: str) -> bool:
         return argo_expr.parse(src).evaluate(env)
@@ -403,7 +617,16 @@ def test_expression_semantics():
         ev("asInt(lastRetry.message) == 1")  # a run-time error: not an integer
     with pytest.raises(argo_expr.ExprError):
         ev("lastRetry.exitCode < 1")  # string < int
-    for bad in ("lastRetry.exitCode = 75", "(lastRetry.status == 'Error'", "lastRetry.status == 'Error' )",
-                "workflow.status == 'x'", "eval('1')", "lastRetry.message matches '('", "1 +", "", "'unterminated"):
+    for bad in (
+        "lastRetry.exitCode = 75",
+        "(lastRetry.status == 'Error'",
+        "lastRetry.status == 'Error' )",
+        "workflow.status == 'x'",
+        "eval('1')",
+        "lastRetry.message matches '('",
+        "1 +",
+        "",
+        "'unterminated",
+    ):
         with pytest.raises(argo_expr.ExprError):
             argo_expr.parse(bad)
