@@ -28,7 +28,7 @@ def plot(path: Path, reference: dict[int, float], trial: list[dict[str, Any]], p
     for r in trial:
         if r.get("event") == "step":
             by_attempt.setdefault(r["attempt"], []).append((r["step"], r["loss"]))
-    for i, (attempt, pts) in enumerate(sorted(by_attempt.items())):
+    for i, (_attempt, pts) in enumerate(sorted(by_attempt.items())):
         pts.sort()
         ax.plot([p[0] for p in pts], [p[1] for p in pts], color="#c0392b", linewidth=1.2,
                 label="trial (each attempt)" if i == 0 else None)

@@ -17,7 +17,6 @@ from typing import Any
 
 import yaml
 
-
 from trainer.notice import CadenceConfig, NoticeConfig
 from trainer.validation import ConfigError
 from trainer.validation import require as _require
@@ -105,11 +104,22 @@ class CheckpointConfig:
     """Save every N optimizer steps (0: only the final checkpoint and preemption saves)."""
     keep_last: int = 3
     """Retention: keep the newest K committed checkpoints (the final one is always kept)."""
+    keep_best_metric: str = "loss"
+    """Retention also keeps the committed checkpoint with the lowest value of this metric (recorded in
+    its manifest from the step record of its step). Empty: keep the newest `keep_last` only."""
+    async_save: bool = False
+    """Periodic saves write in the background (dcp.async_save on a gloo group of their own) and commit
+    at a later step boundary; the step after a save waits only for the staging copy. Preemption and
+    final saves stay synchronous, after the save in flight has committed."""
 
     def __post_init__(self) -> None:
         _require(bool(self.uri), "checkpoint.uri", "is required (an fsspec URI or a local path)")
         _require(self.every_steps >= 0, "checkpoint.every_steps", f"must be >= 0, got {self.every_steps}")
         _require(self.keep_last >= 1, "checkpoint.keep_last", f"must be >= 1, got {self.keep_last}")
+        _require(self.keep_best_metric == "" or self.keep_best_metric.isidentifier(), "checkpoint.keep_best_metric",
+                 f"must be a metric name of the step record (such as 'loss') or '', got {self.keep_best_metric!r}")
+        _require(isinstance(self.async_save, bool), "checkpoint.async_save",
+                 f"must be true or false, got {self.async_save!r}")
 
 
 @dataclass

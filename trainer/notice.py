@@ -36,8 +36,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import NamedTuple
 
-from trainer.validation import require as _require
 from trainer.records import log
+from trainer.validation import require as _require
 
 TERMINATION, GUARANTEED, GCP_PREEMPTED = "termination-warning-at", "guaranteed-until", "gcp-preempted"
 REASONS = (TERMINATION, GUARANTEED, GCP_PREEMPTED)

@@ -65,12 +65,12 @@ PARAMETERS: dict[str, tuple[str, str]] = {
 
 
 def p(name: str) -> str:
-    return "{{workflow.parameters.%s}}" % name
+    return "{{workflow.parameters." + name + "}}"
 
 
 ROOT = f"{p('bucket')}/{p('prefix')}/{{{{workflow.name}}}}"
 EVIDENCE = f"{ROOT}/evidence"
-GRACE_PATCH = '{"terminationGracePeriodSeconds": %s}' % p("grace")
+GRACE_PATCH = '{"terminationGracePeriodSeconds": ' + p("grace") + "}"
 
 
 def _pod_name_env() -> m.EnvVar:
