@@ -65,7 +65,11 @@ class S3Endpoint:
         if self.external:
             self.url = self.external.rstrip("/")
         else:
+            import logging
+
             from moto.server import ThreadedMotoServer
+
+            logging.getLogger("werkzeug").setLevel(logging.ERROR)
 
             port = free_port()
             self.server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
@@ -163,8 +167,9 @@ class FaultProxy:
                     self.end_headers()
                     self.wfile.write(payload)
                     return
-                if proxy.faults.delay_s:
-                    time.sleep(proxy.faults.delay_s)
+                delay = proxy.faults.delay_s
+                if delay and (proxy.faults.match is None or proxy.faults.match(method, path)):
+                    time.sleep(min(delay, 5.0))
                 headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP}
                 if method not in ("GET", "HEAD", "DELETE") or body:
                     headers["Content-Length"] = str(len(body))

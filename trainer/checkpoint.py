@@ -65,6 +65,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
 from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 
+from trainer.records import log
 from trainer.storage import (
     StorageError,
     full_url,
@@ -383,16 +384,24 @@ class Store:
         if ready:
             self._complete(p)
 
-    def drain(self) -> None:
-        """Wait for the save in flight (if any) and commit it. Collective."""
+    def drain(self, raise_storage_errors: bool = True) -> str | None:
+        """Wait for the save in flight (if any) and commit it. Collective. With
+        `raise_storage_errors=False` a failed save is returned as a message instead (a preemption
+        still saves its own step); FencedOut is always raised."""
         p = self.pending
         if p is None:
-            return
+            return None
         t = time.perf_counter()
         with contextlib.suppress(Exception):  # a failure is reported, collectively, by _finish
             p.files.result()
         p.blocking_s += time.perf_counter() - t
-        self._complete(p)
+        try:
+            self._complete(p)
+        except StorageError as e:
+            if raise_storage_errors:
+                raise
+            return str(e)
+        return None
 
     def _complete(self, p: PendingSave) -> None:
         self.pending = None
@@ -548,12 +557,12 @@ class Store:
     # -- retention --
     def _delete(self, path: str) -> None:
         # _COMMIT goes first: a half-deleted checkpoint must read as incomplete, never as complete.
-        for target, recursive in ((f"{path}/{COMMIT}", False), (path, True)):
-            try:
-                retrying(lambda t=target, r=recursive: self.fs.rm(t, recursive=r), self.url(path), "deleting")
-            except StorageError as e:
-                if not isinstance(e.__context__, FileNotFoundError) and "not found" not in str(e):
-                    raise
+        def rm(target: str, recursive: bool) -> None:
+            with contextlib.suppress(FileNotFoundError):
+                self.fs.rm(target, recursive=recursive)
+
+        retrying(lambda: rm(f"{path}/{COMMIT}", False), self.url(path), "deleting the commit marker of")
+        retrying(lambda: rm(path, True), self.url(path), "deleting")
 
     def metric(self, step: int, name: str) -> float | None:
         """The value of metric `name` that the manifest of committed `step` records (None if absent)."""
@@ -576,27 +585,31 @@ class Store:
         """Delete committed checkpoints beyond the newest `keep_last` (keeping also the best one by
         `best_metric`, lower is better, when set), and torn folders older than `newest`. Called only
         after `newest` committed. _COMMIT goes first in every deletion. Returns the deleted steps."""
-        deleted = []
-        committed = self.committed_steps()
-        keep = set(committed[:keep_last]) | {newest}
-        best = self.best_step(best_metric, committed) if best_metric else None
-        if best is not None:
-            keep.add(best)
-        for step in committed:
-            if step not in keep:
-                self._delete(self.step_path(step))
-                self._manifests.pop(step, None)
-                deleted.append(step)
-        with self._io("listing"):
-            try:
-                entries = self.fs.ls(self.run_path, detail=False)
-            except FileNotFoundError:
-                entries = []
-        for p in entries:
-            s = _step_of(_name(p))
-            if s is not None and s < newest and s not in committed:
-                self._delete(p)
-                deleted.append(s)
+        deleted: list[int] = []
+        try:
+            committed = self.committed_steps()
+            keep = set(committed[:keep_last]) | {newest}
+            best = self.best_step(best_metric, committed) if best_metric else None
+            if best is not None:
+                keep.add(best)
+            for step in committed:
+                if step not in keep:
+                    self._delete(self.step_path(step))
+                    self._manifests.pop(step, None)
+                    deleted.append(step)
+            with self._io("listing"):
+                try:
+                    entries = self.fs.ls(self.run_path, detail=False)
+                except FileNotFoundError:
+                    entries = []
+            for p in entries:
+                s = _step_of(_name(p))
+                if s is not None and s < newest and s not in committed:
+                    self._delete(p)
+                    deleted.append(s)
+        except StorageError as e:
+            # Best effort: the new checkpoint is committed, and the next commit retries the rest.
+            log(f"retention stopped early, nothing more deleted this time: {e}")
         return sorted(deleted)
 
 

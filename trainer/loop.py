@@ -233,24 +233,40 @@ class Trainer:
         return groups
 
     def save(self, b: Boundary, reason: str) -> float:
-        res = self.store.save(b.step, self.state(b), {
+        ck = self.cfg.checkpoint
+        pending = self.store.pending
+        if pending is not None and pending.step == b.step:
+            self.store.drain()  # this step is already being saved: let that save commit
+            return 0.0
+        # The metrics of this step (the step record's loss), for keep-best retention.
+        metrics = dict(getattr(self, "metrics", None) or {})
+        manifest = {
             "fingerprint": self.cfg.fingerprint, "run_id": self.cfg.run_id, "epoch": b.epoch, "device": self.device.type,
-            "reason": reason, "config": self.cfg.to_dict(), "time": time.time(),
-        }, self.attempt)
-        self.last_committed, self.last_checkpoint = b.step, res.path
-        self._after_save(res.save_ms)
-        self.emit("checkpoint", b.step, reason=reason, save_ms=round(res.save_ms, 1), bytes=res.bytes,
-                  path=res.path)
-        if self.rank == 0:
-            deleted = self.store.retain(self.cfg.checkpoint.keep_last, b.step)
-            if deleted:
-                log(f"retention deleted steps {deleted}")
-        return res.save_ms
+            "reason": reason, "config": self.cfg.to_dict(), "time": time.time(), "metrics": metrics,
+        }
+
+        def committed(res) -> None:  # a checkpoint.SaveResult, once the checkpoint is committed
+            self.last_committed, self.last_checkpoint = res.step, res.path
+            self._after_save(res.blocking_ms if res.asynchronous else res.save_ms)
+            self.emit("checkpoint", res.step, reason=reason, save_ms=round(res.save_ms, 1),
+                      blocking_ms=round(res.blocking_ms, 1), bytes=res.bytes, path=res.path,
+                      asynchronous=res.asynchronous)
+            if self.rank == 0:
+                deleted = self.store.retain(ck.keep_last, res.step, ck.keep_best_metric)
+                if deleted:
+                    log(f"retention deleted steps {deleted}")
+
+        if ck.async_save and reason == "periodic":
+            return self.store.save_async(b.step, self.state(b), manifest, self.attempt, committed)
+        return self.store.save(b.step, self.state(b), manifest, self.attempt, committed).save_ms
 
     # -- the stop --
     def stop(self, b: Boundary) -> int:
         signal_name = self.preempt.signal_name
         save_ms = 0.0
+        failed = self.store.drain(raise_storage_errors=False)  # a save in flight commits first
+        if failed:
+            log(f"the checkpoint in flight failed ({failed}); saving step {b.step} synchronously")
         if b.step == 0 and self.last_committed is None:
             # Nothing trained yet: a restart recomputes this exact state from the config and seed.
             outcome = "nothing_to_save"
@@ -344,6 +360,7 @@ class Trainer:
         tokens_per_step = cfg.data.batch_size * cfg.data.seq_len * accum * self.world
         self._pause_for_test()
         while self.step < cfg.total_steps:
+            self.store.step_boundary()  # the save in flight: staging done before this step mutates; commit if uploaded
             b = self.boundary()
             t0 = time.perf_counter()
             loss_sum = torch.zeros((), dtype=torch.float64)

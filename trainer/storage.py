@@ -124,21 +124,17 @@ _PERMANENT = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirecto
 
 
 def retrying(fn: Callable[[], T], uri: str, what: str, attempts: int = 4, base_s: float = 0.25) -> T:
-    """`fn()`, retried with exponential backoff on transient errors (a layer above botocore's own
-    retries, for the small writes that decide a commit). Permanent errors and the last failure
-    become a StorageError naming `uri`."""
+    """`fn()`, retried with exponential backoff on transient errors: a layer above botocore's own
+    retries, for the small writes and deletes that decide what counts as committed. Permanent errors
+    (not found, access denied) and the last failure become a StorageError naming `uri`; the
+    project's own exceptions pass through."""
     for i in range(attempts):
         try:
             return fn()
-        except _PERMANENT as e:
-            raise storage_error(uri, what, e) from None
-        except (OSError, RuntimeError, ValueError) as e:
+        except Exception as e:
             if type(e).__module__.startswith("trainer."):
                 raise
-            if i == attempts - 1:
-                raise storage_error(uri, what, e) from None
-        except Exception as e:  # botocore's connection errors are not OSErrors
-            if i == attempts - 1:
+            if isinstance(e, _PERMANENT) or i == attempts - 1:
                 raise storage_error(uri, what, e) from None
         time.sleep(base_s * 2**i)
     raise AssertionError("unreachable")

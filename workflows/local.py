@@ -678,7 +678,7 @@ class _Runner:
         if retry:
             limit = "unlimited" if task.retry.limit is None else task.retry.limit
             self.say(f"{line} -> retrying ({node.attempt + 1}/{limit})")
-            # no backoff: the main loop starts it on this same pass
+            # no backoff: the main loop starts it on its next pass
             self.state[task.name], self.next_attempt[task.name] = "retry", node.attempt + 1
         else:
             self.say(f"{line} -> task failed" + (f" ({why})" if why else ""))
