@@ -13,10 +13,10 @@ import sys
 from collections import Counter
 from typing import Any
 
-from steps.evidence import read_evidence, write_json
+from steps.evidence import read_evidence, read_json, write_json
 
 
-def verify(records: list[dict[str, Any]], total_steps: int) -> dict[str, Any]:
+def verify(records: list[dict[str, Any]], total_steps: int, evictions: int | None = None) -> dict[str, Any]:
     steps = [r["step"] for r in records if r.get("event") == "step"]
     counts = Counter(steps)
     resumes = sorted((r for r in records if r.get("event") == "resume"), key=lambda r: (r["attempt"], r["time"]))
@@ -31,6 +31,9 @@ def verify(records: list[dict[str, Any]], total_steps: int) -> dict[str, Any]:
         problems.append(f"{len(missing)} step(s) missing: {missing[:10]}")
     if not any(r.get("event") == "done" for r in records):
         problems.append("no done record: the trial did not finish")
+    if evictions is not None and len(preempts) < evictions:
+        problems.append(f"{evictions} evictions but {len(preempts)} clean preemptions: "
+                        "an evicted attempt died without committing its step")
     # Each attempt after a preemption must resume exactly where that preemption saved.
     by_attempt = {r["attempt"]: r for r in preempts}
     for r in resumes:
@@ -67,10 +70,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--evidence", required=True, help="the trial's evidence folder")
     ap.add_argument("--total-steps", type=int, required=True)
     ap.add_argument("--out", help="where to write verify.json")
+    ap.add_argument("--evictions", help="evictions JSON written by steps.evict: each must show as a preemption")
     ap.add_argument("--no-fail", action="store_true",
                     help="exit 0 whenever a verdict was written (the drill's compare step is the gate)")
     args = ap.parse_args(argv)
-    v = verify(read_evidence(args.evidence), args.total_steps)
+    evictions = len(read_json(args.evictions)["evictions"]) if args.evictions else None
+    v = verify(read_evidence(args.evidence), args.total_steps, evictions)
     print(summary(v), file=sys.stderr)
     if args.out:
         write_json(args.out, v)

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from tests.helpers import CORPUS
@@ -12,3 +14,42 @@ def tiny_model(tmp_path_factory):
     from trainer.tiny import build_tiny_qwen2
 
     return build_tiny_qwen2(tmp_path_factory.mktemp("model") / "tiny-qwen2", read_documents(str(CORPUS)))
+
+
+_S3_ENV = ("BATON_S3_ENDPOINT", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
+           "AWS_DEFAULT_REGION")
+
+
+@pytest.fixture(scope="module")
+def s3():
+    """A live S3 API with one bucket: moto's threaded server on 127.0.0.1 and a free port, stopped
+    after the module; or, when BATON_S3_ENDPOINT is already set (a real MinIO), that endpoint with the
+    credentials from the environment. While it lives, this process's environment points s3fs at it
+    (dummy keys for moto); `s3.env()` gives the same to a trainer subprocess."""
+    from tests.s3server import S3Endpoint
+
+    saved = {k: os.environ.get(k) for k in _S3_ENV}
+    endpoint = S3Endpoint().start()
+    os.environ.update(endpoint.credentials)
+    os.environ["BATON_S3_ENDPOINT"] = endpoint.url
+    try:
+        yield endpoint
+    finally:
+        endpoint.stop()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+@pytest.fixture
+def s3_proxy(s3):
+    """A FaultProxy in front of the S3 endpoint, stopped after the test."""
+    from tests.s3server import FaultProxy
+
+    proxy = FaultProxy(s3.url).start()
+    try:
+        yield proxy
+    finally:
+        proxy.stop()

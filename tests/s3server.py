@@ -94,6 +94,66 @@ class S3Endpoint:
         """A fresh `s3://bucket/<name>-<random>` root, so tests never see each other's objects."""
         return f"s3://{self.bucket}/{name}-{uuid.uuid4().hex[:8]}"
 
+    def env(self, endpoint: str | None = None, **extra: str) -> dict[str, str]:
+        """A trainer subprocess's environment: this endpoint (or a proxy's) and the credentials."""
+        from tests.helpers import base_env
+
+        return base_env(**self.credentials, BATON_S3_ENDPOINT=endpoint or self.url, **extra)
+
+    # -- objects, through boto3 (not through the code under test) --
+    @staticmethod
+    def split(uri: str) -> tuple[str, str]:
+        bucket, _, key = uri.removeprefix("s3://").partition("/")
+        return bucket, key
+
+    def keys(self, uri: str) -> list[str]:
+        """Every key under `uri` (a prefix), relative to it."""
+        bucket, prefix = self.split(uri.rstrip("/") + "/")
+        out = []
+        for page in self.client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+            out += [o["Key"].removeprefix(prefix) for o in page.get("Contents", [])]
+        return sorted(out)
+
+    def copy(self, src: str, dst: str) -> None:
+        client = self.client()
+        sb, sp = self.split(src.rstrip("/") + "/")
+        db, dp = self.split(dst.rstrip("/") + "/")
+        for k in self.keys(src):
+            client.copy_object(Bucket=db, Key=dp + k, CopySource={"Bucket": sb, "Key": sp + k})
+
+    def download(self, src: str, dst) -> None:
+        from pathlib import Path
+
+        client = self.client()
+        sb, sp = self.split(src.rstrip("/") + "/")
+        for k in self.keys(src):
+            target = Path(dst) / k
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(client.get_object(Bucket=sb, Key=sp + k)["Body"].read())
+
+    def read(self, uri: str) -> bytes:
+        bucket, key = self.split(uri)
+        return self.client().get_object(Bucket=bucket, Key=key)["Body"].read()
+
+    def write(self, uri: str, data: bytes) -> None:
+        bucket, key = self.split(uri)
+        self.client().put_object(Bucket=bucket, Key=key, Body=data)
+
+    def step_uri(self, root: str, step: int) -> str:
+        """The one `runs/<run_id>/step-<step>` folder under a checkpoint root."""
+        hits = {k.split("/step-")[0] for k in self.keys(root) if f"/step-{step:08d}/" in k}
+        assert len(hits) == 1, f"expected one step-{step:08d} under {root}, found {hits}"
+        return f"{root.rstrip('/')}/{hits.pop()}/step-{step:08d}"
+
+    def steps(self, root: str) -> dict[int, set[str]]:
+        """step -> the file names in its folder, for every step folder under a root."""
+        out: dict[int, set[str]] = {}
+        for k in self.keys(root):
+            parts = k.split("/")
+            if len(parts) == 4 and parts[0] == "runs" and parts[2].startswith("step-"):
+                out.setdefault(int(parts[2].removeprefix("step-")), set()).add(parts[3])
+        return out
+
 
 @dataclass
 class Faults:
@@ -106,7 +166,7 @@ class Faults:
     every: int = 0
     kinds: tuple[str, ...] = ("503", "reset")
     max_faults: int = 0
-    delay_s: float = 0.0
+    delay_s: float = 0.0  # at most 5 s per request
     match: Callable[[str, str], bool] | None = None
     seen: int = 0
     injected: list[tuple[str, str, str]] = field(default_factory=list)
@@ -119,11 +179,14 @@ class FaultProxy:
         self.log: list[tuple[str, str]] = []  # (method, path?query) of every request forwarded upstream
         self.lock = threading.Lock()
         self.faults = Faults()
-        self.hook: Callable[[str, str, str], str | None] | None = None
+        # hook(phase, method, path, body) with phase "before" (not yet forwarded) or "after" (the server
+        # has answered, the client not yet); returning "drop" resets the client's connection instead.
+        self.hook: Callable[[str, str, str, bytes], str | None] | None = None
         proxy = self
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            disable_nagle_algorithm = True  # headers and body go out as separate writes
 
             def log_message(self, *args) -> None:  # quiet
                 pass
@@ -153,7 +216,7 @@ class FaultProxy:
             def _handle(self) -> None:
                 method, path = self.command, self.path
                 body = self._body()
-                if proxy.hook and proxy.hook("before", method, path) == "drop":
+                if proxy.hook and proxy.hook("before", method, path, body) == "drop":
                     return self._reset()
                 verdict = proxy._decide(method, path)
                 if verdict == "reset":
@@ -161,6 +224,8 @@ class FaultProxy:
                 if verdict is not None:
                     payload = (f"<?xml version='1.0' encoding='UTF-8'?><Error><Code>ServiceUnavailable</Code>"
                                f"<Message>injected {verdict}</Message></Error>").encode()
+                    if method == "HEAD":
+                        payload = b""
                     self.send_response(int(verdict))
                     self.send_header("Content-Type", "application/xml")
                     self.send_header("Content-Length", str(len(payload)))
@@ -180,7 +245,7 @@ class FaultProxy:
                     data = resp.read()
                     with proxy.lock:
                         proxy.log.append((method, path))
-                    if proxy.hook and proxy.hook("after", method, path) == "drop":
+                    if proxy.hook and proxy.hook("after", method, path, body) == "drop":
                         return self._reset()
                     self.send_response_only(resp.status, resp.reason)
                     for k, v in resp.getheaders():

@@ -103,6 +103,12 @@ def full_url(fs: AbstractFileSystem, path: str) -> str:
 
 def describe(e: BaseException) -> str:
     """One line about a storage failure, for an error message: the kind and the server's words."""
+    failures = getattr(e, "failures", None)  # DCP's CheckpointException: {rank: (exception, traceback)}
+    if isinstance(failures, dict) and failures:
+        rank, wrapped = min(failures.items(), key=lambda kv: kv[0])
+        inner = wrapped[0] if isinstance(wrapped, tuple) and wrapped else wrapped
+        if isinstance(inner, BaseException):
+            return f"rank {rank}: {describe(inner)}"
     kind = {FileNotFoundError: "not found (a missing bucket or path)", PermissionError: "access denied"}.get(
         type(e), type(e).__name__)
     text = str(e).splitlines()[0] if str(e) else ""

@@ -90,6 +90,13 @@ def _train_args(role: str) -> list[str]:
 
 def _define_dag() -> None:
     """Templates and the DAG, inside an active Workflow or CronWorkflow context."""
+    from hera.workflows import Gauge, NoneArchiveStrategy
+
+    # Prometheus metrics (Argo prefixes `argo_workflows_`), gauges only: Argo may evaluate a finished node's
+    # metrics on more than one path, which a gauge's Set survives and a counter would count twice.
+    # `{{retries}}` exists only on the retry node, whose status is Succeeded only once the trial is done.
+    done = "{{status}} == Succeeded"
+    passed_help = "1 if the last equivalence drill passed (every step succeeded), 0 if it did not"
     common: dict[str, Any] = dict(image=p("image"), command=["python"], pod_spec_patch=GRACE_PATCH)
     train = Container(name="train", inputs=[Parameter(name="role")], args=_train_args("{{inputs.parameters.role}}"),
                       env=[Env(name="BATON_GRACE", value=p("grace")), _pod_name_env()], **common)
@@ -98,6 +105,10 @@ def _define_dag() -> None:
         env=[Env(name="BATON_GRACE", value=p("grace")), _pod_name_env(),
              Env(name="BATON_DISABLE_SIGTERM_HANDLER", value=p("disable_sigterm_handler"))],
         retry_strategy=RetryStrategy(retry_policy="Always", limit=p("retry_limit"), expression=RETRY_EXPRESSION),
+        metrics=[Gauge(name="baton_drill_trial_retries", value="{{retries}}", when=done, realtime=False,
+                       help="Retries the last successful drill's trial took: one per eviction it came back from"),
+                 Gauge(name="baton_drill_trial_seconds", value="{{duration}}", when=done, realtime=False,
+                       help="Wall time of the last successful drill's trial, every attempt and restart included")],
         **common)
     evict = Container(name="evict", image=p("image"), command=["python"],
                       args=["-m", "steps.evict", "--evidence", f"{EVIDENCE}/trial",
@@ -106,15 +117,23 @@ def _define_dag() -> None:
                             "--out", f"{ROOT}/evictions.json"])
     verify = Container(name="verify", image=p("image"), command=["python"],
                        args=["-m", "steps.verify", "--evidence", f"{EVIDENCE}/trial",
-                             "--total-steps", p("total_steps"), "--out", f"{ROOT}/verify.json", "--no-fail"])
+                             "--total-steps", p("total_steps"), "--evictions", f"{ROOT}/evictions.json",
+                             "--out", f"{ROOT}/verify.json", "--no-fail"])
     compare = Container(
         name="compare", image=p("image"), command=["python"],
         args=["-m", "steps.compare", "--reference", f"{ROOT}/reference", "--replay", f"{ROOT}/replay",
               "--trial", f"{ROOT}/trial", "--evidence", EVIDENCE, "--verify", f"{ROOT}/verify.json",
               "--evictions", f"{ROOT}/evictions.json", "--total-steps", p("total_steps"),
               "--out", REPORT_DIR, "--report-uri", f"{ROOT}/report"],
-        outputs=[Artifact(name=f.replace(".", "-"), path=f"{REPORT_DIR}/{f}") for f in REPORT_FILES])
-    with DAG(name="drill"):
+        # Not archived: the Argo UI shows report.md and loss.png as they are.
+        outputs=[Artifact(name=f.replace(".", "-"), path=f"{REPORT_DIR}/{f}", archive=NoneArchiveStrategy())
+                 for f in REPORT_FILES])
+    with DAG(name="drill", metrics=[
+            Gauge(name="baton_drill_passed", value="1", when=done, realtime=False, help=passed_help),
+            Gauge(name="baton_drill_passed", value="0", when="{{status}} != Succeeded", realtime=False,
+                  help=passed_help),
+            Gauge(name="baton_drill_seconds", value="{{duration}}", realtime=False,
+                  help="Wall time of the last equivalence drill, from its first step to its last")]):
         # Plain `dependencies` (every one must succeed), not `depends` expressions: the simplest
         # semantics, and the one the local runner implements.
         train(name="reference", arguments={"role": "reference"})
@@ -180,10 +199,15 @@ def parse_params(items: list[str]) -> dict[str, str]:
     return out
 
 
+def values_of(params: dict[str, str]) -> dict[str, str]:
+    """Every parameter's value: the defaults with `params` over them."""
+    return {k: v for k, (v, _) in PARAMETERS.items()} | params
+
+
 def resolve_params(overrides: dict[str, str]) -> dict[str, str]:
     """Overrides, plus a retry limit that follows the evictions; checked before anything runs."""
     params = dict(overrides)
-    values = {k: v for k, (v, _) in PARAMETERS.items()} | params
+    values = values_of(params)
     for k in ("total_steps", "evictions", "retry_limit", "seed", "grace", "ranks", "every_steps"):
         try:
             int(values[k])
@@ -223,11 +247,16 @@ def cmd_run(args: argparse.Namespace) -> int:
         result = run_workflow(spec, out / "argo", params, cwd=REPO, env=env, progress=sys.stderr)
     except UnsupportedSpec as e:
         raise SystemExit(f"error: {e}") from None
+    by_artifact = {f.replace(".", "-"): f for f in REPORT_FILES}
     for node in result.nodes:
-        for path in node.artifacts.values():
-            for f in ([path] if path.is_file() else sorted(path.glob("*"))):
-                if f.name in REPORT_FILES:
-                    shutil.copy(f, out / f.name)
+        for name, path in node.artifacts.items():
+            if name in by_artifact and path.is_file():
+                shutil.copy(path, out / by_artifact[name])
+    # A failed compare saves no artifacts here; its report is in the bucket all the same.
+    bucket_report = Path(params["bucket"].removeprefix("file://")) / values_of(params)["prefix"] / result.name / "report"
+    for f in REPORT_FILES:
+        if not (out / f).exists() and (bucket_report / f).is_file():
+            shutil.copy(bucket_report / f, out / f)
     report_path = out / "report.json"
     if report_path.exists():
         report = json.loads(report_path.read_text())
@@ -270,8 +299,17 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--out", default="out/drill", help="folder for the report, logs and the local bucket")
     r.add_argument("--force", action="store_true", help="clear --out first if it is not empty")
     r.add_argument("-p", "--param", action="append", default=[], metavar="NAME=VALUE")
-    s = sub.add_parser("submit", help="submit the workflow to an Argo server")
+    from workflows.argo import add_server_arguments
+
+    s = sub.add_parser("submit", help="submit the workflow to an Argo server (see workflows/argo.py)")
     s.add_argument("-p", "--param", action="append", default=[], metavar="NAME=VALUE")
+    s.add_argument("--from-file", metavar="FILE",
+                   help="submit the Workflow (or a CronWorkflow's workflowSpec) in FILE ('-': stdin) instead, "
+                        "e.g. from 'kubectl kustomize templates/overlays/kind'")
+    add_server_arguments(s)
+    st = sub.add_parser("status", help="a submitted drill's nodes beside its checkpoint store")
+    st.add_argument("name", help="the workflow's name, as submit printed it")
+    add_server_arguments(st)
     args = ap.parse_args(argv)
     if args.command == "render":
         sys.stdout.write(to_yaml(rendered()))
@@ -286,6 +324,10 @@ def main(argv: list[str] | None = None) -> int:
         from workflows.argo import submit
 
         return submit(args)
+    if args.command == "status":
+        from workflows.argo import status
+
+        return status(args)
     return 2
 
 

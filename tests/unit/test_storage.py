@@ -1,0 +1,459 @@
+"""Storage that outlives the pod: checkpoints on s3:// (a live S3 API: moto on loopback, or the endpoint
+in BATON_S3_ENDPOINT) and file://, through one code path.
+
+What is shown here: bit-identical resume from s3://; one listing request to find the newest
+checkpoint; retention (last K and the best by a metric, _COMMIT deleted first); SIGKILL during a save
+and during a deletion; asynchronous saves (overlap, commit order, bit-identical); a flipped byte
+refused with a record and a fallback; fencing of an older attempt; injected 5xx, resets and latency;
+clear errors for bad storage input. The trainer runs as real processes; a loopback proxy
+(tests/s3server.py) between s3fs and the server counts, delays, breaks and intercepts requests.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from tests.helpers import (
+    REPO,
+    TINY_YAML,
+    base_env,
+    equal_count,
+    records,
+    run,
+    run_and_sigterm,
+    step_dir,
+    tensors,
+    trainer_cmd,
+)
+from tests.s3server import free_port
+from trainer.checkpoint import FencedOut, Store, load_flat
+from trainer.config import ConfigError, load_config
+from trainer.storage import StorageError, redact, storage_error
+
+pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
+TOTAL = 16
+SETS = ("model.dropout=0.1", f"total_steps={TOTAL}", "checkpoint.every_steps=4")
+
+
+def cmd(model, ckpt, *sets):
+    return trainer_cmd(model, ckpt, *SETS, *sets)
+
+
+def by_event(recs, event):
+    return [r for r in recs if r["event"] == event]
+
+
+def tiny_state(step: int) -> dict[str, torch.Tensor]:
+    return {"w": torch.full((8,), float(step)), "progress": torch.tensor([step])}
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_model, tmp_path_factory):
+    """An uninterrupted run on file:// that keeps every checkpoint."""
+    ckpt = tmp_path_factory.mktemp("reference")
+    rc, recs, err = run(cmd(tiny_model, ckpt, "checkpoint.keep_last=8"))
+    assert rc == 0, err
+    steps = {r["step"]: r for r in by_event(recs, "step")}
+    assert sorted(steps) == list(range(1, TOTAL + 1))
+    return SimpleNamespace(ckpt=ckpt, steps=steps, final=tensors(ckpt, TOTAL), at8=tensors(ckpt, 8))
+
+
+@pytest.fixture(scope="module")
+def s3_interrupted(s3, tiny_model):
+    """A run on s3:// stopped by SIGTERM after step 10: committed 4, 8 (periodic) and 10 (preempt)."""
+    root = s3.new_prefix("interrupted")
+    rc, recs, err = run_and_sigterm(cmd(tiny_model, root), at_step=10, env=s3.env())
+    assert rc == 75, err
+    return root, recs
+
+
+def assert_equal_to_reference(reference, got):
+    equal, total = equal_count(reference.final, got)
+    assert equal == total and total > 100, f"{total - equal} of {total} tensors differ"
+
+
+def assert_complete(store: Store) -> list[int]:
+    """At least one committed checkpoint, and the newest verifies against its manifest."""
+    committed = store.committed_steps()
+    assert committed, "no complete checkpoint left"
+    store.verify_files(committed[0], store.read_manifest(committed[0]))
+    return committed
+
+
+# ---- s3:// end to end ---------------------------------------------------------------------------------
+
+def test_s3_resume_is_bit_identical(s3, tiny_model, reference, s3_interrupted):
+    root, recs = s3_interrupted
+    ck = by_event(recs, "checkpoint")
+    assert [(r["step"], r["reason"]) for r in ck] == [(4, "periodic"), (8, "periodic"), (10, "preempt")]
+    assert all(r["path"].startswith(root) and r["blocking_ms"] > 0 and not r["asynchronous"] for r in ck)
+    folders = s3.steps(root)
+    assert sorted(folders) == [4, 8, 10]
+    assert all({"_COMMIT", "manifest.json", ".metadata", "__0_0.distcp"} <= names for names in folders.values())
+
+    trial = s3.new_prefix("resumed")
+    s3.copy(root, trial)
+    rc, recs, err = run(cmd(tiny_model, trial), env=s3.env())
+    assert rc == 0, err
+    resume = by_event(recs, "resume")[0]
+    assert resume["from_step"] == 10 and resume["checkpoint"] == s3.step_uri(trial, 10)
+    steps = {r["step"]: r for r in by_event(recs, "step")}
+    assert sorted(steps) == list(range(11, TOTAL + 1))
+    assert all(steps[s]["batch_sha"] == reference.steps[s]["batch_sha"] for s in steps)
+    assert_equal_to_reference(reference, load_flat(s3.step_uri(trial, TOTAL)))
+
+
+def test_the_manifest_records_the_metric_of_its_step(reference):
+    for step in (4, 8, 12, TOTAL):
+        manifest = json.loads((step_dir(reference.ckpt, step) / "manifest.json").read_text())
+        assert manifest["metrics"]["loss"] == reference.steps[step]["loss"], step
+
+
+# ---- one listing ----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("n", [3, 12])
+def test_finding_the_newest_checkpoint_costs_one_listing(s3, s3_proxy, monkeypatch, n):
+    monkeypatch.setenv("BATON_S3_ENDPOINT", s3_proxy.url)
+    root = s3.new_prefix(f"listing{n}")
+    writer = Store(root, "run")
+    attempt = writer.claim_attempt({})
+    for i in range(1, n + 1):
+        writer.save(10 * i, tiny_state(i), {}, attempt)
+    s3.write(f"{root}/runs/run/step-99999999/manifest.json", b"{}")  # torn: no _COMMIT, never counted
+    reader = Store(root, "run")
+    s3_proxy.clear()
+    assert reader.committed_steps() == [10 * i for i in range(n, 0, -1)]
+    reqs = s3_proxy.requests()
+    assert len(reqs) == 1, reqs
+    assert reqs[0][0] == "GET" and "list-type=2" in reqs[0][1]
+    # Another process commits: the same reader sees it at its next call (no stale listing), in one request.
+    writer.save(10 * (n + 1), tiny_state(n + 1), {}, attempt)
+    s3_proxy.clear()
+    assert reader.committed_steps()[0] == 10 * (n + 1)
+    assert len(s3_proxy.requests()) == 1
+
+
+# ---- retention ------------------------------------------------------------------------------------------
+
+def test_retention_keeps_the_last_k_and_the_best_and_deletes_commit_first(s3, s3_proxy, monkeypatch):
+    monkeypatch.setenv("BATON_S3_ENDPOINT", s3_proxy.url)
+    root = s3.new_prefix("retention")
+    store = Store(root, "run")
+    attempt = store.claim_attempt({})
+    deletes: list[tuple[str, str]] = []  # (what was deleted, as the server saw it) in order
+
+    def hook(phase, method, path, body):
+        if phase == "after" and (method == "DELETE" or (method == "POST" and "delete" in path)):
+            deletes.append((method, path if method == "DELETE" else body.decode(errors="replace")))
+
+    s3_proxy.hook = hook
+    losses = {1: 5.0, 2: 1.0, 3: 4.0, 4: 3.0, 5: 6.0, 6: 7.0}
+    all_deleted = []
+    for step, loss in losses.items():
+        store.save(step, tiny_state(step), {"metrics": {"loss": loss}}, attempt)
+        deletes.clear()
+        deleted = store.retain(2, step, "loss")
+        all_deleted += deleted
+        for d in deleted:
+            touching = [text for _, text in deletes if f"step-{d:08d}/" in text]
+            assert touching and "_COMMIT" in touching[0], f"step {d}: the first deletion must be its _COMMIT"
+            assert "__0_0.distcp" not in touching[0] and "manifest.json" not in touching[0]
+            assert all("_COMMIT" not in t for t in touching[1:])
+    assert sorted(all_deleted) == [1, 3, 4]
+    assert store.committed_steps() == [6, 5, 2], "the newest two and the best (step 2, loss 1.0)"
+    assert sorted(s3.steps(root)) == [2, 5, 6]
+    assert store.retain(2, 6, "") == [2] and store.committed_steps() == [6, 5]
+
+
+# ---- SIGKILL during a save and during a deletion --------------------------------------------------------
+
+@pytest.mark.slow
+def test_sigkill_during_save_and_deletion_always_leaves_a_complete_checkpoint(s3, s3_proxy, tiny_model,
+                                                                               reference):
+    """Killed (by the proxy, at an exact request) while uploading a shard, right after deleting an old
+    checkpoint's _COMMIT, and just before a _COMMIT: each time a complete checkpoint remains, the
+    restart resumes from it, and the run ends bit-identical with the torn folders cleaned up."""
+    root = s3.new_prefix("killed")
+    sets = ("checkpoint.keep_last=1", "checkpoint.keep_best_metric=")
+    env = s3.env(s3_proxy.url)
+
+    def run_until(trigger):
+        box: dict = {}
+
+        def hook(phase, method, path, body):
+            if "pid" in box and "killed" not in box and trigger(phase, method, path, body):
+                os.kill(box["pid"], signal.SIGKILL)
+                box["killed"] = (method, path)
+                return "drop"
+            return None
+
+        s3_proxy.hook = hook
+        p = subprocess.Popen(cmd(tiny_model, root, *sets), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True, env=env, cwd=REPO)
+        box["pid"] = p.pid
+        out, err = p.communicate(timeout=240)
+        s3_proxy.hook = None
+        return p.returncode, records(out), err, box.get("killed")
+
+    def put(step, name):
+        return lambda phase, method, path, body: (phase == "before" and method == "PUT"
+                                                  and path.endswith(f"/step-{step:08d}/{name}"))
+
+    def deleted_commit_of(step):
+        key = f"step-{step:08d}/_COMMIT"
+        return lambda phase, method, path, body: (phase == "after" and method in ("POST", "DELETE")
+                                                  and (key in path or key.encode() in body))
+
+    # 1. during the upload of step 8's shard
+    rc, recs, err, killed = run_until(put(8, "__0_0.distcp"))
+    assert rc == -signal.SIGKILL and killed, err
+    run_id = recs[0]["run_id"]
+    store = Store(root, run_id)
+    assert assert_complete(store) == [4]
+    # 2. after deleting step 4's _COMMIT (retention, once step 8 committed), before the rest of it
+    rc, recs, err, killed = run_until(deleted_commit_of(4))
+    assert rc == -signal.SIGKILL and killed, err
+    assert by_event(recs, "resume")[0]["from_step"] == 4
+    assert assert_complete(store) == [8]
+    assert "_COMMIT" not in s3.steps(root)[4] and "__0_0.distcp" in s3.steps(root)[4], "deletion was cut short"
+    # 3. just before step 12's _COMMIT: everything else of it is written
+    rc, recs, err, killed = run_until(put(12, "_COMMIT"))
+    assert rc == -signal.SIGKILL and killed, err
+    assert by_event(recs, "resume")[0]["from_step"] == 8
+    assert assert_complete(store) == [8]
+    assert {"manifest.json", "__0_0.distcp"} <= s3.steps(root)[12] and "_COMMIT" not in s3.steps(root)[12]
+    # 4. no more kills: resumes from 8, ends bit-identical, and only the final checkpoint is left
+    rc, recs, err, killed = run_until(lambda *a: False)
+    assert rc == 0, err
+    assert by_event(recs, "resume")[0]["from_step"] == 8
+    assert_equal_to_reference(reference, load_flat(s3.step_uri(root, TOTAL)))
+    assert sorted(s3.steps(root)) == [TOTAL]
+
+
+# ---- asynchronous checkpoints ----------------------------------------------------------------------------
+
+def test_async_saves_overlap_training_and_resume_bit_identically(s3, s3_proxy, tiny_model, reference):
+    # Slow uploads, so that each async save is still in flight while the next steps train.
+    s3_proxy.set_faults(delay_s=0.3, match=lambda method, path: method == "PUT" and "/step-" in path)
+    root = s3.new_prefix("async")
+    env = s3.env(s3_proxy.url)
+    rc, recs, err = run_and_sigterm(cmd(tiny_model, root, "checkpoint.async_save=true"), at_step=9, env=env)
+    assert rc == 75, err
+    order = [(r["event"], r["step"]) for r in recs if r["event"] in ("step", "checkpoint", "preempt")]
+    ck = {r["step"]: r for r in by_event(recs, "checkpoint")}
+    assert sorted(ck) == [4, 8, 9]
+    assert ck[4]["asynchronous"] and ck[8]["asynchronous"] and not ck[9]["asynchronous"]
+    assert ck[9]["reason"] == "preempt" and by_event(recs, "preempt")[0]["outcome"] == "saved"
+    for s in (4, 8):
+        assert 0 < ck[s]["blocking_ms"] < ck[s]["save_ms"]
+    # Committed only after later steps had trained; the save in flight at SIGTERM commits before the stop's own.
+    assert order.index(("checkpoint", 4)) > order.index(("step", 5))
+    assert order.index(("step", 9)) < order.index(("checkpoint", 8)) < order.index(("checkpoint", 9))
+    # What was written is the staged copy of step 8, not tensors that steps 9.. went on to change.
+    equal, total = equal_count(reference.at8, load_flat(s3.step_uri(root, 8)))
+    assert equal == total
+    s3_proxy.set_faults()
+    rc, recs, err = run(cmd(tiny_model, root, "checkpoint.async_save=true"), env=env)
+    assert rc == 0, err
+    assert by_event(recs, "resume")[0]["from_step"] == 9
+    ck = {r["step"]: r for r in by_event(recs, "checkpoint")}
+    assert ck[12]["asynchronous"] and ck[TOTAL]["reason"] == "final" and not ck[TOTAL]["asynchronous"]
+    assert_equal_to_reference(reference, load_flat(s3.step_uri(root, TOTAL)))
+
+
+# ---- integrity -----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("where", ["s3", "file"])
+def test_a_flipped_byte_is_refused_and_the_run_falls_back(s3, tiny_model, reference, s3_interrupted, tmp_path,
+                                                          where):
+    src, _ = s3_interrupted
+    if where == "s3":
+        root = s3.new_prefix("flipped")
+        s3.copy(src, root)
+        shard = s3.step_uri(root, 10) + "/__0_0.distcp"
+        data = bytearray(s3.read(shard))
+        data[len(data) // 2] ^= 0x01
+        s3.write(shard, bytes(data))
+        env, uri = s3.env(), root
+    else:
+        local = tmp_path / "ckpt"
+        s3.download(src, local)
+        shard = step_dir(local, 10) / "__0_0.distcp"
+        data = bytearray(shard.read_bytes())
+        data[len(data) // 2] ^= 0x01
+        shard.write_bytes(bytes(data))
+        env, uri = base_env(), f"file://{local}"
+    rc, recs, err = run(cmd(tiny_model, uri), env=env)
+    assert rc == 0, err
+    refused = by_event(recs, "checkpoint_refused")
+    assert [r["step"] for r in refused] == [10]
+    assert "__0_0.distcp" in refused[0]["reason"] and "sha256" in refused[0]["reason"]
+    assert by_event(recs, "resume")[0]["from_step"] == 8
+    final = load_flat(s3.step_uri(root, TOTAL)) if where == "s3" else tensors(local, TOTAL)
+    assert_equal_to_reference(reference, final)
+
+
+# ---- fencing --------------------------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_an_older_attempt_is_fenced_out_and_the_run_stays_consistent(s3, tiny_model, reference):
+    root = s3.new_prefix("fenced")
+    old = subprocess.Popen(cmd(tiny_model, root), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           env=s3.env(BATON_PAUSE_AFTER_STEP="6"), cwd=REPO)
+    lines = []
+    assert old.stdout is not None
+    for line in old.stdout:
+        lines.append(line)
+        if line.startswith("{") and json.loads(line)["event"] == "step" and json.loads(line)["step"] == 6:
+            break
+    # The older process is paused after step 6 (step 4 committed). A newer attempt takes over and finishes.
+    rc, new_recs, err = run(cmd(tiny_model, root), env=s3.env())
+    assert rc == 0, err
+    assert new_recs[0]["attempt"] == 2 and by_event(new_recs, "resume")[0]["from_step"] == 4
+    # The older one is told to stop: it tries to save step 6, and is refused.
+    old.send_signal(signal.SIGTERM)
+    out, old_err = old.communicate(timeout=120)
+    old_recs = records("".join(lines) + out)
+    assert old.returncode == 1, old_err
+    assert "attempt 1 may not commit step 6: attempt 2" in old_err and "Traceback" not in old_err
+    assert [r["step"] for r in by_event(old_recs, "checkpoint")] == [4]
+    folders = s3.steps(root)
+    assert 6 not in folders, "the fenced attempt wrote nothing"
+    for step, names in folders.items():
+        if "_COMMIT" in names:
+            commit = json.loads(s3.read(f"{s3.step_uri(root, step)}/_COMMIT"))
+            assert commit["attempt"] == 2 or step <= 4, (step, commit)
+    assert_equal_to_reference(reference, load_flat(s3.step_uri(root, TOTAL)))
+
+
+@pytest.mark.parametrize("where", ["s3", "file"])
+def test_a_commit_is_fenced_when_a_newer_attempt_starts_during_the_upload(s3, tmp_path, monkeypatch, where):
+    root = s3.new_prefix("fence-commit") if where == "s3" else f"file://{tmp_path}/ckpt"
+    old = Store(root, "run")
+    attempt = old.claim_attempt({"who": "old"})
+    old.save(1, tiny_state(1), {}, attempt)
+    real = old._hash_own
+
+    def upload_then_a_newer_attempt_starts(path, md):
+        files = real(path, md)
+        assert Store(root, "run").claim_attempt({"who": "new"}) == attempt + 1
+        return files
+
+    monkeypatch.setattr(old, "_hash_own", upload_then_a_newer_attempt_starts)
+    with pytest.raises(FencedOut, match=f"attempt {attempt} may not commit step 2: attempt {attempt + 1}"):
+        old.save(2, tiny_state(2), {}, attempt)
+    assert old.committed_steps() == [1]
+    names = {p.rstrip("/").split("/")[-1] for p in old.fs.ls(old.step_path(2), detail=False)}
+    assert "_COMMIT" not in names and "manifest.json" not in names
+
+
+# ---- faults ----------------------------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_a_run_under_injected_faults_ends_bit_identical(s3, s3_proxy, tiny_model, reference):
+    faults = s3_proxy.set_faults(every=3, kinds=("503", "reset", "500"), max_faults=40, delay_s=0.02)
+    root = s3.new_prefix("faulty")
+    rc, recs, err = run(cmd(tiny_model, root), env=s3.env(s3_proxy.url, BATON_S3_MAX_ATTEMPTS="8"))
+    assert rc == 0, err
+    assert len(faults.injected) == 40 and {k for k, *_ in faults.injected} == {"503", "reset", "500"}
+    assert any(m == "PUT" and "/step-" in p for _, m, p in faults.injected), "faults hit checkpoint uploads"
+    store = Store(root, recs[0]["run_id"])
+    for step in store.committed_steps():  # nothing committed is broken
+        store.verify_files(step, store.read_manifest(step))
+    assert_equal_to_reference(reference, load_flat(s3.step_uri(root, TOTAL)))
+
+
+def test_a_store_that_keeps_failing_stops_the_run_cleanly(s3, s3_proxy, tiny_model):
+    s3_proxy.set_faults(every=1, kinds=("503",), max_faults=10_000,
+                        match=lambda method, path: method == "PUT" and "/step-" in path)
+    root = s3.new_prefix("failing")
+    rc, recs, err = run(cmd(tiny_model, root), env=s3.env(s3_proxy.url, BATON_S3_MAX_ATTEMPTS="2"))
+    assert rc == 1
+    assert f"error: saving step 4 to {root}/runs/" in err and "Traceback" not in err, err
+    assert not by_event(recs, "checkpoint")
+    assert not any("_COMMIT" in names for names in s3.steps(root).values())
+
+
+# ---- bad input -------------------------------------------------------------------------------------------
+
+def _no_credentials(env: dict[str, str], tmp_path) -> dict[str, str]:
+    env = {k: v for k, v in env.items() if not k.startswith("AWS_")}
+    return env | {"AWS_EC2_METADATA_DISABLED": "true", "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none"),
+                  "AWS_CONFIG_FILE": str(tmp_path / "none"), "AWS_DEFAULT_REGION": "us-east-1"}
+
+
+def test_bad_storage_input_is_a_clear_error_at_startup(s3, monkeypatch, tmp_path):
+    missing = "s3://baton-no-such-bucket/x"
+    with pytest.raises(StorageError, match=f"{missing}/runs/run .*not found"):
+        Store(missing, "run")
+    with monkeypatch.context() as m:
+        m.setenv("BATON_S3_ENDPOINT", f"http://127.0.0.1:{free_port()}")
+        m.setenv("BATON_S3_MAX_ATTEMPTS", "1")
+        with pytest.raises(StorageError, match="endpoint unreachable"):
+            Store(s3.new_prefix("x"), "run")
+    with monkeypatch.context() as m:
+        for k, v in _no_credentials(dict(os.environ), tmp_path).items():
+            m.setenv(k, v)
+        for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
+            m.delenv(k, raising=False)
+        with pytest.raises(StorageError, match="no usable credentials"):
+            Store(s3.new_prefix("x"), "run")
+
+
+def test_gs_without_gcsfs_is_a_clear_error():
+    try:
+        import gcsfs  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        pytest.skip("gcsfs is installed: gs:// would try real credentials")
+    with pytest.raises(StorageError, match=r"gs://some-bucket/x.*gcsfs"):
+        Store("gs://some-bucket/x", "run")
+
+
+def test_the_cli_exits_1_naming_the_uri_for_bad_storage(s3, tiny_model, tmp_path):
+    secret = s3.credentials.get("AWS_SECRET_ACCESS_KEY", "")
+    cases = {
+        "missing bucket": ("s3://baton-no-such-bucket/x", s3.env(), "not found"),
+        "unreachable endpoint": (s3.new_prefix("x"), s3.env(f"http://127.0.0.1:{free_port()}",
+                                                            BATON_S3_MAX_ATTEMPTS="1"), "endpoint unreachable"),
+        "no credentials": (s3.new_prefix("x"), _no_credentials(s3.env(), tmp_path), "no usable credentials"),
+    }
+    procs = {name: subprocess.Popen(cmd(tiny_model, uri), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                    env=env, cwd=REPO)
+             for name, (uri, env, _) in cases.items()}
+    for name, p in procs.items():
+        uri, _, why = cases[name]
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == 1, (name, err)
+        assert f"error: listing checkpoints under {uri}/runs/" in err and why in err, (name, err)
+        assert "Traceback" not in err and not by_event(records(out), "step"), name
+        if secret:
+            assert secret not in err and secret not in out, name
+
+
+def test_error_messages_hold_no_credentials(monkeypatch):
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "s3cr3t-value-123")
+    e = storage_error("s3://someone:pa55word@bucket/x", "listing",
+                      RuntimeError("denied s3cr3t-value-123 at ?X-Amz-Signature=abcdef&X-Amz-Credential=AKIAXYZ"))
+    text = str(e)
+    assert "s3cr3t-value-123" not in text and "pa55word" not in text and "abcdef" not in text
+    assert "AKIAXYZ" not in text and "s3://***@bucket/x" in text
+    assert redact("plain s3://bucket/key") == "plain s3://bucket/key"
+
+
+def test_the_new_checkpoint_keys_are_validated():
+    with pytest.raises(ConfigError, match="checkpoint.keep_best_metric"):
+        load_config(TINY_YAML, ["checkpoint.keep_best_metric=not a name"])
+    with pytest.raises(ConfigError, match="checkpoint.async_save"):
+        load_config(TINY_YAML, ["checkpoint.async_save=maybe"])
+    cfg = load_config(TINY_YAML, ["checkpoint.async_save=true", "checkpoint.keep_best_metric="])
+    assert cfg.checkpoint.async_save is True and cfg.checkpoint.keep_best_metric == ""
+    assert load_config(TINY_YAML).checkpoint.keep_best_metric == "loss"

@@ -1,0 +1,51 @@
+"""The drill end to end on this machine: the rendered workflow through the local runner, a trial
+evicted twice, and its negative control (a trainer without its SIGTERM handler) that must fail."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from tests.helpers import PY, REPO, base_env
+
+pytestmark = pytest.mark.slow
+NASTY = "x\"; echo $(id) ' `whoami`"
+
+
+def drill(out, *params):
+    cmd = [PY, "workflows/equivalence.py", "run", "--out", str(out)]
+    for p in params:
+        cmd += ["-p", p]
+    return subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env=base_env(), timeout=600)
+
+
+def test_drill_passes_and_writes_the_report_contract(tmp_path):
+    out = tmp_path / "drill"
+    p = drill(out, "total_steps=40", "evictions=2", f"prefix={NASTY}")
+    assert p.returncode == 0, p.stdout + p.stderr[-3000:]
+    report = json.loads((out / "report.json").read_text())
+    assert report["equivalent"] is True and report["tier"] == 1 and report["max_abs_diff"] == 0.0
+    assert report["floor"] == 0.0 and report["tensors"] > 100
+    s = report["steps"]
+    assert (s["total"], s["distinct"], s["replayed"], s["preemptions"]) == (40, 40, 0, 2)
+    assert len(s["resumed_from"]) == 2 and all(0 < r < 40 for r in s["resumed_from"])
+    assert (out / "loss.png").read_bytes()[:4] == b"\x89PNG"
+    assert "bit-identical: " in p.stdout and "drill PASSED" in p.stdout
+    # The parameter with quotes and $(...) stayed data: it is a folder name under the bucket.
+    assert (out / "bucket" / NASTY).is_dir()
+    # Every attempt's log is kept.
+    assert len(list((out / "argo" / "logs").glob("trial-*.log"))) == 3
+
+
+def test_negative_control_without_the_sigterm_handler_replays_steps_and_fails(tmp_path):
+    out = tmp_path / "drill"
+    # No periodic checkpoints: a trial killed by SIGTERM must replay from the start.
+    p = drill(out, "total_steps=40", "evictions=2", "every_steps=0", "disable_sigterm_handler=1")
+    assert p.returncode == 1, p.stdout
+    report = json.loads((out / "report.json").read_text())
+    assert report["passed"] is False
+    assert report["steps"]["replayed"] > 0 and report["steps"]["preemptions"] == 0
+    assert any("replayed" in x for x in report["verify_problems"])
+    assert "drill FAILED" in p.stdout
