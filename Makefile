@@ -37,7 +37,7 @@ lint: install
 	$(VENV)/bin/ruff check .
 
 drill: install
-	$(PY) workflows/equivalence.py run --out $(OUT)
+	$(PY) workflows/equivalence.py run --out $(OUT) --force
 
 render: install
 	$(PY) workflows/equivalence.py render
