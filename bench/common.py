@@ -93,12 +93,15 @@ def rss_bytes() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def section_args(description: str) -> argparse.Namespace:
+def section_args(description: str, extra: Callable[[argparse.ArgumentParser], None] | None = None,
+                 ) -> argparse.Namespace:
     """Every section module runs as `python -m bench.<section> --result FILE [--reps N] [--quick]`."""
-    ap = argparse.ArgumentParser(description=description)
+    ap = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--result", required=True, help="write the section's figures here as JSON")
     ap.add_argument("--reps", type=int, default=3, help="repeats of each side, interleaved")
     ap.add_argument("--quick", action="store_true", help="smaller sizes: checks the bench itself runs")
+    if extra:
+        extra(ap)
     return ap.parse_args()
 
 

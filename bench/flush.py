@@ -1,31 +1,35 @@
-"""Flush, async and save time: the big model's trainer state written by baton against a raw write.
+"""Flush, async and save time: the trainer's checkpoint state written by baton against a raw write.
 
-Sides, interleaved, each `reps` times, on local disk and on a local S3 (moto):
+Sides, interleaved, each `reps` times (after one untimed warm-up of each baton side):
 - raw: one sequential write of the checkpoint's byte count (16 MiB chunks), then fsync (local) or
   the multipart upload's completion (S3): the physical limit of that storage through that client;
 - dcp: `dcp.save` with the FsspecWriter that the trainer uses (serialize + write + fsync);
 - store: `trainer.checkpoint.Store.save`, what a preemption save costs: dcp.save, then read back and
   sha256 every file, then manifest.json and _COMMIT;
-- async (local only): `Store.save_async` (or `dcp.async_save` on a gloo group of its own when the
-  store has no async path): the time it blocks the caller, and the time until it has committed.
+- async (local): `Store.save_async` (or `dcp.async_save` on a gloo group of its own when the store
+  has no async path): the time it blocks the caller, including the next step boundary's wait for
+  the staging copy, and the time until it has committed;
+- async_reuse (local, a diagnostic): `dcp.async_save` on the same kind of group with one
+  DefaultStager kept across saves, so the staging buffers are reused instead of allocated per save.
 
-    python -m bench.flush --result FILE [--reps 3] [--quick]
+`--where local` uses the big model (~125 M parameters, ~1.5 GB). `--where s3` uses the small stand-in
+state (`--quick` size, ~0.2 GB): moto keeps objects in memory and slows down faster than linearly with
+object size (one 1.5 GB raw upload took over a minute), so a big round would measure moto.
+
+    python -m bench.flush --result FILE --where local|s3 [--reps 3] [--quick]
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import time
 from collections.abc import Callable
 from typing import Any
 
-from bench.common import WORK, log, median, section_args, write_result
+from bench.common import WORK, interleaved, log, median, section_args, write_result
 
 CHUNK = 16 << 20
-
-
-def _noise(n: int = 64 << 20) -> memoryview:
-    return memoryview(os.urandom(n))
 
 
 def raw_write(uri: str, nbytes: int, noise: memoryview) -> float:
@@ -64,17 +68,26 @@ def _rm(fs: Any, path: str) -> None:
 
 
 class Sides:
-    """The four ways of writing the same state to one store."""
+    """The ways of writing the same state to one store; each returns {"s": seconds, ...}."""
 
-    def __init__(self, t: Any, store: Any, attempt: int, state: dict[str, Any], manifest: dict[str, Any]) -> None:
-        self.t, self.store, self.attempt, self.state, self.manifest = t, store, attempt, state, manifest
+    def __init__(self, store: Any, attempt: int, state: dict[str, Any], manifest: dict[str, Any]) -> None:
+        self.store, self.attempt, self.state, self.manifest = store, attempt, state, manifest
         self.step = 100
-        self.noise = _noise()
+        self.noise = memoryview(os.urandom(64 << 20))
         self.nbytes = 0
+        self._group: Any = None
+        self._stager: Any = None
 
     def _next(self) -> int:
         self.step += 1
         return self.step
+
+    def _writer(self, path: str) -> Any:
+        from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
+
+        from trainer.storage import storage_options
+
+        return FsspecWriter(self.store.url(path), **storage_options(self.store.root_uri))
 
     def store_save(self) -> dict[str, float]:
         step = self._next()
@@ -87,13 +100,10 @@ class Sides:
 
     def dcp_save(self) -> dict[str, float]:
         import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
-
-        from trainer.storage import storage_options
 
         path = self.store.step_path(self._next())
         t0 = time.perf_counter()
-        dcp.save(self.state, storage_writer=FsspecWriter(self.store.url(path), **storage_options(self.store.root_uri)))
+        dcp.save(self.state, storage_writer=self._writer(path))
         dt = time.perf_counter() - t0
         _rm(self.store.fs, path)
         return {"s": dt}
@@ -105,87 +115,95 @@ class Sides:
         return {"s": dt}
 
     def async_save(self) -> dict[str, float]:
+        if not hasattr(self.store, "save_async"):
+            return self._dcp_async(reuse_stager=False)
         step = self._next()
         t0 = time.perf_counter()
-        if hasattr(self.store, "save_async"):
-            self.store.save_async(step, self.state, self.manifest, self.attempt, lambda res: None)
-            t1 = time.perf_counter()
-            self.store.step_boundary()  # what the next step waits for: the staging copy
-            blocking = time.perf_counter() - t0
-            self.store.drain()
-            total = time.perf_counter() - t0
-            blocked_in_boundary = blocking - (t1 - t0)
-        else:
-            blocking, total, blocked_in_boundary = self._dcp_async(step, t0)
+        self.store.save_async(step, self.state, self.manifest, self.attempt, lambda res: None)
+        t1 = time.perf_counter()
+        self.store.step_boundary()  # what the next optimizer step waits for: the staging copy
+        blocking = time.perf_counter() - t0
+        self.store.drain()
+        total = time.perf_counter() - t0
         _rm(self.store.fs, self.store.step_path(step))
-        return {"s": blocking, "total_s": total, "boundary_s": blocked_in_boundary}
+        return {"s": blocking, "total_s": total, "boundary_s": blocking - (t1 - t0)}
 
-    def _dcp_async(self, step: int, t0: float) -> tuple[float, float, float]:
+    def async_reuse(self) -> dict[str, float]:
+        return self._dcp_async(reuse_stager=True)
+
+    def _dcp_async(self, reuse_stager: bool) -> dict[str, float]:
         import torch.distributed as dist
         import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
+        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
-        from trainer.storage import storage_options
-
-        if not hasattr(self, "_group"):
+        if self._group is None:
             self._group = dist.new_group(backend="gloo")
-        writer = FsspecWriter(self.store.url(self.store.step_path(step)), **storage_options(self.store.root_uri))
-        fut = dcp.async_save(self.state, storage_writer=writer, process_group=self._group)
+        if reuse_stager and self._stager is None:
+            self._stager = DefaultStager(StagingOptions(False, False, False, False))
+        path = self.store.step_path(self._next())
+        t0 = time.perf_counter()
+        fut = dcp.async_save(self.state, storage_writer=self._writer(path), process_group=self._group,
+                             async_stager=self._stager if reuse_stager else None)
         blocking = time.perf_counter() - t0
         (getattr(fut, "upload_completion", None) or fut).result()
-        return blocking, time.perf_counter() - t0, 0.0
+        total = time.perf_counter() - t0
+        _rm(self.store.fs, path)
+        return {"s": blocking, "total_s": total}
+
+    def run(self, name: str) -> dict[str, float]:
+        runs: dict[str, Callable[[], dict[str, float]]] = {
+            "raw": self.raw, "dcp": self.dcp_save, "store": self.store_save, "async": self.async_save,
+            "async_reuse": self.async_reuse}
+        return runs[name]()
 
 
-def measure(sides: Sides, names: list[str], reps: int, where: str) -> dict[str, list[dict[str, float]]]:
-    from bench.common import interleaved
-
-    runs: dict[str, Callable[[], dict[str, float]]] = {
-        "raw": sides.raw, "dcp": sides.dcp_save, "store": sides.store_save, "async": sides.async_save}
+def measure(sides: Sides, names: list[str], reps: int, where: str) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    sides.store_save()  # warm-up, and the byte count the raw side writes
+    first = time.perf_counter() - t0
+    for name in names:
+        if name.startswith("async"):
+            sides.run(name)  # warm-up: the first async save also sets up its gloo group and planner
+    log(f"{where}: checkpoint {sides.nbytes / 1e9:.2f} GB, first save {first:.1f} s (untimed warm-ups done)")
     out: dict[str, list[dict[str, float]]] = {n: [] for n in names}
     for rep, name in interleaved(reps, names):
-        r = runs[name]()
+        r = sides.run(name)
         out[name].append(r)
         log(f"{where} rep {rep + 1}/{reps} {name}: {r['s']:.2f} s"
             + (f" (committed after {r['total_s']:.2f} s)" if "total_s" in r else ""))
-    return out
-
-
-def summarize(out: dict[str, list[dict[str, float]]], nbytes: int) -> dict[str, Any]:
-    s: dict[str, Any] = {"runs": out}
+    s: dict[str, Any] = {"runs": out, "ckpt_bytes": sides.nbytes, "first_store_save_s": first}
     for name, rs in out.items():
         s[f"{name}_s"] = median([r["s"] for r in rs])
-        s[f"{name}_MBps"] = nbytes / s[f"{name}_s"] / 1e6
+        s[f"{name}_MBps"] = sides.nbytes / s[f"{name}_s"] / 1e6
         if rs and "total_s" in rs[0]:
             s[f"{name}_total_s"] = median([r["total_s"] for r in rs])
     return s
 
 
+def _extra(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--where", choices=["local", "s3"], required=True)
+
+
 def main() -> None:
-    args = section_args(__doc__ or "")
+    args = section_args(__doc__ or "", _extra)
     from bench.s3 import LocalS3
     from bench.state import close, manifest_of, open_trainer, state_bytes, state_of
     from trainer.checkpoint import Store
 
-    root = WORK / "flush"
-    t = open_trainer(f"file://{root}", quick=args.quick)
+    quick = args.quick or args.where == "s3"
+    t = open_trainer(f"file://{WORK / 'flush'}", quick=quick)
     state, manifest = state_of(t), manifest_of(t)
-    result: dict[str, Any] = {"state_bytes": state_bytes(state),
+    result: dict[str, Any] = {"where": args.where, "state_bytes": state_bytes(state),
                               "params": sum(p.numel() for p in t.model.parameters()),
                               "async_path": "Store.save_async" if hasattr(t.store, "save_async") else "dcp.async_save"}
-    local = Sides(t, t.store, t.attempt, state, manifest)
-    t0 = time.perf_counter()
-    local.store_save()  # warm-up, and the byte count the raw side writes
-    result["first_store_save_s"] = time.perf_counter() - t0
-    result["ckpt_bytes"] = local.nbytes
-    log(f"checkpoint: {local.nbytes / 1e9:.2f} GB ({result['state_bytes'] / 1e9:.2f} GB of tensors), "
-        f"first save {result['first_store_save_s']:.1f} s")
-    result["local"] = summarize(measure(local, ["raw", "dcp", "store", "async"], args.reps, "local"), local.nbytes)
-    with LocalS3() as s3:
-        store = Store(s3.uri("flush"), t.cfg.run_id)
-        attempt = store.claim_attempt({"bench": True})
-        remote = Sides(t, store, attempt, state, manifest)
-        remote.nbytes = local.nbytes
-        result["s3"] = summarize(measure(remote, ["raw", "dcp", "store"], args.reps, "s3"), local.nbytes)
+    if args.where == "local":
+        sides = Sides(t.store, t.attempt, state, manifest)
+        result.update(measure(sides, ["raw", "dcp", "store", "async", "async_reuse"], args.reps, "local"))
+    else:
+        with LocalS3() as s3:
+            store = Store(s3.uri("flush"), t.cfg.run_id)
+            attempt = store.claim_attempt({"bench": True})
+            result.update(measure(Sides(store, attempt, state, manifest), ["raw", "dcp", "store"], args.reps, "s3"))
     close(t)
     write_result(args.result, result)
 

@@ -25,6 +25,7 @@ import io
 import os
 import re
 import sys
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -128,8 +129,7 @@ def settings(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> 
         scheme, _, credential = token.partition(" ")
         if scheme not in ("Bearer", "Basic") or not credential.strip() or len(token.split()) != 2:
             raise ArgoError(f"{tsrc} must be the whole Authorization value, 'Bearer <token>' "
-                            "(as 'argo auth token' prints it, or \"Bearer $(kubectl create token ...)\"); "
-                            "the value given has no such prefix")
+                            "(as 'argo auth token' prints it, or \"Bearer $(kubectl create token ...)\")")
 
     ns, nsrc = _flag_or_env(getattr(args, "namespace", None), env, "ARGO_NAMESPACE")
     ns = (ns or DEFAULT_NAMESPACE).strip()
@@ -181,10 +181,13 @@ def _http_error(server: Server, what: str, r: requests.Response) -> ArgoError:
         detail = body.get("message") if isinstance(body, dict) else None
     except ValueError:
         detail = None
-    detail = " ".join(str(detail or r.text or r.reason or "").split())[:300]
+    detail = re.sub(r"<[^>]*>", " ", str(detail or r.text or r.reason or ""))  # an HTML error page
+    detail = " ".join(detail.split())[:300]
+    verb = what.split()[0]
     hint = {401: "; is ARGO_TOKEN current and meant for this server?",
-            403: f"; may the token's account {what.split()[0]} workflows in namespace {server.namespace}?",
-            404: f"; does namespace {server.namespace} exist, and is ARGO_BASE_HREF right?"}.get(r.status_code, "")
+            403: f"; may the token's account {verb} workflows in namespace {server.namespace}?",
+            404: f"; is the namespace ({server.namespace}) right" + (", and the name?" if verb == "get" else
+                                                                      ", and ARGO_BASE_HREF?")}.get(r.status_code, "")
     return ArgoError(f"{what} at {server.url}: HTTP {r.status_code} {r.reason or ''}".rstrip()
                      + (f": {detail}" if detail else "") + hint)
 
@@ -192,12 +195,17 @@ def _http_error(server: Server, what: str, r: requests.Response) -> ArgoError:
 def _call(server: Server, svc: Any, what: str, fn) -> Any:
     """`fn()` with every failure turned into one clear line naming the server."""
     try:
-        return fn()
+        with warnings.catch_warnings():  # Hera 7.1 calls pydantic's deprecated .json()
+            warnings.simplefilter("ignore", DeprecationWarning)
+            return fn()
     except requests.exceptions.SSLError as e:
         raise ArgoError(f"{what} at {server.url}: TLS failed ({_reason(e)}); for a self-signed certificate set "
                         "ARGO_INSECURE_SKIP_VERIFY=true, for a plain-http server ARGO_SECURE=false") from None
     except requests.exceptions.Timeout:
         raise ArgoError(f"{what} at {server.url}: no answer within {TIMEOUT_S:.0f} s") from None
+    except requests.exceptions.InvalidJSONError as e:
+        raise ArgoError(f"{what} at {server.url}: the answer is not an Argo workflow ({_reason(e)}); "
+                        "is ARGO_SERVER the Argo Server?") from None
     except requests.exceptions.ConnectionError as e:
         raise ArgoError(f"{what}: cannot reach the Argo Server at {server.url} ({_reason(e)})") from None
     except requests.exceptions.RequestException as e:

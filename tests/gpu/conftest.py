@@ -19,4 +19,4 @@ def pytest_report_header(config) -> str:
         return "baton gpu: no CUDA device, tests/gpu will be skipped"
     names = ", ".join(torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count()))
     return (f"baton gpu: {torch.cuda.device_count()} device(s): {names}; torch {torch.__version__}, "
-            f"CUDA {torch.version.cuda}, NCCL {'.'.join(map(str, torch.cuda.nccl.version()))}")
+            f"CUDA {torch.version.cuda}, NCCL {torch.cuda.nccl.version()}")

@@ -1,0 +1,1 @@
+"""GPU checks: `python gpu/check.py` (`make gpu-check`). See gpu/README.md."""

@@ -1,0 +1,526 @@
+"""The drill on a cluster, without one: `submit` and `status` against a loopback Argo Server that records
+what it is sent and answers with recorded responses (tests/workflow/fixtures/argo/*.json, Argo's real
+response shape), a file:// checkpoint store in tmp_path, the kustomize overlays, and the template metrics."""
+
+from __future__ import annotations
+
+import copy
+import functools
+import json
+import re
+import shutil
+import socket
+import subprocess
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import jsonschema
+import pytest
+import yaml
+
+from tests.crd import crd_schema
+from tests.helpers import PY, REPO, base_env
+from workflows import equivalence as eq
+
+FIXTURES = Path(__file__).parent / "fixtures" / "argo"
+NAME = "baton-equivalence-7xk2p"  # the name in the recorded responses
+TOKEN = "Bearer eyJhbGciOiJSUzI1NiJ9.test-token"
+CREATE = "/api/v1/workflows/baton"
+KUBECTL = shutil.which("kubectl")
+OVERLAYS = REPO / "templates" / "overlays"
+ARGO_ENV = ("ARGO_SERVER", "ARGO_TOKEN", "ARGO_NAMESPACE", "ARGO_SECURE", "ARGO_INSECURE_SKIP_VERIFY",
+            "ARGO_HTTP1", "ARGO_BASE_HREF")
+
+
+@functools.cache
+def _crd_validator(kind: str) -> jsonschema.Draft7Validator:
+    return jsonschema.Draft7Validator(crd_schema(kind))
+
+
+def validate(obj: dict) -> None:
+    """tests.crd.validate (Argo's CRD schema, strict), with the validator built once per kind: the
+    schema self-check that jsonschema.validate repeats on every call costs about a second here."""
+    assert obj.get("apiVersion") == "argoproj.io/v1alpha1", obj.get("apiVersion")
+    _crd_validator(obj["kind"]).validate(obj)
+
+
+def fixture(name: str):
+    return json.loads((FIXTURES / name).read_text())
+
+
+class FakeArgo:
+    """A threaded loopback HTTP server: records every request, answers from `routes`."""
+
+    def __init__(self) -> None:
+        self.routes: dict[tuple[str, str], tuple[int, object]] = {}
+        self.requests: list[dict] = []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def _handle(self) -> None:
+                n = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(n) if n else b""
+                path = self.path.split("?")[0]
+                outer.requests.append({"method": self.command, "path": path, "body": body,
+                                       "authorization": self.headers.get("Authorization"),
+                                       "content_type": self.headers.get("Content-Type")})
+                status, payload = outer.routes.get((self.command, path),
+                                                   (404, {"code": 5, "message": f"{path} not found"}))
+                data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json" if not isinstance(payload, bytes) else "text/html")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            do_GET = do_POST = _handle
+
+            def log_message(self, *args) -> None:  # quiet
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.host = f"127.0.0.1:{self.httpd.server_address[1]}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
+
+    def start(self) -> FakeArgo:
+        self.thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        self.thread.join(timeout=5)
+
+
+@pytest.fixture
+def argo(monkeypatch):
+    srv = FakeArgo().start()
+    for k in ARGO_ENV:
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("ARGO_SERVER", srv.host)
+    monkeypatch.setenv("ARGO_TOKEN", TOKEN)
+    monkeypatch.setenv("ARGO_SECURE", "false")
+    yield srv
+    srv.stop()
+
+
+def error_of(argv: list[str]) -> str:
+    """The one-line error that `main(argv)` exits with."""
+    with pytest.raises(SystemExit) as ei:
+        eq.main(argv)
+    msg = ei.value.code
+    assert isinstance(msg, str) and msg.startswith("error: "), msg
+    assert "\n" not in msg, msg
+    return msg
+
+
+def params_of(wf: dict) -> dict[str, str]:
+    return {p["name"]: p["value"] for p in wf["spec"]["arguments"]["parameters"]}
+
+
+def templates_of(obj: dict) -> dict[str, dict]:
+    spec = obj["spec"].get("workflowSpec", obj["spec"])
+    return {t["name"]: t for t in spec["templates"]}
+
+
+# ---- submit --------------------------------------------------------------------------------------------
+
+def test_submit_posts_the_drill_with_parameters_as_workflow_arguments(argo, capsys):
+    argo.routes[("POST", CREATE)] = (200, fixture("created.json"))
+    assert eq.main(["submit", "-p", "evictions=7"]) == 0
+
+    assert len(argo.requests) == 1
+    req = argo.requests[0]
+    assert (req["method"], req["path"]) == ("POST", CREATE)
+    assert req["authorization"] == TOKEN
+    assert req["content_type"] == "application/json"
+    body = json.loads(req["body"])
+    assert set(body) == {"namespace", "workflow"} and body["namespace"] == "baton"
+    wf = body["workflow"]
+    validate(wf)
+    assert wf["kind"] == "Workflow" and wf["metadata"]["generateName"] == "baton-equivalence-"
+    assert wf["metadata"]["namespace"] == "baton"
+    params = params_of(wf)
+    assert params["evictions"] == "7" and params["retry_limit"] == "12"
+    # Nothing else changed: the other parameters keep their defaults, the templates are the rendered ones.
+    defaults = {k: v for k, (v, _) in eq.PARAMETERS.items()}
+    assert {k: v for k, v in params.items() if k not in ("evictions", "retry_limit")} == \
+        {k: v for k, v in defaults.items() if k not in ("evictions", "retry_limit")}
+    assert wf["spec"]["templates"] == eq.rendered()[0]["spec"]["templates"]
+
+    out = capsys.readouterr().out.splitlines()
+    assert out == [NAME, f"http://{argo.host}/workflows/baton/{NAME}"]
+
+
+def test_flags_win_over_the_environment_and_base_href_prefixes_every_path(argo, monkeypatch, capsys):
+    monkeypatch.setenv("ARGO_NAMESPACE", "elsewhere")
+    argo.routes[("POST", "/argo/api/v1/workflows/drills")] = (200, fixture("created.json"))
+    assert eq.main(["submit", "--namespace", "drills", "--token", "Bearer from-flag", "--argo-base-href", "/argo/",
+                    "-p", "total_steps=50", "-p", "evictions=2", "-p", "retry_limit=3"]) == 0
+    req = argo.requests[0]
+    assert req["path"] == "/argo/api/v1/workflows/drills" and req["authorization"] == "Bearer from-flag"
+    params = params_of(json.loads(req["body"])["workflow"])
+    assert (params["total_steps"], params["evictions"], params["retry_limit"]) == ("50", "2", "3")
+    assert capsys.readouterr().out.splitlines()[1] == f"http://{argo.host}/argo/workflows/drills/{NAME}"
+
+
+def test_no_token_sends_no_authorization_header(argo, monkeypatch):
+    monkeypatch.delenv("ARGO_TOKEN")
+    argo.routes[("POST", CREATE)] = (200, fixture("created.json"))
+    assert eq.main(["submit"]) == 0
+    assert argo.requests[0]["authorization"] is None
+
+
+@pytest.mark.parametrize("env, argv, message", [
+    ({"ARGO_SERVER": None}, [], "no Argo Server: set ARGO_SERVER"),
+    ({"ARGO_SERVER": "http://127.0.0.1:2746"}, [], "without a scheme"),
+    ({"ARGO_SERVER": "127.0.0.1"}, [], "is not host:port"),
+    ({"ARGO_SERVER": "127.0.0.1:99999"}, [], "is not host:port"),
+    ({}, ["--argo-server", "argo server:2746"], "--argo-server='argo server:2746' is not host:port"),
+    ({"ARGO_TOKEN": "eyJhbGciOiJSUzI1NiJ9.no-prefix"}, [], "ARGO_TOKEN must be the whole Authorization value"),
+    ({"ARGO_TOKEN": "Bearer"}, [], "ARGO_TOKEN must be the whole Authorization value"),
+    ({}, ["--token", "bearer abc"], "--token must be the whole Authorization value"),
+    ({"ARGO_SECURE": "yes"}, [], "ARGO_SECURE must be true or false"),
+    ({"ARGO_INSECURE_SKIP_VERIFY": "maybe"}, [], "ARGO_INSECURE_SKIP_VERIFY must be true or false"),
+    ({"ARGO_HTTP1": "2"}, [], "ARGO_HTTP1 must be true or false"),
+    ({"ARGO_NAMESPACE": "Not_A_Namespace"}, [], "is not a Kubernetes namespace name"),
+    ({}, ["-p", "evictionz=3"], "unknown parameter"),
+    ({}, ["-p", "evictions"], "expected name=value"),
+    ({}, ["-p", "evictions=x"], "must be an integer"),
+    ({}, ["-p", "evictions=5", "-p", "retry_limit=5"], "must exceed evictions"),
+    ({}, ["-p", "evictions=50", "-p", "total_steps=40"], "do not fit"),
+    ({}, ["--from-file", "/nonexistent/drill.yaml"], "--from-file /nonexistent/drill.yaml"),
+])
+def test_bad_settings_are_refused_before_any_request(argo, monkeypatch, env, argv, message):
+    argo.routes[("POST", CREATE)] = (200, fixture("created.json"))
+    for k, v in env.items():
+        if v is None:
+            monkeypatch.delenv(k, raising=False)
+        else:
+            monkeypatch.setenv(k, v)
+    assert message in error_of(["submit", *argv])
+    assert argo.requests == []
+
+
+def test_a_token_is_never_echoed_in_an_error(argo, monkeypatch):
+    monkeypatch.setenv("ARGO_TOKEN", "s3cr3t-token-value")
+    assert "s3cr3t" not in error_of(["submit"])
+
+
+@pytest.mark.parametrize("status, payload, expected", [
+    (401, "unauthorized.json", ["HTTP 401", "token not valid", "ARGO_TOKEN"]),
+    (403, {"code": 7, "message": 'workflows.argoproj.io is forbidden: User "system:serviceaccount:baton:x" '
+                                 'cannot create resource "workflows"'}, ["HTTP 403", "cannot create resource"]),
+    (500, "internal-error.json", ["HTTP 500", "failed calling webhook"]),
+    (502, b"<html><body>502 Bad Gateway</body></html>", ["HTTP 502", "Bad Gateway"]),
+])
+def test_http_errors_are_one_clear_line_naming_the_server(argo, status, payload, expected):
+    argo.routes[("POST", CREATE)] = (status, fixture(payload) if isinstance(payload, str) else payload)
+    msg = error_of(["submit"])
+    assert f"create workflow at http://{argo.host}: " in msg
+    for text in expected:
+        assert text in msg
+    assert len(argo.requests) == 1
+
+
+def test_an_answer_that_is_not_a_workflow_is_a_clear_error(argo):
+    argo.routes[("POST", CREATE)] = (200, b"<html>an ingress default page</html>")
+    assert "is ARGO_SERVER the Argo Server?" in error_of(["submit"])
+
+
+def test_an_unreachable_server_is_a_clear_error(argo, monkeypatch):
+    with socket.socket() as s:  # a port that nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("ARGO_SERVER", f"127.0.0.1:{port}")
+    msg = error_of(["submit"])
+    assert f"cannot reach the Argo Server at http://127.0.0.1:{port}" in msg and "Connection refused" in msg
+
+
+def test_https_is_the_default_and_a_plain_http_server_is_a_clear_tls_error(argo, monkeypatch):
+    monkeypatch.delenv("ARGO_SECURE")
+    msg = error_of(["submit"])
+    assert f"at https://{argo.host}: TLS failed" in msg and "ARGO_SECURE=false" in msg
+    assert argo.requests == []  # the handshake failed; no HTTP request was understood
+
+
+def test_the_cli_prints_one_line_and_exits_1_without_a_traceback(argo):
+    argo.routes[("POST", CREATE)] = (401, fixture("unauthorized.json"))
+    env = base_env(ARGO_SERVER=argo.host, ARGO_TOKEN=TOKEN, ARGO_SECURE="false")
+    p = subprocess.run([PY, "workflows/equivalence.py", "submit", "-p", "evictions=2"], capture_output=True,
+                       text=True, cwd=REPO, env=env, timeout=120)
+    assert p.returncode == 1
+    assert p.stdout == ""
+    assert p.stderr.count("\n") == 1 and p.stderr.startswith("error: create workflow at http://")
+    assert "Traceback" not in p.stderr and "HTTP 401" in p.stderr
+
+
+# ---- status --------------------------------------------------------------------------------------------
+
+def _commit(root: Path, role: str, run: str, *steps: int, incomplete: tuple[int, ...] = ()) -> None:
+    for s in steps + incomplete:
+        d = root / role / "runs" / run / f"step-{s:08d}"
+        d.mkdir(parents=True)
+        (d / "manifest.json").write_text("{}")
+        if s not in incomplete:
+            (d / "_COMMIT").write_text("sha")
+
+
+def _records(path: Path, attempt: int, steps: range, t0: float, preempt: bool = False) -> None:
+    run = "tiny-0123456789ab"
+    lines = [{"event": "resume", "run_id": run, "attempt": attempt, "rank": 0, "time": t0, "step": steps[0] - 1}]
+    lines += [{"event": "step", "run_id": run, "attempt": attempt, "rank": 0, "time": t0 + i + 1, "step": s,
+               "loss": 5.0 - s / 100, "lr": 1e-3, "tokens_per_s": 900.0} for i, s in enumerate(steps)]
+    if preempt:
+        lines.append({"event": "preempt", "run_id": run, "attempt": attempt, "rank": 0, "time": t0 + len(steps) + 1,
+                      "step": steps[-1], "signal": "SIGTERM", "save_ms": 41.2, "grace_left_s": 29.96, "exit": 75})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(rec) + "\n" for rec in lines) + '{"event": "step", "cut by a ki')
+
+
+@pytest.fixture
+def drill_store(tmp_path):
+    """The store of the recorded running drill: the reference done, the replay writing step 30, the trial
+    resumed twice (preempted at 15 and committed 20 before its pod was deleted at 27), now at step 23."""
+    bucket = f"file://{tmp_path}/bucket"
+    root = tmp_path / "bucket" / "drills" / NAME
+    run = "tiny-0123456789ab"
+    _commit(root, "reference", run, 10, 20, 30)
+    _commit(root, "replay", run, 10, 20, incomplete=(30,))
+    _commit(root, "trial", run, 15, 20)
+    ev = root / "evidence" / "trial"
+    _records(ev / f"{NAME}-trial-1170470342.jsonl", 1, range(1, 16), 1000.0, preempt=True)
+    _records(ev / f"{NAME}-trial-1103359866.jsonl", 2, range(16, 28), 2000.0)
+    _records(ev / f"{NAME}-trial-1086582247.jsonl", 3, range(21, 24), 3000.0)
+    return bucket
+
+
+def _served(bucket: str) -> dict:
+    wf = fixture("running.json")
+    for p in wf["spec"]["arguments"]["parameters"]:
+        if p["name"] == "bucket":
+            p["value"] = bucket
+    return wf
+
+
+def test_status_shows_each_trial_attempt_beside_the_checkpoint_store(argo, drill_store, capsys):
+    argo.routes[("GET", f"/api/v1/workflows/baton/{NAME}")] = (200, _served(drill_store))
+    assert eq.main(["status", NAME]) == 0
+    assert [(r["method"], r["path"], r["authorization"]) for r in argo.requests] == \
+        [("GET", f"/api/v1/workflows/baton/{NAME}", TOKEN)]
+    out = capsys.readouterr().out
+    lines = [" ".join(line.split()) for line in out.splitlines()]
+    assert lines[0] == f"workflow {NAME} Running"
+    assert lines[1] == f"http://{argo.host}/workflows/baton/{NAME}"
+    expected = [
+        "reference Succeeded exit 0 (98 s)",
+        "reference-replay Running",
+        "trial Running 3 attempts",
+        "trial(0) Failed exit 75 Error (exit code 75) (52 s)",
+        "trial(1) Error no exit code pod deleted (40 s)",
+        "trial(2) Running",
+        "evict Running",
+        "verify not started",
+        "compare not started",
+        f"store {drill_store}/drills/{NAME}",
+        "reference newest committed step 30 (run tiny-0123456789ab)",
+        "replay newest committed step 20 (run tiny-0123456789ab)",  # step 30 has no _COMMIT yet
+        "trial newest committed step 20 (run tiny-0123456789ab)",
+        "trial evidence: last step record 23 (attempt 3), newest committed 20: gap 3 steps",
+        "preempt at step 15: save 41.2 ms, grace left 29.96 s, exit 75",
+    ]
+    assert lines[2:] == ["nodes"] + expected[:9] + expected[9:], out
+
+
+def test_status_with_nothing_committed_counts_the_gap_from_zero(argo, drill_store, tmp_path, capsys):
+    shutil.rmtree(tmp_path / "bucket" / "drills" / NAME / "trial")
+    argo.routes[("GET", f"/api/v1/workflows/baton/{NAME}")] = (200, _served(drill_store))
+    assert eq.main(["status", NAME]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "trial newest committed step none" in out
+    assert "last step record 23 (attempt 3), newest committed none: gap 23 steps" in out
+
+
+def test_status_reports_an_unreadable_store_in_one_line_and_exits_1(argo, capsys):
+    argo.routes[("GET", f"/api/v1/workflows/baton/{NAME}")] = (200, _served("nosuchscheme://bucket"))
+    assert eq.main(["status", NAME]) == 1
+    out = capsys.readouterr().out
+    assert "trial(0)" in out  # the nodes are still shown
+    assert re.search(r"error: cannot read nosuchscheme://bucket/drills/" + NAME, out), out
+    assert "Traceback" not in out
+
+
+def test_status_of_an_unknown_workflow_is_a_clear_error(argo):
+    msg = error_of(["status", "baton-equivalence-nope"])
+    assert "get workflow at http://" in msg and "HTTP 404" in msg
+    assert argo.requests[0]["path"] == "/api/v1/workflows/baton/baton-equivalence-nope"
+
+
+def test_status_checks_its_settings_and_the_name_before_any_request(argo, monkeypatch):
+    assert "is not a workflow name" in error_of(["status", "Bad_Name"])
+    monkeypatch.setenv("ARGO_TOKEN", "no-prefix")
+    assert "ARGO_TOKEN must be" in error_of(["status", NAME])
+    assert argo.requests == []
+
+
+def test_the_recorded_responses_are_argo_workflows():
+    bad = dict(fixture("created.json"), apiVersion="argoproj.io/v1alpha1", kind="Workflow")
+    bad["spec"] = dict(bad["spec"], entrypoynt="drill")
+    with pytest.raises(jsonschema.ValidationError):  # the check used throughout this file can fail
+        validate(bad)
+    for name in ("created.json", "running.json"):
+        wf = dict(fixture(name), apiVersion="argoproj.io/v1alpha1", kind="Workflow")
+        validate(wf)
+    nodes = fixture("running.json")["status"]["nodes"]
+    retry = next(n for n in nodes.values() if n["type"] == "Retry")
+    assert [nodes[c]["displayName"] for c in retry["children"]] == ["trial(0)", "trial(1)", "trial(2)"]
+
+
+# ---- kustomize -----------------------------------------------------------------------------------------
+
+needs_kubectl = pytest.mark.skipif(KUBECTL is None, reason="kubectl is not installed (kubectl kustomize)")
+
+
+def kustomize(folder: Path) -> list[dict]:
+    p = subprocess.run([KUBECTL, "kustomize", "--load-restrictor=LoadRestrictionsNone", str(folder)],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    return [d for d in yaml.safe_load_all(p.stdout) if d]
+
+
+def _one(docs: list[dict], kind: str) -> dict:
+    found = [d for d in docs if d["kind"] == kind]
+    assert len(found) == 1, [d["kind"] for d in docs]
+    return found[0]
+
+
+def _env(template: dict) -> dict[str, dict]:
+    return {e["name"]: e for e in template["container"].get("env", [])}
+
+
+@needs_kubectl
+def test_base_is_the_generated_cron_workflow_and_the_rbac_in_namespace_baton():
+    docs = kustomize(REPO / "templates")
+    assert sorted(d["kind"] for d in docs) == ["CronWorkflow", "Role", "RoleBinding", "ServiceAccount"]
+    assert {d["metadata"]["namespace"] for d in docs} == {"baton"}
+    cron = _one(docs, "CronWorkflow")
+    validate(cron)
+    generated = eq.rendered()[1]
+    assert cron["spec"] == generated["spec"]
+    assert cron["metadata"]["name"] == generated["metadata"]["name"]
+
+
+@pytest.mark.parametrize("overlay", ["kind", "gke"])
+def test_overlays_list_the_base_resources(overlay):
+    base = yaml.safe_load((REPO / "templates" / "kustomization.yaml").read_text())
+    over = yaml.safe_load((OVERLAYS / overlay / "kustomization.yaml").read_text())
+    assert over["resources"] == [f"../../{r}" for r in base["resources"]]
+    assert over["namespace"] == base["namespace"]
+
+
+@needs_kubectl
+def test_kind_overlay_points_every_step_at_the_in_cluster_minio():
+    docs = kustomize(OVERLAYS / "kind")
+    cron = _one(docs, "CronWorkflow")
+    validate(cron)
+    params = params_of({"spec": cron["spec"]["workflowSpec"]})
+    minio = (REPO / "infra" / "kind" / "minio.yaml").read_text()
+    made = re.search(r"mc mb --ignore-existing local/([a-z0-9.-]+)", minio)
+    assert made, "infra/kind/minio.yaml no longer makes a bucket the way this test reads it"
+    assert params["bucket"] == f"s3://{made.group(1)}"
+    assert params["image"] == "baton:e2e-cpu"
+    base = templates_of(eq.rendered()[1])
+    containers = {n: t for n, t in templates_of(cron).items() if "container" in t}
+    assert set(containers) == {"train", "trial", "evict", "verify", "compare"}
+    for name, t in containers.items():
+        env = _env(t)
+        assert env["BATON_S3_ENDPOINT"]["value"] == "http://minio.baton.svc:9000", name
+        for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+            assert env[key]["valueFrom"]["secretKeyRef"] == {"name": "baton-minio", "key": key}, name
+        for original in base[name]["container"].get("env", []):  # only added, nothing lost
+            assert env[original["name"]] == original, (name, original["name"])
+        assert "nodeSelector" not in t and "tolerations" not in t
+
+
+@needs_kubectl
+def test_gke_overlay_uses_gcs_workload_identity_and_the_spot_gpu_pool():
+    docs = kustomize(OVERLAYS / "gke")
+    cron = _one(docs, "CronWorkflow")
+    validate(cron)
+    params = params_of({"spec": cron["spec"]["workflowSpec"]})
+    assert params["bucket"].startswith("gs://") and params["grace"] == "15"
+    sa = _one(docs, "ServiceAccount")
+    assert re.fullmatch(r"baton-drill@[a-zA-Z0-9_-]+\.iam\.gserviceaccount\.com",
+                        sa["metadata"]["annotations"]["iam.gke.io/gcp-service-account"])
+    for name, t in templates_of(cron).items():
+        if name in ("train", "trial"):
+            assert t["nodeSelector"] == {"baton.dev/pool": "gpu-spot"}
+            assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in t["tolerations"]
+            patch = json.loads(t["podSpecPatch"].replace("{{workflow.parameters.grace}}", "15"))
+            assert patch["terminationGracePeriodSeconds"] == 15
+            assert patch["containers"] == [{"name": "main", "resources": {
+                "limits": {"nvidia.com/gpu": "{{workflow.parameters.ranks}}"}}}]
+        else:
+            assert "nodeSelector" not in t and "tolerations" not in t, name
+
+
+@needs_kubectl
+def test_submit_from_a_kustomized_overlay_submits_its_workflow_spec(argo, tmp_path):
+    docs = kustomize(OVERLAYS / "kind")
+    path = tmp_path / "kind.yaml"
+    path.write_text(yaml.safe_dump_all(docs))
+    argo.routes[("POST", CREATE)] = (200, fixture("created.json"))
+    assert eq.main(["submit", "--from-file", str(path), "-p", "evictions=4"]) == 0
+    wf = json.loads(argo.requests[0]["body"])["workflow"]
+    validate(wf)
+    cron = _one(docs, "CronWorkflow")
+    assert wf["kind"] == "Workflow" and wf["metadata"]["generateName"] == "baton-equivalence-nightly-"
+    expected = copy.deepcopy(cron["spec"]["workflowSpec"])
+    for p in expected["arguments"]["parameters"]:
+        p["value"] = {"evictions": "4", "retry_limit": "9"}.get(p["name"], p["value"])
+    assert wf["spec"] == expected
+
+
+def test_submit_refuses_a_file_for_another_namespace(argo, tmp_path):
+    wf = eq.rendered()[0]
+    wf["metadata"]["namespace"] = "default"
+    path = tmp_path / "wf.yaml"
+    path.write_text(yaml.safe_dump(wf))
+    assert "namespace 'default'" in error_of(["submit", "--from-file", str(path)])
+    assert argo.requests == []
+
+
+# ---- metrics -------------------------------------------------------------------------------------------
+
+_METRIC_VARS = {"status", "duration", "retries"}  # Argo's template metric variables used here
+
+
+@pytest.mark.parametrize("index", [0, 1], ids=["Workflow", "CronWorkflow"])
+def test_metrics_are_gauges_over_template_variables_argo_defines(index):
+    ts = templates_of(eq.rendered()[index])
+    names = {n: [m["name"] for m in t.get("metrics", {}).get("prometheus", [])] for n, t in ts.items()}
+    assert names["trial"] == ["baton_drill_trial_retries", "baton_drill_trial_seconds"]
+    assert names["drill"] == ["baton_drill_passed", "baton_drill_passed", "baton_drill_seconds"]
+    helps: dict[str, set[str]] = {}
+    for tname, t in ts.items():
+        for m in t.get("metrics", {}).get("prometheus", []):
+            assert re.fullmatch(r"[a-z_][a-z0-9_]*", m["name"]) and m["help"]
+            assert set(m) <= {"name", "help", "gauge", "when"}, m  # gauges only: re-evaluation cannot double count
+            helps.setdefault(m["name"], set()).add(m["help"])
+            used = set(re.findall(r"\{\{\s*([^}\s]+)\s*\}\}", json.dumps(m)))
+            assert used <= _METRIC_VARS, (tname, used)
+            if "retries" in used:  # defined on the retry node only, which is Succeeded only when the trial is
+                assert "retryStrategy" in t and m["when"] == "{{status}} == Succeeded"
+    assert all(len(h) == 1 for h in helps.values()), helps  # Prometheus: one help string per name
+    passed = ts["drill"]["metrics"]["prometheus"][:2]
+    assert [(m["gauge"]["value"], m["when"]) for m in passed] == [
+        ("1", "{{status}} == Succeeded"), ("0", "{{status}} != Succeeded")]
+
+
+def test_report_artifacts_are_not_archived_so_the_ui_shows_them():
+    arts = templates_of(eq.rendered()[0])["compare"]["outputs"]["artifacts"]
+    assert [a["archive"] for a in arts] == [{"none": {}}] * len(eq.REPORT_FILES)
