@@ -65,3 +65,8 @@ e2e-kind:
 # ---- benchmarks (not tests: nothing asserts on time; writes docs/results.md) ----
 bench: install
 	$(PY) -m bench.run
+
+# ---- GPU (see gpu/README.md): pre-flight suite + 0.5B-shaped drill; exits 2 without a CUDA device ----
+GPU_CHECK_ARGS ?=
+gpu-check: install
+	$(PY) gpu/check.py $(GPU_CHECK_ARGS)

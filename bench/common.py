@@ -45,8 +45,22 @@ def child_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("BATON_")}
     env["PYTHONPATH"] = str(REPO)
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    # One intra-op thread everywhere: on this shared 2-core machine, two OpenMP threads per process
+    # made a step up to 10x slower whenever a neighbour took a core (spin-waiting barriers).
+    env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     env.update(extra)
     return env
+
+
+def parse_line(line: str) -> dict | None:
+    """A JSON record (an object with an `event`), or None for any other line (HF prints dict reprs)."""
+    if not line.startswith("{"):
+        return None
+    try:
+        rec = json.loads(line)
+    except json.JSONDecodeError:
+        return None
+    return rec if isinstance(rec, dict) and "event" in rec else None
 
 
 def timed_until(cmd: list[str], until: Callable[[dict], bool], env: dict[str, str] | None = None,
@@ -62,9 +76,9 @@ def timed_until(cmd: list[str], until: Callable[[dict], bool], env: dict[str, st
     assert p.stdout is not None
     try:
         for line in p.stdout:
-            if not line.startswith("{"):
+            rec = parse_line(line)
+            if rec is None:
                 continue
-            rec = json.loads(line)
             recs.append(rec)
             if on_record:
                 on_record(rec, p)
@@ -85,7 +99,7 @@ def run_records(cmd: list[str], env: dict[str, str] | None = None, timeout: floa
     p = subprocess.run(cmd, capture_output=True, text=True, env=env or child_env(), cwd=REPO, timeout=timeout)
     if p.returncode not in (0, 75):
         log(f"command failed ({p.returncode}): {' '.join(cmd)}\n{p.stderr[-3000:]}")
-    return p.returncode, [json.loads(x) for x in p.stdout.splitlines() if x.startswith("{")]
+    return p.returncode, [r for r in map(parse_line, p.stdout.splitlines()) if r is not None]
 
 
 def rss_bytes() -> int:

@@ -8,6 +8,8 @@ interrupted by a real SIGTERM at step 25 (mid-epoch) and resumed from the checkp
 - Hugging Face Trainer (`full_determinism=True`, a checkpoint every 5 steps): reference, and a run
   held after writing checkpoint-25 and killed by SIGTERM there, then `resume_from_checkpoint`;
   checkpoint-40's model.safetensors and optimizer.pt are compared.
+Negative controls show that the comparison can see a difference: baton resumed with
+BATON_SKIP_RESTORE=rng, and HF resumed from a copy of checkpoint-25 without rng_state.pth.
 
     python -m bench.equivalence --result FILE
 """
@@ -52,13 +54,17 @@ def baton_side(root: Path, model: Path) -> dict[str, Any]:
     log(f"baton reference: exit {rc}")
     rc1, recs, _ = run_and_sigterm(trainer_cmd(model, trial, *sets), AT, env=env)
     stop = next((r for r in recs if r["event"] == "preempt"), {})
+    control = root / "baton-control"
+    shutil.copytree(trial, control)
     rc2, recs2 = run_records(trainer_cmd(model, trial, *sets), env=env)
     resumed = next((r["from_step"] for r in recs2 if r["event"] == "resume"), None)
     log(f"baton trial: SIGTERM at step {AT} -> exit {rc1} (saved step {stop.get('step')}); "
         f"restart resumed from step {resumed} -> exit {rc2}")
-    a, b = model_and_optim(tensors(ref, TOTAL)), model_and_optim(tensors(trial, TOTAL))
+    run_records(trainer_cmd(model, control, *sets), env=child_env(BATON_SKIP_RESTORE="rng"))
+    a = model_and_optim(tensors(ref, TOTAL))
     return {"exits": [rc, rc1, rc2], "resumed_from": resumed, "replayed_steps": AT - (resumed or 0),
-            **compare(a, b)}
+            **compare(a, model_and_optim(tensors(trial, TOTAL))),
+            "control": compare(a, model_and_optim(tensors(control, TOTAL)))}
 
 
 def hf_cmd(model: Path, out: Path, *extra: str) -> list[str]:
@@ -92,11 +98,17 @@ def hf_side(root: Path, model: Path) -> dict[str, Any]:
     # Held after writing checkpoint-25, then SIGTERM: the Trainer dies of it (no handler of its own).
     _, _, rc1 = timed_until(hf_cmd(model, trial, "--pause-after-save", str(AT)), lambda r: False, env=env,
                             on_record=sigterm_on_save)
+    control = root / "hf-control"
+    shutil.copytree(trial / f"checkpoint-{AT}", control / f"checkpoint-{AT}")
+    (control / f"checkpoint-{AT}" / "rng_state.pth").unlink()
     rc2, recs2 = run_records(hf_cmd(model, trial, "--resume", str(trial / f"checkpoint-{AT}")), env=env)
     first = next((r["step"] for r in recs2 if r["event"] == "step"), None)
     log(f"HF trial: SIGTERM after checkpoint-{AT} -> exit {rc1}; resumed, first step {first} -> exit {rc2}")
-    a, b = hf_tensors(ref / f"checkpoint-{TOTAL}"), hf_tensors(trial / f"checkpoint-{TOTAL}")
-    return {"exits": [rc, rc1, rc2], "resumed_from": (first or 1) - 1, **compare(a, b)}
+    run_records(hf_cmd(model, control, "--resume", str(control / f"checkpoint-{AT}")), env=env)
+    a = hf_tensors(ref / f"checkpoint-{TOTAL}")
+    return {"exits": [rc, rc1, rc2], "resumed_from": (first or 1) - 1,
+            **compare(a, hf_tensors(trial / f"checkpoint-{TOTAL}")),
+            "control": compare(a, hf_tensors(control / f"checkpoint-{TOTAL}"))}
 
 
 def main() -> None:
@@ -109,7 +121,9 @@ def main() -> None:
               "hf": hf_side(root, model)}
     for side in ("baton", "hf"):
         r = result[side]
-        log(f"{side}: {r['differing']} of {r['tensors']} tensors differ, max abs diff {r['max_abs_diff']}")
+        log(f"{side}: {r['differing']} of {r['tensors']} tensors differ, max abs diff {r['max_abs_diff']}; "
+            f"negative control (RNG not restored): {r['control']['differing']} differ, "
+            f"max abs diff {r['control']['max_abs_diff']:.3g}")
     write_result(args.result, result)
 
 

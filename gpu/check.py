@@ -36,12 +36,10 @@ import os
 import shlex
 import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import threading
 import time
-import xml.etree.ElementTree as ET
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -54,99 +52,20 @@ EXIT_OK, EXIT_FAIL, EXIT_NO_CUDA = 0, 1, 2
 NO_CUDA = "no CUDA device: nothing to check"
 CORPUS = REPO / "trainer" / "assets" / "tiny_corpus.txt"
 
-# Qwen/Qwen2.5-0.5B's config.json (Hugging Face Hub), the fields that shape the network.
-QWEN25_05B: dict[str, Any] = dict(
-    hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
-    vocab_size=151936, tie_word_embeddings=True, max_position_embeddings=32768, rope_theta=1000000.0,
-    rms_norm_eps=1e-6, hidden_act="silu", use_sliding_window=False, sliding_window=32768, max_window_layers=24,
+from gpu.model import QWEN25_05B, build_model, parameter_count, write_corpus  # noqa: E402
+from gpu.results import (  # noqa: E402
+    DRILL_GRACE_S,
+    console,
+    drill_evidence,
+    drill_metrics,
+    junit_counts,
+    markdown,
+    read_jsonl,
 )
-QWEN25_05B_PARAMETERS = 494_032_768  # tied: the LM head is the embedding
-# `--tiny`: the same code path at a size a CPU runs in seconds (a dry run of the plumbing, not a measurement).
-TINY_SHAPE: dict[str, Any] = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                                  num_key_value_heads=2, vocab_size=1024, max_position_embeddings=512,
-                                  sliding_window=512, max_window_layers=2)
-BUILD_SEED = 1234
-DRILL_GRACE_S = 120  # what the drill's pods get; headroom is reported against each of GRACES
-GRACES = (15, 120)
+
 DEFAULT_BUDGET_S = 470
 TIMEOUTS = {"preflight": 240, "model": 180}
 BYTES = {"float32": 4, "bfloat16": 2}
-
-
-# ---- the model ---------------------------------------------------------------------------------------
-
-def qwen_config(eos_token_id: int = 0, tiny: bool = False, **overrides: Any):
-    """A Qwen2Config of the Qwen2.5-0.5B shape (or `TINY_SHAPE`), with `overrides` on top."""
-    from transformers import Qwen2Config
-
-    arch = {**QWEN25_05B, **(TINY_SHAPE if tiny else {}), **overrides}
-    return Qwen2Config(bos_token_id=eos_token_id, eos_token_id=eos_token_id, attention_dropout=0.0, **arch)
-
-
-def parameter_count(config) -> int:
-    """Parameters of the causal LM that `config` describes, counted on the meta device (no memory)."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
-    return sum(p.numel() for p in model.parameters())  # parameters() yields a tied tensor once
-
-
-def train_tokenizer(docs: list[str]):
-    """The tiny trainer's tokenizer recipe (trainer/tiny.py): byte-level BPE on `docs`."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    from trainer.tiny import EOS, VOCAB_SIZE
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(docs, trainers.BpeTrainer(vocab_size=VOCAB_SIZE, special_tokens=[EOS],
-                                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                                      show_progress=False))
-    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, pad_token=EOS)
-
-
-def build_model(out_dir: Path | str, docs: list[str], dtype: str = "bfloat16", tiny: bool = False,
-                **overrides: Any) -> Path:
-    """Build (once) the Qwen2.5-0.5B-shaped model with random weights and its tokenizer at `out_dir`."""
-    import torch
-    from transformers import Qwen2ForCausalLM
-
-    out = Path(out_dir)
-    if (out / "config.json").exists():
-        return out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.building-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
-        tokenizer = train_tokenizer(docs)
-        tokenizer.save_pretrained(tmp)
-        config = qwen_config(eos_token_id=tokenizer.eos_token_id, tiny=tiny, **overrides)
-        assert len(tokenizer) <= config.vocab_size, "the tokenizer has more ids than the embedding has rows"
-        device = "cuda" if torch.cuda.is_available() else "cpu"  # initialising 0.5B on a GPU takes a second
-        with torch.random.fork_rng(devices=[]), torch.device(device):
-            torch.manual_seed(BUILD_SEED)
-            if device == "cuda":
-                torch.cuda.manual_seed(BUILD_SEED)
-            model = Qwen2ForCausalLM(config)
-        model.to(getattr(torch, dtype)).save_pretrained(tmp)
-        del model
-        os.rename(tmp, out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return out
-
-
-def write_corpus(path: Path, n_docs: int = 3000) -> Path:
-    """The shipped synthetic corpus's generator, ten times longer: ~200 samples of 512 tokens."""
-    from trainer.tiny import synthetic_corpus
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("\n\n".join(synthetic_corpus(n_docs=n_docs)) + "\n")
-    return path
 
 
 # ---- the drill's config ------------------------------------------------------------------------------
@@ -262,163 +181,6 @@ def reap_pods(pods_dir: Path) -> None:
             continue
         if info.get("phase") == "Running" and isinstance(info.get("pgid"), int):
             _killpg(info["pgid"], signal.SIGKILL)
-
-
-# ---- reading the results -----------------------------------------------------------------------------------
-
-def junit_counts(path: Path) -> dict[str, int]:
-    """tests / passed / failed / errors / skipped from pytest's --junitxml."""
-    root = ET.parse(path).getroot()
-    suites = [root] if root.tag == "testsuite" else list(root.iter("testsuite"))
-    c = {k: sum(int(s.get(k, 0)) for s in suites) for k in ("tests", "failures", "errors", "skipped")}
-    return {"tests": c["tests"], "passed": c["tests"] - c["failures"] - c["errors"] - c["skipped"],
-            "failed": c["failures"], "errors": c["errors"], "skipped": c["skipped"]}
-
-
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    out = []
-    if path.exists():
-        for line in path.read_text().splitlines():
-            if line.strip().startswith("{"):
-                try:
-                    out.append(json.loads(line))
-                except json.JSONDecodeError:
-                    continue
-    return out
-
-
-def drill_evidence(drill_out: Path) -> dict[str, list[dict[str, Any]]]:
-    """Every role's records, from the evidence the drill copied into its local bucket."""
-    roles: dict[str, list[dict[str, Any]]] = {}
-    for folder in sorted(drill_out.glob("bucket/*/*/evidence/*")):
-        recs = []
-        for f in sorted(folder.glob("*.jsonl")):
-            recs += read_jsonl(f)
-        roles.setdefault(folder.name, []).extend(recs)
-    return roles
-
-
-def _stats(xs: list[float]) -> dict[str, float] | None:
-    if not xs:
-        return None
-    return {"n": len(xs), "median": round(statistics.median(xs), 1), "min": round(min(xs), 1), "max": round(max(xs), 1)}
-
-
-def drill_metrics(report: dict[str, Any], evidence: dict[str, list[dict[str, Any]]], grace_s: float = DRILL_GRACE_S,
-                  graces: tuple[int, ...] = GRACES, warmup_steps: int = 3) -> dict[str, Any]:
-    """The numbers worth reporting, from the drill's report.json and the records of every role."""
-    out: dict[str, Any] = {}
-    tps: dict[str, Any] = {}
-    for role, recs in sorted(evidence.items()):
-        by_attempt: dict[int, list[dict[str, Any]]] = {}
-        for r in recs:
-            if r.get("event") == "step" and "tokens_per_s" in r:
-                by_attempt.setdefault(r.get("attempt", 0), []).append(r)
-        steady = [r["tokens_per_s"] for rs in by_attempt.values()
-                  for r in sorted(rs, key=lambda r: r["step"])[warmup_steps:]]
-        tps[role] = _stats(steady)
-    out["tokens_per_s"] = tps
-    checkpoints = [r for recs in evidence.values() for r in recs if r.get("event") == "checkpoint"]
-    sizes = [r["bytes"] for r in checkpoints if isinstance(r.get("bytes"), int)]
-    out["checkpoint_bytes"] = max(sizes) if sizes else None
-    out["checkpoint_gb"] = round(max(sizes) / 1e9, 3) if sizes else None
-    by_reason: dict[str, list[float]] = {}
-    for r in checkpoints:
-        by_reason.setdefault(r.get("reason", "?"), []).append(float(r.get("save_ms", 0.0)))
-    out["flush_ms"] = {"all": _stats([x for xs in by_reason.values() for x in xs]),
-                       **{reason: _stats(xs) for reason, xs in sorted(by_reason.items())}}
-    trial = evidence.get("trial", [])
-    preempts = [r for r in trial if r.get("event") == "preempt"] or list(report.get("preempt", []))
-    rows = []
-    for p in sorted(preempts, key=lambda r: (r.get("attempt", 0), r.get("step", 0))):
-        to_commit = grace_s - float(p["grace_left_s"]) if p.get("grace_left_s") is not None else None
-        rows.append({"step": p.get("step"), "attempt": p.get("attempt"), "outcome": p.get("outcome"),
-                     "save_ms": p.get("save_ms"), "sigterm_to_commit_s": None if to_commit is None else round(to_commit, 2),
-                     **{f"headroom_{g}s": None if to_commit is None else round(g - to_commit, 2) for g in graces}})
-    out["preemptions"] = rows
-    out["headroom_s"] = {str(g): min((r[f"headroom_{g}s"] for r in rows if r[f"headroom_{g}s"] is not None),
-                                     default=None) for g in graces}
-    resumes = {r.get("attempt"): r for r in trial if r.get("event") == "resume" and not r.get("fresh")}
-    restarts = []
-    for p in preempts:
-        nxt = resumes.get((p.get("attempt") or 0) + 1)
-        if nxt and "time" in nxt and "time" in p:
-            restarts.append(round(nxt["time"] - p["time"], 2))
-    out["restart_s"] = restarts
-    for k in ("tier", "equivalent", "passed", "floor", "max_abs_diff", "tensors", "equal_tensors", "floor_differing",
-              "verify_passed", "verify_problems"):
-        out[k] = report.get(k)
-    out["steps"] = report.get("steps")
-    return out
-
-
-# ---- the report ---------------------------------------------------------------------------------------------
-
-def _fmt(x: Any, unit: str = "") -> str:
-    if x is None:
-        return "n/a"
-    if isinstance(x, float):
-        return f"{x:.3g}{unit}" if abs(x) < 1e-2 and x != 0 else f"{x:,.1f}{unit}"
-    if isinstance(x, int) and not isinstance(x, bool):
-        return f"{x:,}{unit}"
-    return f"{x}{unit}"
-
-
-def markdown(result: dict[str, Any]) -> str:
-    dev = result.get("device") or {}
-    pre = result.get("preflight") or {}
-    model = result.get("model") or {}
-    d = result.get("drill") or {}
-    ph = result.get("phases", {})
-    verdict = "PASSED" if result.get("passed") else "FAILED"
-    lines = [f"### GPU check: {dev.get('name', '?')} x {dev.get('count', '?')} ({result.get('date', '?')}): {verdict}",
-             "",
-             f"`{result.get('command', 'python gpu/check.py')}` in {_fmt(result.get('seconds'))} s; torch "
-             f"{dev.get('torch', '?')}, CUDA {dev.get('cuda', '?')}, NCCL {dev.get('nccl', '?')}, "
-             f"{d.get('ranks', result.get('ranks', 1))} rank(s).",
-             "",
-             "| what | value |", "|---|---|"]
-    if pre:
-        lines.append(f"| pre-flight (`pytest tests/gpu`) | {pre.get('passed', 0)} passed, {pre.get('failed', 0)} failed, "
-                     f"{pre.get('errors', 0)} errors, {pre.get('skipped', 0)} skipped "
-                     f"({_fmt(ph.get('preflight', {}).get('seconds'))} s) |")
-        for m in pre.get("measurements", []):
-            if m.get("name", "").startswith("resume_"):
-                lines.append(f"| pre-flight {m['name']} (tiny Qwen2) | floor {_fmt(m.get('floor'))}, trial "
-                             f"{_fmt(m.get('max_abs_diff'))}, bit-identical {m.get('bit_identical')} |")
-    if model:
-        lines.append(f"| model | {model.get('source')}: {_fmt(model.get('parameters'))} parameters, "
-                     f"{model.get('dtype')}, vocab {_fmt(model.get('vocab_size'))} (tokenizer {model.get('tokenizer_size')}) |")
-    if d:
-        ref = (d.get("tokens_per_s") or {}).get("reference") or {}
-        flush = (d.get("flush_ms") or {}).get("all") or {}
-        lines += [
-            f"| drill | {d.get('total_steps')} steps, {d.get('evictions')} evictions, seq {d.get('seq_len')}, "
-            f"{d.get('tokens_per_step')} tokens/step |",
-            f"| tokens/s (reference, median; 3 runs share the GPU) | {_fmt(ref.get('median'))} |",
-            f"| checkpoint size | {_fmt(d.get('checkpoint_gb'))} GB |",
-            f"| flush (save_ms, all saves) | median {_fmt(flush.get('median'))} ms, max {_fmt(flush.get('max'))} ms "
-            f"({flush.get('n', 0)} saves) |",
-        ]
-        for p in d.get("preemptions", []):
-            lines.append(f"| eviction at step {p['step']} ({p['outcome']}) | SIGTERM to commit {_fmt(p['sigterm_to_commit_s'])} s: "
-                         + ", ".join(f"headroom {_fmt(p[f'headroom_{g}s'])} s of {g} s" for g in GRACES) + " |")
-        if d.get("restart_s"):
-            lines.append(f"| restart (preempt record to resumed) | {', '.join(_fmt(x) for x in d['restart_s'])} s |")
-        lines += [
-            f"| floor (reference vs replay, max abs diff) | {_fmt(d.get('floor'))} ({d.get('floor_differing')} tensors differ) |",
-            f"| trial vs reference | {_fmt(d.get('max_abs_diff'))}; {d.get('equal_tensors')}/{d.get('tensors')} tensors equal |",
-            f"| equivalence (tier {d.get('tier')}) | {'within the floor' if d.get('equivalent') else 'NOT within the floor'}; "
-            f"drill {'PASSED' if d.get('passed') else 'FAILED'} |",
-        ]
-    for name, p in ph.items():
-        if not p.get("ok"):
-            lines.append(f"| phase {name} | {p.get('skipped') or p.get('error') or 'failed'} |")
-    return "\n".join(lines) + "\n"
-
-
-def console(result: dict[str, Any]) -> str:
-    return markdown(result).replace("| what | value |\n|---|---|\n", "").replace("`", "")
 
 
 # ---- the check ------------------------------------------------------------------------------------------------
@@ -580,42 +342,10 @@ def check(args: argparse.Namespace, argv: list[str]) -> int:
     elif left() < 90:
         dp.skipped = f"only {left():.0f} s left in the budget of {args.budget:.0f} s"
     else:
-        seq = 128 if args.tiny else args.seq_len
-        raw = drill_config(model_dir, corpus, name="gpu-" + ("tiny" if args.tiny else Path(model_dir).name.replace("_", "-")),
-                           dtype=args.dtype, seq_len=seq, batch_size=args.batch_size, grad_accum=args.grad_accum,
-                           every_steps=args.every_steps, total_steps=args.steps)
-        cfg_path = write_drill_config(out / "drill-config.yaml", raw)
-        params = result["model"]["parameters"]
-        need = params * BYTES[args.dtype] * 3 * 7  # weights + two Adam moments; three runs, ~2 checkpoints each
-        free = shutil.disk_usage(out).free
-        d: dict[str, Any] = {"total_steps": args.steps, "evictions": args.evictions, "ranks": args.ranks,
-                             "seq_len": seq, "tokens_per_step": seq * args.batch_size * args.grad_accum * args.ranks,
-                             "config": str(cfg_path), "grace_s": DRILL_GRACE_S, "disk_free_gb": round(free / 1e9, 1)}
-        result["drill"] = d
-        if free < need:
-            dp.error = (f"not enough disk under {out}: {free / 1e9:.1f} GB free, the drill needs about "
-                        f"{need / 1e9:.1f} GB (three runs of {params * BYTES[args.dtype] * 3 / 1e9:.1f} GB checkpoints)")
-        else:
-            drill_out = out / "drill"
-            cmd = [sys.executable, str(REPO / "workflows" / "equivalence.py"), "run", "--out", str(drill_out), "--force",
-                   "-p", f"config={cfg_path}", "-p", f"total_steps={args.steps}", "-p", f"evictions={args.evictions}",
-                   "-p", f"grace={DRILL_GRACE_S}", "-p", f"every_steps={args.every_steps}", "-p", "dropout=0.1",
-                   "-p", f"ranks={args.ranks}", "-p", "seed=0"]
-            with MemorySampler() as mem:
-                run_phase(dp, cmd, left() - 15, out / "drill.log", env=child_env(),
-                          on_timeout=lambda: reap_pods(drill_out / "argo" / "pods"))
-            d["gpu_memory_peak_mib"] = mem.peak_mib
-            report_path = drill_out / "report.json"
-            if report_path.exists():
-                report = json.loads(report_path.read_text())
-                d.update(drill_metrics(report, drill_evidence(drill_out)))
-                for f in ("report.md", "loss.png"):
-                    if (drill_out / f).exists():
-                        shutil.copy(drill_out / f, out / f"drill-{f}")
-            elif not dp.error:
-                dp.error = "the drill wrote no report.json"
-            if d.get("passed") is False and not dp.error:
-                dp.error = "the drill failed (see drill-report.md)"
+        try:
+            run_drill(args, dp, result, out, model_dir, corpus, left)
+        except Exception as e:  # a config the trainer refuses, an unreadable report: this phase's failure, said plainly
+            dp.error = dp.error or f"{type(e).__name__}: {e}"
 
     result["passed"] = all(p.ok or (p.skipped and name in args.skipped_ok) for name, p in phases.items())
     save()
@@ -624,6 +354,52 @@ def check(args: argparse.Namespace, argv: list[str]) -> int:
     print(f"check {'PASSED' if result['passed'] else 'FAILED'} in {time.monotonic() - started:.0f} s; "
           f"{out / 'gpu-check.json'}, {out / 'gpu-check.md'}")
     return EXIT_OK if result["passed"] else EXIT_FAIL
+
+
+def run_drill(args: argparse.Namespace, dp: Phase, result: dict[str, Any], out: Path, model_dir: Path, corpus: Path,
+              left) -> None:
+    """Phase 3: write the drill's config, check the disk, run the drill, read its report and evidence."""
+    seq = 128 if args.tiny else args.seq_len
+    raw = drill_config(model_dir, corpus, name="gpu-" + ("tiny" if args.tiny else Path(model_dir).name.replace("_", "-")),
+                       dtype=args.dtype, seq_len=seq, batch_size=args.batch_size, grad_accum=args.grad_accum,
+                       every_steps=args.every_steps, total_steps=args.steps)
+    cfg_path = write_drill_config(out / "drill-config.yaml", raw)
+    params = result["model"]["parameters"]
+    ckpt_bytes = params * BYTES[args.dtype] * 3  # weights and the two Adam moments
+    need = ckpt_bytes * 7  # three runs, up to two checkpoints each while a new one commits, and slack
+    free = shutil.disk_usage(out).free
+    d: dict[str, Any] = {"total_steps": args.steps, "evictions": args.evictions, "ranks": args.ranks,
+                         "seq_len": seq, "tokens_per_step": seq * args.batch_size * args.grad_accum * args.ranks,
+                         "config": str(cfg_path), "grace_s": DRILL_GRACE_S, "disk_free_gb": round(free / 1e9, 1)}
+    result["drill"] = d
+    if free < need:
+        dp.error = (f"not enough disk under {out}: {free / 1e9:.1f} GB free, the drill needs about {need / 1e9:.1f} GB "
+                    f"(three runs of {ckpt_bytes / 1e9:.1f} GB checkpoints)")
+        return
+    drill_out = out / "drill"
+    cmd = [sys.executable, str(REPO / "workflows" / "equivalence.py"), "run", "--out", str(drill_out), "--force",
+           "-p", f"config={cfg_path}", "-p", f"total_steps={args.steps}", "-p", f"evictions={args.evictions}",
+           "-p", f"grace={DRILL_GRACE_S}", "-p", f"every_steps={args.every_steps}", "-p", "dropout=0.1",
+           "-p", f"ranks={args.ranks}", "-p", "seed=0"]
+    with MemorySampler() as mem:
+        run_phase(dp, cmd, left() - 15, out / "drill.log", env=child_env(),
+                  on_timeout=lambda: reap_pods(drill_out / "argo" / "pods"))
+    d["gpu_memory_peak_mib"] = mem.peak_mib
+    report_path = drill_out / "report.json"
+    if report_path.exists():
+        report = json.loads(report_path.read_text())
+        d.update(drill_metrics(report, drill_evidence(drill_out)))
+        for f in ("report.md", "loss.png"):
+            if (drill_out / f).exists():
+                shutil.copy(drill_out / f, out / f"drill-{f}")
+    elif not dp.error:
+        dp.error = "the drill wrote no report.json"
+    if d.get("passed") is False and not dp.error:
+        dp.error = "the drill failed (see drill-report.md)"
+    if not args.keep_checkpoints:  # GBs each; the evidence, the verdict and the logs stay
+        for role_root in drill_out.glob("bucket/*/*/*"):
+            if role_root.name in ("reference", "replay", "trial") and role_root.is_dir():
+                shutil.rmtree(role_root, ignore_errors=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -658,6 +434,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budget", type=float, default=DEFAULT_BUDGET_S, help="seconds for everything (default 470)")
     ap.add_argument("--skip-preflight", action="store_true")
     ap.add_argument("--skip-drill", action="store_true")
+    ap.add_argument("--keep-checkpoints", action="store_true",
+                    help="keep the drill's checkpoints (GBs) under OUT/drill/bucket; by default they go after the check")
     ap.add_argument("--verbose", action="store_true", help="echo the pre-flight's output as it runs")
     ap.add_argument("--allow-cpu", action="store_true", help="run without CUDA (with --tiny: a dry run of the plumbing)")
     ap.add_argument("--tiny", action="store_true", help="a tiny model instead of the 0.5B shape (plumbing only)")

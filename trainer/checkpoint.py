@@ -63,6 +63,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 
 from trainer.records import log
@@ -271,7 +272,7 @@ class Store:
             yield
         except (CheckpointRefused, CorruptCheckpoint, FencedOut, StorageError):
             raise
-        except Exception as e:
+        except (Exception, CheckpointException) as e:  # DCP's CheckpointException is a BaseException
             raise storage_error(self.url(path or self.run_path), what, e) from None
 
     def check(self) -> None:
@@ -366,8 +367,8 @@ class Store:
         and commit at a later step boundary (`step_boundary`) once every rank's files are written and
         read back. At most one save is in flight: an older one is committed first. Returns the ms
         this call blocked."""
+        self.drain()  # that wait counts as the older save's blocking time
         t = time.perf_counter()
-        self.drain()
         pending = self._start(step, state, manifest, attempt, asynchronous=True)
         pending.on_commit = on_commit
         pending.blocking_s += time.perf_counter() - t
@@ -454,7 +455,7 @@ class Store:
             except Exception as e:
                 files = Future()
                 files.set_exception(e)
-            return PendingSave(step, path, manifest, attempt, t0, files)
+            return PendingSave(step, path, manifest, attempt, t0, files, blocking_s=time.perf_counter() - t0)
         with self._io(what, path):
             resp = dcp.async_save(state, storage_writer=writer, process_group=self._gloo_group())
         staging, upload = ((resp.staging_completion, resp.upload_completion)
@@ -677,7 +678,7 @@ def resolve_and_load(store: Store, fingerprint: str, build_state: Callable[[int,
                 state = build_state(step, manifest)
                 store.load_into(step, state)
                 return step, manifest, state
-            except Exception as e:  # DCP raises CheckpointException on every rank together
+            except (Exception, CheckpointException) as e:  # DCP raises it on every rank together
                 verdict = f"load failed: {type(e).__name__}: {e}".splitlines()[0][:500]
         on_refused(step, verdict)
     return None

@@ -18,7 +18,9 @@ the options chosen here. There is no storage class hierarchy.
 
 from __future__ import annotations
 
+import importlib
 import os
+import random
 import re
 import time
 from collections.abc import Callable
@@ -62,8 +64,40 @@ def _s3_max_attempts() -> int:
     return n
 
 
+# Storage clients that draw from Python's global `random` (botocore's retry jitter, aiohttp's pool)
+# would advance the training's Python RNG whenever a request is retried, so a run under storage
+# faults would no longer be bit-identical. They get a generator of their own instead.
+_LIBRARY_RANDOM = random.Random()
+_LIBRARY_MODULES = ("botocore.retries.standard", "botocore.retryhandler", "botocore.utils", "aiohttp.connector")
+_isolated = False
+
+
+def isolate_library_randomness() -> None:
+    """Point the storage libraries' module-level `random` (and botocore's bound default for its
+    backoff jitter) at a private generator. Idempotent; a module that is not installed is skipped."""
+    global _isolated
+    if _isolated:
+        return
+    _isolated = True
+    for name in _LIBRARY_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ImportError:
+            continue
+        if getattr(module, "random", None) is random:
+            module.random = _LIBRARY_RANDOM
+    try:
+        from botocore.retries.standard import ExponentialBackoff
+    except ImportError:
+        return
+    defaults = ExponentialBackoff.__init__.__defaults__ or ()
+    ExponentialBackoff.__init__.__defaults__ = tuple(
+        _LIBRARY_RANDOM.random if d == random.random else d for d in defaults)
+
+
 def storage_options(uri: str) -> dict[str, Any]:
     if uri.startswith(("s3://", "s3a://")):
+        isolate_library_randomness()
         opts: dict[str, Any] = {
             "use_listings_cache": False,
             "skip_instance_cache": True,

@@ -107,7 +107,7 @@ def test_the_cuda_generator_rides_in_the_checkpoint(fp32):
     check_runs(fp32)
     cuda = fp32.at_stop.get("rng.rank0.cuda")
     assert cuda is not None, sorted(k for k in fp32.at_stop if k.startswith("rng."))
-    assert cuda.dtype == torch.uint8 and cuda.ndim == 2 and cuda.shape[0] >= 1
+    assert cuda.dtype == torch.uint8 and cuda.numel() >= 16  # Philox seed and offset, per device captured
     earlier = fp32.before_stop.get("rng.rank0.cuda")
     assert earlier is not None, "no committed checkpoint before the stop"
     assert not torch.equal(cuda, earlier), "the CUDA generator did not move between two checkpoints"

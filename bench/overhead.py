@@ -1,0 +1,93 @@
+"""Loop overhead: steps/s of baton's loop against a plain loop on the same model, data and optimizer.
+
+Sides, interleaved, `reps` times each, every one a fresh process on the small Qwen2 (~3.4 M parameters,
+batch 4 x 64 tokens, no accumulation) for `steps` optimizer steps:
+- plain: `bench.plain_loop` (no FSDP, no records, no capture, no checkpoints);
+- baton: `python -m trainer` with no checkpoint before the final one (the loop's own bookkeeping);
+- baton_yd: `python -m trainer` checkpointing at the Young/Daly interval sqrt(2 C M) through its own
+  `cadence.mode=auto`: C is the save cost measured by the first baton run (its final save), M the
+  assumed MTBF. M is 1 h scaled to the bench: the plain run's duration stands for one hour, so M is
+  that duration (seconds). The save cost is not scaled, so this overhead is the one a run with
+  MTBF = 1 h would pay if its save cost were C x (3600 s / run duration): pessimistic.
+steps/s counts from the first step record to the last one, so start-up and the final save are out,
+and every periodic save in between is in.
+
+    python -m bench.overhead --result FILE [--reps 3] [--steps 150]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import shutil
+from typing import Any
+
+from bench.common import PY, TINY_CORPUS, WORK, interleaved, log, median, run_records, section_args, write_result
+from bench.models import small_model
+
+
+def steps_per_s(recs: list[dict]) -> tuple[float, float]:
+    """(steps/s between the first and the last step record, the seconds that spans)."""
+    times = [r["time"] for r in recs if r["event"] == "step"]
+    span = times[-1] - times[0]
+    return (len(times) - 1) / span, span
+
+
+def baton_cmd(model: str, ckpt: str, steps: int, *sets: str) -> list[str]:
+    cmd = [PY, "-m", "trainer", "--config", "trainer/configs/tiny.yaml"]
+    for s in (f"model.path={model}", f"data.uri={TINY_CORPUS}", f"checkpoint.uri={ckpt}", f"total_steps={steps}",
+              "name=bench-loop", "data.grad_accum=1", "data.batch_size=4", "data.seq_len=64", "log_every=1000",
+              "checkpoint.every_steps=0", "checkpoint.keep_last=2", *sets):
+        cmd += ["--set", s]
+    return cmd
+
+
+def _extra(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--steps", type=int, default=150)
+
+
+def main() -> None:
+    args = section_args(__doc__ or "", _extra)
+    model = str(small_model())
+    root = WORK / "overhead"
+    shutil.rmtree(root, ignore_errors=True)
+    steps = 60 if args.quick else args.steps
+    runs: dict[str, list[dict[str, Any]]] = {"plain": [], "baton": [], "baton_yd": []}
+    save_cost: list[float] = []
+    plan: dict[str, float] = {}
+    for rep, side in interleaved(args.reps, list(runs)):
+        ckpt = str(root / f"{side}-{rep}")
+        if side == "plain":
+            rc, recs = run_records([PY, "-m", "bench.plain_loop", "--model", model, "--corpus", str(TINY_CORPUS),
+                                    "--steps", str(steps)])
+        elif side == "baton":
+            rc, recs = run_records(baton_cmd(model, ckpt, steps))
+            save_cost += [r["save_ms"] / 1000 for r in recs if r["event"] == "checkpoint"]
+        else:
+            if not plan:
+                mtbf = median([r["span_s"] for r in runs["plain"]])
+                c = median(save_cost)
+                plan = {"mtbf_s": mtbf, "save_cost_s": c, "interval_s": math.sqrt(2 * c * mtbf)}
+                log(f"Young/Daly: C {c:.3f} s, M {mtbf:.1f} s (1 h scaled to the plain run) -> every "
+                    f"{plan['interval_s']:.2f} s")
+            rc, recs = run_records(baton_cmd(
+                model, ckpt, steps, "cadence.mode=auto", f"cadence.mtbf_prior_s={plan['mtbf_s']}",
+                "cadence.mtbf_prior_weight=1000000", f"cadence.every_s={plan['interval_s']}",
+                "cadence.min_interval_s=0.1"))
+        sps, span = steps_per_s(recs)
+        saves = [r for r in recs if r["event"] == "checkpoint" and r.get("reason") == "periodic"]
+        runs[side].append({"steps_per_s": sps, "span_s": span, "exit": rc, "periodic_saves": len(saves),
+                           "periodic_save_s": sum(r["save_ms"] for r in saves) / 1000})
+        shutil.rmtree(ckpt, ignore_errors=True)
+        log(f"overhead rep {rep + 1}/{args.reps} {side}: {sps:.1f} steps/s over {span:.1f} s"
+            + (f", {len(saves)} periodic saves" if side == "baton_yd" else ""))
+    result: dict[str, Any] = {"steps": steps, "runs": runs, "plan": plan}
+    for side, rs in runs.items():
+        result[f"{side}_steps_per_s"] = median([r["steps_per_s"] for r in rs])
+    result["yd_saves"] = median([r["periodic_saves"] for r in runs["baton_yd"]])
+    result["yd_save_s"] = median([r["periodic_save_s"] for r in runs["baton_yd"]])
+    write_result(args.result, result)
+
+
+if __name__ == "__main__":
+    main()
