@@ -7,12 +7,15 @@ the current step; 1 anything else (a crash, a bad config, a refused checkpoint).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from trainer.preemption import Preemption
 
 
 def main(argv: list[str] | None = None) -> int:
+    # cuBLAS reads this once, at its first use: set it before anything can touch CUDA.
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     # The handler goes in before the slow imports: a SIGTERM during start-up still ends in a clean 75.
     preempt = Preemption()
     preempt.install()

@@ -34,7 +34,8 @@ def capture() -> dict[str, torch.Tensor]:
         "torch": torch.get_rng_state().clone(),
     }
     if torch.cuda.is_available():
-        state["cuda"] = torch.stack(torch.cuda.get_rng_state_all())
+        # This rank's own device only: a restart that sees another number of GPUs must still load.
+        state["cuda"] = torch.cuda.get_rng_state(torch.cuda.current_device()).clone()
     return state
 
 
@@ -47,7 +48,7 @@ def restore(state: dict[str, torch.Tensor]) -> None:
     np.random.set_state(("MT19937", keys, npy[-3], npy[-2], _i2f(npy[-1])))
     torch.set_rng_state(state["torch"].to(torch.uint8))
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(list(state["cuda"].to(torch.uint8)))
+        torch.cuda.set_rng_state(state["cuda"].to(torch.uint8), torch.cuda.current_device())
 
 
 def seed_everything(seed: int, rank: int) -> None:
