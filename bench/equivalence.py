@@ -22,7 +22,17 @@ import signal
 from pathlib import Path
 from typing import Any
 
-from bench.common import PY, TINY_CORPUS, WORK, child_env, log, run_records, section_args, timed_until, write_result
+from bench.common import (
+    PY,
+    TINY_CORPUS,
+    WORK,
+    child_env,
+    log,
+    run_records,
+    section_args,
+    timed_until,
+    write_result,
+)
 from bench.models import tiny_model
 
 TOTAL, AT = 40, 25

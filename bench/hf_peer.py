@@ -53,8 +53,14 @@ def main(argv: list[str] | None = None) -> int:
     from pathlib import Path
 
     import torch
-    from transformers import (AutoModelForCausalLM, AutoTokenizer, Trainer, TrainerCallback, TrainingArguments,
-                              default_data_collator)
+    from transformers import (
+        AutoModelForCausalLM,
+        AutoTokenizer,
+        Trainer,
+        TrainerCallback,
+        TrainingArguments,
+        default_data_collator,
+    )
     from transformers.utils import logging as hf_logging
 
     from trainer.data import pack, read_documents

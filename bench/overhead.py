@@ -3,6 +3,7 @@
 Sides, interleaved, `reps` times each, every one a fresh process on the small Qwen2 (~3.4 M parameters,
 batch 4 x 64 tokens, no accumulation) for `steps` optimizer steps:
 - plain: `bench.plain_loop` (no FSDP, no records, no capture, no checkpoints);
+- plain_fsdp (a diagnostic): the plain loop with the model wrapped by FSDP2 as baton wraps it;
 - baton: `python -m trainer` with no checkpoint before the final one (the loop's own bookkeeping);
 - baton_yd: `python -m trainer` checkpointing at the Young/Daly interval sqrt(2 C M) through its own
   `cadence.mode=auto`: C is the save cost measured by the first baton run (its final save), M the
@@ -12,7 +13,7 @@ batch 4 x 64 tokens, no accumulation) for `steps` optimizer steps:
 steps/s counts from the first step record to the last one, so start-up and the final save are out,
 and every periodic save in between is in.
 
-    python -m bench.overhead --result FILE [--reps 3] [--steps 150]
+    python -m bench.overhead --result FILE [--reps 3] [--steps 120]
 """
 
 from __future__ import annotations
@@ -22,7 +23,17 @@ import math
 import shutil
 from typing import Any
 
-from bench.common import PY, TINY_CORPUS, WORK, interleaved, log, median, run_records, section_args, write_result
+from bench.common import (
+    PY,
+    TINY_CORPUS,
+    WORK,
+    interleaved,
+    log,
+    median,
+    run_records,
+    section_args,
+    write_result,
+)
 from bench.models import small_model
 
 
@@ -43,7 +54,7 @@ def baton_cmd(model: str, ckpt: str, steps: int, *sets: str) -> list[str]:
 
 
 def _extra(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("--steps", type=int, default=150)
+    ap.add_argument("--steps", type=int, default=120)
 
 
 def main() -> None:
@@ -52,14 +63,14 @@ def main() -> None:
     root = WORK / "overhead"
     shutil.rmtree(root, ignore_errors=True)
     steps = 60 if args.quick else args.steps
-    runs: dict[str, list[dict[str, Any]]] = {"plain": [], "baton": [], "baton_yd": []}
+    runs: dict[str, list[dict[str, Any]]] = {"plain": [], "plain_fsdp": [], "baton": [], "baton_yd": []}
     save_cost: list[float] = []
     plan: dict[str, float] = {}
     for rep, side in interleaved(args.reps, list(runs)):
         ckpt = str(root / f"{side}-{rep}")
-        if side == "plain":
+        if side.startswith("plain"):
             rc, recs = run_records([PY, "-m", "bench.plain_loop", "--model", model, "--corpus", str(TINY_CORPUS),
-                                    "--steps", str(steps)])
+                                    "--steps", str(steps), *(["--fsdp"] if side == "plain_fsdp" else [])])
         elif side == "baton":
             rc, recs = run_records(baton_cmd(model, ckpt, steps))
             save_cost += [r["save_ms"] / 1000 for r in recs if r["event"] == "checkpoint"]

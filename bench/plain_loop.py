@@ -1,5 +1,6 @@
 """The plain loop: the same model, data order, optimizer and schedule as baton's loop, and nothing else
-(no FSDP wrapper, no records, no stop checks, no RNG or loader capture, no checkpoints).
+(no records, no stop checks, no RNG or loader capture, no checkpoints; and no FSDP2 wrapper unless
+`--fsdp`, which wraps it as baton does, on one rank).
 
 Prints a JSON line per optimizer step (`event`: step, `step`, `time`), like the trainer's records.
 
@@ -25,6 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--fsdp", action="store_true", help="wrap the model with FSDP2 as baton does (world 1)")
     a = ap.parse_args(argv)
 
     import torch
@@ -41,6 +43,14 @@ def main(argv: list[str] | None = None) -> int:
     dataset = PackedDataset(samples)
     geo = Geometry(len(dataset), a.batch_size, 1, 1)
     model = AutoModelForCausalLM.from_pretrained(a.model, attn_implementation="eager", dtype=torch.float32)
+    if a.fsdp:
+        import torch.distributed as dist
+        from torch.distributed.device_mesh import init_device_mesh
+
+        from trainer.model import shard
+
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        model = shard(model, init_device_mesh("cpu", (1,)))
     model.train()
     optim = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.01,
                               foreach=False)

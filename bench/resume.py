@@ -20,7 +20,18 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from bench.common import PY, REPO, WORK, interleaved, log, median, run_records, section_args, timed_until, write_result
+from bench.common import (
+    PY,
+    REPO,
+    WORK,
+    interleaved,
+    log,
+    median,
+    run_records,
+    section_args,
+    timed_until,
+    write_result,
+)
 from bench.models import resume_corpus, tiny_model
 
 SEQ = 16

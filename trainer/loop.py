@@ -235,8 +235,9 @@ class Trainer:
     def save(self, b: Boundary, reason: str) -> float:
         ck = self.cfg.checkpoint
         pending = self.store.pending
-        if pending is not None and pending.step == b.step:
-            self.store.drain()  # this step is already being saved: let that save commit
+        if pending is not None and pending.step == b.step:  # this step is already being saved
+            if reason != "periodic":
+                self.store.drain()  # it must be durable now: wait for it to commit
             return 0.0
         # The metrics of this step (the step record's loss), for keep-best retention.
         metrics = dict(getattr(self, "metrics", None) or {})

@@ -241,8 +241,9 @@ def test_sigkill_during_save_and_deletion_always_leaves_a_complete_checkpoint(s3
 # ---- asynchronous checkpoints ----------------------------------------------------------------------------
 
 def test_async_saves_overlap_training_and_resume_bit_identically(s3, s3_proxy, tiny_model, reference):
-    # Slow uploads, so that each async save is still in flight while the next steps train.
-    s3_proxy.set_faults(delay_s=0.15, match=lambda method, path: method == "PUT" and "/step-" in path)
+    # Every checkpoint request is slow, so each async save is still planning and writing (after its
+    # staging copy) while the next steps train and change the live tensors.
+    s3_proxy.set_faults(delay_s=0.1, match=lambda method, path: "step-" in path)
     root = s3.new_prefix("async")
     env = s3.env(s3_proxy.url)
     rc, recs, err = run_and_sigterm(cmd(tiny_model, root, "checkpoint.async_save=true"), at_step=9, env=env)
