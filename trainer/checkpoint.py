@@ -457,14 +457,7 @@ class Store:
                 files.set_exception(e)
             return PendingSave(step, path, manifest, attempt, t0, files, blocking_s=time.perf_counter() - t0)
         with self._io(what, path):
-            from torch.distributed.checkpoint.staging import AsyncStager
-            class NoCopy(AsyncStager):
-                _synchronize_after_execute = False
-                def stage(self, sd):
-                    return sd
-                def synchronize_staging(self):
-                    pass
-            resp = dcp.async_save(state, storage_writer=writer, process_group=self._gloo_group(), async_stager=NoCopy())
+            resp = dcp.async_save(state, storage_writer=writer, process_group=self._gloo_group())
         staging, upload = ((resp.staging_completion, resp.upload_completion)
                            if isinstance(resp, AsyncSaveResponse) else (None, resp))
         if self._hasher is None:

@@ -386,6 +386,7 @@ class Trainer:
             if self.world > 1:
                 dist.all_reduce(loss_sum, op=dist.ReduceOp.SUM)
                 loss_sum /= self.world
+            self.metrics = {"loss": float(loss_sum)}  # what keep-best retention ranks checkpoints by
             if data.epoch_done:
                 data.next_epoch()
             dt = time.perf_counter() - t0
