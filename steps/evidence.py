@@ -32,10 +32,15 @@ def read_evidence(uri: str) -> list[dict[str, Any]]:
 
 def write_json(uri: str, obj: Any) -> None:
     fs, path = url_to_fs(uri)
-    parent = path.rsplit("/", 1)[0]
-    fs.makedirs(parent, exist_ok=True)
+    if is_local(fs):  # on object stores, makedirs would create a missing bucket instead of failing
+        fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
     with fs.open(path, "w") as f:
         f.write(json.dumps(obj, indent=1, sort_keys=True))
+
+
+def is_local(fs) -> bool:
+    protocols = fs.protocol if isinstance(fs.protocol, (tuple, list)) else (fs.protocol,)
+    return "file" in protocols or "local" in protocols
 
 
 def read_json(uri: str) -> Any:

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from steps.evidence import is_local
 from trainer.storage import url_to_fs
 
 
@@ -70,6 +71,7 @@ def write_report(out: Path, report: dict[str, Any], reference_records: list[dict
     plot(out / "loss.png", losses(reference_records), trial_records, [p["step"] for p in report["preempt"]])
     if copy_to:
         fs, base = url_to_fs(copy_to)
-        fs.makedirs(base, exist_ok=True)
+        if is_local(fs):
+            fs.makedirs(base, exist_ok=True)
         for name in ("report.json", "report.md", "loss.png"):
             fs.put_file(str(out / name), f"{base.rstrip('/')}/{name}")

@@ -35,10 +35,13 @@ class Evidence:
             return
         from trainer.storage import url_to_fs
 
+        from steps.evidence import is_local
+
         self.fs, base = url_to_fs(uri)
-        self.fs.makedirs(base, exist_ok=True)
+        self.local = is_local(self.fs)
+        if self.local:
+            self.fs.makedirs(base, exist_ok=True)
         self.path = f"{base.rstrip('/')}/{name}.jsonl"
-        self.local = "file" in (self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,))
 
     def add(self, line: str) -> None:
         if self.path is None:

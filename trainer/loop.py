@@ -168,8 +168,10 @@ class Trainer:
         template.pop(f"rng.rank{self.rank}")
         template.pop(f"loader.rank{self.rank}")
         if same_world:
+            # The generators the checkpoint holds, not the ones this process has: a CPU checkpoint
+            # resumed on a GPU has no `cuda` state (restore() then leaves CUDA's seeded stream alone).
             template[f"rng.rank{src}"] = {k: torch.empty(shapes[f"rng.rank{src}.{k}"], dtype=v.dtype)
-                                          for k, v in rng.capture().items()}
+                                          for k, v in rng.capture().items() if f"rng.rank{src}.{k}" in shapes}
             template[f"loader.rank{src}"] = torch.empty(shapes[f"loader.rank{src}"], dtype=torch.uint8)
         return template
 
@@ -282,7 +284,7 @@ class Trainer:
         self.emit("preempt", b.step, signal=signal_name, save_ms=round(save_ms, 1),
                   grace_left_s=round(self.preempt.grace_left(), 2), exit=EXIT_PREEMPTED,
                   checkpoint=self.last_checkpoint, already_committed=outcome == "already_committed",
-                  outcome=outcome)
+                  outcome=outcome, warning=self.warned)
         # No rank leaves before rank 0 has written the record: a launcher that sees one rank exit
         # signals the others, and the record is what says the stop was clean.
         dist.barrier()
@@ -370,8 +372,9 @@ class Trainer:
                 if self.preempt.should_stop():
                     self.optim.zero_grad(set_to_none=True)
                     return self.stop(b)
-                batch = data.next_batch().to(self.device)
-                digest.append(batch)
+                cpu_batch = data.next_batch()
+                digest.append(cpu_batch)  # hashed on the host copy: no device-to-host sync per step
+                batch = cpu_batch.to(self.device)
                 self.model.set_requires_gradient_sync(m == accum - 1)
                 loss = self.model(input_ids=batch, labels=batch).loss / accum
                 loss.backward()
