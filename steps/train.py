@@ -33,9 +33,8 @@ class Evidence:
         self.last_flush = 0.0
         if not uri:
             return
-        from trainer.storage import url_to_fs
-
         from steps.evidence import is_local
+        from trainer.storage import url_to_fs
 
         self.fs, base = url_to_fs(uri)
         self.local = is_local(self.fs)
