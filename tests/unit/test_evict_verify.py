@@ -1,0 +1,82 @@
+"""Eviction points obey their rules, and verify counts what the records say."""
+
+from __future__ import annotations
+
+import pytest
+
+from steps.evict import bands, eviction_points, latest
+from steps.verify import verify
+
+
+@pytest.mark.parametrize("total, n", [(200, 3), (40, 2), (300, 20), (10, 8), (1000, 1)])
+def test_default_points_are_evenly_spaced_distinct_and_within_80_percent(total, n):
+    pts = eviction_points(total, n)
+    assert len(pts) == n and pts == sorted(set(pts)), "distinct and increasing: work behind each"
+    assert pts[0] >= 1 and pts[-1] <= int(0.8 * total)
+    gaps = [b - a for a, b in zip([0, *pts], pts, strict=False)]
+    assert max(gaps) - min(gaps) <= 1, f"evenly spaced: {gaps}"
+    assert pts == [hi for _, hi in bands(total, n)]
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_jittered_points_stay_inside_their_bands_and_follow_the_seed(seed):
+    total, n = 200, 4
+    pts = eviction_points(total, n, seed=seed, jitter=True)
+    for p, (lo, hi) in zip(pts, bands(total, n), strict=True):
+        assert lo <= p <= hi
+    assert pts == eviction_points(total, n, seed=seed, jitter=True)
+    assert pts[-1] <= 160 and len(set(pts)) == n
+
+
+def test_jitter_actually_moves_points():
+    draws = {tuple(eviction_points(200, 4, seed=s, jitter=True)) for s in range(10)}
+    assert len(draws) > 5
+
+
+@pytest.mark.parametrize("total, n, msg", [(40, 33, "do not fit"), (1, 0, "total_steps"), (40, -1, ">= 0")])
+def test_impossible_plans_are_refused(total, n, msg):
+    with pytest.raises(ValueError, match=msg):
+        eviction_points(total, n)
+
+
+def _rec(event, step, attempt, **kw):
+    return {"event": event, "step": step, "attempt": attempt, "time": attempt * 100 + step, **kw}
+
+
+def _clean_run(total=10, stops=(3, 7)):
+    recs, attempt, start = [], 1, 0
+    for stop in [*stops, total]:
+        recs.append(_rec("resume", start, attempt, from_step=start, **({"fresh": True} if start == 0 else {})))
+        recs += [_rec("step", s, attempt, loss=1.0) for s in range(start + 1, stop + 1)]
+        if stop != total:
+            recs.append(_rec("preempt", stop, attempt, save_ms=5, grace_left_s=29, exit=75, outcome="saved"))
+        attempt, start = attempt + 1, stop
+    recs.append(_rec("done", total, attempt - 1))
+    return recs
+
+
+def test_verify_passes_a_clean_run():
+    v = verify(_clean_run(), 10, evictions=2)
+    assert v["passed"], v["problems"]
+    assert (v["total"], v["distinct"], v["replayed"], v["preemptions"], v["resumed_from"]) == (10, 10, 0, 2, [3, 7])
+
+
+def test_verify_catches_replays_gaps_lost_preemptions_and_wrong_resumes():
+    recs = _clean_run()
+    recs.append(_rec("step", 5, 3, loss=1.0))
+    assert "replayed" in " ".join(verify(recs, 10)["problems"])
+    recs = [r for r in _clean_run() if not (r["event"] == "step" and r["step"] == 6)]
+    assert "missing" in " ".join(verify(recs, 10)["problems"])
+    recs = [r for r in _clean_run() if r["event"] != "done"]
+    assert "did not finish" in " ".join(verify(recs, 10)["problems"])
+    assert "clean preemptions" in " ".join(verify(_clean_run(), 10, evictions=3)["problems"])
+    recs = _clean_run()
+    for r in recs:
+        if r["event"] == "resume" and r["from_step"] == 7:
+            r["from_step"] = 6
+    assert "resumed from 6" in " ".join(verify(recs, 10)["problems"])
+
+
+def test_latest_follows_the_newest_attempt():
+    assert latest(_clean_run()) == (10, 3, True)
+    assert latest([_rec("step", 4, 1), _rec("step", 4, 2)]) == (4, 2, False)
