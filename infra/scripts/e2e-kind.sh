@@ -103,18 +103,21 @@ ARGO_VERSION=${ARGO_VERSION}
 ENV
 
 # --- the drill -----------------------------------------------------------------------------------
-log "submitting the equivalence drill"
-before="$(kubectl -n "${NAMESPACE}" get workflows.argoproj.io -o name 2>/dev/null | sort || true)"
-# The drill's parameters (workflows/equivalence.py PARAMETERS) carry the image and the bucket; the
-# kubectl context selected above is the kind cluster.
+log "submitting the equivalence drill through the Argo server"
+# submit speaks to the Argo server's API, as the Argo CLI does: port-forward it and use a token of
+# the drill's own ServiceAccount. The kind overlay adds MinIO's endpoint and keys to every step.
+kubectl -n argo port-forward svc/argo-server 2746:2746 >/dev/null 2>&1 &
+PF_PID=$!
+trap 'kill "${PF_PID}" 2>/dev/null || true' EXIT
+sleep 3
+export ARGO_SERVER=localhost:2746 ARGO_NAMESPACE="${NAMESPACE}" ARGO_INSECURE_SKIP_VERIFY=true
+ARGO_TOKEN="Bearer $(kubectl -n "${NAMESPACE}" create token "${KSA}")"
+export ARGO_TOKEN
 # shellcheck disable=SC2086 # SUBMIT_ARGS is a word list on purpose
-"${PY}" "${REPO_ROOT}/workflows/equivalence.py" submit \
-  -p "image=${IMAGE}" -p "bucket=s3://${BUCKET}" ${SUBMIT_ARGS:-}
-# The workflow the submit created: the one name that was not there before.
-WF="$(comm -13 <(printf '%s\n' "${before}") \
-  <(kubectl -n "${NAMESPACE}" get workflows.argoproj.io -o name | sort) | tail -n 1)"
-[[ -n "${WF}" ]] || die "no new workflow appeared in namespace ${NAMESPACE} after submit."
-WF="${WF#*/}"
+WF="$(kubectl kustomize --load-restrictor=LoadRestrictionsNone "${REPO_ROOT}/templates/overlays/kind" \
+  | "${PY}" "${REPO_ROOT}/workflows/equivalence.py" submit --from-file - \
+    -p "image=${IMAGE}" -p "bucket=s3://${BUCKET}" ${SUBMIT_ARGS:-} | head -n 1)"
+[[ -n "${WF}" ]] || die "submit printed no workflow name."
 
 log "waiting for ${WF} (up to ${TIMEOUT}s)"
 deadline=$((SECONDS + TIMEOUT))
