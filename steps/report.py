@@ -63,12 +63,24 @@ def markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def write_metrics(folder: Path, report: dict[str, Any]) -> None:
+    """One number a file, for the workflow's output parameters and Prometheus gauges."""
+    folder.mkdir(parents=True, exist_ok=True)
+    saved = [p for p in report["preempt"] if p.get("outcome") == "saved"]
+    values = {"replayed_steps": report["steps"]["replayed"],
+              "max_save_ms": max((p["save_ms"] for p in saved), default=-1),
+              "min_grace_left_s": min((p["grace_left_s"] for p in report["preempt"]), default=-1)}
+    for name, value in values.items():
+        (folder / name).write_text(f"{value}\n")
+
+
 def write_report(out: Path, report: dict[str, Any], reference_records: list[dict[str, Any]],
                  trial_records: list[dict[str, Any]], copy_to: str | None = None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.json").write_text(json.dumps(report, indent=1, sort_keys=True, default=str))
     (out / "report.md").write_text(markdown(report))
     plot(out / "loss.png", losses(reference_records), trial_records, [p["step"] for p in report["preempt"]])
+    write_metrics(out / "metrics", report)
     if copy_to:
         fs, base = url_to_fs(copy_to)
         if is_local(fs):

@@ -44,6 +44,12 @@ SERVICE_ACCOUNT = "baton-drill"
 RETRY_EXPRESSION = "asInt(lastRetry.exitCode) == 75 || lastRetry.message matches 'imminent node shutdown|pod deleted'"
 REPORT_DIR = "/tmp/baton-report/{{workflow.name}}"
 REPORT_FILES = ("report.json", "report.md", "loss.png")
+# Numbers that compare writes to <out>/metrics/<name>, exposed as Prometheus gauges (-1: not measured).
+COMPARE_METRICS = {
+    "replayed_steps": "Steps the last drill's trial trained twice (0 when resume lost nothing)",
+    "max_save_ms": "Slowest preemption save of the last drill's trial, in milliseconds",
+    "min_grace_left_s": "Least grace left after a preemption save in the last drill's trial, in seconds",
+}
 
 # name -> (default, description). The order is the order users see in the Argo UI.
 PARAMETERS: dict[str, tuple[str, str]] = {
@@ -127,7 +133,11 @@ def _define_dag() -> None:
               "--out", REPORT_DIR, "--report-uri", f"{ROOT}/report"],
         # Not archived: the Argo UI shows report.md and loss.png as they are.
         outputs=[Artifact(name=f.replace(".", "-"), path=f"{REPORT_DIR}/{f}", archive=NoneArchiveStrategy())
-                 for f in REPORT_FILES])
+                 for f in REPORT_FILES]
+        + [Parameter(name=name, value_from=m.ValueFrom(path=f"{REPORT_DIR}/metrics/{name}", default="-1"))
+           for name in COMPARE_METRICS],
+        metrics=[Gauge(name=f"baton_drill_{name}", value="{{outputs.parameters." + name + "}}", realtime=False,
+                       help=help_) for name, help_ in COMPARE_METRICS.items()])
     with DAG(name="drill", metrics=[
             Gauge(name="baton_drill_passed", value="1", when=done, realtime=False, help=passed_help),
             Gauge(name="baton_drill_passed", value="0", when="{{status}} != Succeeded", realtime=False,

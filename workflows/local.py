@@ -90,7 +90,9 @@ _SUPPORTED: dict[str, frozenset[str]] = {
     "env": frozenset({"name", "value", "valueFrom"}),
     "inputs": frozenset({"parameters"}),
     "input_param": frozenset({"name", "default"}),
-    "outputs": frozenset({"artifacts"}),
+    "outputs": frozenset({"artifacts", "parameters"}),
+    "output_param": frozenset({"name", "valueFrom"}),
+    "valueFrom": frozenset({"path", "default"}),
     "artifact": frozenset({"name", "path"}),
     "retryStrategy": frozenset({"limit", "retryPolicy", "expression"}),
     "podSpecPatch": frozenset({"terminationGracePeriodSeconds"}),
@@ -126,6 +128,7 @@ class NodeResult:
     started: float
     finished: float
     artifacts: dict[str, Path] = field(default_factory=dict)
+    parameters: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -301,6 +304,23 @@ def _artifacts(task: _Task, ctx: dict[str, str]) -> dict[str, str]:
     return out
 
 
+def _out_params(task: _Task, ctx: dict[str, str]) -> dict[str, tuple[str, str | None]]:
+    """Output parameters: name -> (file path, default). Read after the attempt, like Argo's executor."""
+    path = f"{task.path}.outputs"
+    out: dict[str, tuple[str, str | None]] = {}
+    for i, prm in enumerate(_list(_check(task.tmpl.get("outputs", {}), path, "outputs").get("parameters"),
+                                  f"{path}.parameters")):
+        ppath = f"{path}.parameters[{i}]"
+        _check(prm, ppath, "output_param")
+        vf = _check(prm.get("valueFrom"), f"{ppath}.valueFrom", "valueFrom")
+        if "path" not in vf:
+            raise _refuse(f"{ppath}.valueFrom: only valueFrom.path is supported by the local runner")
+        default = vf.get("default")
+        out[_name(prm, ppath)] = (_subst(vf["path"], ctx, f"{ppath}.valueFrom.path"),
+                                  None if default is None else _scalar(default, f"{ppath}.valueFrom.default"))
+    return out
+
+
 def _retry(tmpl: dict, path: str, ctx: dict[str, str] | None) -> _Retry | None:
     """``ctx`` None: check the shape only (a template no task uses)."""
     rs = tmpl.get("retryStrategy")
@@ -437,6 +457,7 @@ def _plan(spec: dict, params: dict[str, str] | None) -> _Plan:
         ctx = _pod_ctx(plan, task, f"{name}-{task_name}-0", 0)
         _argv_env(plan, task, ctx)
         _artifacts(task, ctx)
+        _out_params(task, ctx)
         _grace(task, ctx)
         plan.tasks[task_name] = task
 
@@ -655,6 +676,7 @@ class _Runner:
         code = _exit_code(pod.proc.returncode)
         node = NodeResult(pod.task.name, pod.task.template, pod.attempt, pod.name, code, status, message,
                           pod.log_path, pod.started, time.time())
+        node.parameters = self._read_params(pod)
         if status == "Succeeded":
             try:
                 node.artifacts = self._collect(pod)
@@ -706,6 +728,17 @@ class _Runner:
                 return False, f"retryStrategy.expression failed: {exc}"
         return True, ""
 
+    def _read_params(self, pod: _Pod) -> dict[str, str]:
+        ctx = _pod_ctx(self.plan, pod.task, pod.name, pod.attempt)
+        out: dict[str, str] = {}
+        for name, (src, default) in _out_params(pod.task, ctx).items():
+            srcp = self.cwd / src
+            if srcp.is_file():
+                out[name] = srcp.read_text().strip()
+            elif default is not None:
+                out[name] = default
+        return out
+
     def _collect(self, pod: _Pod) -> dict[str, Path]:
         out: dict[str, Path] = {}
         ctx = _pod_ctx(self.plan, pod.task, pod.name, pod.attempt)
@@ -755,7 +788,7 @@ class _Runner:
 
     def _write_nodes(self) -> None:
         rows = [{**asdict(n), "log_path": str(n.log_path),
-                 "artifacts": {k: str(v) for k, v in n.artifacts.items()}} for n in self.nodes]
+                 "artifacts": {k: str(v) for k, v in n.artifacts.items()}, "parameters": n.parameters} for n in self.nodes]
         doc = {"workflow": self.plan.name, "nodes": rows}
         _write_atomic(self.out / "nodes.json", json.dumps(doc, indent=1))
 

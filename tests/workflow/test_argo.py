@@ -496,7 +496,8 @@ def test_submit_refuses_a_file_for_another_namespace(argo, tmp_path):
 
 # ---- metrics -------------------------------------------------------------------------------------------
 
-_METRIC_VARS = {"status", "duration", "retries"}  # Argo's template metric variables used here
+_METRIC_VARS = {"status", "duration", "retries", "outputs.parameters.replayed_steps",
+                "outputs.parameters.max_save_ms", "outputs.parameters.min_grace_left_s"}  # Argo's metric variables
 
 
 @pytest.mark.parametrize("index", [0, 1], ids=["Workflow", "CronWorkflow"])

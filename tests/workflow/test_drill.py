@@ -35,6 +35,12 @@ def test_drill_passes_and_writes_the_report_contract(tmp_path):
     assert "bit-identical: " in p.stdout and "drill PASSED" in p.stdout
     # The parameter with quotes and $(...) stayed data: it is a folder name under the bucket.
     assert (out / "bucket" / NASTY).is_dir()
+    # The numbers behind the Prometheus gauges reached the compare node's output parameters.
+    nodes = json.loads((out / "argo" / "nodes.json").read_text())
+    params = [n["parameters"] for n in (nodes["nodes"] if isinstance(nodes, dict) else nodes)
+              if n["task"] == "compare"][0]
+    assert params["replayed_steps"] == "0" and float(params["max_save_ms"]) > 0
+    assert 0 < float(params["min_grace_left_s"]) <= 30
     # Every attempt's log is kept.
     assert len(list((out / "argo" / "logs").glob("trial-*.log"))) == 3
 

@@ -375,6 +375,26 @@ def test_artifacts_are_copied(tmp_path):
     assert (arts["tree"] / "a.txt").read_text() == "A"
 
 
+def test_output_parameters_are_read_from_files_with_a_default(tmp_path):
+    spec = wf(
+        [{"name": "make", "template": "make"}],
+        ctr(
+            "make",
+            "artifacts",
+            str(tmp_path),
+            outputs={
+                "parameters": [
+                    {"name": "here", "valueFrom": {"path": str(tmp_path / "out" / "sub" / "a.txt")}},
+                    {"name": "absent", "valueFrom": {"path": str(tmp_path / "nope"), "default": "-1"}},
+                ]
+            },
+        ),
+    )
+    res, _, _ = run(spec, tmp_path)
+    assert res.phase == "Succeeded"
+    assert res.nodes[0].parameters == {"here": "A", "absent": "-1"}
+
+
 def test_missing_artifact_is_an_error(tmp_path):
     spec = wf(
         [{"name": "make", "template": "make"}],
