@@ -55,12 +55,16 @@ def max_abs_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], keys: l
     return worst, differing
 
 
-def compare(reference: str, replay: str, trial: str) -> dict[str, Any]:
+def compare(reference: str, replay: str, trial: str, total_steps: int | None = None) -> dict[str, Any]:
     ref_url, ref_m = final_checkpoint(reference)
-    rep_url, _ = final_checkpoint(replay)
+    rep_url, rep_m = final_checkpoint(replay)
     tri_url, tri_m = final_checkpoint(trial)
     ref, rep, tri = load_flat(ref_url), load_flat(rep_url), load_flat(tri_url)
     keys = compared_keys(ref)
+    steps = {"reference": ref_m["step"], "replay": rep_m["step"], "trial": tri_m["step"]}
+    if total_steps is not None and set(steps.values()) != {total_steps}:
+        return {"equivalent": False, "tier": 1, "tensors": len(keys), "max_abs_diff": float("inf"), "floor": 0.0,
+                "differing": [], "problem": f"final checkpoints are not all at step {total_steps}: {steps}"}
     missing = sorted(set(keys) - set(tri))
     if missing:
         return {"equivalent": False, "tier": 1, "tensors": len(keys), "max_abs_diff": float("inf"), "floor": 0.0,
@@ -92,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--report-uri", help="also copy the report there (the bucket)")
     args = ap.parse_args(argv)
 
-    result = compare(args.reference, args.replay, args.trial)
+    result = compare(args.reference, args.replay, args.trial, args.total_steps)
     verify = read_json(args.verify)
     evictions = read_json(args.evictions) if args.evictions else {}
     steps = {k: verify[k] for k in ("total", "distinct", "replayed", "resumed_from", "preemptions")}

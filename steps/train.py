@@ -103,6 +103,8 @@ def main(argv: list[str] | None = None) -> int:
     # One grace for the whole pod: the workers budget against what torchrun allows them.
     env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"), BATON_GRACE=str(g))
     child = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, bufsize=1, env=env)
+    if signalled.is_set():  # the SIGTERM came while torchrun was starting: pass it on now
+        child.send_signal(signal.SIGTERM)
     preempted = done = False
     assert child.stdout is not None
     for line in child.stdout:
@@ -114,11 +116,17 @@ def main(argv: list[str] | None = None) -> int:
                 rec = json.loads(s)
             except json.JSONDecodeError:
                 continue
-            evidence.add(s)
+            try:
+                evidence.add(s)
+            except Exception as e:  # noqa: BLE001 - evidence is a copy; losing a line must not end training
+                print(f"[steps.train] could not copy a record to the evidence: {e}", file=sys.stderr)
             preempted |= rec.get("event") == "preempt"
             done |= rec.get("event") == "done"
     rc = child.wait()
-    evidence.flush()
+    try:
+        evidence.flush()
+    except Exception as e:  # noqa: BLE001
+        print(f"[steps.train] could not write the evidence: {e}", file=sys.stderr)
     if rc == 0 and done:
         code = EXIT_OK
     elif preempted:

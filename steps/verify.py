@@ -16,7 +16,8 @@ from typing import Any
 from steps.evidence import read_evidence, read_json, write_json
 
 
-def verify(records: list[dict[str, Any]], total_steps: int, evictions: int | None = None) -> dict[str, Any]:
+def verify(records: list[dict[str, Any]], total_steps: int, evictions: int | None = None,
+           planned: int | None = None) -> dict[str, Any]:
     steps = [r["step"] for r in records if r.get("event") == "step"]
     counts = Counter(steps)
     resumes = sorted((r for r in records if r.get("event") == "resume"), key=lambda r: (r["attempt"], r["time"]))
@@ -31,6 +32,9 @@ def verify(records: list[dict[str, Any]], total_steps: int, evictions: int | Non
         problems.append(f"{len(missing)} step(s) missing: {missing[:10]}")
     if not any(r.get("event") == "done" for r in records):
         problems.append("no done record: the trial did not finish")
+    if planned is not None and evictions is not None and evictions < planned:
+        problems.append(f"{evictions} of {planned} planned evictions happened: the trial finished first "
+                        "(more total_steps, or fewer evictions)")
     if evictions is not None and len(preempts) < evictions:
         problems.append(f"{evictions} evictions but {len(preempts)} clean preemptions: "
                         "an evicted attempt died without committing its step")
@@ -74,8 +78,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-fail", action="store_true",
                     help="exit 0 whenever a verdict was written (the drill's compare step is the gate)")
     args = ap.parse_args(argv)
-    evictions = len(read_json(args.evictions)["evictions"]) if args.evictions else None
-    v = verify(read_evidence(args.evidence), args.total_steps, evictions)
+    ev = read_json(args.evictions) if args.evictions else None
+    v = verify(read_evidence(args.evidence), args.total_steps, len(ev["evictions"]) if ev else None,
+               ev["planned"] if ev else None)
     print(summary(v), file=sys.stderr)
     if args.out:
         write_json(args.out, v)

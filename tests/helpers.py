@@ -44,10 +44,11 @@ def run(cmd: list[str], env: dict[str, str] | None = None, timeout: float = 300)
 
 
 def run_and_sigterm(cmd: list[str], at_step: int, env: dict[str, str] | None = None,
-                    target=None, timeout: float = 300) -> tuple[int, list[dict], str]:
+                    target=None, timeout: float = 300, delay_s: float = 0.0) -> tuple[int, list[dict], str]:
     """Run with BATON_PAUSE_AFTER_STEP=at_step; when the step record for `at_step` shows, send a real
     SIGTERM (to the process, or to `target(proc)`'s pid), and collect everything."""
-    env = dict(env or base_env(), BATON_PAUSE_AFTER_STEP=str(at_step))
+    env = dict(env or base_env())
+    env.setdefault("BATON_PAUSE_AFTER_STEP", str(at_step))
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
     out_lines = []
     deadline = time.monotonic() + timeout
@@ -58,6 +59,7 @@ def run_and_sigterm(cmd: list[str], at_step: int, env: dict[str, str] | None = N
         if not sent and line.startswith("{"):
             rec = json.loads(line)
             if rec["event"] == "step" and rec["step"] == at_step:
+                time.sleep(delay_s)  # lets a pause set after the record (BATON_PAUSE_AFTER_STEP=K:m) begin
                 pid = target(p) if target else p.pid
                 os.kill(pid, signal.SIGTERM)
                 sent = True

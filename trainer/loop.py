@@ -21,6 +21,7 @@ from torch.distributed.device_mesh import init_device_mesh
 
 from trainer import rng
 from trainer.checkpoint import (
+    CorruptCheckpoint,
     FencedOut,
     Store,
     broadcast,
@@ -131,7 +132,7 @@ class Trainer:
             self.optim, lambda s: lr_factor(s, o.warmup_steps, cfg.total_steps, o.min_lr_ratio))
         self.step = 0
         self.notice: NoticeThread | None = None
-        if cfg.notice.enabled:
+        if cfg.notice.enabled and self.rank == 0:  # one watcher; the flag is OR-reduced over the ranks
             self.watcher = NoticeWatcher.from_config(cfg.notice, lead_s=cfg.notice.poll_s)
             self.notice = NoticeThread(self.watcher, cfg.notice.poll_s).start()
         self.cadence = Cadence(cfg.cadence)
@@ -157,14 +158,28 @@ class Trainer:
             "progress": torch.tensor([b.step, b.epoch, b.start, b.yielded], dtype=torch.int64),
             f"rng.rank{self.rank}": b.rng,
             f"loader.rank{self.rank}": tensor_from_json({"rank": self.rank, "epoch": b.epoch, "start": b.start,
-                                                         "yielded": b.yielded, "state": b.loader}),
+                                                         "yielded": b.yielded, "state": b.loader,
+                                                         "num_workers": self.cfg.data.num_workers}),
         }
 
     def _load_template(self, step: int, manifest: dict) -> dict[str, Any]:
-        shapes = self.store.shapes(step)
+        # Rank 0 reads the shapes and every rank gets the same answer, failure included: ranks that
+        # disagreed here would enter dcp.load's collectives out of step.
+        shapes = None
+        if self.rank == 0:
+            try:
+                shapes = self.store.shapes(step)
+            except Exception as e:  # noqa: BLE001 - carried to every rank, raised there
+                shapes = f"{type(e).__name__}: {e}"
+        shapes = broadcast(shapes)
+        if isinstance(shapes, str):
+            raise CorruptCheckpoint(f"cannot read .metadata: {shapes}")
         same_world = manifest.get("world_size") == self.world
         src = (self.world - 1 - self.rank) if self.swap_ranks else self.rank
         template = self.state(self.boundary())
+        if "optimizer" in self.skip:
+            # DCP loads in place, into the optimizer's own tensors: the control must not ask for them.
+            template.pop("optim")
         template.pop(f"rng.rank{self.rank}")
         template.pop(f"loader.rank{self.rank}")
         if same_world:
@@ -193,18 +208,24 @@ class Trainer:
                                              "param_groups": self._param_groups(st["optim_lr"])})
         else:
             set_model_state_dict(self.model, st["model"])
+            for g, (lr, initial) in zip(self.optim.param_groups, st["optim_lr"].tolist(), strict=True):
+                g["lr"], g["initial_lr"] = lr, initial  # the control drops the moments, not the schedule
         if "scheduler" not in self.skip:
             last_epoch, step_count = st["sched"].tolist()
             self.sched.last_epoch, self.sched._step_count = last_epoch, step_count
             self.sched._last_lr = [g["lr"] for g in self.optim.param_groups]
         p_step, epoch, start, yielded = st["progress"].tolist()
-        assert p_step == step, f"checkpoint step-{step:08d} holds progress for step {p_step}"
+        if p_step != step:
+            raise CorruptCheckpoint(f"checkpoint step-{step:08d} holds progress for step {p_step}")
         self.step = step
         src = (self.world - 1 - self.rank) if self.swap_ranks else self.rank
         if "data" not in self.skip:
             if same_world:
                 blob = json_from_tensor(st[f"loader.rank{src}"])
-                self.data.seek(epoch, start, blob["state"], yielded)
+                if blob.get("num_workers", 0) == self.cfg.data.num_workers:
+                    self.data.seek(epoch, start, blob["state"], yielded)
+                else:  # a loader state does not carry across worker counts; the sample order does
+                    self.data.seek(epoch, start + yielded * self.cfg.data.batch_size * self.world)
             else:
                 # Another world size: continue from the same global sample in the epoch.
                 position = start + yielded * self.cfg.data.batch_size * manifest["world_size"]
@@ -254,7 +275,8 @@ class Trainer:
             self.emit("checkpoint", res.step, reason=reason, save_ms=round(res.save_ms, 1),
                       blocking_ms=round(res.blocking_ms, 1), bytes=res.bytes, path=res.path,
                       asynchronous=res.asynchronous)
-            if self.rank == 0:
+            # Retention waits for a later save: inside the grace period every second is the save's.
+            if self.rank == 0 and reason != "preempt":
                 deleted = self.store.retain(ck.keep_last, res.step, ck.keep_best_metric)
                 if deleted:
                     log(f"retention deleted steps {deleted}")
@@ -342,18 +364,25 @@ class Trainer:
             self._history_started = starts[-1] if starts else time.time()
         return [*self._history, Attempt(self._history_started, False, time.time() - self._history_started)]
 
-    def _pause_for_test(self) -> None:
-        """`BATON_PAUSE_AFTER_STEP=K[,K2...]`: wait (at most 120 s) after step K until a signal or a
-        preemption warning arrives, so that a test lands them on an exact step. A test hook; the wait
-        polls the collective stop flag, so every rank leaves it together."""
+    def _pause_for_test(self, micro: int = 0) -> None:
+        """`BATON_PAUSE_AFTER_STEP=K[,K:m,...]`: wait (at most 120 s) after step K, or after m
+        micro-batches of step K+1, until a signal or a preemption warning arrives, so that a test lands
+        it on an exact point. A test hook. The ranks decide to leave together (one all-reduce a poll)."""
         raw = os.environ.get("BATON_PAUSE_AFTER_STEP")
-        if raw is None or self.step not in {int(x) for x in raw.split(",") if x.strip()}:
+        if raw is None:
             return
-        log(f"paused after step {self.step} (BATON_PAUSE_AFTER_STEP)")
+        points = {(int(k), int(m or 0)) for k, _, m in (x.strip().partition(":") for x in raw.split(",") if x.strip())}
+        if (self.step, micro) not in points:
+            return
+        log(f"paused after step {self.step}" + (f", {micro} micro-batch(es) into the next" if micro else ""))
         deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and not self.preempt.should_stop():
-            if self.notice and self.notice.pending():
-                break
+        while True:
+            flags = torch.tensor([int(self.preempt.local), int(bool(self.notice and self.notice.pending())),
+                                  int(time.monotonic() > deadline)], dtype=torch.int32)
+            if self.world > 1:
+                dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+            if flags.any():
+                return
             time.sleep(0.01)
 
     # -- the loop --
@@ -366,19 +395,22 @@ class Trainer:
             self.store.step_boundary()  # the save in flight: staging done before this step mutates; commit if uploaded
             b = self.boundary()
             t0 = time.perf_counter()
-            loss_sum = torch.zeros((), dtype=torch.float64)
+            loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)  # one host sync a step
             digest = []
             for m in range(accum):
+                if m:
+                    self._pause_for_test(micro=m)
                 if self.preempt.should_stop():
                     self.optim.zero_grad(set_to_none=True)
                     return self.stop(b)
                 cpu_batch = data.next_batch()
-                digest.append(cpu_batch)  # hashed on the host copy: no device-to-host sync per step
+                if self.rank == 0:
+                    digest.append(cpu_batch)  # hashed on the host copy: no device-to-host sync
                 batch = cpu_batch.to(self.device)
                 self.model.set_requires_gradient_sync(m == accum - 1)
                 loss = self.model(input_ids=batch, labels=batch).loss / accum
                 loss.backward()
-                loss_sum += loss.detach().double().cpu()
+                loss_sum += loss.detach().double()
             if cfg.optim.grad_clip > 0:
                 torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.optim.grad_clip)
             lr = self.optim.param_groups[0]["lr"]
@@ -389,14 +421,15 @@ class Trainer:
             if self.world > 1:
                 dist.all_reduce(loss_sum, op=dist.ReduceOp.SUM)
                 loss_sum /= self.world
-            self.metrics = {"loss": float(loss_sum)}  # what keep-best retention ranks checkpoints by
+            loss_value = loss_sum.item()
+            self.metrics = {"loss": loss_value}  # what keep-best retention ranks checkpoints by
             if data.epoch_done:
                 data.next_epoch()
             dt = time.perf_counter() - t0
-            self.emit("step", self.step, loss=float(loss_sum), lr=lr, tokens_per_s=round(tokens_per_step / dt, 1),
+            self.emit("step", self.step, loss=loss_value, lr=lr, tokens_per_s=round(tokens_per_step / dt, 1),
                       epoch=b.epoch, batch_sha=_batch_sha(digest))
             if self.rank == 0 and (self.step % cfg.log_every == 0 or self.step == cfg.total_steps):
-                log(f"step {self.step}/{cfg.total_steps} loss {float(loss_sum):.4f} lr {lr:.2e} epoch {b.epoch}")
+                log(f"step {self.step}/{cfg.total_steps} loss {loss_value:.4f} lr {lr:.2e} epoch {b.epoch}")
             if self.step == cfg.total_steps:
                 break
             if cfg.checkpoint.every_steps and self.step % cfg.checkpoint.every_steps == 0:

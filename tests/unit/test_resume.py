@@ -109,6 +109,23 @@ def test_resume_across_an_epoch_boundary(tiny_model, reference, tmp_path, at_ste
     assert equal == total
 
 
+def test_sigterm_between_micro_batches_abandons_the_partial_step(tiny_model, reference, tmp_path):
+    """grad_accum 2: the signal lands after the first micro-batch of step 18 (its dropout has drawn from
+    the RNG, its loader has moved). The stop saves step 17 as it was at that boundary."""
+    ckpt = tmp_path / "trial"
+    env = base_env(BATON_PAUSE_AFTER_STEP="17:1")
+    rc, recs, err = run_and_sigterm(trainer_cmd(tiny_model, ckpt, DROPOUT), at_step=17, env=env, delay_s=1.0)
+    assert rc == 75, err
+    assert "1 micro-batch(es) into the next" in err
+    pre = [r for r in recs if r["event"] == "preempt"][0]
+    assert pre["step"] == 17 and pre["outcome"] == "saved"
+    rc, recs, err = run(trainer_cmd(tiny_model, ckpt, DROPOUT))
+    assert rc == 0, err
+    assert [r["from_step"] for r in recs if r["event"] == "resume"] == [17]
+    equal, total = equal_count(reference[2], tensors(ckpt, TOTAL))
+    assert equal == total
+
+
 def test_sigterm_during_startup_exits_75_and_restarts_exactly(tiny_model, reference, tmp_path):
     import subprocess
 
@@ -173,7 +190,7 @@ def test_a_crash_exits_1(tiny_model, tmp_path):
     shutil.copytree(tiny_model, broken)
     (broken / "config.json").write_text("{not json")
     rc, recs, err = run(trainer_cmd(broken, tmp_path / "ckpt"))
-    assert rc == 1 and "Traceback" in err or "error" in err
+    assert rc == 1 and ("Traceback" in err or "error" in err)
 
 
 def test_resuming_a_finished_run_exits_0_without_training(tiny_model, reference, tmp_path):
