@@ -18,8 +18,6 @@ REPO = Path(__file__).resolve().parent.parent
 WORK = REPO / ".baton" / "bench"
 PY = sys.executable
 TINY_CORPUS = REPO / "trainer" / "assets" / "tiny_corpus.txt"
-GIB = 1 << 30
-MB = 1_000_000
 
 
 def log(msg: str) -> None:
@@ -63,14 +61,25 @@ def parse_line(line: str) -> dict | None:
     return rec if isinstance(rec, dict) and "event" in rec else None
 
 
-def timed_until(cmd: list[str], until: Callable[[dict], bool], env: dict[str, str] | None = None,
-                timeout: float = 300, on_record: Callable[[dict, subprocess.Popen], None] | None = None,
-                ) -> tuple[float | None, list[dict], int]:
+def timed_until(
+    cmd: list[str],
+    until: Callable[[dict], bool],
+    env: dict[str, str] | None = None,
+    timeout: float = 300,
+    on_record: Callable[[dict, subprocess.Popen], None] | None = None,
+) -> tuple[float | None, list[dict], int]:
     """Start `cmd`; the seconds from the spawn until the first JSON line on stdout for which `until`
     holds; then SIGKILL the process. Returns (seconds or None, the records seen, exit code)."""
     t0 = time.monotonic()
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                         env=env or child_env(), cwd=REPO, start_new_session=True)
+    p = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=env or child_env(),
+        cwd=REPO,
+        start_new_session=True,
+    )
     recs: list[dict] = []
     hit: float | None = None
     assert p.stdout is not None
@@ -94,7 +103,9 @@ def timed_until(cmd: list[str], until: Callable[[dict], bool], env: dict[str, st
     return hit, recs, rc
 
 
-def run_records(cmd: list[str], env: dict[str, str] | None = None, timeout: float = 600) -> tuple[int, list[dict]]:
+def run_records(
+    cmd: list[str], env: dict[str, str] | None = None, timeout: float = 600
+) -> tuple[int, list[dict]]:
     """Run to the end; (exit code, the JSON lines of stdout). stderr is dropped unless it fails."""
     p = subprocess.run(cmd, capture_output=True, text=True, env=env or child_env(), cwd=REPO, timeout=timeout)
     if p.returncode not in (0, 75):
@@ -107,10 +118,14 @@ def rss_bytes() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def section_args(description: str, extra: Callable[[argparse.ArgumentParser], None] | None = None,
-                 ) -> argparse.Namespace:
+def section_args(
+    description: str,
+    extra: Callable[[argparse.ArgumentParser], None] | None = None,
+) -> argparse.Namespace:
     """Every section module runs as `python -m bench.<section> --result FILE [--reps N] [--quick]`."""
-    ap = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=description, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--result", required=True, help="write the section's figures here as JSON")
     ap.add_argument("--reps", type=int, default=3, help="repeats of each side, interleaved")
     ap.add_argument("--quick", action="store_true", help="smaller sizes: checks the bench itself runs")

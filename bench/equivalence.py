@@ -42,8 +42,12 @@ def compare(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     import torch
 
     if a.keys() != b.keys():
-        return {"tensors": len(a), "differing": None, "max_abs_diff": None,
-                "error": f"different keys: {sorted(a.keys() ^ b.keys())[:5]}"}
+        return {
+            "tensors": len(a),
+            "differing": None,
+            "max_abs_diff": None,
+            "error": f"different keys: {sorted(a.keys() ^ b.keys())[:5]}",
+        }
     differing, worst = 0, 0.0
     for k in a:
         x, y = a[k], b[k]
@@ -68,18 +72,40 @@ def baton_side(root: Path, model: Path) -> dict[str, Any]:
     shutil.copytree(trial, control)
     rc2, recs2 = run_records(trainer_cmd(model, trial, *sets), env=env)
     resumed = next((r["from_step"] for r in recs2 if r["event"] == "resume"), None)
-    log(f"baton trial: SIGTERM at step {AT} -> exit {rc1} (saved step {stop.get('step')}); "
-        f"restart resumed from step {resumed} -> exit {rc2}")
+    log(
+        f"baton trial: SIGTERM at step {AT} -> exit {rc1} (saved step {stop.get('step')}); "
+        f"restart resumed from step {resumed} -> exit {rc2}"
+    )
     run_records(trainer_cmd(model, control, *sets), env=child_env(BATON_SKIP_RESTORE="rng"))
     a = model_and_optim(tensors(ref, TOTAL))
-    return {"exits": [rc, rc1, rc2], "resumed_from": resumed, "replayed_steps": AT - (resumed or 0),
-            **compare(a, model_and_optim(tensors(trial, TOTAL))),
-            "control": compare(a, model_and_optim(tensors(control, TOTAL)))}
+    return {
+        "exits": [rc, rc1, rc2],
+        "resumed_from": resumed,
+        "replayed_steps": AT - (resumed or 0),
+        **compare(a, model_and_optim(tensors(trial, TOTAL))),
+        "control": compare(a, model_and_optim(tensors(control, TOTAL))),
+    }
 
 
 def hf_cmd(model: Path, out: Path, *extra: str) -> list[str]:
-    return [PY, "-m", "bench.hf_peer", "--model", str(model), "--corpus", str(TINY_CORPUS), "--out", str(out),
-            "--max-steps", str(TOTAL), "--save-steps", "5", "--dropout", "0.1", *extra]
+    return [
+        PY,
+        "-m",
+        "bench.hf_peer",
+        "--model",
+        str(model),
+        "--corpus",
+        str(TINY_CORPUS),
+        "--out",
+        str(out),
+        "--max-steps",
+        str(TOTAL),
+        "--save-steps",
+        "5",
+        "--dropout",
+        "0.1",
+        *extra,
+    ]
 
 
 def hf_tensors(ckpt: Path) -> dict[str, Any]:
@@ -106,8 +132,12 @@ def hf_side(root: Path, model: Path) -> dict[str, Any]:
             os.kill(p.pid, signal.SIGTERM)
 
     # Held after writing checkpoint-25, then SIGTERM: the Trainer dies of it (no handler of its own).
-    _, _, rc1 = timed_until(hf_cmd(model, trial, "--pause-after-save", str(AT)), lambda r: False, env=env,
-                            on_record=sigterm_on_save)
+    _, _, rc1 = timed_until(
+        hf_cmd(model, trial, "--pause-after-save", str(AT)),
+        lambda r: False,
+        env=env,
+        on_record=sigterm_on_save,
+    )
     control = root / "hf-control"
     shutil.copytree(trial / f"checkpoint-{AT}", control / f"checkpoint-{AT}")
     (control / f"checkpoint-{AT}" / "rng_state.pth").unlink()
@@ -116,9 +146,12 @@ def hf_side(root: Path, model: Path) -> dict[str, Any]:
     log(f"HF trial: SIGTERM after checkpoint-{AT} -> exit {rc1}; resumed, first step {first} -> exit {rc2}")
     run_records(hf_cmd(model, control, "--resume", str(control / f"checkpoint-{AT}")), env=env)
     a = hf_tensors(ref / f"checkpoint-{TOTAL}")
-    return {"exits": [rc, rc1, rc2], "resumed_from": (first or 1) - 1,
-            **compare(a, hf_tensors(trial / f"checkpoint-{TOTAL}")),
-            "control": compare(a, hf_tensors(control / f"checkpoint-{TOTAL}"))}
+    return {
+        "exits": [rc, rc1, rc2],
+        "resumed_from": (first or 1) - 1,
+        **compare(a, hf_tensors(trial / f"checkpoint-{TOTAL}")),
+        "control": compare(a, hf_tensors(control / f"checkpoint-{TOTAL}")),
+    }
 
 
 def main() -> None:
@@ -127,13 +160,19 @@ def main() -> None:
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)
     model = tiny_model()
-    result = {"total_steps": TOTAL, "interrupted_at": AT, "baton": baton_side(root, model),
-              "hf": hf_side(root, model)}
+    result = {
+        "total_steps": TOTAL,
+        "interrupted_at": AT,
+        "baton": baton_side(root, model),
+        "hf": hf_side(root, model),
+    }
     for side in ("baton", "hf"):
         r = result[side]
-        log(f"{side}: {r['differing']} of {r['tensors']} tensors differ, max abs diff {r['max_abs_diff']}; "
+        log(
+            f"{side}: {r['differing']} of {r['tensors']} tensors differ, max abs diff {r['max_abs_diff']}; "
             f"negative control (RNG not restored): {r['control']['differing']} differ, "
-            f"max abs diff {r['control']['max_abs_diff']:.3g}")
+            f"max abs diff {r['control']['max_abs_diff']:.3g}"
+        )
     write_result(args.result, result)
 
 

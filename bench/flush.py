@@ -2,8 +2,9 @@
 
 Sides, interleaved, each `reps` times (after one untimed warm-up of each baton side; on local disk the
 raw, dcp and store sides then get `reps` more interleaved rounds, because the shared disk is noisy):
-- raw: one sequential write of the checkpoint's byte count (16 MiB chunks), then fsync (local) or
-  the multipart upload's completion (S3): the physical limit of that storage through that client;
+- raw: one sequential write of the checkpoint's byte count (1 MiB chunks, which were faster here than
+  16 MiB ones), then fsync (local) or the multipart upload's completion (S3): the physical limit of
+  that storage through that client;
 - dcp: `dcp.save` with the FsspecWriter that the trainer uses (serialize + write + fsync);
 - store: `trainer.checkpoint.Store.save`, what a preemption save costs: dcp.save, then read back and
   sha256 every file, then manifest.json and _COMMIT;
@@ -30,7 +31,7 @@ from typing import Any
 
 from bench.common import WORK, interleaved, log, median, section_args, write_result
 
-CHUNK = 16 << 20
+CHUNK = 1 << 20
 
 
 def raw_write(uri: str, nbytes: int, noise: memoryview) -> float:
@@ -43,7 +44,7 @@ def raw_write(uri: str, nbytes: int, noise: memoryview) -> float:
         while left > 0:
             n = min(left, CHUNK)
             off = (left // CHUNK * CHUNK) % (len(noise) - CHUNK)
-            f.write(noise[off: off + n])
+            f.write(noise[off : off + n])
             left -= n
 
     path = local_path(uri)
@@ -143,8 +144,12 @@ class Sides:
             self._stager = DefaultStager(StagingOptions(False, False, False, False))
         path = self.store.step_path(self._next())
         t0 = time.perf_counter()
-        fut = dcp.async_save(self.state, storage_writer=self._writer(path), process_group=self._group,
-                             async_stager=self._stager if reuse_stager else None)
+        fut = dcp.async_save(
+            self.state,
+            storage_writer=self._writer(path),
+            process_group=self._group,
+            async_stager=self._stager if reuse_stager else None,
+        )
         blocking = time.perf_counter() - t0
         (getattr(fut, "upload_completion", None) or fut).result()
         total = time.perf_counter() - t0
@@ -153,8 +158,12 @@ class Sides:
 
     def run(self, name: str) -> dict[str, float]:
         runs: dict[str, Callable[[], dict[str, float]]] = {
-            "raw": self.raw, "dcp": self.dcp_save, "store": self.store_save, "async": self.async_save,
-            "async_reuse": self.async_reuse}
+            "raw": self.raw,
+            "dcp": self.dcp_save,
+            "store": self.store_save,
+            "async": self.async_save,
+            "async_reuse": self.async_reuse,
+        }
         return runs[name]()
 
 
@@ -175,8 +184,10 @@ def measure(sides: Sides, names: list[str], reps: int, where: str, cheap_reps: i
     for rep, name in rounds:
         r = sides.run(name)
         out[name].append(r)
-        log(f"{where} rep {rep + 1} {name}: {r['s']:.2f} s"
-            + (f" (committed after {r['total_s']:.2f} s)" if "total_s" in r else ""))
+        log(
+            f"{where} rep {rep + 1} {name}: {r['s']:.2f} s"
+            + (f" (committed after {r['total_s']:.2f} s)" if "total_s" in r else "")
+        )
     s: dict[str, Any] = {"runs": out, "ckpt_bytes": sides.nbytes, "first_store_save_s": first}
     for name, rs in out.items():
         s[f"{name}_s"] = median([r["s"] for r in rs])
@@ -199,18 +210,30 @@ def main() -> None:
     quick = args.quick or args.where == "s3"
     t = open_trainer(f"file://{WORK / 'flush'}", quick=quick)
     state, manifest = state_of(t), manifest_of(t)
-    result: dict[str, Any] = {"where": args.where, "state_bytes": state_bytes(state),
-                              "params": sum(p.numel() for p in t.model.parameters()),
-                              "async_path": "Store.save_async" if hasattr(t.store, "save_async") else "dcp.async_save"}
+    result: dict[str, Any] = {
+        "where": args.where,
+        "state_bytes": state_bytes(state),
+        "params": sum(p.numel() for p in t.model.parameters()),
+        "async_path": "Store.save_async" if hasattr(t.store, "save_async") else "dcp.async_save",
+    }
     if args.where == "local":
         sides = Sides(t.store, t.attempt, state, manifest)
-        result.update(measure(sides, ["raw", "dcp", "store", "async", "async_reuse"], args.reps, "local",
-                              cheap_reps=2 * args.reps))
+        result.update(
+            measure(
+                sides,
+                ["raw", "dcp", "store", "async", "async_reuse"],
+                args.reps,
+                "local",
+                cheap_reps=2 * args.reps,
+            )
+        )
     else:
         with LocalS3() as s3:
             store = Store(s3.uri("flush"), t.cfg.run_id)
             attempt = store.claim_attempt({"bench": True})
-            result.update(measure(Sides(store, attempt, state, manifest), ["raw", "dcp", "store"], args.reps, "s3"))
+            result.update(
+                measure(Sides(store, attempt, state, manifest), ["raw", "dcp", "store"], args.reps, "s3")
+            )
     close(t)
     write_result(args.result, result)
 

@@ -27,8 +27,11 @@ def emit(event: str, **fields: Any) -> None:
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="python -m bench.hf_peer", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m bench.hf_peer",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("--model", required=True)
     ap.add_argument("--corpus", required=True)
     ap.add_argument("--out", required=True, help="output_dir: checkpoint-<step> folders go here")
@@ -77,13 +80,13 @@ def main(argv: list[str] | None = None) -> int:
             return {"input_ids": samples[i], "labels": samples[i]}
 
     class Events(TrainerCallback):
-        def on_train_begin(self, args, state, control, **kw):  # noqa: ANN001
+        def on_train_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
             emit("train_begin", step=state.global_step)
 
-        def on_step_end(self, args, state, control, **kw):  # noqa: ANN001
+        def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
             emit("step", step=state.global_step)
 
-        def on_save(self, args, state, control, **kw):  # noqa: ANN001
+        def on_save(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
             emit("save", step=state.global_step, path=str(Path(a.out) / f"checkpoint-{state.global_step}"))
             if state.global_step == a.stop_after_save:
                 control.should_training_stop = True
@@ -93,17 +96,39 @@ def main(argv: list[str] | None = None) -> int:
                     time.sleep(0.05)
 
     args = TrainingArguments(
-        output_dir=a.out, max_steps=a.max_steps, per_device_train_batch_size=a.batch_size,
-        gradient_accumulation_steps=a.grad_accum, learning_rate=a.lr, lr_scheduler_type="cosine_with_min_lr",
-        lr_scheduler_kwargs={"min_lr_rate": 0.1}, warmup_steps=a.warmup, weight_decay=0.01, adam_beta1=0.9,
-        adam_beta2=0.95, adam_epsilon=1e-8, max_grad_norm=1.0,
-        save_strategy="steps" if a.save_steps else "no", save_steps=a.save_steps or 500,
-        logging_strategy="no", report_to="none", seed=a.seed, full_determinism=True, use_cpu=True,
-        dataloader_num_workers=0, disable_tqdm=True,
+        output_dir=a.out,
+        max_steps=a.max_steps,
+        per_device_train_batch_size=a.batch_size,
+        gradient_accumulation_steps=a.grad_accum,
+        learning_rate=a.lr,
+        lr_scheduler_type="cosine_with_min_lr",
+        lr_scheduler_kwargs={"min_lr_rate": 0.1},
+        warmup_steps=a.warmup,
+        weight_decay=0.01,
+        adam_beta1=0.9,
+        adam_beta2=0.95,
+        adam_epsilon=1e-8,
+        max_grad_norm=1.0,
+        save_strategy="steps" if a.save_steps else "no",
+        save_steps=a.save_steps or 500,
+        logging_strategy="no",
+        report_to="none",
+        seed=a.seed,
+        full_determinism=True,
+        use_cpu=True,
+        dataloader_num_workers=0,
+        disable_tqdm=True,
     )
-    model = AutoModelForCausalLM.from_pretrained(a.model, attn_implementation="eager", attention_dropout=a.dropout)
-    trainer = Trainer(model=model, args=args, train_dataset=Packed(), data_collator=default_data_collator,
-                      callbacks=[Events()])
+    model = AutoModelForCausalLM.from_pretrained(
+        a.model, attn_implementation="eager", attention_dropout=a.dropout
+    )
+    trainer = Trainer(
+        model=model,
+        args=args,
+        train_dataset=Packed(),
+        data_collator=default_data_collator,
+        callbacks=[Events()],
+    )
     trainer.train(resume_from_checkpoint=a.resume)
     emit("done", step=trainer.state.global_step)
     return 0

@@ -51,7 +51,9 @@ def main() -> None:
     args = section_args(__doc__ or "", _extra)
     from bench.state import close, manifest_of, open_trainer, state_bytes, state_of
 
-    t = open_trainer(f"file://{WORK / ('memory-' + args.mode)}", quick=args.quick, name=f"bench-mem-{args.mode}")
+    t = open_trainer(
+        f"file://{WORK / ('memory-' + args.mode)}", quick=args.quick, name=f"bench-mem-{args.mode}"
+    )
     store, fs = t.store, t.store.fs
     state, manifest = state_of(t), manifest_of(t)
     before = rss_bytes()
@@ -70,11 +72,19 @@ def main() -> None:
             if i > 1:
                 fs.rm(store.step_path(i - 1), recursive=True)
             after.append(rss_bytes())
-            log(f"memory {args.mode}: save {i}/{args.saves} in {save_s[-1]:.1f} s, RSS {after[-1] / 1e9:.2f} GB, "
-                f"peak so far {peak.peak / 1e9:.2f} GB")
+            log(
+                f"memory {args.mode}: save {i}/{args.saves} in {save_s[-1]:.1f} s, "
+                f"RSS {after[-1] / 1e9:.2f} GB, peak so far {peak.peak / 1e9:.2f} GB"
+            )
     fs.rm(store.step_path(args.saves), recursive=True)
-    result: dict[str, Any] = {"mode": args.mode, "state_bytes": state_bytes(state), "rss_before": before,
-                              "peak": peak.peak, "rss_after": after, "save_s": save_s}
+    result: dict[str, Any] = {
+        "mode": args.mode,
+        "state_bytes": state_bytes(state),
+        "rss_before": before,
+        "peak": peak.peak,
+        "rss_after": after,
+        "save_s": save_s,
+    }
     close(t)
     write_result(args.result, result)
 

@@ -16,12 +16,27 @@ from pathlib import Path
 
 from bench.common import TINY_CORPUS, WORK, log
 
-BIG_ARCH = dict(hidden_size=768, intermediate_size=2048, num_hidden_layers=12, num_attention_heads=12,
-                num_key_value_heads=4, vocab_size=32000, max_position_embeddings=512, tie_word_embeddings=False)
-QUICK_ARCH = dict(BIG_ARCH, hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2)
-SMALL_ARCH = dict(hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=4,
-                  num_key_value_heads=2)
+BIG_ARCH = dict(
+    hidden_size=768,
+    intermediate_size=2048,
+    num_hidden_layers=12,
+    num_attention_heads=12,
+    num_key_value_heads=4,
+    vocab_size=32000,
+    max_position_embeddings=512,
+    tie_word_embeddings=False,
+)
+QUICK_ARCH = dict(
+    BIG_ARCH,
+    hidden_size=256,
+    intermediate_size=512,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+)
+SMALL_ARCH = dict(
+    hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2
+)
 
 
 def tiny_model() -> Path:
@@ -55,8 +70,9 @@ def big_model(quick: bool = False) -> Path:
         tok = AutoTokenizer.from_pretrained(tiny_model())
         tmp = out.with_name(out.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
-        config = Qwen2Config(eos_token_id=tok.eos_token_id, bos_token_id=tok.eos_token_id, attention_dropout=0.0,
-                             **arch)
+        config = Qwen2Config(
+            eos_token_id=tok.eos_token_id, bos_token_id=tok.eos_token_id, attention_dropout=0.0, **arch
+        )
         with torch.random.fork_rng():
             torch.manual_seed(1234)
             model = Qwen2ForCausalLM(config)

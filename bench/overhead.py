@@ -46,9 +46,20 @@ def steps_per_s(recs: list[dict]) -> tuple[float, float]:
 
 def baton_cmd(model: str, ckpt: str, steps: int, *sets: str) -> list[str]:
     cmd = [PY, "-m", "trainer", "--config", "trainer/configs/tiny.yaml"]
-    for s in (f"model.path={model}", f"data.uri={TINY_CORPUS}", f"checkpoint.uri={ckpt}", f"total_steps={steps}",
-              "name=bench-loop", "data.grad_accum=1", "data.batch_size=4", "data.seq_len=64", "log_every=1000",
-              "checkpoint.every_steps=0", "checkpoint.keep_last=2", *sets):
+    for s in (
+        f"model.path={model}",
+        f"data.uri={TINY_CORPUS}",
+        f"checkpoint.uri={ckpt}",
+        f"total_steps={steps}",
+        "name=bench-loop",
+        "data.grad_accum=1",
+        "data.batch_size=4",
+        "data.seq_len=64",
+        "log_every=1000",
+        "checkpoint.every_steps=0",
+        "checkpoint.keep_last=2",
+        *sets,
+    ):
         cmd += ["--set", s]
     return cmd
 
@@ -69,8 +80,20 @@ def main() -> None:
     for rep, side in interleaved(args.reps, list(runs)):
         ckpt = str(root / f"{side}-{rep}")
         if side.startswith("plain"):
-            rc, recs = run_records([PY, "-m", "bench.plain_loop", "--model", model, "--corpus", str(TINY_CORPUS),
-                                    "--steps", str(steps), *(["--fsdp"] if side == "plain_fsdp" else [])])
+            rc, recs = run_records(
+                [
+                    PY,
+                    "-m",
+                    "bench.plain_loop",
+                    "--model",
+                    model,
+                    "--corpus",
+                    str(TINY_CORPUS),
+                    "--steps",
+                    str(steps),
+                    *(["--fsdp"] if side == "plain_fsdp" else []),
+                ]
+            )
         elif side == "baton":
             rc, recs = run_records(baton_cmd(model, ckpt, steps))
             save_cost += [r["save_ms"] / 1000 for r in recs if r["event"] == "checkpoint"]
@@ -79,19 +102,38 @@ def main() -> None:
                 mtbf = median([r["span_s"] for r in runs["plain"]])
                 c = median(save_cost)
                 plan = {"mtbf_s": mtbf, "save_cost_s": c, "interval_s": math.sqrt(2 * c * mtbf)}
-                log(f"Young/Daly: C {c:.3f} s, M {mtbf:.1f} s (1 h scaled to the plain run) -> every "
-                    f"{plan['interval_s']:.2f} s")
-            rc, recs = run_records(baton_cmd(
-                model, ckpt, steps, "cadence.mode=auto", f"cadence.mtbf_prior_s={plan['mtbf_s']}",
-                "cadence.mtbf_prior_weight=1000000", f"cadence.every_s={plan['interval_s']}",
-                "cadence.min_interval_s=0.1"))
+                log(
+                    f"Young/Daly: C {c:.3f} s, M {mtbf:.1f} s (1 h scaled to the plain run) -> every "
+                    f"{plan['interval_s']:.2f} s"
+                )
+            rc, recs = run_records(
+                baton_cmd(
+                    model,
+                    ckpt,
+                    steps,
+                    "cadence.mode=auto",
+                    f"cadence.mtbf_prior_s={plan['mtbf_s']}",
+                    "cadence.mtbf_prior_weight=1000000",
+                    f"cadence.every_s={plan['interval_s']}",
+                    "cadence.min_interval_s=0.1",
+                )
+            )
         sps, span = steps_per_s(recs)
         saves = [r for r in recs if r["event"] == "checkpoint" and r.get("reason") == "periodic"]
-        runs[side].append({"steps_per_s": sps, "span_s": span, "exit": rc, "periodic_saves": len(saves),
-                           "periodic_save_s": sum(r["save_ms"] for r in saves) / 1000})
+        runs[side].append(
+            {
+                "steps_per_s": sps,
+                "span_s": span,
+                "exit": rc,
+                "periodic_saves": len(saves),
+                "periodic_save_s": sum(r["save_ms"] for r in saves) / 1000,
+            }
+        )
         shutil.rmtree(ckpt, ignore_errors=True)
-        log(f"overhead rep {rep + 1}/{args.reps} {side}: {sps:.1f} steps/s over {span:.1f} s"
-            + (f", {len(saves)} periodic saves" if side == "baton_yd" else ""))
+        log(
+            f"overhead rep {rep + 1}/{args.reps} {side}: {sps:.1f} steps/s over {span:.1f} s"
+            + (f", {len(saves)} periodic saves" if side == "baton_yd" else "")
+        )
     result: dict[str, Any] = {"steps": steps, "runs": runs, "plan": plan}
     for side, rs in runs.items():
         result[f"{side}_steps_per_s"] = median([r["steps_per_s"] for r in rs])

@@ -16,8 +16,11 @@ import time
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.plain_loop", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m bench.plain_loop",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("--model", required=True)
     ap.add_argument("--corpus", required=True)
     ap.add_argument("--steps", type=int, required=True)
@@ -52,8 +55,9 @@ def main(argv: list[str] | None = None) -> int:
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
         model = shard(model, init_device_mesh("cpu", (1,)))
     model.train()
-    optim = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.01,
-                              foreach=False)
+    optim = torch.optim.AdamW(
+        model.parameters(), lr=a.lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.01, foreach=False
+    )
     sched = torch.optim.lr_scheduler.LambdaLR(optim, lambda s: lr_factor(s, a.warmup, a.steps, 0.1))
     step, epoch = 0, 0
     while step < a.steps:
@@ -66,8 +70,9 @@ def main(argv: list[str] | None = None) -> int:
             sched.step()
             optim.zero_grad(set_to_none=True)
             step += 1
-            sys.stdout.write(json.dumps({"event": "step", "step": step, "time": time.time(),
-                                         "loss": float(loss)}) + "\n")
+            sys.stdout.write(
+                json.dumps({"event": "step", "step": step, "time": time.time(), "loss": float(loss)}) + "\n"
+            )
             sys.stdout.flush()
             if step == a.steps:
                 break

@@ -39,9 +39,19 @@ CONFIG = REPO / "trainer" / "configs" / "tiny.yaml"
 
 
 def baton_sets(model: Path, corpus: Path, ckpt: Path, total: int) -> list[str]:
-    return ["name=bench-resume", f"model.path={model}", f"data.uri={corpus}", f"data.seq_len={SEQ}",
-            "data.batch_size=1", "data.grad_accum=1", f"total_steps={total}", f"checkpoint.uri=file://{ckpt}",
-            "checkpoint.every_steps=0", "notice.enabled=false", "log_every=100000"]
+    return [
+        "name=bench-resume",
+        f"model.path={model}",
+        f"data.uri={corpus}",
+        f"data.seq_len={SEQ}",
+        "data.batch_size=1",
+        "data.grad_accum=1",
+        f"total_steps={total}",
+        f"checkpoint.uri=file://{ckpt}",
+        "checkpoint.every_steps=0",
+        "notice.enabled=false",
+        "log_every=100000",
+    ]
 
 
 def baton_fabricate(sets: list[str], k: int) -> None:
@@ -63,8 +73,26 @@ def baton_fabricate(sets: list[str], k: int) -> None:
 
 
 def hf_cmd(model: Path, corpus: Path, out: Path, total: int, *extra: str) -> list[str]:
-    return [PY, "-m", "bench.hf_peer", "--model", str(model), "--corpus", str(corpus), "--out", str(out),
-            "--max-steps", str(total), "--seq-len", str(SEQ), "--batch-size", "1", "--grad-accum", "1", *extra]
+    return [
+        PY,
+        "-m",
+        "bench.hf_peer",
+        "--model",
+        str(model),
+        "--corpus",
+        str(corpus),
+        "--out",
+        str(out),
+        "--max-steps",
+        str(total),
+        "--seq-len",
+        str(SEQ),
+        "--batch-size",
+        "1",
+        "--grad-accum",
+        "1",
+        *extra,
+    ]
 
 
 def hf_fabricate(model: Path, corpus: Path, out: Path, total: int, ks: list[int]) -> None:
@@ -119,7 +147,9 @@ def main() -> None:
         mark = next((r["time"] for r in recs if r.get("event") in ("resume", "train_begin")), None)
         step_t = next(r["time"] for r in recs if r.get("event") == "step")
         runs[name].append({"s": secs, "tail_s": None if mark is None else step_t - mark})
-        log(f"resume rep {rep + 1}/{args.reps} {name}: first step (step {first}) {secs:.2f} s after the spawn")
+        log(
+            f"resume rep {rep + 1}/{args.reps} {name}: first step (step {first}) {secs:.2f} s after the spawn"
+        )
     result: dict[str, Any] = {"ks": ks, "batches_per_epoch": n_batches, "runs": runs}
     for name, rs in runs.items():
         result[f"{name}_s"] = median([r["s"] for r in rs])

@@ -39,41 +39,66 @@ SECTION_ENV: dict[str, dict[str, str]] = {"memory-async-mmap": {"MALLOC_MMAP_THR
 
 def machine() -> dict[str, str]:
     mem_kb = next(int(line.split()[1]) for line in open("/proc/meminfo") if line.startswith("MemTotal"))
-    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
-               platform.processor())
+    cpu = next(
+        (line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
+        platform.processor(),
+    )
     nproc = subprocess.run(["nproc"], capture_output=True, text=True).stdout.strip()
-    return {"nproc": nproc, "ram": f"{mem_kb / 1024 / 1024:.1f} GiB", "cpu": cpu,
-            "python": platform.python_version(), "torch": version("torch"), "transformers": version("transformers"),
-            "accelerate": version("accelerate"), "moto": version("moto"), "s3fs": version("s3fs"),
-            "kernel": platform.release()}
+    return {
+        "nproc": nproc,
+        "ram": f"{mem_kb / 1024 / 1024:.1f} GiB",
+        "cpu": cpu,
+        "python": platform.python_version(),
+        "torch": version("torch"),
+        "transformers": version("transformers"),
+        "accelerate": version("accelerate"),
+        "moto": version("moto"),
+        "s3fs": version("s3fs"),
+        "kernel": platform.release(),
+    }
 
 
-def setup_text(m: dict[str, str], command: str, total_s: float, reps: int, when: str) -> str:
-    return "\n".join([
-        f"Run of {when}, {total_s / 60:.1f} min in all.",
-        "",
-        "```",
-        command,
-        "```",
-        "",
-        f"Machine: `nproc` = {m['nproc']} ({m['cpu']}), {m['ram']} RAM, Linux {m['kernel']}, Python {m['python']}, "
-        f"torch {m['torch']}, transformers {m['transformers']}, accelerate {m['accelerate']}, s3fs {m['s3fs']}, "
-        f"moto {m['moto']}. CPU only; the machine is shared with other jobs, so absolute times are noisy and "
-        f"only the ratios (both sides measured in the same run, interleaved) are the figures.",
-        "",
-        f"Method: every timed side is repeated {reps} times, interleaved with the side it is compared to (the "
-        "order rotates each round), and the median is reported. Every process runs with `OMP_NUM_THREADS=1`: "
-        "with two intra-op threads a busy neighbour on this 2-core machine made a step up to 10x slower. "
-        "Models are built from a config with random weights (nothing is downloaded): the big one is a Qwen2 "
-        "with hidden 768, 12 layers, 12 heads (4 KV heads), MLP 2048, vocab 32000 and an untied head, "
-        "124.7 M parameters. The local S3 is moto's ThreadedMotoServer on 127.0.0.1 in a child process, "
-        "started and stopped by the bench (`BATON_S3_ENDPOINT`, dummy keys); its sections use a 17.6 M "
-        "stand-in (hidden 256, 2 layers, 0.21 GB of state), because moto holds objects in memory and slows "
-        "down faster than linearly with object size (a single 1.5 GB upload took over a minute).",
-    ])
+def setup_text(m: dict[str, str], meta: dict[str, Any], results: dict[str, dict[str, Any]]) -> str:
+    big, small = results.get("flush-local", {}), results.get("flush-s3", {})
+    big_p = f"{big['params'] / 1e6:.1f} M" if big else "about 125 M"
+    small_p = (
+        f"{small['params'] / 1e6:.1f} M-parameter stand-in (hidden 256, 2 layers, "
+        f"{small['ckpt_bytes'] / 1e9:.2f} GB of state)"
+        if small
+        else "small stand-in"
+    )
+    return "\n".join(
+        [
+            f"Run of {meta['when']}, {meta['total_s'] / 60:.1f} min in all.",
+            "",
+            "```",
+            meta["command"],
+            "```",
+            "",
+            f"Machine: `nproc` = {m['nproc']} ({m['cpu']}), {m['ram']} RAM, Linux {m['kernel']}, "
+            f"Python {m['python']}, torch {m['torch']}, transformers {m['transformers']}, "
+            f"accelerate {m['accelerate']}, s3fs {m['s3fs']}, moto {m['moto']}. CPU only; the machine is "
+            f"shared with other jobs, so absolute times are noisy and only the ratios (both sides measured "
+            f"in the same run, interleaved) are the figures.",
+            "",
+            f"Method: every timed side is repeated {meta['reps']} times ({2 * meta['reps']} for the "
+            "seconds-long local-disk writes), interleaved with the side it is compared to (the order rotates "
+            "each round), and the median is reported. Every process runs with "
+            "`OMP_NUM_THREADS=1`: with two intra-op threads a busy neighbour on this 2-core machine made a "
+            "step up to 10x slower. Models are built from a config with random weights (nothing is "
+            "downloaded): the big one is a Qwen2 with hidden 768, 12 layers, 12 heads (4 KV heads), MLP "
+            f"2048, vocab 32000 and an untied head, {big_p} parameters. The local S3 is moto's "
+            "ThreadedMotoServer on 127.0.0.1 in a child process, started and stopped by the bench "
+            f"(`BATON_S3_ENDPOINT`, dummy keys); its section uses a {small_p}, "
+            "because moto holds objects in memory and slows down faster than linearly with object size "
+            "(a single 1.5 GB upload took over a minute).",
+        ]
+    )
 
 
-def run_section(name: str, args: argparse.Namespace, out_dir: Path) -> tuple[dict[str, Any] | None, str | None]:
+def run_section(
+    name: str, args: argparse.Namespace, out_dir: Path
+) -> tuple[dict[str, Any] | None, str | None]:
     result = out_dir / f"{name}.json"
     result.unlink(missing_ok=True)
     module, *extra = SECTIONS[name]
@@ -82,8 +107,9 @@ def run_section(name: str, args: argparse.Namespace, out_dir: Path) -> tuple[dic
         cmd.append("--quick")
     t0 = time.monotonic()
     log(f"section {name}: {' '.join(cmd[1:])}")
-    p = subprocess.run(cmd, cwd=REPO, env=child_env(**SECTION_ENV.get(name, {})), stdout=sys.stderr,
-                       stderr=sys.stderr)
+    p = subprocess.run(
+        cmd, cwd=REPO, env=child_env(**SECTION_ENV.get(name, {})), stdout=sys.stderr, stderr=sys.stderr
+    )
     log(f"section {name}: exit {p.returncode} after {time.monotonic() - t0:.0f} s")
     if p.returncode != 0 or not result.exists():
         return None, f"exit {p.returncode} (its output is above in the log)"
@@ -91,22 +117,36 @@ def run_section(name: str, args: argparse.Namespace, out_dir: Path) -> tuple[dic
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m bench.run", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--quick", action="store_true", help="small sizes, to check the bench itself")
     ap.add_argument("--only", default="", help=f"comma-separated sections of: {', '.join(SECTIONS)}")
-    ap.add_argument("--results", default=None, help="default: docs/results.md (out/bench/results-quick.md "
-                                                    "with --quick or --only)")
+    ap.add_argument(
+        "--results",
+        default=None,
+        help="default: docs/results.md (out/bench/results-quick.md with --quick or --only)",
+    )
+    ap.add_argument(
+        "--rerender",
+        action="store_true",
+        help="measure nothing: rewrite the results file from the last run's .baton/bench/results/all.json",
+    )
     args = ap.parse_args(argv)
+    if args.rerender:
+        return rerender(Path(args.results) if args.results else REPO / "docs/results.md")
     names = [s for s in args.only.split(",") if s] or list(SECTIONS)
     unknown = set(names) - set(SECTIONS)
     if unknown:
         ap.error(f"unknown sections {sorted(unknown)}")
     partial = args.quick or bool(args.only)
-    target = Path(args.results) if args.results else REPO / ("out/bench/results-quick.md" if partial
-                                                             else "docs/results.md")
-    out_dir = WORK / "results"
+    target = (
+        Path(args.results)
+        if args.results
+        else REPO / ("out/bench/results-quick.md" if partial else "docs/results.md")
+    )
+    out_dir = WORK / ("results-partial" if partial else "results")  # --rerender reads a full run's
     out_dir.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     results: dict[str, dict[str, Any]] = {}
@@ -117,18 +157,37 @@ def main(argv: list[str] | None = None) -> int:
             results[name] = res
         else:
             failed[name] = err or "failed"
-    total = time.monotonic() - t0
-    figs = report.figures(results)
-    command = "make bench    # = .venv/bin/python -m bench.run" + (f" {' '.join(argv or sys.argv[1:])}"
-                                                                   if (argv or sys.argv[1:]) else "")
-    when = time.strftime("%Y-%m-%d %H:%M %Z")
-    body = report.generated(figs, setup_text(machine(), command, total, args.reps, when), failed)
-    report.write(target, body)
-    (out_dir / "all.json").write_text(json.dumps(results, indent=1, sort_keys=True))
-    print(report.table(figs))
-    print(f"\ntotal {total / 60:.1f} min; {len(failed)} section(s) failed; written to "
-          f"{os.path.relpath(target, REPO)}")
+    extra = " ".join(argv if argv is not None else sys.argv[1:])
+    meta = {
+        "total_s": time.monotonic() - t0,
+        "when": time.strftime("%Y-%m-%d %H:%M %Z"),
+        "reps": args.reps,
+        "command": "make bench    # = .venv/bin/python -m bench.run" + (f" {extra}" if extra else ""),
+        "machine": machine(),
+        "failed": failed,
+    }
+    (out_dir / "all.json").write_text(
+        json.dumps({"meta": meta, "results": results}, indent=1, sort_keys=True)
+    )
+    render(target, results, meta)
     return 1 if failed else 0
+
+
+def render(target: Path, results: dict[str, dict[str, Any]], meta: dict[str, Any]) -> None:
+    figs = report.figures(results)
+    setup = setup_text(meta["machine"], meta, results)
+    report.write(target, report.generated(figs, setup, meta["failed"]))
+    print(report.table(figs))
+    print(
+        f"\ntotal {meta['total_s'] / 60:.1f} min; {len(meta['failed'])} section(s) failed; written to "
+        f"{os.path.relpath(target, REPO)}"
+    )
+
+
+def rerender(target: Path) -> int:
+    saved = json.loads((WORK / "results" / "all.json").read_text())
+    render(target, saved["results"], saved["meta"])
+    return 0
 
 
 if __name__ == "__main__":

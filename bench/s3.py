@@ -18,8 +18,11 @@ from types import TracebackType
 from bench.common import PY, REPO, child_env, log
 
 BUCKET = "baton-bench"
-DUMMY = {"AWS_ACCESS_KEY_ID": "bench-key-id", "AWS_SECRET_ACCESS_KEY": "bench-secret-key",
-         "AWS_DEFAULT_REGION": "us-east-1"}
+DUMMY = {
+    "AWS_ACCESS_KEY_ID": "bench-key-id",
+    "AWS_SECRET_ACCESS_KEY": "bench-secret-key",
+    "AWS_DEFAULT_REGION": "us-east-1",
+}
 
 
 def free_port() -> int:
@@ -36,9 +39,14 @@ class LocalS3:
         self._saved_env: dict[str, str | None] = {}
 
     def __enter__(self) -> LocalS3:
-        self.proc = subprocess.Popen([PY, "-m", "bench.s3", str(self.port)], stdin=subprocess.PIPE,
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=REPO,
-                                     env=child_env())
+        self.proc = subprocess.Popen(
+            [PY, "-m", "bench.s3", str(self.port)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            cwd=REPO,
+            env=child_env(),
+        )
         deadline = time.monotonic() + 60
         while True:
             try:
@@ -60,7 +68,9 @@ class LocalS3:
     def uri(self, prefix: str) -> str:
         return f"s3://{BUCKET}/{prefix}"
 
-    def __exit__(self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
+    def __exit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
         for k, v in self._saved_env.items():
             if v is None:
                 os.environ.pop(k, None)

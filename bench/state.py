@@ -20,9 +20,21 @@ def open_trainer(ckpt_uri: str, quick: bool = False, name: str = "bench-save") -
     from trainer.preemption import Preemption
 
     model = big_model(quick)
-    cfg = load_config(None, [f"name={name}", f"model.path={model}", f"data.uri={TINY_CORPUS}",
-                             "data.seq_len=64", "data.batch_size=1", "data.grad_accum=1", "total_steps=1000",
-                             f"checkpoint.uri={ckpt_uri}", "checkpoint.every_steps=0", "notice.enabled=false"])
+    cfg = load_config(
+        None,
+        [
+            f"name={name}",
+            f"model.path={model}",
+            f"data.uri={TINY_CORPUS}",
+            "data.seq_len=64",
+            "data.batch_size=1",
+            "data.grad_accum=1",
+            "total_steps=1000",
+            f"checkpoint.uri={ckpt_uri}",
+            "checkpoint.every_steps=0",
+            "notice.enabled=false",
+        ],
+    )
     t = Trainer(cfg, Preemption())
     t.build()
     t0 = time.perf_counter()
@@ -32,8 +44,10 @@ def open_trainer(ckpt_uri: str, quick: bool = False, name: str = "bench-save") -
     t.sched.step()
     t.optim.zero_grad(set_to_none=True)
     t.step = 1
-    log(f"trainer state ready: {sum(p.numel() for p in t.model.parameters()) / 1e6:.1f} M parameters, "
-        f"one step in {time.perf_counter() - t0:.1f} s")
+    log(
+        f"trainer state ready: {sum(p.numel() for p in t.model.parameters()) / 1e6:.1f} M parameters, "
+        f"one step in {time.perf_counter() - t0:.1f} s"
+    )
     return t
 
 
@@ -42,8 +56,16 @@ def state_of(t: Any) -> dict[str, Any]:
 
 
 def manifest_of(t: Any) -> dict[str, Any]:
-    return {"fingerprint": t.cfg.fingerprint, "run_id": t.cfg.run_id, "epoch": 0, "device": "cpu",
-            "reason": "bench", "config": t.cfg.to_dict(), "time": time.time(), "metrics": {}}
+    return {
+        "fingerprint": t.cfg.fingerprint,
+        "run_id": t.cfg.run_id,
+        "epoch": 0,
+        "device": "cpu",
+        "reason": "bench",
+        "config": t.cfg.to_dict(),
+        "time": time.time(),
+        "metrics": {},
+    }
 
 
 def state_bytes(state: dict[str, Any]) -> int:
