@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from trainer.storage import url_to_fs
+from trainer.storage import is_local, url_to_fs
 
 
 def read_evidence(uri: str) -> list[dict[str, Any]]:
@@ -36,11 +36,6 @@ def write_json(uri: str, obj: Any) -> None:
         fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
     with fs.open(path, "w") as f:
         f.write(json.dumps(obj, indent=1, sort_keys=True))
-
-
-def is_local(fs) -> bool:
-    protocols = fs.protocol if isinstance(fs.protocol, (tuple, list)) else (fs.protocol,)
-    return "file" in protocols or "local" in protocols
 
 
 def read_json(uri: str) -> Any:

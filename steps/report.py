@@ -7,8 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from steps.evidence import is_local
-from trainer.storage import url_to_fs
+from trainer.storage import is_local, url_to_fs
 
 
 def losses(records: list[dict[str, Any]]) -> dict[int, float]:

@@ -33,8 +33,7 @@ class Evidence:
         self.last_flush = 0.0
         if not uri:
             return
-        from steps.evidence import is_local
-        from trainer.storage import url_to_fs
+        from trainer.storage import is_local, url_to_fs
 
         self.fs, base = url_to_fs(uri)
         self.local = is_local(self.fs)

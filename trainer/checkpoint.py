@@ -321,6 +321,17 @@ class Store:
                 out.append((int(num), token))
         return sorted(out)
 
+    def attempt_start_times(self) -> list[float]:
+        """When each attempt of this run started, oldest first (unreadable records are skipped)."""
+        starts = []
+        for n, token in self._attempts():
+            try:
+                with self.fs.open(f"{self.run_path}/attempts/{n:08d}-{token}.json", "r") as f:
+                    starts.append(float(json.loads(f.read())["time"]))
+            except (OSError, ValueError, KeyError):
+                continue
+        return sorted(starts)
+
     def claim_attempt(self, info: dict[str, Any]) -> int:
         """Take the next attempt number. Two claimants of one number: the smaller token keeps it."""
         token = uuid.uuid4().hex[:12]

@@ -131,6 +131,7 @@ class Trainer:
         self.sched = torch.optim.lr_scheduler.LambdaLR(
             self.optim, lambda s: lr_factor(s, o.warmup_steps, cfg.total_steps, o.min_lr_ratio))
         self.step = 0
+        self.metrics: dict[str, float] = {}
         self.notice: NoticeThread | None = None
         if cfg.notice.enabled and self.rank == 0:  # one watcher; the flag is OR-reduced over the ranks
             self.watcher = NoticeWatcher.from_config(cfg.notice, lead_s=cfg.notice.poll_s)
@@ -263,7 +264,7 @@ class Trainer:
                 self.store.drain()  # it must be durable now: wait for it to commit
             return 0.0
         # The metrics of this step (the step record's loss), for keep-best retention.
-        metrics = dict(getattr(self, "metrics", None) or {})
+        metrics = dict(self.metrics)
         manifest = {
             "fingerprint": self.cfg.fingerprint, "run_id": self.cfg.run_id, "epoch": b.epoch, "device": self.device.type,
             "reason": reason, "config": self.cfg.to_dict(), "time": time.time(), "metrics": metrics,
@@ -350,16 +351,7 @@ class Trainer:
     def _attempt_history(self) -> list[Attempt]:
         """Approximate: every attempt before this one is taken to have ended by preemption."""
         if getattr(self, "_history", None) is None:
-            import json as _json
-
-            starts = []
-            for n, token in self.store._attempts():
-                try:
-                    with self.store.fs.open(f"{self.store.run_path}/attempts/{n:08d}-{token}.json") as f:
-                        starts.append(float(_json.loads(f.read())["time"]))
-                except (OSError, ValueError, KeyError):
-                    continue
-            starts.sort()
+            starts = self.store.attempt_start_times()
             self._history = [Attempt(a, True, b - a) for a, b in zip(starts, starts[1:], strict=False)]
             self._history_started = starts[-1] if starts else time.time()
         return [*self._history, Attempt(self._history_started, False, time.time() - self._history_started)]

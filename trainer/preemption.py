@@ -32,7 +32,6 @@ class Preemption:
         self.received_at: float | None = None
         self.grace = grace_seconds()
         self.device = torch.device("cpu")
-        self.group: dist.ProcessGroup | None = None
         self._installed = False
 
     def install(self) -> None:
@@ -55,7 +54,7 @@ class Preemption:
         if not dist.is_initialized() or dist.get_world_size() == 1:
             return self.local
         flag = torch.tensor([1 if self.local else 0], dtype=torch.int32, device=self.device)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         if flag.item() and self.signal_name is None:
             self.signal_name = "peer"
             self.received_at = time.monotonic()

@@ -127,11 +127,16 @@ def url_to_fs(uri: str) -> tuple[AbstractFileSystem, str]:
     return fs, path
 
 
+def is_local(fs: AbstractFileSystem) -> bool:
+    protocols = fs.protocol if isinstance(fs.protocol, (tuple, list)) else (fs.protocol,)
+    return "file" in protocols or "local" in protocols
+
+
 def full_url(fs: AbstractFileSystem, path: str) -> str:
     """A path that fsspec listed (no scheme) turned back into a URL that DCP's fsspec writer accepts."""
-    proto = fs.protocol[0] if isinstance(fs.protocol, (tuple, list)) else fs.protocol
-    if proto in ("file", "local"):
+    if is_local(fs):
         return "file://" + path
+    proto = fs.protocol[0] if isinstance(fs.protocol, (tuple, list)) else fs.protocol
     return f"{proto}://{path}"
 
 

@@ -15,7 +15,6 @@ reference by no more than the replay does; whether that is bit for bit is measur
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import pytest
@@ -48,10 +47,6 @@ def bf16(tiny_model, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def async_save(tiny_model, tmp_path_factory, fp32):
-    from trainer.config import CheckpointConfig
-
-    if "async_save" not in {f.name for f in dataclasses.fields(CheckpointConfig)}:
-        pytest.skip("this trainer has no checkpoint.async_save")
     # The fingerprint leaves checkpoint settings out: same computation, so fp32's reference and replay serve.
     return run_drill(tmp_path_factory.mktemp("async"), tiny_model, "model.dtype=float32",
                      "checkpoint.async_save=true", total=TOTAL, stop=8, every=EVERY, reference_from=fp32)
