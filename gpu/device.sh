@@ -12,7 +12,8 @@ cd "$(dirname "$0")/.." || exit 1
 PY=${PYTHON:-python3}
 WHEELS=(torchdata==0.11.0 hera==7.1.0 pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0
         typing-inspection==0.4.5)
-RESULTS=(gpu-check.json gpu-check.md drill-report.md drill-loss.png preflight.log drill.log model.log)
+RESULTS=(gpu-check.json gpu-check.md drill-report.md drill-loss.png preflight.log preflight.xml drill.log model.log
+         drill-config.yaml)
 
 case "${1:-}" in
 fetch)
@@ -24,15 +25,30 @@ fetch)
 run)
     shift
     if compgen -G ".whl/*.whl" >/dev/null; then
-        "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir .whl/*.whl || exit 1
+        # --target: the image's own environment may be read-only; PYTHONPATH reaches every child
+        # (the check, pytest, torchrun, the drill's pods all prepend the repo to it, never replace it).
+        "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+            --target /tmp/baton-site .whl/*.whl || exit 1
+        export PYTHONPATH=/tmp/baton-site${PYTHONPATH:+:$PYTHONPATH}
     fi
     export PYTHONUNBUFFERED=1
+    mirror() {  # the results so far into $OUT: they come back even when the device call is cut off
+        for f in "${RESULTS[@]}"; do
+            [ -f "out/gpu-check/$f" ] && cp "out/gpu-check/$f" "$OUT/" 2>/dev/null
+        done
+        [ -d out/gpu-check/drill/argo/logs ] && mkdir -p "$OUT/drill-logs" &&
+            cp out/gpu-check/drill/argo/logs/*.log "$OUT/drill-logs/" 2>/dev/null
+        return 0
+    }
+    if [ -n "${OUT:-}" ]; then
+        (while sleep 10; do mirror; done) &
+        mirror_pid=$!
+    fi
     "$PY" gpu/check.py --out out/gpu-check "$@"
     rc=$?
     if [ -n "${OUT:-}" ]; then
-        for f in "${RESULTS[@]}"; do
-            [ -f "out/gpu-check/$f" ] && cp "out/gpu-check/$f" "$OUT/"
-        done
+        kill "$mirror_pid" 2>/dev/null
+        mirror
     fi
     exit "$rc"
     ;;

@@ -81,7 +81,9 @@ def drill_metrics(report: dict[str, Any], evidence: dict[str, list[dict[str, Any
     preempts = [r for r in trial if r.get("event") == "preempt"] or list(report.get("preempt", []))
     rows = []
     for p in sorted(preempts, key=lambda r: (r.get("attempt", 0), r.get("step", 0))):
-        to_commit = grace_s - float(p["grace_left_s"]) if p.get("grace_left_s") is not None else None
+        # The record's own grace: on a torch whose torchrun has no --shutdown-timeout it is 30 s, not the pod's.
+        to_commit = (float(p.get("grace_s", grace_s)) - float(p["grace_left_s"])
+                     if p.get("grace_left_s") is not None else None)
         rows.append({"step": p.get("step"), "attempt": p.get("attempt"), "outcome": p.get("outcome"),
                      "save_ms": p.get("save_ms"), "sigterm_to_commit_s": None if to_commit is None else round(to_commit, 2),
                      **{f"headroom_{g}s": None if to_commit is None else round(g - to_commit, 2) for g in graces}})

@@ -66,6 +66,19 @@ class LocalPods:
                 return pod["name"]
         return None
 
+    def alive(self) -> bool:
+        """Whether the task has a pod that is running or about to: between a failed attempt and its retry
+        there is none for a moment, after a failure that is not retried there is none for good."""
+        for p in self.folder.glob("*.json"):
+            try:
+                pod = json.loads(p.read_text())
+            except (OSError, json.JSONDecodeError):
+                return True  # being rewritten: assume alive
+            if pod.get("task") == self.task and pod.get("phase") in ("Pending", "Running") and (
+                    not self.workflow or pod.get("workflow") == self.workflow):
+                return True
+        return False
+
     def evict(self, name: str) -> None:
         from workflows.local import request_pod_deletion
 
@@ -98,6 +111,12 @@ class ClusterPods:
             if node.startswith(f"{self.workflow}.{self.task}(") and pod.status.phase == "Running":
                 return pod.metadata.name
         return None
+
+    def alive(self) -> bool:
+        pods = self.v1.list_namespaced_pod(self.namespace,
+                                           label_selector=f"workflows.argoproj.io/workflow={self.workflow}")
+        return any((pod.metadata.annotations or {}).get("workflows.argoproj.io/node-name", "").startswith(
+            f"{self.workflow}.{self.task}(") and pod.status.phase in ("Pending", "Running") for pod in pods.items)
 
     def evict(self, name: str) -> None:
         body = self.client.V1Eviction(metadata=self.client.V1ObjectMeta(name=name, namespace=self.namespace))
@@ -138,6 +157,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", help="where to write the evictions as JSON")
     ap.add_argument("--poll", type=float, default=0.1)
     ap.add_argument("--timeout", type=float, default=3600.0)
+    ap.add_argument("--gone-timeout", type=float, default=90.0,
+                    help="give up when the task has had no pending or running pod this long and has not finished "
+                         "(it failed for good: Argo waits for this step before it ends the workflow)")
     args = ap.parse_args(argv)
     try:
         points = eviction_points(args.total_steps, args.evictions, args.seed, args.jitter.lower() == "true")
@@ -151,14 +173,23 @@ def main(argv: list[str] | None = None) -> int:
     done_evictions: list[dict] = []
     last_attempt = -1
     deadline = time.monotonic() + args.timeout
+    seen_alive = time.monotonic()
     for point in points:
         while True:
-            if time.monotonic() > deadline:
+            now = time.monotonic()
+            if now > deadline:
                 print(f"error: timed out waiting for step {point}", file=sys.stderr)
                 return 1
             step, attempt, done = latest(read_evidence(args.evidence))
             if done:
                 break
+            if pods.alive():
+                seen_alive = now
+            elif now - seen_alive > args.gone_timeout:
+                print(f"error: the {args.task} has had no pod for {args.gone_timeout:g} s and has not finished "
+                      f"(last step {step}): it failed; {len(done_evictions)} of {len(points)} evictions done",
+                      file=sys.stderr)
+                return 1
             # Work behind each eviction: a newer attempt must have trained since the last one.
             if step >= point and attempt > last_attempt:
                 name = pods.running()

@@ -67,6 +67,17 @@ def grace() -> float:
     return grace_seconds()
 
 
+# torchrun's wait between its SIGTERM to the workers and SIGKILL where it has no --shutdown-timeout
+# (before torch 2.13: PContext.close's default).
+TORCHRUN_FIXED_SHUTDOWN_S = 30
+
+
+def torchrun_has_shutdown_timeout() -> bool:
+    from torch.distributed.run import get_args_parser
+
+    return any("--shutdown-timeout" in a.option_strings for a in get_args_parser()._actions)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m steps.train", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -93,9 +104,17 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, forward)
     g = args.shutdown_timeout if args.shutdown_timeout is not None else grace()
+    if torchrun_has_shutdown_timeout():
+        shutdown = [f"--shutdown-timeout={max(1, int(g))}"]
+    else:  # an older torchrun SIGKILLs its workers 30 s after its SIGTERM: they must budget for that
+        shutdown = []
+        if g > TORCHRUN_FIXED_SHUTDOWN_S:
+            print(f"[steps.train] this torch's torchrun has no --shutdown-timeout and kills workers "
+                  f"{TORCHRUN_FIXED_SHUTDOWN_S} s after a SIGTERM: the workers' grace is {TORCHRUN_FIXED_SHUTDOWN_S} s, "
+                  f"not {g:g} s", file=sys.stderr)
+            g = TORCHRUN_FIXED_SHUTDOWN_S
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.nproc}",
-           "--max-restarts=0", f"--shutdown-timeout={max(1, int(g))}", "-m", "trainer",
-           "--config", args.config]
+           "--max-restarts=0", *shutdown, "-m", "trainer", "--config", args.config]
     for o in args.overrides:
         cmd += ["--set", o]
     evidence = Evidence(args.evidence, args.name)

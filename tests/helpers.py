@@ -29,7 +29,8 @@ def trainer_cmd(model_dir: Path | str, ckpt: Path | str, *sets: str, config: Pat
 
 def base_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("BATON_")}
-    env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
+    # Prepended, not replaced: packages installed with `pip --target` (gpu/device.sh) stay importable.
+    env.update(OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")])))
     env.update(extra)
     return env
 

@@ -305,7 +305,7 @@ class Trainer:
             log(f"preempted ({signal_name}) at step {b.step}: saving, {self.preempt.grace_left():.1f}s of grace left")
             save_ms = self.save(b, "preempt")
         self.emit("preempt", b.step, signal=signal_name, save_ms=round(save_ms, 1),
-                  grace_left_s=round(self.preempt.grace_left(), 2), exit=EXIT_PREEMPTED,
+                  grace_left_s=round(self.preempt.grace_left(), 2), grace_s=self.preempt.grace, exit=EXIT_PREEMPTED,
                   checkpoint=self.last_checkpoint, already_committed=outcome == "already_committed",
                   outcome=outcome, warning=self.warned)
         # No rank leaves before rank 0 has written the record: a launcher that sees one rank exit

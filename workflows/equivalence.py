@@ -252,7 +252,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     params.setdefault("bucket", f"file://{out}/bucket")
     spec = build_workflow().to_dict()
     env = {"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
-           "PYTHONPATH": str(REPO)}
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     try:
         result = run_workflow(spec, out / "argo", params, cwd=REPO, env=env, progress=sys.stderr)
     except UnsupportedSpec as e:

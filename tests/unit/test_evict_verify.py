@@ -80,3 +80,33 @@ def test_verify_catches_replays_gaps_lost_preemptions_and_wrong_resumes():
 def test_latest_follows_the_newest_attempt():
     assert latest(_clean_run()) == (10, 3, True)
     assert latest([_rec("step", 4, 1), _rec("step", 4, 2)]) == (4, 2, False)
+
+
+def _evict_with_pod(tmp_path, monkeypatch, phase):
+    """steps.evict against a local pod registry whose one trial pod is in `phase`, the trial at step 2
+    of 10 and never further: its exit code."""
+    import json
+
+    from steps import evict
+
+    pods, evidence = tmp_path / "pods", tmp_path / "evidence"
+    pods.mkdir()
+    evidence.mkdir()
+    (pods / "wf-trial-0.json").write_text(json.dumps({"name": "wf-trial-0", "workflow": "wf", "task": "trial",
+                                                        "phase": phase}))
+    (evidence / "wf-trial-0.jsonl").write_text(json.dumps(_rec("step", 2, 1, loss=1.0)) + "\n")
+    monkeypatch.setenv("BATON_LOCAL_PODS", str(pods))
+    return evict.main(["--evidence", str(evidence), "--total-steps", "10", "--evictions", "1", "--workflow", "wf",
+                     "--poll", "0.05", "--gone-timeout", "0.5", "--timeout", "3"])
+
+
+def test_evict_gives_up_when_the_trial_failed_for_good(tmp_path, monkeypatch, capsys):
+    assert _evict_with_pod(tmp_path, monkeypatch, "Failed") == 1
+    assert "has had no pod for 0.5 s and has not finished" in capsys.readouterr().err
+
+
+def test_evict_keeps_waiting_while_the_trial_has_a_live_pod(tmp_path, monkeypatch, capsys):
+    assert _evict_with_pod(tmp_path, monkeypatch, "Running") == 1
+    err = capsys.readouterr().err
+    assert "has had no pod" not in err, "a live pod that has not reached the point yet is waited for"
+    assert "timed out waiting for step 8" in err
