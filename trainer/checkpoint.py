@@ -240,6 +240,14 @@ def _done(value: Any) -> Future:
     return f
 
 
+
+def _reusable(stager: Any) -> bool:
+    """Whether a DefaultStager can stage again. Before torch 2.13 (seen in 2.11) its _stage() closes
+    the inner StateDictStager after every stage, emptying its copy dispatch: a second stage then fails
+    with `KeyError: <class 'type'>`. Such a stager serves one save, and the next save gets a new one."""
+    inner = getattr(stager, "_state_dict_stager", None)
+    return bool(getattr(inner, "_deepcopy_dispatch", True))
+
 class Store:
     """One run's checkpoints under `<root>/runs/<run_id>`.
 
@@ -435,6 +443,8 @@ class Store:
         # One stager for the whole run: its staging copy (one checkpoint per rank) is allocated once
         # and refilled by later saves, instead of allocated and faulted in on every save (measured in
         # docs/results.md, figure 2). Safe to refill: save_async drains the previous save first.
+        if self._stager is not None and not _reusable(self._stager):
+            self._stager = None
         if self._stager is None:
             from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 

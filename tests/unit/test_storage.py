@@ -480,3 +480,24 @@ def test_storage_retries_do_not_draw_from_the_training_rng():
         except AttributeError:  # other botocore versions read more of the context
             backoff._random()
     assert random.getstate() == before
+
+
+def test_a_stager_is_reused_only_while_it_can_stage_again():
+    """torch 2.13's DefaultStager stages again and again (one staging copy for the run); 2.11's closes
+    itself after one stage, and reusing it fails with KeyError: such a stager must be replaced."""
+    from types import SimpleNamespace
+
+    from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+    from trainer.checkpoint import _reusable
+
+    stager = DefaultStager(StagingOptions(use_pinned_memory=False, use_shared_memory=False,
+                                          use_async_staging=False, use_non_blocking_copy=False))
+    w = torch.ones(3)
+    first = stager.stage({"w": w})
+    assert _reusable(stager), "this torch closes its stager after a stage: the reuse in Store would fail"
+    w.fill_(2.0)  # the next step's values in the same parameter
+    assert torch.equal(stager.stage({"w": w})["w"], torch.full((3,), 2.0))
+    assert torch.equal(first["w"], torch.full((3,), 2.0)), "the staging copy is refilled, not reallocated"
+    closed = SimpleNamespace(_state_dict_stager=SimpleNamespace(_deepcopy_dispatch={}))  # as 2.11 leaves it
+    assert not _reusable(closed)
