@@ -64,7 +64,7 @@ from gpu.results import (  # noqa: E402
 )
 
 DEFAULT_BUDGET_S = 470
-TIMEOUTS = {"preflight": 240, "model": 180}
+TIMEOUTS = {"preflight": 240, "model": 180, "test": 150}
 BYTES = {"float32": 4, "bfloat16": 2}
 
 
@@ -164,6 +164,7 @@ def run_phase(phase: Phase, cmd: list[str], timeout: float, log_path: Path, env:
             _killpg(p.pid, signal.SIGKILL)  # anything left in the group
             if on_timeout:
                 on_timeout()
+        _killpg(p.pid, signal.SIGKILL)  # what the phase left behind (a test's child after a per-test timeout)
         reader.join(timeout=10)
     phase.seconds = time.monotonic() - t0
     if phase.rc not in (0, None) and not phase.error:
@@ -200,6 +201,12 @@ def device_info(timeout: float = 120) -> dict[str, Any]:
     if p.returncode != 0:
         raise RuntimeError(f"CUDA is reported but unusable: {p.stderr.strip()[-2000:]}")
     return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def _has(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None
 
 
 def child_env(**extra: str) -> dict[str, str]:
@@ -282,27 +289,10 @@ def check(args: argparse.Namespace, argv: list[str]) -> int:
     if args.ranks > max(1, int(dev.get("count") or 0)) and cuda:
         raise SystemExit(f"error: --ranks {args.ranks} needs {args.ranks} GPUs, this machine has {dev.get('count')}")
 
-    # 1. pre-flight
-    pf = phases["preflight"] = Phase("preflight")
-    if args.skip_preflight:
-        pf.skipped = "--skip-preflight"
-    else:
-        measure = out / "preflight-measure.jsonl"
-        junit = out / "preflight.xml"
-        run_phase(pf, [sys.executable, "-m", "pytest", "-q", "-ra", "-p", "no:cacheprovider", "tests/gpu",
-                       f"--junitxml={junit}"], min(TIMEOUTS["preflight"], max(30.0, left() - 60)),
-                  out / "preflight.log", env=child_env(BATON_GPU_MEASURE=str(measure)), echo=args.verbose)
-        if junit.exists():
-            result["preflight"] = {**junit_counts(junit), "measurements": read_jsonl(measure)}
-        if pf.rc == 5:  # pytest: no tests collected
-            pf.error = "pytest collected no tests"
-        elif cuda and pf.ok and result.get("preflight", {}).get("passed", 0) == 0:
-            pf.error = "the pre-flight passed no test on this GPU machine (all skipped?)"
-    save()
-
-    # 2. the model
-    mp = phases["model"] = Phase("model")
+    # 2. the model, built on the CPU while the pre-flight has the GPU
+    mp = Phase("model")
     corpus = write_corpus(out / "corpus.txt", n_docs=300 if args.tiny else 3000)
+    builder = None
     if args.model:
         model_dir = Path(args.model).resolve()
         source = f"--model {model_dir}"
@@ -316,10 +306,33 @@ def check(args: argparse.Namespace, argv: list[str]) -> int:
         cmd = [sys.executable, str(Path(__file__).resolve()), "build-model", str(model_dir), "--dtype", args.dtype]
         if args.tiny:
             cmd.append("--tiny")
-        if left() < 60:
-            mp.skipped = "no time left in the budget"
-        else:
-            run_phase(mp, cmd, min(TIMEOUTS["model"], left() - 30), out / "model.log", env=child_env())
+        builder = threading.Thread(target=run_phase, args=(mp, cmd, min(TIMEOUTS["model"], left() - 30),
+                                                           out / "model.log"), kwargs={"env": child_env()})
+        builder.start()
+
+    # 1. pre-flight
+    pf = phases["preflight"] = Phase("preflight")
+    phases["model"] = mp
+    if args.skip_preflight:
+        pf.skipped = "--skip-preflight"
+    else:
+        measure = out / "preflight-measure.jsonl"
+        junit = out / "preflight.xml"
+        # -v: a line per test as it ends, so a phase cut off at its timeout still says how far it got;
+        # a per-test timeout (pytest-timeout, where installed) keeps one hung test from taking the phase.
+        per_test = [f"--timeout={TIMEOUTS['test']}"] if _has("pytest_timeout") else []  # its entry point loads it
+        run_phase(pf, [sys.executable, "-m", "pytest", "-v", "-ra", "-p", "no:cacheprovider", *per_test, "tests/gpu",
+                       f"--junitxml={junit}"], min(TIMEOUTS["preflight"], max(30.0, left() - 60)),
+                  out / "preflight.log", env=child_env(BATON_GPU_MEASURE=str(measure)), echo=args.verbose)
+        if junit.exists():
+            result["preflight"] = {**junit_counts(junit), "measurements": read_jsonl(measure)}
+        if pf.rc == 5:  # pytest: no tests collected
+            pf.error = "pytest collected no tests"
+        elif cuda and pf.ok and result.get("preflight", {}).get("passed", 0) == 0:
+            pf.error = "the pre-flight passed no test on this GPU machine (all skipped?)"
+    save()
+    if builder is not None:
+        builder.join()
     if mp.ok:
         try:
             from transformers import AutoConfig, AutoTokenizer

@@ -6,12 +6,13 @@
 #                                       results to $OUT when it is set
 #
 # The packages are baton's runtime needs beyond PyTorch, transformers, fsspec, pyyaml, matplotlib and
-# pytest (which such an image holds): torchdata for the loader, hera (and pydantic) for the drill.
+# pytest (which such an image holds): torchdata for the loader, hera (and pydantic) for the drill, and the
+# typing-extensions that pydantic needs (>= 4.16, newer than an image may hold).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 PY=${PYTHON:-python3}
 WHEELS=(torchdata==0.11.0 hera==7.1.0 pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0
-        typing-inspection==0.4.5)
+        typing-inspection==0.4.5 typing-extensions==4.16.0)
 RESULTS=(gpu-check.json gpu-check.md drill-report.md drill-loss.png preflight.log preflight.xml drill.log model.log
          drill-config.yaml)
 
@@ -31,7 +32,8 @@ run)
             --target /tmp/baton-site .whl/*.whl || exit 1
         export PYTHONPATH=/tmp/baton-site${PYTHONPATH:+:$PYTHONPATH}
     fi
-    export PYTHONUNBUFFERED=1
+    # Nothing can be reached from that machine: no hub lookups (each would wait for a timeout).
+    export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1
     mirror() {  # the results so far into $OUT: they come back even when the device call is cut off
         for f in "${RESULTS[@]}"; do
             [ -f "out/gpu-check/$f" ] && cp "out/gpu-check/$f" "$OUT/" 2>/dev/null
