@@ -187,11 +187,12 @@ def reap_pods(pods_dir: Path) -> None:
 # ---- the check ------------------------------------------------------------------------------------------------
 
 DEVICE_INFO = """
-import json, torch
+import json, torch, transformers
 p = torch.cuda.get_device_properties(0)
 print(json.dumps({"name": torch.cuda.get_device_name(0), "count": torch.cuda.device_count(),
                   "memory_gib": round(p.total_memory / 2**30, 1), "capability": f"{p.major}.{p.minor}",
-                  "torch": torch.__version__, "cuda": torch.version.cuda, "nccl": str(torch.cuda.nccl.version())}))
+                  "torch": torch.__version__, "cuda": torch.version.cuda, "nccl": str(torch.cuda.nccl.version()),
+                  "transformers": transformers.__version__}))
 """
 
 

@@ -127,7 +127,7 @@ def markdown(result: dict[str, Any]) -> str:
              "",
              f"`{result.get('command', 'python gpu/check.py')}` in {_fmt(result.get('seconds'))} s; torch "
              f"{dev.get('torch', '?')}, CUDA {dev.get('cuda', '?')}, NCCL {dev.get('nccl', '?')}, "
-             f"{d.get('ranks', result.get('ranks', 1))} rank(s).",
+             f"transformers {dev.get('transformers', '?')}, {d.get('ranks', result.get('ranks', 1))} rank(s).",
              "",
              "| what | value |", "|---|---|"]
     if pre:
