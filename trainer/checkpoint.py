@@ -51,6 +51,7 @@ import json
 import math
 import os
 import pickle
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -241,6 +242,37 @@ def _done(value: Any) -> Future:
 
 
 
+def _require_written(md: Any) -> None:
+    """Refuse a save whose .metadata lists items that no file holds. With thread_count > 1, DCP's
+    extra writer threads report a failure only to threading.excepthook: their items are left out of
+    storage_data and dcp.save returns as if it had succeeded (torch 2.11 to 2.13)."""
+    from torch.distributed.checkpoint.metadata import MetadataIndex, TensorStorageMetadata
+
+    have, items = getattr(md, "storage_data", None), getattr(md, "state_dict_metadata", None)
+    if have is None or items is None:
+        return
+    missing = []
+    for fqn, m in items.items():
+        keys = [MetadataIndex(fqn, c.offsets) for c in m.chunks] if isinstance(m, TensorStorageMetadata) \
+            else [MetadataIndex(fqn)]
+        missing += [fqn for k in keys if k not in have]
+    if missing:
+        raise OSError(f"{len(missing)} saved item(s) were not written, such as {missing[0]!r} "
+                      "(a checkpoint writer thread failed)")
+
+
+_previous_thread_hook = threading.excepthook
+
+
+def _writer_thread_hook(args: Any) -> None:
+    """One line, not a traceback, for a failure in DCP's writer threads: _require_written turns it
+    into the save's error, which names the checkpoint."""
+    if args.thread is not None and "_write_files_from_queue" in args.thread.name:
+        log(f"a checkpoint writer thread failed: {args.exc_type.__name__}: {args.exc_value}")
+        return
+    _previous_thread_hook(args)
+
+
 def _reusable(stager: Any) -> bool:
     """Whether a DefaultStager can stage again. Before torch 2.13 (seen in 2.11) its _stage() closes
     the inner StateDictStager after every stage, emptying its copy dispatch: a second stage then fails
@@ -255,8 +287,10 @@ class Store:
     credentials or an unreachable endpoint stop the run at start-up with a StorageError naming the URI.
     """
 
-    def __init__(self, root_uri: str, run_id: str, check: bool = True) -> None:
+    def __init__(self, root_uri: str, run_id: str, check: bool = True, io_threads: int = 4) -> None:
         self.root_uri = root_uri
+        self.io_threads = io_threads
+        threading.excepthook = _writer_thread_hook
         self.fs, root = url_to_fs(root_uri)
         self.run_path = f"{root.rstrip('/')}/runs/{run_id}"
         self.run_id = run_id
@@ -478,12 +512,14 @@ class Store:
             except Exception as e:
                 error = _agreed(e)
         _raise_agreed(broadcast(error))
-        writer = _sharing(self.fs, FsspecWriter(self.url(path), **storage_options(self.root_uri)))
+        writer = _sharing(self.fs, FsspecWriter(self.url(path), thread_count=self.io_threads,
+                                                **storage_options(self.root_uri)))
         what = f"saving step {step} to"
         if not asynchronous:
             try:
                 with self._io(what, path):
                     md = dcp.save(state, storage_writer=writer)
+                    _require_written(md)
                 files = _done(self._hash_own(path, md))
             except Exception as e:
                 files = Future()
@@ -500,6 +536,7 @@ class Store:
         def written_then_hashed() -> dict[str, Any]:
             with self._io(what, path):
                 md = upload.result()
+                _require_written(md)
             return self._hash_own(path, md)
 
         return PendingSave(step, path, manifest, attempt, t0, self._hasher.submit(written_then_hashed),
@@ -516,12 +553,20 @@ class Store:
         mine = [n for n in names if n.startswith(f"__{rank}_")]
         if rank == 0:
             mine = [".metadata", *[n for n in names if not n.startswith("__") and n != ".metadata"], *mine]
-        files = {}
-        for n in mine:
+        def read_back(n: str) -> dict[str, Any]:
             full = f"{path}/{n}"
             with self._io("reading back", full):
-                files[n] = {"size": self.fs.size(full), "sha256": _sha256(self.fs, full)}
-        return files
+                return {"size": self.fs.size(full), "sha256": _sha256(self.fs, full)}
+
+        return dict(zip(mine, self._each_file(read_back, mine), strict=True))
+
+    def _each_file(self, fn: Any, names: list[str]) -> list[Any]:
+        """`fn` over `names` on up to io_threads threads (hashlib and file reads release the GIL), in
+        order; the first error is raised."""
+        if self.io_threads <= 1 or len(names) <= 1:
+            return [fn(n) for n in names]
+        with ThreadPoolExecutor(min(self.io_threads, len(names)), thread_name_prefix="baton-ckpt-io") as pool:
+            return list(pool.map(fn, names))
 
     def _finish(self, p: PendingSave) -> SaveResult:
         """Commit `p` once every rank's files are written and hashed: rank 0 checks the fencing,
@@ -576,8 +621,9 @@ class Store:
         files = manifest.get("files") or {}
         if ".metadata" not in files:
             raise CorruptCheckpoint("manifest lists no .metadata")
-        for name, want in sorted(files.items()):
-            full = f"{path}/{name}"
+
+        def check(name: str) -> None:
+            want, full = files[name], f"{path}/{name}"
             with self._io("verifying", full):
                 try:
                     size = self.fs.size(full)
@@ -587,6 +633,8 @@ class Store:
                     raise CorruptCheckpoint(f"{name} has {size} bytes, the manifest says {want['size']}")
                 if _sha256(self.fs, full) != want["sha256"]:
                     raise CorruptCheckpoint(f"{name} fails its sha256 checksum")
+
+        self._each_file(check, sorted(files))
 
     def shapes(self, step: int) -> dict[str, tuple[int, ...]]:
         """Saved tensor shapes by flattened key, read from .metadata (safely)."""

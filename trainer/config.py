@@ -107,6 +107,10 @@ class CheckpointConfig:
     keep_best_metric: str = "loss"
     """Retention also keeps the committed checkpoint with the lowest value of this metric (recorded in
     its manifest from the step record of its step). Empty: keep the newest `keep_last` only."""
+    io_threads: int = 4
+    """Threads per rank that write a checkpoint (DCP's thread_count: a file per thread) and hash its
+    files, at the commit and when a resume verifies them. 1: one file per rank, written and hashed
+    in turn. Not part of the fingerprint: a checkpoint written with any value loads with any other."""
     async_save: bool = False
     """Periodic saves write in the background (dcp.async_save on a gloo group of their own) and commit
     at a later step boundary; the step after a save waits only for the staging copy. Preemption and
@@ -118,6 +122,8 @@ class CheckpointConfig:
         _require(self.keep_last >= 1, "checkpoint.keep_last", f"must be >= 1, got {self.keep_last}")
         _require(self.keep_best_metric == "" or self.keep_best_metric.isidentifier(), "checkpoint.keep_best_metric",
                  f"must be a metric name of the step record (such as 'loss') or '', got {self.keep_best_metric!r}")
+        _require(isinstance(self.io_threads, int) and 1 <= self.io_threads <= 64, "checkpoint.io_threads",
+                 f"must be an integer in [1, 64], got {self.io_threads!r}")
         _require(isinstance(self.async_save, bool), "checkpoint.async_save",
                  f"must be true or false, got {self.async_save!r}")
 

@@ -97,7 +97,7 @@ class Trainer:
         if cfg.deterministic:
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
             torch.use_deterministic_algorithms(True)
-        self.store = Store(cfg.checkpoint.uri, cfg.run_id)
+        self.store = Store(cfg.checkpoint.uri, cfg.run_id, io_threads=cfg.checkpoint.io_threads)
         self.attempt = broadcast(self.store.claim_attempt({"host": os.uname().nodename, "pid": os.getpid(),
                                                            "world_size": self.world})
                                  if self.rank == 0 else None)

@@ -383,6 +383,39 @@ def test_a_store_that_keeps_failing_stops_the_run_cleanly(s3, s3_proxy, tiny_mod
     assert not any("_COMMIT" in names for names in s3.steps(root).values())
 
 
+def test_a_failed_writer_thread_fails_the_save(s3, s3_proxy, tiny_model):
+    """checkpoint.io_threads=4 writes each rank's checkpoint as several files, on DCP's writer threads.
+    One file's upload failing for good must fail the save (clean error, nothing committed), whichever
+    thread wrote it: a failure on an extra thread reaches only threading.excepthook."""
+    s3_proxy.set_faults(every=1, kinds=("503",), max_faults=10_000,
+                        match=lambda method, path: method == "PUT" and "/step-00000004/__0_1.distcp" in path)
+    root = s3.new_prefix("thread-fails")
+    rc, recs, err = run(cmd(tiny_model, root, "checkpoint.io_threads=4"),
+                        env=s3.env(s3_proxy.url, BATON_S3_MAX_ATTEMPTS="2"))
+    assert rc == 1
+    assert f"error: saving step 4 to {root}/runs/" in err and "Traceback" not in err, err
+    assert not by_event(recs, "checkpoint")
+    assert not any("_COMMIT" in names for names in s3.steps(root).values())
+
+
+def test_a_save_whose_items_were_not_all_written_is_refused(tmp_path):
+    """What DCP returns when an extra writer thread failed: .metadata lists items that storage_data
+    lacks. _require_written refuses it; the complete metadata passes."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
+
+    from trainer.checkpoint import _require_written
+
+    state = {f"w{i}": torch.full((64,), float(i)) for i in range(8)}
+    md = dcp.save(state, storage_writer=FsspecWriter(f"file://{tmp_path}/ck", thread_count=4))
+    assert len({si.relative_path for si in md.storage_data.values()}) == 4, "a file per writer thread"
+    _require_written(md)
+    lost = next(k for k in md.storage_data if k.fqn == "w3")
+    del md.storage_data[lost]  # a writer thread's results never reached the result queue
+    with pytest.raises(OSError, match="1 saved item.s. were not written, such as 'w3'"):
+        _require_written(md)
+
+
 # ---- bad input -------------------------------------------------------------------------------------------
 
 def _no_credentials(env: dict[str, str], tmp_path) -> dict[str, str]:
