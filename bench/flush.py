@@ -5,9 +5,12 @@ raw, dcp and store sides then get `reps` more interleaved rounds, because the sh
 - raw: one sequential write of the checkpoint's byte count (1 MiB chunks, which were faster here than
   16 MiB ones), then fsync (local) or the multipart upload's completion (S3): the physical limit of
   that storage through that client;
-- dcp: `dcp.save` with the FsspecWriter that the trainer uses (serialize + write + fsync);
+- dcp: `dcp.save` with the FsspecWriter that the trainer uses (its thread_count is the store's
+  io_threads; serialize + write + fsync);
 - store: `trainer.checkpoint.Store.save`, what a preemption save costs: dcp.save, then read back and
-  sha256 every file, then manifest.json and _COMMIT;
+  sha256 every file, then manifest.json and _COMMIT, with the config's `checkpoint.io_threads` (a file
+  per writer thread, hashed in parallel);
+- store_1thread (local): the same with io_threads=1, one file per rank written and hashed in turn;
 - async (local): `Store.save_async` (or `dcp.async_save` on a gloo group of its own when the store
   has no async path): the time it blocks the caller, including the next step boundary's wait for
   the staging copy, and the time until it has committed;
@@ -89,7 +92,8 @@ class Sides:
 
         from trainer.storage import storage_options
 
-        return FsspecWriter(self.store.url(path), **storage_options(self.store.root_uri))
+        return FsspecWriter(self.store.url(path), thread_count=self.store.io_threads,
+                            **storage_options(self.store.root_uri))
 
     def store_save(self) -> dict[str, float]:
         step = self._next()
@@ -99,6 +103,14 @@ class Sides:
         self.nbytes = res.bytes
         _rm(self.store.fs, self.store.step_path(step))
         return {"s": dt}
+
+    def store_1thread(self) -> dict[str, float]:
+        """The same save with checkpoint.io_threads=1: one file per rank, written and hashed in turn."""
+        threads, self.store.io_threads = self.store.io_threads, 1
+        try:
+            return self.store_save()
+        finally:
+            self.store.io_threads = threads
 
     def dcp_save(self) -> dict[str, float]:
         import torch.distributed.checkpoint as dcp
@@ -161,6 +173,7 @@ class Sides:
             "raw": self.raw,
             "dcp": self.dcp_save,
             "store": self.store_save,
+            "store_1thread": self.store_1thread,
             "async": self.async_save,
             "async_reuse": self.async_reuse,
         }
@@ -178,7 +191,7 @@ def measure(sides: Sides, names: list[str], reps: int, where: str, cheap_reps: i
             sides.run(name)  # warm-up: the first async save also sets up its gloo group and planner
     log(f"{where}: checkpoint {sides.nbytes / 1e9:.2f} GB, first save {first:.1f} s (untimed warm-ups done)")
     out: dict[str, list[dict[str, float]]] = {n: [] for n in names}
-    cheap = [n for n in names if n in ("raw", "dcp", "store")]
+    cheap = [n for n in names if n in ("raw", "dcp", "store", "store_1thread")]
     rounds = [(r, n) for r, n in interleaved(reps, names)]
     rounds += [(reps + r, n) for r, n in interleaved(max(0, cheap_reps - reps), cheap)]
     for rep, name in rounds:
@@ -221,7 +234,7 @@ def main() -> None:
         result.update(
             measure(
                 sides,
-                ["raw", "dcp", "store", "async", "async_reuse"],
+                ["raw", "dcp", "store", "store_1thread", "async", "async_reuse"],
                 args.reps,
                 "local",
                 cheap_reps=2 * args.reps,

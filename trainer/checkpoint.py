@@ -241,7 +241,6 @@ def _done(value: Any) -> Future:
     return f
 
 
-
 def _require_written(md: Any) -> None:
     """Refuse a save whose .metadata lists items that no file holds. With thread_count > 1, DCP's
     extra writer threads report a failure only to threading.excepthook: their items are left out of
@@ -279,6 +278,7 @@ def _reusable(stager: Any) -> bool:
     with `KeyError: <class 'type'>`. Such a stager serves one save, and the next save gets a new one."""
     inner = getattr(stager, "_state_dict_stager", None)
     return bool(getattr(inner, "_deepcopy_dispatch", True))
+
 
 class Store:
     """One run's checkpoints under `<root>/runs/<run_id>`.
@@ -553,6 +553,7 @@ class Store:
         mine = [n for n in names if n.startswith(f"__{rank}_")]
         if rank == 0:
             mine = [".metadata", *[n for n in names if not n.startswith("__") and n != ".metadata"], *mine]
+
         def read_back(n: str) -> dict[str, Any]:
             full = f"{path}/{n}"
             with self._io("reading back", full):
