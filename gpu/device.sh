@@ -13,8 +13,10 @@ cd "$(dirname "$0")/.." || exit 1
 PY=${PYTHON:-python3}
 WHEELS=(torchdata==0.11.0 hera==7.1.0 pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0
         typing-inspection==0.4.5 typing-extensions==4.16.0)
-RESULTS=(gpu-check.json gpu-check.md drill-report.md drill-loss.png preflight.log preflight.xml drill.log model.log
-         drill-config.yaml)
+# The device tool brought back 8 files of a call (2026-11-30; the rest "left out (count)"): the main
+# results travel as files, everything else in one archive.
+RESULTS=(gpu-check.json gpu-check.md drill-report.md drill-loss.png preflight.log drill.log)
+EXTRAS=(model.log drill-config.yaml preflight.xml drill/argo/logs)
 
 case "${1:-}" in
 fetch)
@@ -38,8 +40,10 @@ run)
         for f in "${RESULTS[@]}"; do
             [ -f "out/gpu-check/$f" ] && cp "out/gpu-check/$f" "$OUT/" 2>/dev/null
         done
-        [ -d out/gpu-check/drill/argo/logs ] && mkdir -p "$OUT/drill-logs" &&
-            cp out/gpu-check/drill/argo/logs/*.log "$OUT/drill-logs/" 2>/dev/null
+        local have=()
+        for f in "${EXTRAS[@]}"; do [ -e "out/gpu-check/$f" ] && have+=("$f"); done
+        [ ${#have[@]} -gt 0 ] && tar -czf "$OUT/extras.tar.gz.part" -C out/gpu-check "${have[@]}" 2>/dev/null &&
+            mv "$OUT/extras.tar.gz.part" "$OUT/extras.tar.gz"
         return 0
     }
     if [ -n "${OUT:-}" ]; then
