@@ -11,6 +11,8 @@ raw, dcp and store sides then get `reps` more interleaved rounds, because the sh
   sha256 every file, then manifest.json and _COMMIT, with the config's `checkpoint.io_threads` (a file
   per writer thread, hashed in parallel);
 - store_1thread (local): the same with io_threads=1, one file per rank written and hashed in turn;
+- store_preempt: `Store.save(read_back=False)`, what a preemption save now does: hashed while written,
+  sizes checked in the store, nothing read back;
 - async (local): `Store.save_async` (or `dcp.async_save` on a gloo group of its own when the store
   has no async path): the time it blocks the caller, including the next step boundary's wait for
   the staging copy, and the time until it has committed;
@@ -95,14 +97,18 @@ class Sides:
         return FsspecWriter(self.store.url(path), thread_count=self.store.io_threads,
                             **storage_options(self.store.root_uri))
 
-    def store_save(self) -> dict[str, float]:
+    def store_save(self, read_back: bool = True) -> dict[str, float]:
         step = self._next()
         t0 = time.perf_counter()
-        res = self.store.save(step, self.state, self.manifest, self.attempt)
+        res = self.store.save(step, self.state, self.manifest, self.attempt, read_back=read_back)
         dt = time.perf_counter() - t0
         self.nbytes = res.bytes
         _rm(self.store.fs, self.store.step_path(step))
         return {"s": dt}
+
+    def store_preempt(self) -> dict[str, float]:
+        """A preemption save: hashed while writing, sizes checked, nothing read back."""
+        return self.store_save(read_back=False)
 
     def store_1thread(self) -> dict[str, float]:
         """The same save with checkpoint.io_threads=1: one file per rank, written and hashed in turn."""
@@ -174,6 +180,7 @@ class Sides:
             "dcp": self.dcp_save,
             "store": self.store_save,
             "store_1thread": self.store_1thread,
+            "store_preempt": self.store_preempt,
             "async": self.async_save,
             "async_reuse": self.async_reuse,
         }
@@ -191,7 +198,7 @@ def measure(sides: Sides, names: list[str], reps: int, where: str, cheap_reps: i
             sides.run(name)  # warm-up: the first async save also sets up its gloo group and planner
     log(f"{where}: checkpoint {sides.nbytes / 1e9:.2f} GB, first save {first:.1f} s (untimed warm-ups done)")
     out: dict[str, list[dict[str, float]]] = {n: [] for n in names}
-    cheap = [n for n in names if n in ("raw", "dcp", "store", "store_1thread")]
+    cheap = [n for n in names if n in ("raw", "dcp", "store", "store_1thread", "store_preempt")]
     rounds = [(r, n) for r, n in interleaved(reps, names)]
     rounds += [(reps + r, n) for r, n in interleaved(max(0, cheap_reps - reps), cheap)]
     for rep, name in rounds:
@@ -234,7 +241,7 @@ def main() -> None:
         result.update(
             measure(
                 sides,
-                ["raw", "dcp", "store", "store_1thread", "async", "async_reuse"],
+                ["raw", "dcp", "store", "store_1thread", "store_preempt", "async", "async_reuse"],
                 args.reps,
                 "local",
                 cheap_reps=2 * args.reps,
@@ -245,7 +252,8 @@ def main() -> None:
             store = Store(s3.uri("flush"), t.cfg.run_id)
             attempt = store.claim_attempt({"bench": True})
             result.update(
-                measure(Sides(store, attempt, state, manifest), ["raw", "dcp", "store"], args.reps, "s3")
+                measure(Sides(store, attempt, state, manifest), ["raw", "dcp", "store", "store_preempt"], args.reps,
+                        "s3")
             )
     close(t)
     write_result(args.result, result)

@@ -2,15 +2,18 @@
 
 Layout under any fsspec root (file://, s3://, gs://, or a local path):
 
-    <root>/runs/<run_id>/step-<step:08d>/.metadata, __<rank>_0.distcp   DCP, one writer per rank
+    <root>/runs/<run_id>/step-<step:08d>/.metadata, __<rank>_<i>.distcp DCP, io_threads files per rank
                                          manifest.json                  step, fingerprint, metrics, files + sha256
                                          _COMMIT                        written last; absent = incomplete
     <root>/runs/<run_id>/attempts/<n:08d>-<token>.json                  one per process start (fencing)
 
 Commit order: every rank writes its DCP files, reads them back and hashes them; rank 0 gathers the
 hashes, checks the fencing, writes manifest.json, and writes _COMMIT last (its body holds the
-manifest's sha256). So a _COMMIT exists only over files that were all durable and hashed. Loading
-verifies sizes and checksums against the manifest and falls back past anything that fails.
+manifest's sha256). So a _COMMIT exists only over files that were all durable and hashed. A
+preemption save (`read_back=False`) hashes each file as it is written and checks only its stored
+size: inside the grace a full read-back (a download, on an object store) costs too much, and the
+load-time verification still catches a store that changed the bytes. Loading verifies sizes and
+checksums against the manifest and falls back past anything that fails.
 
 Finding the newest complete checkpoint is one listing request (`Store.committed_steps`), after the
 listing caches are dropped. Retention keeps the newest `keep_last` committed checkpoints and the best
@@ -63,6 +66,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint._fsspec_filesystem import FileSystem as DcpFileSystem
 from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
@@ -241,6 +245,52 @@ def _done(value: Any) -> Future:
     return f
 
 
+class _HashingStream:
+    """A write stream that hashes what goes through it (everything else is the stream's own)."""
+
+    def __init__(self, raw: Any) -> None:
+        self._raw, self._sha, self.size = raw, hashlib.sha256(), 0
+
+    def write(self, data: Any) -> int:
+        n = self._raw.write(data)
+        view = memoryview(data)
+        self._sha.update(view)
+        self.size += view.nbytes
+        return n
+
+    def hexdigest(self) -> str:
+        return self._sha.hexdigest()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._raw, name)
+
+
+class _HashingFileSystem(DcpFileSystem):
+    """DCP's fsspec filesystem over the store's fs, hashing each file as it is written:
+    `written` maps a file's name to (bytes, sha256), .metadata under its final name."""
+
+    def __init__(self, fs: Any) -> None:
+        super().__init__()
+        self.fs = fs
+        self.written: dict[str, tuple[int, str]] = {}
+
+    @contextmanager
+    def create_stream(self, path: Any, mode: str):
+        with super().create_stream(path, mode) as stream:
+            if "w" not in mode:
+                yield stream
+                return
+            hashing = _HashingStream(stream)
+            yield hashing
+        self.written[_name(os.fspath(path))] = (hashing.size, hashing.hexdigest())
+
+    def rename(self, path: Any, new_path: Any) -> None:
+        super().rename(path, new_path)
+        got = self.written.pop(_name(os.fspath(path)), None)
+        if got is not None:
+            self.written[_name(os.fspath(new_path))] = got
+
+
 def _require_written(md: Any) -> None:
     """Refuse a save whose .metadata lists items that no file holds. With thread_count > 1, DCP's
     extra writer threads report a failure only to threading.excepthook: their items are left out of
@@ -407,10 +457,15 @@ class Store:
 
     # -- save and commit (collective) --
     def save(self, step: int, state: dict[str, Any], manifest: dict[str, Any], attempt: int,
-             on_commit: Callable[[SaveResult], None] | None = None) -> SaveResult:
-        """Write, verify and commit a checkpoint now (a save in flight commits first)."""
+             on_commit: Callable[[SaveResult], None] | None = None, read_back: bool = True) -> SaveResult:
+        """Write, verify and commit a checkpoint now (a save in flight commits first).
+
+        `read_back=False` (preemption saves, inside the grace): the files are hashed as they are written
+        and only their sizes are checked in the store, instead of reading them all back. A store that
+        changed the bytes is then caught when a resume verifies the checkpoint, which falls back to an
+        older one: retention deletes nothing after a preemption save, so that one still exists."""
         self.drain()
-        res = self._finish(self._start(step, state, manifest, attempt, asynchronous=False))
+        res = self._finish(self._start(step, state, manifest, attempt, asynchronous=False, read_back=read_back))
         if on_commit:
             on_commit(res)
         return res
@@ -494,7 +549,7 @@ class Store:
         return self._group or None
 
     def _start(self, step: int, state: dict[str, Any], manifest: dict[str, Any], attempt: int,
-               asynchronous: bool) -> PendingSave:
+               asynchronous: bool, read_back: bool = True) -> PendingSave:
         assert_tensors_only(state)
         rank = _rank()
         path = self.step_path(step)
@@ -514,13 +569,17 @@ class Store:
         _raise_agreed(broadcast(error))
         writer = _sharing(self.fs, FsspecWriter(self.url(path), thread_count=self.io_threads,
                                                 **storage_options(self.root_uri)))
+        written = None
+        if not read_back and not asynchronous:
+            writer.fs = _HashingFileSystem(self.fs)
+            written = writer.fs.written
         what = f"saving step {step} to"
         if not asynchronous:
             try:
                 with self._io(what, path):
                     md = dcp.save(state, storage_writer=writer)
                     _require_written(md)
-                files = _done(self._hash_own(path, md))
+                files = _done(self._hash_own(path, md, written))
             except Exception as e:
                 files = Future()
                 files.set_exception(e)
@@ -542,9 +601,10 @@ class Store:
         return PendingSave(step, path, manifest, attempt, t0, self._hasher.submit(written_then_hashed),
                            staging=staging, asynchronous=True)
 
-    def _hash_own(self, path: str, md: Any) -> dict[str, Any]:
+    def _hash_own(self, path: str, md: Any, written: dict[str, tuple[int, str]] | None = None) -> dict[str, Any]:
         """Size and sha256 of the files this rank wrote (rank 0 also owns .metadata), read back from
-        the store: the manifest describes what is stored, not what was meant to be."""
+        the store: the manifest describes what is stored, not what was meant to be. With `written`
+        (hashed while writing), a file whose stored size matches is not read back."""
         rank = _rank()
         names = sorted({si.relative_path for si in (getattr(md, "storage_data", None) or {}).values()})
         if not names:
@@ -557,7 +617,11 @@ class Store:
         def read_back(n: str) -> dict[str, Any]:
             full = f"{path}/{n}"
             with self._io("reading back", full):
-                return {"size": self.fs.size(full), "sha256": _sha256(self.fs, full)}
+                size = self.fs.size(full)
+                seen = (written or {}).get(n)
+                if seen is not None and seen[0] == size:
+                    return {"size": size, "sha256": seen[1], "hashed": "writing"}
+                return {"size": size, "sha256": _sha256(self.fs, full)}
 
         return dict(zip(mine, self._each_file(read_back, mine), strict=True))
 

@@ -141,6 +141,33 @@ def test_finding_the_newest_checkpoint_costs_one_listing(s3, s3_proxy, monkeypat
     assert len(s3_proxy.requests()) == 1
 
 
+def test_a_preemption_save_hashes_while_writing_and_downloads_nothing(s3, s3_proxy, monkeypatch):
+    """read_back=False (the preemption save): no GET of the step's files, and the manifest's sha256 of
+    every file is the sha256 of the stored object. The default save reads every file back (the same
+    count sees those GETs), and both verify."""
+    import hashlib
+
+    monkeypatch.setenv("BATON_S3_ENDPOINT", s3_proxy.url)
+    root = s3.new_prefix("hash-writing")
+    store = Store(root, "run", io_threads=2)
+    attempt = store.claim_attempt({})
+    for step, read_back in ((1, False), (2, True)):
+        s3_proxy.clear()
+        store.save(step, tiny_state(step), {}, attempt, read_back=read_back)
+        gets = [path for method, path in s3_proxy.requests() if method == "GET" and f"/step-0000000{step}/" in path]
+        files = store.read_manifest(step)["files"]
+        assert len(files) >= 3, files  # .metadata and a file per writer thread
+        for name, entry in files.items():
+            stored = s3.read(f"{s3.step_uri(root, step)}/{name}")
+            assert entry["size"] == len(stored) and entry["sha256"] == hashlib.sha256(stored).hexdigest(), name
+            assert entry.get("hashed") == (None if read_back else "writing"), entry
+        if read_back:
+            assert len(gets) >= len(files), f"the read-back should GET every file: {gets}"
+        else:
+            assert gets == [], f"a preemption save read files back: {gets}"
+        store.verify_files(step, store.read_manifest(step))
+
+
 # ---- retention ------------------------------------------------------------------------------------------
 
 def test_retention_keeps_the_last_k_and_the_best_and_deletes_commit_first(s3, s3_proxy, monkeypatch):
