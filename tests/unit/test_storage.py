@@ -370,8 +370,8 @@ def test_a_commit_is_fenced_when_a_newer_attempt_starts_during_the_upload(s3, tm
     old.save(1, tiny_state(1), {}, attempt)
     real = old._hash_own
 
-    def upload_then_a_newer_attempt_starts(path, md):
-        files = real(path, md)
+    def upload_then_a_newer_attempt_starts(path, md, written=None):
+        files = real(path, md, written)
         assert Store(root, "run").claim_attempt({"who": "new"}) == attempt + 1
         return files
 
