@@ -61,6 +61,12 @@ def parse_line(line: str) -> dict | None:
     return rec if isinstance(rec, dict) and "event" in rec else None
 
 
+def hf_peer_cmd(model: Path, corpus: Path, out: Path, max_steps: int, *extra: str) -> list[str]:
+    """`python -m bench.hf_peer`: the Hugging Face Trainer on the same model and corpus."""
+    return [PY, "-m", "bench.hf_peer", "--model", str(model), "--corpus", str(corpus), "--out", str(out),
+            "--max-steps", str(max_steps), *extra]
+
+
 def timed_until(
     cmd: list[str],
     until: Callable[[dict], bool],

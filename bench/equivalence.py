@@ -23,10 +23,10 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import (
-    PY,
     TINY_CORPUS,
     WORK,
     child_env,
+    hf_peer_cmd,
     log,
     run_records,
     section_args,
@@ -88,24 +88,7 @@ def baton_side(root: Path, model: Path) -> dict[str, Any]:
 
 
 def hf_cmd(model: Path, out: Path, *extra: str) -> list[str]:
-    return [
-        PY,
-        "-m",
-        "bench.hf_peer",
-        "--model",
-        str(model),
-        "--corpus",
-        str(TINY_CORPUS),
-        "--out",
-        str(out),
-        "--max-steps",
-        str(TOTAL),
-        "--save-steps",
-        "5",
-        "--dropout",
-        "0.1",
-        *extra,
-    ]
+    return hf_peer_cmd(model, TINY_CORPUS, out, TOTAL, "--save-steps", "5", "--dropout", "0.1", *extra)
 
 
 def hf_tensors(ckpt: Path) -> dict[str, Any]:

@@ -24,6 +24,7 @@ from bench.common import (
     PY,
     REPO,
     WORK,
+    hf_peer_cmd,
     interleaved,
     log,
     median,
@@ -73,26 +74,8 @@ def baton_fabricate(sets: list[str], k: int) -> None:
 
 
 def hf_cmd(model: Path, corpus: Path, out: Path, total: int, *extra: str) -> list[str]:
-    return [
-        PY,
-        "-m",
-        "bench.hf_peer",
-        "--model",
-        str(model),
-        "--corpus",
-        str(corpus),
-        "--out",
-        str(out),
-        "--max-steps",
-        str(total),
-        "--seq-len",
-        str(SEQ),
-        "--batch-size",
-        "1",
-        "--grad-accum",
-        "1",
-        *extra,
-    ]
+    return hf_peer_cmd(model, corpus, out, total, "--seq-len", str(SEQ), "--batch-size", "1", "--grad-accum", "1",
+                       *extra)
 
 
 def hf_fabricate(model: Path, corpus: Path, out: Path, total: int, ks: list[int]) -> None:
