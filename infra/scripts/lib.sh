@@ -3,7 +3,7 @@
 # gke-destroy.sh and e2e-kind.sh live here once.
 
 # Argo Workflows release. Its CRDs and schema are what the project validates against
-# (../shared/argo), so the cluster must run the same version.
+# (tests/argo, vendored), so the cluster must run the same version.
 ARGO_VERSION="v4.1.2"
 ARGO_INSTALL_URL="https://github.com/argoproj/argo-workflows/releases/download/${ARGO_VERSION}/install.yaml"
 ARGO_NAMESPACE="argo"

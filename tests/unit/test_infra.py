@@ -291,6 +291,8 @@ def test_argo_is_pinned_to_the_validated_release():
     assert re.search(r'^ARGO_VERSION="v4\.1\.2"$', lib, re.M)
     assert "releases/download/${ARGO_VERSION}/install.yaml" in lib
     assert "kubectl apply --server-side" in lib  # v4's full CRDs exceed client-side apply's limit
+    # The CRDs the tests validate against are the same release, vendored in the repository.
+    assert "tag v4.1.2" in (REPO / "tests" / "argo" / "README.md").read_text()
 
 
 def _stub_bin(tmp_path: Path, stubs: dict[str, str], link: tuple[str, ...] = ()) -> Path:
