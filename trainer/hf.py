@@ -1,0 +1,426 @@
+"""baton's contract for a Hugging Face `Trainer` script: one callback, about three added lines.
+
+    from trainer.hf import BatonCallback                              # 1
+    baton = BatonCallback(checkpoint_uri="s3://bucket/run")           # 2  (before the slow set-up: it
+    trainer = Trainer(..., callbacks=[baton])                         #     installs the SIGTERM handler)
+    sys.exit(baton.run(trainer))                                      # 3  instead of trainer.train()
+
+What it does, and why (transformers 5.24's loop, read from its source):
+- SIGTERM only sets a flag (trainer.preemption). The stop is decided in `on_log`, after the step's
+  optimizer update, its `on_step_end` and its loss: every rank is there at the same step, so the
+  decision is one all-reduce and one signalled rank stops them all at the same step. The callback
+  asks the Trainer to save that step and to stop. A signal that lands between the micro-batches of a
+  gradient-accumulation step lets that step finish first: stopping in `on_substep_end` would save an
+  RNG state that already holds the abandoned micro-batches' dropout draws, and the resume would not
+  be exact.
+- `on_save` runs on every rank after `_save_checkpoint`, with no barrier before it (each rank writes
+  its own `rng_state_<i>.pth`): the callback puts one there, then rank 0 commits. Committing means a
+  `_COMMIT` file (a JSON manifest: every file's size and sha256) written last over `checkpoint-N/`;
+  with a `checkpoint_uri` elsewhere than `output_dir` (an fsspec bucket: file://, s3://, gs://) every
+  file is first mirrored to `<checkpoint_uri>/checkpoint-N/`, then `_COMMIT` there.
+- After the loop's break, `on_epoch_end` would ask for a second save of the same step (save_strategy
+  "epoch") and rewrite the folder under its marker: the callback clears that.
+- `run(trainer)` resumes from the newest committed `checkpoint-N`, found numerically (never by a
+  lexical sort), its files checked against the manifest; a torn or altered one is passed over (a
+  `checkpoint_refused` record). It exits 75 once the preemption checkpoint is committed, 0 when
+  training finished and its final checkpoint is committed, 1 otherwise (HF's own
+  `enable_jit_checkpoint` exits 0 after a SIGTERM, which a retry policy reads as success).
+- Records go to stdout in baton's JSON Lines schema (trainer/records.py): resume, step, checkpoint,
+  checkpoint_refused, preempt, done. The callback makes the Trainer log every step, so that every
+  step has a record with its loss.
+
+Limits: one node (rank 0 sees every rank's files on the shared local disk); the checkpoint must be
+HF's own layout (`save_only_model=False`). `save_total_limit=1` with checkpoints committed in place
+is refused: HF's rotation runs before `on_save`, so a kill in that gap would leave nothing committed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import time
+import traceback
+import uuid
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from transformers import TrainerCallback
+
+from trainer.checkpoint import COMMIT
+from trainer.preemption import Preemption
+from trainer.records import Records, log
+from trainer.storage import full_url, is_local, retrying, url_to_fs
+
+EXIT_OK, EXIT_FAIL, EXIT_PREEMPTED = 0, 1, 75
+CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
+# Left out of the manifest and the mirror: it pickles 9 transformers/accelerate classes, holds no
+# state that a resume needs (the script builds its own TrainingArguments), and cannot be loaded safely.
+SKIPPED_FILES = ("training_args.bin",)
+
+
+class TornCheckpoint(Exception):
+    """A checkpoint whose files do not match its `_COMMIT` manifest."""
+
+
+def _sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+class HFStore:
+    """Committed `checkpoint-N/` folders under a root, on any fsspec store.
+
+    A folder counts as committed only when `_COMMIT` is in it; its body lists every file with its size
+    and sha256. `local_dir` is where the Trainer writes (`args.output_dir`); when the root is that same
+    folder, `_COMMIT` is written in place and nothing is copied."""
+
+    def __init__(self, uri: str, local_dir: str) -> None:
+        self.uri = uri
+        self.fs, self.base = url_to_fs(uri)
+        self.base = self.base.rstrip("/")
+        self.local_dir = os.path.abspath(local_dir)
+        self.in_place = is_local(self.fs) and os.path.abspath(self.base) == self.local_dir
+
+    def url(self, step: int) -> str:
+        return full_url(self.fs, f"{self.base}/checkpoint-{step}")
+
+    def committed_steps(self) -> list[int]:
+        """Steps with a `_COMMIT`, ascending: one listing of the root, the markers checked per folder."""
+        self.fs.invalidate_cache()
+        try:
+            names = [p.rstrip("/").rsplit("/", 1)[-1] for p in self.fs.ls(self.base, detail=False)]
+        except FileNotFoundError:
+            return []
+        steps = sorted(int(m.group(1)) for n in names if (m := CHECKPOINT_RE.match(n)))
+        return [s for s in steps if self.fs.exists(f"{self.base}/checkpoint-{s}/{COMMIT}")]
+
+    # -- commit --
+    def commit(self, step: int, world_size: int) -> tuple[str, int]:
+        """Mirror `local_dir/checkpoint-<step>` (unless in place), then write `_COMMIT` last.
+        Returns (url, bytes)."""
+        src = os.path.join(self.local_dir, f"checkpoint-{step}")
+        names = sorted(n for n in os.listdir(src) if n != COMMIT and n not in SKIPPED_FILES
+                       and os.path.isfile(os.path.join(src, n)))
+        files = {n: {"size": os.path.getsize(os.path.join(src, n)), "sha256": _sha256(os.path.join(src, n))}
+                 for n in names}
+        manifest = {"format": "hf-checkpoint", "step": step, "world_size": world_size, "files": files,
+                    "time": round(time.time(), 3)}
+        dst = f"{self.base}/checkpoint-{step}"
+        if not self.in_place:
+            if is_local(self.fs):
+                self.fs.makedirs(dst, exist_ok=True)
+            for n in names:
+                retrying(lambda n=n: self.fs.put_file(os.path.join(src, n), f"{dst}/{n}"), self.url(step), "upload")
+        body = json.dumps(manifest, sort_keys=True)
+        if self.in_place:  # durable before it claims anything: fsync the files, then the marker
+            for n in names:
+                fd = os.open(os.path.join(src, n), os.O_RDONLY)
+                os.fsync(fd)
+                os.close(fd)
+            with open(os.path.join(src, COMMIT), "w") as f:
+                f.write(body)
+                f.flush()
+                os.fsync(f.fileno())
+        else:
+            def write() -> None:
+                with self.fs.open(f"{dst}/{COMMIT}", "w") as f:
+                    f.write(body)
+            retrying(write, self.url(step), "commit")
+        return self.url(step), sum(v["size"] for v in files.values())
+
+    def retain(self, keep_last: int) -> None:
+        """Keep the newest `keep_last` committed checkpoints; `_COMMIT` goes first, so a deletion cut
+        short leaves a folder that is passed over, never one that looks complete."""
+        if self.in_place or keep_last <= 0:
+            return  # in place, HF's own save_total_limit rotates
+        for step in self.committed_steps()[:-keep_last]:
+            folder = f"{self.base}/checkpoint-{step}"
+            retrying(lambda folder=folder: self.fs.rm(f"{folder}/{COMMIT}"), self.url(step), "delete")
+            retrying(lambda folder=folder: self.fs.rm(folder, recursive=True), self.url(step), "delete")
+
+    # -- resume --
+    def manifest(self, step: int) -> dict[str, Any]:
+        with self.fs.open(f"{self.base}/checkpoint-{step}/{COMMIT}", "r") as f:
+            return json.loads(f.read())
+
+    def fetch(self, step: int) -> str:
+        """The checkpoint as a local folder the Trainer can resume from, its files checked against the
+        manifest. Raises TornCheckpoint."""
+        try:
+            manifest = self.manifest(step)
+            files = manifest["files"]
+        except (OSError, ValueError, KeyError) as e:
+            raise TornCheckpoint(f"unreadable {COMMIT}: {e}") from None
+        local = os.path.join(self.local_dir, f"checkpoint-{step}")
+        if not self.in_place:
+            shutil.rmtree(local, ignore_errors=True)  # a stale local copy is never trusted
+            os.makedirs(local)
+            for n in files:
+                try:
+                    self.fs.get_file(f"{self.base}/checkpoint-{step}/{n}", os.path.join(local, n))
+                except FileNotFoundError:
+                    raise TornCheckpoint(f"{n} is missing") from None
+        for n, meta in files.items():
+            path = os.path.join(local, n)
+            if not os.path.isfile(path):
+                raise TornCheckpoint(f"{n} is missing")
+            if os.path.getsize(path) != meta["size"] or _sha256(path) != meta["sha256"]:
+                raise TornCheckpoint(f"{n} does not match its size or sha256 in {COMMIT}")
+        return local
+
+    def claim_attempt(self) -> int:
+        """The next attempt number (one per process start): a listing, then a write. Not fencing,
+        only the records' `attempt` field."""
+        folder = f"{self.base}/attempts"
+        try:
+            n = len([p for p in self.fs.ls(folder, detail=False) if p.endswith(".json")]) + 1
+        except FileNotFoundError:
+            n = 1
+        if is_local(self.fs):
+            self.fs.makedirs(folder, exist_ok=True)
+        with self.fs.open(f"{folder}/{n:08d}-{uuid.uuid4().hex[:8]}.json", "w") as f:
+            f.write(json.dumps({"attempt": n, "time": time.time(), "pid": os.getpid()}))
+        return n
+
+
+def _pause_points() -> set[tuple[int, int]]:
+    raw = os.environ.get("BATON_PAUSE_AFTER_STEP")
+    if not raw:
+        return set()
+    return {(int(k), int(m or 0)) for k, _, m in (x.strip().partition(":") for x in raw.split(",") if x.strip())}
+
+
+def _world() -> tuple[int, int]:
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def _barrier() -> None:
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()
+
+
+class BatonCallback(TrainerCallback):
+    """Preemption-safe saving, committed checkpoints and baton's records for a HF `Trainer`.
+
+    Args:
+        checkpoint_uri: where committed `checkpoint-N/` folders live: `args.output_dir` itself, or any
+            fsspec URI (file://, s3://, gs://) that outlives the pod. None: `args.output_dir`.
+        run_id: the `run_id` field of every record.
+        keep_last: committed checkpoints kept under a `checkpoint_uri` other than `output_dir`.
+    """
+
+    def __init__(self, checkpoint_uri: str | None = None, run_id: str = "hf", keep_last: int = 3) -> None:
+        self.preempt = Preemption()
+        self.preempt.install()  # first: a SIGTERM during the rest of the set-up still ends in a clean 75
+        self.checkpoint_uri, self.run_id, self.keep_last = checkpoint_uri, run_id, keep_last
+        self.store: HFStore | None = None
+        self.rec = Records(run_id, 0, 0)
+        self.rank, self.world = 0, 1
+        self.stopping: int | None = None  # the step the ranks decided to stop at
+        self.stop_decided_at = 0.0
+        self.last_committed: int | None = None
+        self.last_checkpoint: str | None = None
+        self.pending_step: int | None = None  # a step whose record is still to come (its on_log)
+        self.last_hook_at = time.perf_counter()
+        self.micro = 0
+        self.pauses = _pause_points()
+        self.finished = False
+
+    # -- records --
+    def emit(self, event: str, step: int, **fields: Any) -> None:
+        if self.rank == 0:
+            self.rec.emit(event, step, **fields)
+
+    # -- start-up and resume --
+    def _setup(self, args) -> None:
+        if self.store is not None:
+            return
+        self.rank, self.world = _world()
+        self.store = HFStore(self.checkpoint_uri or args.output_dir, args.output_dir)
+        if self.store.in_place and args.save_total_limit == 1:
+            raise ValueError("save_total_limit=1 with checkpoints committed in output_dir: HF rotates before "
+                             "on_save, so a kill in that gap leaves no committed checkpoint; use 2 or more, or a "
+                             "checkpoint_uri elsewhere")
+        if args.save_only_model:
+            raise ValueError("save_only_model=True: the checkpoint lacks the optimizer, scheduler and RNG "
+                             "state that an exact resume needs")
+        if torch.cuda.is_available() and args.device.type == "cuda":
+            self.preempt.device = args.device  # the stop all-reduce runs on NCCL there
+        attempt = self.store.claim_attempt() if self.rank == 0 else 0
+        self.rec = Records(self.run_id, attempt, self.rank)
+
+    def resume_checkpoint(self, args) -> str | None:
+        """The local folder of the newest committed checkpoint that verifies (fetched from the bucket
+        when it lives there), or None for a fresh start. Rank 0 chooses; every rank gets its answer."""
+        self._setup(args)
+        assert self.store is not None
+        chosen: list[Any] = [None, None]
+        if self.rank == 0:
+            for step in reversed(self.store.committed_steps()):
+                try:
+                    chosen = [step, self.store.fetch(step)]
+                    break
+                except TornCheckpoint as e:
+                    log(f"checkpoint-{step} refused: {e}")
+                    self.emit("checkpoint_refused", step, path=self.store.url(step), reason=str(e))
+        if self.world > 1:
+            dist.broadcast_object_list(chosen, src=0)
+        step, local = chosen
+        if step is None:
+            self.emit("resume", 0, from_step=0, fresh=True)
+            return None
+        manifest = self.store.manifest(step) if self.rank == 0 else {}
+        self.last_committed, self.last_checkpoint = step, self.store.url(step)
+        self.emit("resume", step, from_step=step, checkpoint=self.last_checkpoint,
+                  saved_world_size=manifest.get("world_size"))
+        log(f"resuming from {self.last_checkpoint}")
+        return local
+
+    def run(self, trainer) -> int:
+        """`trainer.train()` from the newest committed checkpoint; the process's exit code: 0 finished
+        and committed, 75 preempted and committed, 1 anything else."""
+        if self not in trainer.callback_handler.callbacks:
+            trainer.add_callback(self)
+        try:
+            checkpoint = self.resume_checkpoint(trainer.args)
+            trainer.train(resume_from_checkpoint=checkpoint)
+        except Exception:
+            traceback.print_exc()
+            return EXIT_FAIL
+        step = trainer.state.global_step
+        if self.stopping is not None and self.stopping < trainer.state.max_steps:
+            return EXIT_PREEMPTED if self.last_committed == self.stopping else EXIT_FAIL
+        if step >= trainer.state.max_steps and self.last_committed == step:
+            self.emit("done", step, total_steps=trainer.state.max_steps, checkpoint=self.last_checkpoint)
+            log(f"done: {step} steps, final checkpoint {self.last_checkpoint}")
+            return EXIT_OK
+        log(f"training ended at step {step} of {trainer.state.max_steps} without a committed final checkpoint")
+        return EXIT_FAIL
+
+    # -- the test hook --
+    def _pause_for_test(self, step: int, micro: int = 0) -> None:
+        """`BATON_PAUSE_AFTER_STEP=K[,K:m]`: wait (at most 120 s) after step K's record, or after m
+        micro-batches of step K+1, until a signal arrives, so a test lands it on an exact point. The
+        ranks leave together (one all-reduce a poll). A test hook, never for real work."""
+        if (step, micro) not in self.pauses:
+            return
+        log(f"paused after step {step}" + (f", {micro} micro-batch(es) into the next" if micro else ""))
+        deadline = time.monotonic() + 120
+        while True:
+            flag = torch.tensor([int(self.preempt.local or time.monotonic() > deadline)], dtype=torch.int32,
+                                device=self.preempt.device)
+            if self.world > 1:
+                dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            if flag.item():
+                return
+            time.sleep(0.01)
+
+    # -- TrainerCallback hooks --
+    def on_train_begin(self, args, state, control, **kwargs):
+        self._setup(args)
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self.micro = 0
+
+    def on_substep_end(self, args, state, control, **kwargs):
+        # A signal here does not stop the step: it completes, then saves (see the module docstring).
+        self.micro += 1
+        self._pause_for_test(state.global_step, self.micro)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.pending_step = state.global_step
+        control.should_log = True  # every step gets its loss, and its record, in on_log
+        if state.global_step >= state.max_steps:
+            control.should_save = True  # the final checkpoint, whatever the save strategy
+        return control
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        logs = logs or {}
+        if self.pending_step != state.global_step or "loss" not in logs:
+            return control  # an evaluation's or the summary's logs
+        step, self.pending_step = state.global_step, None
+        self.emit("step", step, loss=logs["loss"], lr=logs.get("learning_rate"), grad_norm=logs.get("grad_norm"),
+                  epoch=state.epoch)
+        self._pause_for_test(step)
+        # The collective decision: every rank logs every step, so every rank is here.
+        if self.preempt.should_stop() and self.stopping is None:
+            self.stopping, self.stop_decided_at = step, time.perf_counter()
+            log(f"preempted ({self.preempt.signal_name}) at step {step}: saving, "
+                f"{self.preempt.grace_left():.1f}s of grace left")
+            control.should_save = True
+            control.should_training_stop = True
+        self.last_hook_at = time.perf_counter()
+        return control
+
+    def on_save(self, args, state, control, **kwargs):
+        step = state.global_step
+        started = self.stop_decided_at if self.stopping == step else self.last_hook_at
+        _barrier()  # HF has none before on_save: every rank's rng_state_<i>.pth is on disk after it
+        if self.rank == 0:
+            assert self.store is not None
+            url, size = self.store.commit(step, self.world)
+            save_ms = (time.perf_counter() - started) * 1000
+            self.last_committed, self.last_checkpoint = step, url
+            reason = "final" if step >= state.max_steps else ("preempt" if self.stopping == step else "periodic")
+            self.emit("checkpoint", step, reason=reason, save_ms=round(save_ms, 1), blocking_ms=round(save_ms, 1),
+                      asynchronous=False, bytes=size, path=url)
+            if self.stopping == step and step < state.max_steps:
+                self.emit("preempt", step, signal=self.preempt.signal_name, save_ms=round(save_ms, 1),
+                          grace_left_s=round(self.preempt.grace_left(), 2), grace_s=self.preempt.grace,
+                          exit=EXIT_PREEMPTED, checkpoint=url, already_committed=False, outcome="saved",
+                          warning=False)
+            else:
+                self.store.retain(self.keep_last)
+        else:
+            self.last_committed = step
+        # No rank leaves before rank 0 has committed and written its record: a launcher that sees one
+        # rank exit signals the others, and the record is what says the stop was clean.
+        _barrier()
+        return control
+
+    def on_epoch_end(self, args, state, control, **kwargs):
+        if self.last_committed == state.global_step:
+            control.should_save = False  # the step is committed: a second save would rewrite it under _COMMIT
+        if self.stopping is not None:
+            control.should_evaluate = False
+        return control
+
+
+class StepRecords(TrainerCallback):
+    """Only the step and resume records, no preemption handling: what a stock HF Trainer script does,
+    made visible to `verify`. The drill's negative control for HF."""
+
+    def __init__(self, run_id: str = "hf", attempts_uri: str | None = None) -> None:
+        self.run_id, self.attempts_uri = run_id, attempts_uri
+        self.rec: Records | None = None
+        self.pending: int | None = None
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        rank, _ = _world()
+        attempt = HFStore(self.attempts_uri or args.output_dir, args.output_dir).claim_attempt() if rank == 0 else 0
+        self.rec = Records(self.run_id, attempt, rank)
+        if rank == 0:
+            start = state.global_step
+            self.rec.emit("resume", start, from_step=start, **({"fresh": True} if start == 0 else {}))
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.pending = state.global_step
+        control.should_log = True
+        return control
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if self.rec and self.rec.rank == 0 and self.pending == state.global_step and "loss" in (logs or {}):
+            self.pending = None
+            self.rec.emit("step", state.global_step, loss=logs["loss"], lr=logs.get("learning_rate"),
+                          epoch=state.epoch)
+        return control
+
