@@ -1,6 +1,12 @@
 """PID 1 of a training container: launches torchrun, forwards SIGTERM, reports 0 / 75 / 1.
 
     python -m steps.train --nproc N --config FILE [--set KEY=VALUE ...] [--evidence URI]
+    python -m steps.train --nproc N --trainer hf --config FILE [--set ...]         the HF Trainer example
+    python -m steps.train --nproc N --trainer "my_train.py --lr 3e-4" [--config FILE] [--set ...]
+
+`--trainer` picks the program torchrun runs on each rank: `baton` (default, `-m trainer`), `hf`
+(examples/hf_trainer/train.py), or any script or `-m module` with its arguments, split like a shell
+would (shlex) but never run through one. `--config` and each `--set` are appended to its arguments.
 
 torchrun collapses a worker's exit 75 into 1, so this wrapper decides the code itself from the
 records that pass through it: a `preempt` record (rank 0 writes it only after the checkpoint
@@ -20,6 +26,7 @@ import sys
 import threading
 import time
 import uuid
+from pathlib import Path
 
 EXIT_OK, EXIT_FAIL, EXIT_PREEMPTED = 0, 1, 75
 
@@ -78,11 +85,37 @@ def torchrun_has_shutdown_timeout() -> bool:
     return any("--shutdown-timeout" in a.option_strings for a in get_args_parser()._actions)
 
 
+def program(trainer: str) -> list[str]:
+    """What torchrun runs on each rank, for `--trainer`."""
+    import shlex
+
+    if trainer == "baton":
+        return ["-m", "trainer"]
+    if trainer == "hf":
+        here = Path(__file__).resolve().parents[1] / HF_EXAMPLE
+        script = here if here.is_file() else Path.cwd() / HF_EXAMPLE  # an installed package has no examples/
+        if not script.is_file():
+            raise SystemExit(f"error: --trainer hf: {HF_EXAMPLE} is not here (looked beside steps/ and in {Path.cwd()})")
+        return [str(script)]
+    try:
+        argv = shlex.split(trainer)
+    except ValueError as e:
+        raise SystemExit(f"error: --trainer {trainer!r}: {e}") from None
+    if not argv:
+        raise SystemExit("error: --trainer is empty: baton, hf, or a script with its arguments")
+    return argv
+
+
+HF_EXAMPLE = "examples/hf_trainer/train.py"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m steps.train", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--nproc", type=int, default=1, help="ranks on this node (torchrun --nproc-per-node)")
-    ap.add_argument("--config", required=True)
+    ap.add_argument("--trainer", default="baton",
+                    help="baton (default), hf (the HF Trainer example), or 'SCRIPT ARGS...' / '-m MODULE ARGS...'")
+    ap.add_argument("--config", help="config file, passed on as --config (baton's trainer requires one)")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--evidence", default=os.environ.get("BATON_EVIDENCE_URI"),
                     help="fsspec folder to copy the record lines to as they happen")
@@ -114,7 +147,9 @@ def main(argv: list[str] | None = None) -> int:
                   f"not {g:g} s", file=sys.stderr)
             g = TORCHRUN_FIXED_SHUTDOWN_S
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.nproc}",
-           "--max-restarts=0", *shutdown, "-m", "trainer", "--config", args.config]
+           "--max-restarts=0", *shutdown, *program(args.trainer)]
+    if args.config:
+        cmd += ["--config", args.config]
     for o in args.overrides:
         cmd += ["--set", o]
     evidence = Evidence(args.evidence, args.name)

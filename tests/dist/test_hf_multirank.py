@@ -1,0 +1,105 @@
+"""The HF Trainer example on two gloo ranks under torchrun, through the PID-1 entrypoint
+(`steps.train --nproc 2 --trainer hf`): SIGTERM to one worker stops both at the same step, the pod
+exits 75, and the resumed run's final checkpoint equals an uninterrupted two-rank run's, tensor for
+tensor."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import CORPUS, PY, REPO, base_env
+from trainer.records import read_records
+
+pytestmark = pytest.mark.dist
+HF_YAML = REPO / "examples" / "hf_trainer" / "config.yaml"
+TOTAL = 14  # 10 steps per epoch on 2 ranks: the resume from step 6 crosses an epoch boundary
+
+
+def entry_cmd(model, bucket):
+    cmd = [PY, "-m", "steps.train", "--nproc", "2", "--trainer", "hf", "--config", str(HF_YAML)]
+    for s in (f"model.path={model}", f"checkpoint.uri={bucket}", f"data.uri={CORPUS}", f"total_steps={TOTAL}",
+              "checkpoint.every_steps=5", "model.dropout=0.1"):
+        cmd += ["--set", s]
+    return cmd
+
+
+def worker_pids(pid: int) -> dict[int, int]:
+    """rank -> pid of the torchrun workers below `pid`."""
+    found, todo = {}, [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            kids = Path(f"/proc/{p}/task/{p}/children").read_text().split()
+        except OSError:
+            continue
+        for k in map(int, kids):
+            todo.append(k)
+            try:
+                env = dict(e.split("=", 1) for e in Path(f"/proc/{k}/environ").read_text().split("\0") if "=" in e)
+            except OSError:
+                continue
+            if "TORCHELASTIC_RUN_ID" in env and "RANK" in env:
+                found[int(env["RANK"])] = k
+    return found
+
+
+def run_entry(cmd, env, timeout=300):
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, timeout=timeout)
+    return p.returncode, read_records(p.stdout), p.stderr
+
+
+def sigterm_one_worker(cmd, at_step, rank, timeout=300):
+    env = base_env(BATON_GRACE="20", BATON_PAUSE_AFTER_STEP=str(at_step))
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
+    out = []
+    assert p.stdout is not None
+    for line in p.stdout:
+        out.append(line)
+        recs = read_records(line)
+        if recs and recs[0]["event"] == "step" and recs[0]["step"] == at_step:
+            deadline = time.monotonic() + 20
+            while (pid := worker_pids(p.pid).get(rank)) is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert pid is not None, "worker not found"
+            os.kill(pid, signal.SIGTERM)
+    rc = p.wait(timeout=timeout)
+    return rc, read_records("".join(out)), p.stderr.read() if p.stderr else ""
+
+
+def test_two_ranks_sigterm_to_one_worker_stop_together_exit_75_and_resume_bit_identical(tmp_path, tiny_model):
+    from steps.hf_checkpoint import compare_flat, final_hf_checkpoint, load_hf_checkpoint
+
+    ref_bucket, trial_bucket = f"file://{tmp_path}/ref", f"file://{tmp_path}/trial"
+    env = base_env(BATON_GRACE="20")
+    rc, ref_recs, err = run_entry(entry_cmd(tiny_model, ref_bucket), env)
+    assert rc == 0, err[-3000:]
+    assert [r["step"] for r in ref_recs if r["event"] == "step"] == list(range(1, TOTAL + 1))
+
+    rc, recs, err = sigterm_one_worker(entry_cmd(tiny_model, trial_bucket), at_step=6, rank=1)
+    assert rc == 75, err[-3000:]
+    (pre,) = [r for r in recs if r["event"] == "preempt"]
+    assert pre["step"] == 6 and pre["signal"] == "peer" and pre["outcome"] == "saved"  # rank 0 was not signalled
+    assert max(r["step"] for r in recs if r["event"] == "step") == 6
+    # Both ranks decided at step 6: the signalled one and its peer.
+    assert "preempted (SIGTERM) at step 6" in err and "preempted (peer) at step 6" in err
+    url, manifest = final_hf_checkpoint(trial_bucket)
+    assert manifest["step"] == 6 and manifest["world_size"] == 2
+    assert {"rng_state_0.pth", "rng_state_1.pth", "optimizer.pt", "model.safetensors"} <= set(manifest["files"])
+
+    rc, recs, err = run_entry(entry_cmd(tiny_model, trial_bucket), env)
+    assert rc == 0, err[-3000:]
+    (res,) = [r for r in recs if r["event"] == "resume"]
+    assert res["from_step"] == 6 and res["saved_world_size"] == 2
+    assert [r["step"] for r in recs if r["event"] == "step"] == list(range(7, TOTAL + 1))
+
+    ref, parts = load_hf_checkpoint(final_hf_checkpoint(ref_bucket)[0])
+    tri, _ = load_hf_checkpoint(final_hf_checkpoint(trial_bucket)[0])
+    assert parts["model"] > 0 and parts["optimizer"] > 0 and parts["rng"] > 0
+    worst, differing = compare_flat(ref, tri)
+    assert differing == [] and worst == 0.0

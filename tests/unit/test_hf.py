@@ -1,0 +1,225 @@
+"""The HF Trainer callback (trainer/hf.py) and the example job (examples/hf_trainer/train.py).
+
+Real processes and real SIGTERMs: a signal between the micro-batches of a gradient-accumulation step
+and one at a step boundary, each ending in exit 75 with that step committed; the resumed run's final
+checkpoint equal to an uninterrupted run's on every tensor; and the negative control (a committed
+checkpoint without its RNG state) that the same comparison catches. Then the store alone: numeric
+order, torn and altered checkpoints passed over, the S3 mirror with `_COMMIT` last, retention.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from tests.helpers import CORPUS, PY, REPO, base_env, run_and_sigterm
+from trainer.records import read_records
+
+HF_SCRIPT = REPO / "examples" / "hf_trainer" / "train.py"
+HF_YAML = REPO / "examples" / "hf_trainer" / "config.yaml"
+TOTAL = 12
+
+
+def hf_cmd(model, bucket, *sets):
+    cmd = [PY, str(HF_SCRIPT), "--config", str(HF_YAML)]
+    for s in (f"model.path={model}", f"checkpoint.uri={bucket}", f"data.uri={CORPUS}", f"total_steps={TOTAL}",
+              "checkpoint.every_steps=5", "model.dropout=0.1", *sets):
+        cmd += ["--set", s]
+    return cmd
+
+
+def run(cmd, env=None):
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env or base_env(), cwd=REPO, timeout=300)
+    return p.returncode, read_records(p.stdout), p.stderr
+
+
+def steps_of(recs):
+    return [r["step"] for r in recs if r["event"] == "step"]
+
+
+def final(bucket):
+    from steps.hf_checkpoint import final_hf_checkpoint, load_hf_checkpoint
+
+    url, manifest = final_hf_checkpoint(bucket)
+    return manifest["step"], load_hf_checkpoint(url)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, tiny_model):
+    bucket = f"file://{tmp_path_factory.mktemp('hf-ref')}/bucket"
+    rc, recs, err = run(hf_cmd(tiny_model, bucket))
+    assert rc == 0, err[-3000:]
+    assert steps_of(recs) == list(range(1, TOTAL + 1)) and recs[-1]["event"] == "done"
+    return bucket
+
+
+def test_sigterm_mid_accumulation_then_at_a_boundary_exits_75_and_resume_is_bit_identical(tmp_path, tiny_model,
+                                                                                        reference):
+    from steps.hf_checkpoint import compare_flat
+    from steps.verify import verify
+
+    bucket = f"file://{tmp_path}/bucket"
+    everything = []
+    # 1. The signal lands after the first of step 4's two micro-batches: the step completes, then saves.
+    rc, recs, err = run_and_sigterm(hf_cmd(tiny_model, bucket), at_step=3, delay_s=0.5,
+                                    env=base_env(BATON_PAUSE_AFTER_STEP="3:1"))
+    assert rc == 75, err[-3000:]
+    assert "1 micro-batch(es) into the next" in err
+    (pre,) = [r for r in recs if r["event"] == "preempt"]
+    assert (pre["step"], pre["signal"], pre["outcome"], pre["exit"]) == (4, "SIGTERM", "saved", 75)
+    assert steps_of(recs) == [1, 2, 3, 4]
+    ckpts = [r for r in recs if r["event"] == "checkpoint"]
+    assert [(c["step"], c["reason"]) for c in ckpts] == [(4, "preempt")]
+    assert recs.index(ckpts[0]) < recs.index(pre)  # the record comes after the commit
+    assert (tmp_path / "bucket" / "checkpoint-4" / "_COMMIT").is_file()
+    everything += recs
+    planted = tmp_path / "planted"
+    shutil.copytree(tmp_path / "bucket", planted)
+
+    # 2. At a step boundary, after a periodic save at 5: saves 7, exits 75.
+    rc, recs, err = run_and_sigterm(hf_cmd(tiny_model, bucket), at_step=7)
+    assert rc == 75, err[-3000:]
+    assert [r["from_step"] for r in recs if r["event"] == "resume"] == [4]
+    assert steps_of(recs) == [5, 6, 7]
+    assert [r["step"] for r in recs if r["event"] == "preempt"] == [7]
+    everything += recs
+
+    # 3. To the end: exit 0, done, and the final checkpoint equals the uninterrupted run's.
+    rc, recs, err = run(hf_cmd(tiny_model, bucket))
+    assert rc == 0, err[-3000:]
+    assert steps_of(recs) == list(range(8, TOTAL + 1)) and recs[-1]["event"] == "done"
+    everything += recs
+    v = verify(everything, TOTAL)
+    assert v["passed"] and v["replayed"] == 0 and v["resumed_from"] == [4, 7], v
+    ref_step, (ref, parts) = final(reference)
+    tri_step, (tri, _) = final(bucket)
+    assert ref_step == tri_step == TOTAL
+    assert {"model", "optimizer", "scheduler", "rng", "trainer_state"} <= parts.keys()
+    worst, differing = compare_flat(ref, tri)
+    assert differing == [] and worst == 0.0
+    assert sum(isinstance(v, torch.Tensor) for v in tri.values()) > 100
+
+    # Negative control: the same checkpoint-4, committed without its RNG state. The resume that
+    # follows is not exact, and the same comparison says so.
+    folder = planted / "checkpoint-4"
+    (folder / "rng_state.pth").unlink()
+    manifest = json.loads((folder / "_COMMIT").read_text())
+    del manifest["files"]["rng_state.pth"]
+    (folder / "_COMMIT").write_text(json.dumps(manifest))
+    rc, recs, err = run(hf_cmd(tiny_model, f"file://{planted}"))
+    assert rc == 0, err[-3000:]
+    assert [r["from_step"] for r in recs if r["event"] == "resume"] == [4]
+    _, (bad, _) = final(f"file://{planted}")
+    worst, differing = compare_flat(ref, bad)
+    assert sum(k.startswith("model.") for k in differing) > 10 and worst > 0
+
+
+def test_a_sigterm_kills_the_stock_script_without_the_callback(tmp_path, tiny_model):
+    """The negative control's trainer: the same example without the callback dies on SIGTERM (-15)."""
+    rc, recs, _ = run_and_sigterm(hf_cmd(tiny_model, tmp_path / "out"), at_step=3,
+                                  env=base_env(BATON_DISABLE_SIGTERM_HANDLER="1"))
+    assert rc == -signal.SIGTERM
+    assert not [r for r in recs if r["event"] in ("preempt", "checkpoint")]
+    assert steps_of(recs)[-1] >= 3
+    assert not list(tmp_path.glob("out/checkpoint-*/_COMMIT"))
+
+
+# ---- the store, without training ----------------------------------------------------------------------
+
+def fake_checkpoint(local: Path, step: int, size: int = 64) -> Path:
+    folder = local / f"checkpoint-{step}"
+    folder.mkdir(parents=True)
+    (folder / "model.safetensors").write_bytes(os.urandom(size))
+    (folder / "optimizer.pt").write_bytes(os.urandom(size))
+    (folder / "training_args.bin").write_bytes(b"pickled, never mirrored")
+    return folder
+
+
+def args_for(output_dir, **kw):
+    return SimpleNamespace(output_dir=str(output_dir), save_total_limit=kw.get("save_total_limit"),
+                           save_only_model=False, device=torch.device("cpu"))
+
+
+def test_newest_committed_is_numeric_and_torn_or_altered_ones_are_passed_over(tmp_path, capsys):
+    from trainer.hf import COMMIT, BatonCallback, HFStore, TornCheckpoint
+
+    local, bucket = tmp_path / "local", tmp_path / "bucket"
+    store = HFStore(f"file://{bucket}", str(local))
+    for step in (9, 10, 11, 100):
+        fake_checkpoint(local, step)
+        if step != 100:
+            store.commit(step, world_size=1)
+    # checkpoint-100 was written but never committed: a save cut short
+    shutil.copytree(local / "checkpoint-100", bucket / "checkpoint-100")
+    assert store.committed_steps() == [9, 10, 11]  # numeric: a lexical sort would put 9 last
+    assert not (bucket / "checkpoint-9" / "training_args.bin").exists()
+    assert json.loads((bucket / "checkpoint-9" / COMMIT).read_text())["step"] == 9
+    # 11 altered after its commit, 10 lost a file: both passed over, 9 is resumed.
+    (bucket / "checkpoint-11" / "optimizer.pt").write_bytes(b"x" * 64)
+    (bucket / "checkpoint-10" / "model.safetensors").unlink()
+    with pytest.raises(TornCheckpoint, match="sha256"):
+        store.fetch(11)
+    shutil.rmtree(local)
+    cb = BatonCallback(checkpoint_uri=f"file://{bucket}")
+    try:
+        path = cb.resume_checkpoint(args_for(local))
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    assert path == str(local / "checkpoint-9")
+    assert sorted(os.listdir(path)) == ["model.safetensors", "optimizer.pt"]
+    recs = read_records(capsys.readouterr().out)
+    assert [(r["event"], r["step"]) for r in recs] == [("checkpoint_refused", 11), ("checkpoint_refused", 10),
+                                                        ("resume", 9)]
+    assert recs[-1]["checkpoint"] == f"file://{bucket}/checkpoint-9" and recs[-1]["attempt"] == 1
+
+
+def test_in_place_commit_and_save_total_limit_1_is_refused(tmp_path):
+    from trainer.hf import COMMIT, BatonCallback, HFStore
+
+    store = HFStore(str(tmp_path), str(tmp_path))
+    assert store.in_place
+    fake_checkpoint(tmp_path, 3)
+    url, size = store.commit(3, world_size=1)
+    assert url == f"file://{tmp_path}/checkpoint-3" and size == 128
+    assert (tmp_path / "checkpoint-3" / COMMIT).is_file() and store.committed_steps() == [3]
+    cb = BatonCallback()
+    try:
+        with pytest.raises(ValueError, match="save_total_limit=1"):
+            cb._setup(args_for(tmp_path, save_total_limit=1))
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def test_s3_mirror_commits_last_fetches_back_and_retains(tmp_path, s3):
+    import fsspec
+
+    from trainer.hf import COMMIT, HFStore
+
+    root = s3.new_prefix("hf")
+    store = HFStore(root, str(tmp_path / "local"))
+    assert not store.in_place
+    originals = {}
+    for step in (2, 4, 6, 8):
+        folder = fake_checkpoint(tmp_path / "local", step)
+        originals[step] = (folder / "model.safetensors").read_bytes()
+        store.commit(step, world_size=1)
+        store.retain(keep_last=2)
+    assert store.committed_steps() == [6, 8]
+    fs = fsspec.filesystem("s3", client_kwargs={"endpoint_url": s3.url}, skip_instance_cache=True,
+                           use_listings_cache=False)
+    base = root.removeprefix("s3://")
+    assert sorted(p.rsplit("/", 1)[-1] for p in fs.ls(f"{base}/checkpoint-8")) == [COMMIT, "model.safetensors",
+                                                                                     "optimizer.pt"]
+    assert not fs.exists(f"{base}/checkpoint-2")
+    # The pod's disk is gone: the newest committed one comes back from the bucket, checked.
+    shutil.rmtree(tmp_path / "local")
+    path = store.fetch(8)
+    assert Path(path, "model.safetensors").read_bytes() == originals[8]
