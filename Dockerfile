@@ -52,6 +52,7 @@ COPY pyproject.toml ./
 COPY trainer ./trainer
 COPY steps ./steps
 COPY workflows ./workflows
+COPY examples ./examples
 
 # The project and its pinned dependencies; [gcs] adds gcsfs for gs:// buckets (s3fs is a base dep).
 # torch is already satisfied (2.13.0+cpu matches ==2.13.0), and the check makes sure pip kept it.

@@ -56,9 +56,19 @@ def max_abs_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], keys: l
 
 
 def compare(reference: str, replay: str, trial: str, total_steps: int | None = None) -> dict[str, Any]:
-    ref_url, ref_m = final_checkpoint(reference)
-    rep_url, rep_m = final_checkpoint(replay)
-    tri_url, tri_m = final_checkpoint(trial)
+    """Either checkpoint format, told apart by the reference's layout: baton's DCP (`runs/`) or HF
+    `checkpoint-N/` folders (steps/hf_checkpoint.py)."""
+    from steps.hf_checkpoint import compare_hf, is_hf_root
+
+    if is_hf_root(reference):
+        return compare_hf(reference, replay, trial, total_steps)
+    try:
+        ref_url, ref_m = final_checkpoint(reference)
+        rep_url, rep_m = final_checkpoint(replay)
+        tri_url, tri_m = final_checkpoint(trial)
+    except FileNotFoundError as e:  # a verdict, not a crash: the report says which run has none
+        return {"equivalent": False, "format": "dcp", "tier": 1, "tensors": 0, "max_abs_diff": float("inf"),
+                "floor": 0.0, "differing": [], "problem": str(e)}
     ref, rep, tri = load_flat(ref_url), load_flat(rep_url), load_flat(tri_url)
     keys = compared_keys(ref)
     steps = {"reference": ref_m["step"], "replay": rep_m["step"], "trial": tri_m["step"]}
@@ -74,12 +84,49 @@ def compare(reference: str, replay: str, trial: str, total_steps: int | None = N
     tier = 1 if tri_m.get("device", "cpu") == "cpu" else 2
     equivalent = (not differing) if tier == 1 else diff <= floor
     return {
-        "equivalent": equivalent, "tier": tier, "tensors": len(keys),
+        "equivalent": equivalent, "format": "dcp", "tier": tier, "tensors": len(keys),
         "equal_tensors": len(keys) - len(differing), "max_abs_diff": diff, "floor": floor,
         "floor_differing": len(floor_keys), "differing": differing[:20],
         "steps_compared": {"reference": ref_m["step"], "trial": tri_m["step"]},
         "checkpoints": {"reference": ref_url, "replay": rep_url, "trial": tri_url},
     }
+
+
+def lost_steps(trial_records: list[dict[str, Any]]) -> list[dict[str, int]]:
+    """Per attempt that ended without a preempt record and was followed by another: the last step it
+    reached, where the next one resumed, and the steps lost in between (trained again)."""
+    by_attempt: dict[int, list[dict[str, Any]]] = {}
+    for r in trial_records:
+        by_attempt.setdefault(r.get("attempt", 0), []).append(r)
+    out = []
+    attempts = sorted(by_attempt)
+    for a, b in zip(attempts, attempts[1:], strict=False):
+        recs = by_attempt[a]
+        if any(r.get("event") == "preempt" for r in recs):
+            continue
+        reached = max((r["step"] for r in recs if r.get("event") == "step"), default=0)
+        resumed = next((r["from_step"] for r in by_attempt[b] if r.get("event") == "resume"), 0)
+        out.append({"attempt": a, "reached": reached, "resumed_from": resumed, "lost": max(0, reached - resumed)})
+    return out
+
+
+def verdict_of(report: dict[str, Any], evictions: dict[str, Any], trial_records: list[dict[str, Any]]) -> str:
+    """One sentence on whether the trial's job is preemption-safe, and if not, why."""
+    planned = len(evictions.get("evictions", []))
+    clean = report["steps"]["preemptions"]
+    lost = lost_steps(trial_records)
+    if planned and clean < planned:
+        detail = ", ".join(f"attempt {x['attempt']} reached step {x['reached']}, the next resumed from "
+                           f"{x['resumed_from']} ({x['lost']} lost)" for x in lost)
+        return (f"NOT preemption-safe: {planned - clean} of {planned} evictions ended without a preempt record "
+                f"(the trial died on SIGTERM without committing the step it had reached); "
+                f"{report['steps']['replayed']} step(s) replayed" + (f"; {detail}" if detail else ""))
+    if not report["passed"]:
+        return "NOT certified: " + "; ".join([*report.get("verify_problems", []),
+                                              *([report["problem"]] if report.get("problem") else []),
+                                              *([] if report["equivalent"] else ["final checkpoints differ"])])
+    return (f"preemption-safe in this drill: {clean} eviction(s), each saved and resumed, 0 steps replayed, "
+            f"final checkpoints ({report.get('format', 'dcp')}) equal")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -104,8 +151,10 @@ def main(argv: list[str] | None = None) -> int:
               "preempt": verify["preempt"], "evictions": evictions, "total_steps": args.total_steps}
     report["passed"] = bool(result["equivalent"] and verify["passed"])
     ev_root = args.evidence.rstrip("/")
-    write_report(Path(args.out), report, read_evidence(f"{ev_root}/reference"), read_evidence(f"{ev_root}/trial"),
-                 args.report_uri)
+    trial_records = read_evidence(f"{ev_root}/trial")
+    report["verdict"] = verdict_of(report, evictions, trial_records)
+    write_report(Path(args.out), report, read_evidence(f"{ev_root}/reference"), trial_records, args.report_uri)
+    print(report["verdict"], file=sys.stderr)
     verdict = "bit-identical" if result["tier"] == 1 and result["equivalent"] else (
         "within the floor" if result["equivalent"] else "NOT equivalent")
     print(f"{verdict}: {result.get('equal_tensors', 0)}/{result['tensors']} tensors equal, "

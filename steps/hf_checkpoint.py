@@ -194,3 +194,36 @@ def compare_flat(a: dict[str, Any], b: dict[str, Any]) -> tuple[float, list[str]
             differing.append(k)
             worst = float("inf")
     return worst, differing
+
+
+def compare_hf(reference: str, replay: str, trial: str, total_steps: int | None = None) -> dict[str, Any]:
+    """`compare`'s result for three roots of HF checkpoints: every entry of the trial's final
+    checkpoint against the reference's (torch.equal; == for strings), the floor from the replay."""
+    base: dict[str, Any] = {"format": "hf-checkpoint", "tier": 1, "tensors": 0, "max_abs_diff": float("inf"),
+                            "floor": 0.0, "differing": [], "equivalent": False}
+    finals = {}
+    for role, root in (("reference", reference), ("replay", replay), ("trial", trial)):
+        try:
+            finals[role] = final_hf_checkpoint(root)
+        except FileNotFoundError as e:
+            return {**base, "problem": f"{role}: {e}"}
+    steps = {role: m["step"] for role, (_, m) in finals.items()}
+    if total_steps is not None and set(steps.values()) != {total_steps}:
+        return {**base, "problem": f"final checkpoints are not all at step {total_steps}: {steps}"}
+    loaded = {}
+    for role, (url, _) in finals.items():
+        try:
+            loaded[role] = load_hf_checkpoint(url)
+        except BadCheckpoint as e:
+            return {**base, "problem": f"{role}: {e}"}
+    (ref, parts), (rep, _), (tri, _) = loaded["reference"], loaded["replay"], loaded["trial"]
+    floor, floor_keys = compare_flat(ref, rep)
+    diff, differing = compare_flat(ref, tri)
+    tier = 1 if finals["trial"][1].get("device", "cpu") == "cpu" else 2
+    return {
+        **base, "tier": tier, "tensors": len(ref), "equal_tensors": len(ref) - len([k for k in differing if k in ref]),
+        "max_abs_diff": diff, "floor": floor, "floor_differing": len(floor_keys), "differing": differing[:20],
+        "equivalent": (not differing) if tier == 1 else (diff <= floor and set(differing) <= set(floor_keys)),
+        "parts": parts, "steps_compared": {"reference": steps["reference"], "trial": steps["trial"]},
+        "checkpoints": {role: url for role, (url, _) in finals.items()},
+    }

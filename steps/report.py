@@ -47,10 +47,15 @@ def markdown(report: dict[str, Any]) -> str:
     s = report["steps"]
     verdict = "PASS" if report["passed"] else "FAIL"
     lines = [f"# baton equivalence drill: {verdict}", "",
-             f"- tier {report['tier']}: {report.get('equal_tensors', 0)}/{report['tensors']} model and optimizer "
-             f"tensors equal; max |diff| {report['max_abs_diff']:.3g}; floor {report['floor']:.3g}",
+             f"- tier {report['tier']}: {report.get('equal_tensors', 0)}/{report['tensors']} "
+             f"{'model and optimizer tensors' if report.get('format', 'dcp') == 'dcp' else 'entries'} equal; max |diff| {report['max_abs_diff']:.3g}; floor {report['floor']:.3g}",
              f"- step records {s['total']} total, {s['distinct']} distinct; replayed {s['replayed']}",
-             f"- resumed from {s['resumed_from']}; preemptions {s['preemptions']}", "",
+             f"- resumed from {s['resumed_from']}; preemptions {s['preemptions']}",
+             f"- checkpoint format {report.get('format', 'dcp')}"
+             + (f"; compared: {', '.join(f'{k} {n}' for k, n in sorted(report['parts'].items()))}"
+                if report.get("parts") else ""),
+             *([f"- verdict: {report['verdict']}"] if report.get("verdict") else []),
+             *([f"- problem: {report['problem']}"] if report.get("problem") else []), "",
              "| step | save ms | grace left s | exit | outcome |", "|---:|---:|---:|---:|---|"]
     for p in report["preempt"]:
         lines.append(f"| {p['step']} | {p['save_ms']} | {p['grace_left_s']} | {p['exit']} | {p['outcome']} |")

@@ -102,7 +102,7 @@ class HFStore:
         return [s for s in steps if self.fs.exists(f"{self.base}/checkpoint-{s}/{COMMIT}")]
 
     # -- commit --
-    def commit(self, step: int, world_size: int) -> tuple[str, int]:
+    def commit(self, step: int, world_size: int, device: str = "cpu") -> tuple[str, int]:
         """Mirror `local_dir/checkpoint-<step>` (unless in place), then write `_COMMIT` last.
         Returns (url, bytes)."""
         src = os.path.join(self.local_dir, f"checkpoint-{step}")
@@ -110,7 +110,7 @@ class HFStore:
                        and os.path.isfile(os.path.join(src, n)))
         files = {n: {"size": os.path.getsize(os.path.join(src, n)), "sha256": _sha256(os.path.join(src, n))}
                  for n in names}
-        manifest = {"format": "hf-checkpoint", "step": step, "world_size": world_size, "files": files,
+        manifest = {"format": "hf-checkpoint", "step": step, "world_size": world_size, "device": device, "files": files,
                     "time": round(time.time(), 3)}
         dst = f"{self.base}/checkpoint-{step}"
         if not self.in_place:
@@ -367,7 +367,7 @@ class BatonCallback(TrainerCallback):
         _barrier()  # HF has none before on_save: every rank's rng_state_<i>.pth is on disk after it
         if self.rank == 0:
             assert self.store is not None
-            url, size = self.store.commit(step, self.world)
+            url, size = self.store.commit(step, self.world, device=args.device.type)
             save_ms = (time.perf_counter() - started) * 1000
             self.last_committed, self.last_checkpoint = step, url
             reason = "final" if step >= state.max_steps else ("preempt" if self.stopping == step else "periodic")

@@ -66,7 +66,10 @@ PARAMETERS: dict[str, tuple[str, str]] = {
     "bucket": ("s3://baton-drills", "checkpoint and evidence store (file://, s3://, gs://)"),
     "prefix": ("drills", "prefix under the bucket; each drill writes under <bucket>/<prefix>/<workflow name>"),
     "image": ("baton:cpu", "container image for every step"),
-    "disable_sigterm_handler": ("0", "1: the trial ignores its SIGTERM handler (the drill's negative control)"),
+    "disable_sigterm_handler": ("0", "1: the trial runs without its SIGTERM handling (the drill's negative "
+                                "control; with trainer=hf, the example without the callback)"),
+    "trainer": ("baton", "what reference, replay and trial run: baton, hf (examples/hf_trainer/train.py), "
+                "or 'SCRIPT ARGS...' (split by steps.train, never by a shell); it gets --config and the --set keys"),
 }
 
 
@@ -86,7 +89,7 @@ def _pod_name_env() -> m.EnvVar:
 
 def _train_args(role: str) -> list[str]:
     return ["-m", "steps.train", "--nproc", p("ranks"), "--shutdown-timeout", p("grace"),
-            "--config", p("config"), "--evidence", f"{EVIDENCE}/{role}",
+            "--trainer", p("trainer"), "--config", p("config"), "--evidence", f"{EVIDENCE}/{role}",
             "--set", f"checkpoint.uri={ROOT}/{role}",
             "--set", f"total_steps={p('total_steps')}",
             "--set", f"seed={p('seed')}",
@@ -288,6 +291,10 @@ def drill_summary(report: dict[str, Any]) -> str:
                      f"exit {pr['exit']}")
     for problem in report.get("verify_problems", []):
         lines.append(f"problem: {problem}")
+    if report.get("problem"):
+        lines.append(f"problem: {report['problem']}")
+    if report.get("verdict"):
+        lines.append(f"verdict: {report['verdict']}")
     if report["tier"] == 1:
         lines.append(f"bit-identical: {report['tensors']} tensors" if report["equivalent"] else
                      f"NOT bit-identical: {report.get('equal_tensors', 0)}/{report['tensors']} tensors equal, "

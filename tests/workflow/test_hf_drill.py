@@ -1,0 +1,58 @@
+"""The drill with `trainer=hf`: the HF Trainer example, evicted three times through the local runner,
+certified bit-identical from its HF `checkpoint-N/` folders; and its negative control (the same
+example without the callback) that must fail with a report that says why."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from tests.helpers import PY, REPO, base_env
+
+pytestmark = pytest.mark.slow
+
+
+def drill(out, *params):
+    cmd = [PY, "workflows/equivalence.py", "run", "--out", str(out)]
+    for p in ("trainer=hf", *params):
+        cmd += ["-p", p]
+    return subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env=base_env(), timeout=900)
+
+
+def test_hf_drill_passes_with_three_evictions_and_bit_identical_hf_checkpoints(tmp_path):
+    out = tmp_path / "drill"
+    p = drill(out, "total_steps=40", "evictions=3")
+    assert p.returncode == 0, p.stdout + p.stderr[-3000:]
+    report = json.loads((out / "report.json").read_text())
+    assert report["passed"] is True and report["format"] == "hf-checkpoint"
+    assert report["equivalent"] is True and report["tier"] == 1 and report["max_abs_diff"] == 0.0
+    assert report["floor"] == 0.0 and report["tensors"] > 200 and report["differing"] == []
+    assert {"model", "optimizer", "scheduler", "rng", "trainer_state"} <= report["parts"].keys()
+    s = report["steps"]
+    assert (s["total"], s["distinct"], s["replayed"], s["preemptions"]) == (40, 40, 0, 3)
+    assert report["verdict"].startswith("preemption-safe")
+    # The trial's final checkpoint is an HF folder with _COMMIT, under <bucket>/<prefix>/<workflow>/trial/.
+    trial = report["checkpoints"]["trial"]
+    assert trial.endswith("/trial/checkpoint-40") and "/drills/baton-equivalence-" in trial
+    assert (out / "bucket" / trial.split("/bucket/", 1)[1] / "_COMMIT").is_file()
+    md = (out / "report.md").read_text()
+    assert "checkpoint format hf-checkpoint; compared: " in md and "rng " in md
+    assert "bit-identical: " in p.stdout and "drill PASSED" in p.stdout
+
+
+def test_hf_negative_control_without_the_callback_fails_and_says_why(tmp_path):
+    out = tmp_path / "drill"
+    # Saves every 10 steps, evictions at 16 and 32: each eviction loses the steps since the last save.
+    p = drill(out, "total_steps=40", "evictions=2", "every_steps=10", "disable_sigterm_handler=1")
+    assert p.returncode == 1, p.stdout
+    report = json.loads((out / "report.json").read_text())
+    assert report["passed"] is False and report["equivalent"] is False
+    assert report["steps"]["preemptions"] == 0 and report["steps"]["replayed"] > 0
+    assert "no committed checkpoint" in report["problem"] and report["problem"].startswith("trial:")
+    verdict = report["verdict"]
+    assert verdict.startswith("NOT preemption-safe: 2 of 2 evictions ended without a preempt record")
+    assert "died on SIGTERM" in verdict and "resumed from 10" in verdict and "resumed from 30" in verdict
+    assert "verdict: NOT preemption-safe" in (out / "report.md").read_text()
+    assert "drill FAILED" in p.stdout and "verdict: NOT preemption-safe" in p.stdout
