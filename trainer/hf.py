@@ -417,6 +417,11 @@ class StepRecords(TrainerCallback):
         control.should_log = True
         return control
 
+    def on_train_end(self, args, state, control, **kwargs):
+        # A stock script that finished says so (and exits 0); what it saved carries no _COMMIT.
+        if self.rec and self.rec.rank == 0 and state.global_step >= state.max_steps:
+            self.rec.emit("done", state.global_step, total_steps=state.max_steps, checkpoint=None)
+
     def on_log(self, args, state, control, logs=None, **kwargs):
         if self.rec and self.rec.rank == 0 and self.pending == state.global_step and "loss" in (logs or {}):
             self.pending = None

@@ -99,7 +99,8 @@ def main(argv: list[str] | None = None) -> int:
         save_strategy="steps" if cfg.checkpoint.every_steps else "no",
         save_steps=cfg.checkpoint.every_steps or 500, save_total_limit=2,
         logging_steps=1, report_to="none", disable_tqdm=True, use_cpu=cpu,
-        ddp_backend="gloo" if cpu and int(os.environ.get("WORLD_SIZE", "1")) > 1 else None, dataloader_num_workers=cfg.data.num_workers,
+        ddp_backend="gloo" if cpu and int(os.environ.get("WORLD_SIZE", "1")) > 1 else None,
+        ddp_find_unused_parameters=False, dataloader_num_workers=cfg.data.num_workers,
     )
     if stock:
         from trainer.hf import StepRecords
