@@ -223,3 +223,15 @@ def test_s3_mirror_commits_last_fetches_back_and_retains(tmp_path, s3):
     shutil.rmtree(tmp_path / "local")
     path = store.fetch(8)
     assert Path(path, "model.safetensors").read_bytes() == originals[8]
+
+
+def test_steps_train_trainer_choice_is_argv_never_a_shell():
+    from steps.train import HF_EXAMPLE, program
+
+    assert program("baton") == ["-m", "trainer"]
+    assert program("hf") == [str(REPO / HF_EXAMPLE)]
+    nasty = "my_train.py --note 'x\"; echo $(id)' `whoami`"
+    assert program(nasty) == ["my_train.py", "--note", 'x"; echo $(id)', "`whoami`"]
+    assert program("-m mypkg.train --lr 3e-4") == ["-m", "mypkg.train", "--lr", "3e-4"]
+    with pytest.raises(SystemExit, match="empty"):
+        program("  ")
