@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -49,14 +50,29 @@ def worker_pids(pid: int) -> dict[int, int]:
     return found
 
 
+def watchdog(p: subprocess.Popen, timeout: float) -> threading.Timer:
+    """SIGKILL the whole process group (steps.train, torchrun, the workers) if it outlives `timeout`:
+    ranks that disagree on where to stop hang in a collective, and that must fail, not block."""
+    t = threading.Timer(timeout, lambda: os.killpg(p.pid, signal.SIGKILL) if p.poll() is None else None)
+    t.daemon = True
+    t.start()
+    return t
+
+
 def run_entry(cmd, env, timeout=300):
-    p = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, timeout=timeout)
-    return p.returncode, read_records(p.stdout), p.stderr
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO,
+                         start_new_session=True)
+    t = watchdog(p, timeout)
+    out, err = p.communicate()
+    t.cancel()
+    return p.returncode, read_records(out), err
 
 
 def sigterm_one_worker(cmd, at_step, rank, timeout=300):
     env = base_env(BATON_GRACE="20", BATON_PAUSE_AFTER_STEP=str(at_step))
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO,
+                         start_new_session=True)
+    t = watchdog(p, timeout)
     out = []
     assert p.stdout is not None
     for line in p.stdout:
@@ -68,7 +84,8 @@ def sigterm_one_worker(cmd, at_step, rank, timeout=300):
                 time.sleep(0.05)
             assert pid is not None, "worker not found"
             os.kill(pid, signal.SIGTERM)
-    rc = p.wait(timeout=timeout)
+    rc = p.wait()
+    t.cancel()
     return rc, read_records("".join(out)), p.stderr.read() if p.stderr else ""
 
 
