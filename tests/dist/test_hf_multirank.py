@@ -5,6 +5,7 @@ tensor."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -53,7 +54,16 @@ def worker_pids(pid: int) -> dict[int, int]:
 def watchdog(p: subprocess.Popen, timeout: float) -> threading.Timer:
     """SIGKILL the whole process group (steps.train, torchrun, the workers) if it outlives `timeout`:
     ranks that disagree on where to stop hang in a collective, and that must fail, not block."""
-    t = threading.Timer(timeout, lambda: os.killpg(p.pid, signal.SIGKILL) if p.poll() is None else None)
+    def kill() -> None:
+        if p.poll() is not None:
+            return
+        workers = list(worker_pids(p.pid).values())  # torchrun starts each in a session of its own
+        os.killpg(p.pid, signal.SIGKILL)
+        for pid in workers:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+    t = threading.Timer(timeout, kill)
     t.daemon = True
     t.start()
     return t

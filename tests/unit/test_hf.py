@@ -235,3 +235,27 @@ def test_steps_train_trainer_choice_is_argv_never_a_shell():
     assert program("-m mypkg.train --lr 3e-4") == ["-m", "mypkg.train", "--lr", "3e-4"]
     with pytest.raises(SystemExit, match="empty"):
         program("  ")
+
+
+def test_a_users_script_under_steps_train_on_s3_exits_75_and_resumes_from_the_bucket(s3, tiny_model):
+    """The contract end to end for a script given by path (not the `hf` alias): PID 1 keeps exit 75
+    through torchrun, checkpoints live only in the bucket (each launch has a fresh local folder), and
+    the next launch fetches the newest committed one back."""
+    root = s3.new_prefix("hf-user")
+    script = "examples/hf_trainer/train.py --config examples/hf_trainer/config.yaml"
+    cmd = [PY, "-m", "steps.train", "--nproc", "1", "--trainer", script]
+    for s in (f"model.path={tiny_model}", f"checkpoint.uri={root}", f"data.uri={CORPUS}", "total_steps=8",
+              "checkpoint.every_steps=0"):
+        cmd += ["--set", s]
+    rc, recs, err = run_and_sigterm(cmd, at_step=3, env=s3.env(BATON_GRACE="20"))
+    assert rc == 75, err[-3000:]
+    assert [r["step"] for r in recs if r["event"] == "preempt"] == [3]
+    keys = s3.keys(root)
+    assert "checkpoint-3/_COMMIT" in keys and "checkpoint-3/model.safetensors" in keys
+    assert not any(k.endswith("training_args.bin") for k in keys)
+    rc, recs, err = run(cmd, env=s3.env(BATON_GRACE="20"))
+    assert rc == 0, err[-3000:]
+    (res,) = [r for r in recs if r["event"] == "resume"]
+    assert res["from_step"] == 3 and res["checkpoint"] == f"{root}/checkpoint-3" and res["attempt"] == 2
+    assert steps_of(recs) == [4, 5, 6, 7, 8] and recs[-1]["event"] == "done"
+    assert "checkpoint-8/_COMMIT" in s3.keys(root)
