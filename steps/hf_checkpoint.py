@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import pickle
 import re
 from typing import Any
 
@@ -164,7 +165,7 @@ def load_hf_checkpoint(url: str) -> tuple[dict[str, Any], dict[str, int]]:
             else:
                 flat[f"file.{name}"] = hashlib.sha256(data).hexdigest()
                 part = "file"
-        except (RuntimeError, ValueError, TypeError, EOFError) as e:  # weights_only refusals are these
+        except (pickle.UnpicklingError, RuntimeError, ValueError, TypeError, EOFError) as e:  # weights_only refusals
             raise BadCheckpoint(f"{url}/{name} cannot be loaded safely: {str(e).splitlines()[0][:300]}") from None
         parts[part] = parts.get(part, 0) + len(flat) - before
     return flat, parts
