@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -114,7 +115,10 @@ def main(argv: list[str] | None = None) -> int:
         last = get_last_checkpoint(output_dir) if os.path.isdir(output_dir) else None
         trainer.train(resume_from_checkpoint=last)
         return 0
-    return baton.run(trainer)  # baton (3/3): instead of trainer.train(); 0 done, 75 preempted, 1 failed
+    code = baton.run(trainer)  # baton (3/3): instead of trainer.train(); 0 done, 75 preempted, 1 failed
+    if not os.environ.get("BATON_HF_OUTPUT_DIR") and os.environ.get("LOCAL_RANK", "0") == "0":
+        shutil.rmtree(output_dir, ignore_errors=True)  # the pod's scratch copy; the bucket holds what counts
+    return code
 
 
 if __name__ == "__main__":

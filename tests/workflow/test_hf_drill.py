@@ -56,3 +56,17 @@ def test_hf_negative_control_without_the_callback_fails_and_says_why(tmp_path):
     assert "died on SIGTERM" in verdict and "resumed from 10" in verdict and "resumed from 30" in verdict
     assert "verdict: NOT preemption-safe" in (out / "report.md").read_text()
     assert "drill FAILED" in p.stdout and "verdict: NOT preemption-safe" in p.stdout
+
+
+def test_the_trainer_parameter_reaches_every_training_step_as_one_argv_element():
+    from workflows.equivalence import build_workflow
+
+    spec = build_workflow().to_dict()["spec"]
+    names = {p["name"] for p in spec["arguments"]["parameters"]}
+    assert "trainer" in names
+    for t in spec["templates"]:
+        if t["name"] in ("train", "trial"):
+            args = t["container"]["args"]
+            assert t["container"]["command"] == ["python"]  # no shell anywhere
+            i = args.index("--trainer")
+            assert args[i + 1] == "{{workflow.parameters.trainer}}"
