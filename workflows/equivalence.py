@@ -41,6 +41,8 @@ from hera.workflows import models as m  # noqa: E402
 
 NAME = "baton-equivalence"
 SERVICE_ACCOUNT = "baton-drill"
+# The overlays ship this ConfigMap (MinIO on kind, GCS on GKE): compare's output artifacts need a repository.
+ARTIFACT_REPOSITORY = ("artifact-repositories", "default-v1")
 RETRY_EXPRESSION = "asInt(lastRetry.exitCode) == 75 || lastRetry.message matches 'imminent node shutdown|pod deleted'"
 REPORT_DIR = "/tmp/baton-report/{{workflow.name}}"
 REPORT_FILES = ("report.json", "report.md", "loss.png")
@@ -158,9 +160,15 @@ def _arguments() -> list[Parameter]:
     return [Parameter(name=k, value=v, description=d) for k, v, d in ((k, *PARAMETERS[k]) for k in PARAMETERS)]
 
 
+def _artifact_repository() -> m.ArtifactRepositoryRef:
+    config_map, key = ARTIFACT_REPOSITORY
+    return m.ArtifactRepositoryRef(config_map=config_map, key=key)
+
+
 def build_workflow() -> Workflow:
     with Workflow(generate_name=f"{NAME}-", entrypoint="drill", service_account_name=SERVICE_ACCOUNT,
-                  arguments=_arguments(), labels={"app.kubernetes.io/part-of": "baton"}) as w:
+                  arguments=_arguments(), labels={"app.kubernetes.io/part-of": "baton"},
+                  artifact_repository_ref=_artifact_repository()) as w:
         _define_dag()
     return w
 
@@ -168,8 +176,9 @@ def build_workflow() -> Workflow:
 def build_cron(schedule: str = "0 3 * * *") -> CronWorkflow:
     with CronWorkflow(name=f"{NAME}-nightly", schedules=[schedule], concurrency_policy="Forbid",
                       starting_deadline_seconds=600, successful_jobs_history_limit=3, failed_jobs_history_limit=5,
-                      entrypoint="drill", service_account_name=SERVICE_ACCOUNT, arguments=_arguments(),
-                      labels={"app.kubernetes.io/part-of": "baton"}) as w:
+                      timezone="Etc/UTC", entrypoint="drill", service_account_name=SERVICE_ACCOUNT,
+                      arguments=_arguments(), labels={"app.kubernetes.io/part-of": "baton"},
+                      artifact_repository_ref=_artifact_repository()) as w:
         _define_dag()
     return w
 
@@ -182,7 +191,8 @@ def to_yaml(objs: list[dict[str, Any]]) -> str:
     return yaml.safe_dump_all(objs, sort_keys=False, width=120)
 
 
-TEMPLATE_FILES = {"Workflow": "workflow-equivalence.yaml", "CronWorkflow": "cronworkflow-equivalence.yaml"}
+# Paths under templates/: the CronWorkflow is a resource of the kustomize base, the one-off Workflow is not.
+TEMPLATE_FILES = {"Workflow": "workflow-equivalence.yaml", "CronWorkflow": "base/cronworkflow-equivalence.yaml"}
 
 
 def write_templates(folder: Path = REPO / "templates") -> list[Path]:
@@ -190,6 +200,7 @@ def write_templates(folder: Path = REPO / "templates") -> list[Path]:
     out = []
     for obj in rendered():
         path = folder / TEMPLATE_FILES[obj["kind"]]
+        path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(header + to_yaml([obj]))
         out.append(path)
     return out

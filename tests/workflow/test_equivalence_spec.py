@@ -38,10 +38,17 @@ def test_the_crd_check_rejects_unknown_fields_and_bad_types():
 
 
 def test_templates_folder_matches_a_fresh_render(tmp_path):
-    for path in eq.write_templates(tmp_path):
-        committed = REPO / "templates" / path.name
-        assert committed.exists(), f"templates/{path.name} missing: run `make templates`"
-        assert committed.read_text() == path.read_text(), f"templates/{path.name} is stale: run `make templates`"
+    written = eq.write_templates(tmp_path)
+    assert sorted(str(p.relative_to(tmp_path)) for p in written) == sorted(eq.TEMPLATE_FILES.values())
+    for path in written:
+        rel = path.relative_to(tmp_path)
+        committed = REPO / "templates" / rel
+        assert committed.exists(), f"templates/{rel} missing: run `make templates`"
+        assert committed.read_text() == path.read_text(), f"templates/{rel} is stale: run `make templates`"
+    # The kustomize base lists the CronWorkflow where write-templates puts it.
+    base = yaml.safe_load((REPO / "templates" / "base" / "kustomization.yaml").read_text())
+    assert "cronworkflow-equivalence.yaml" in base["resources"]
+    assert eq.TEMPLATE_FILES["CronWorkflow"] == "base/cronworkflow-equivalence.yaml"
 
 
 def test_render_prints_every_object_as_a_yaml_stream():
