@@ -39,38 +39,35 @@ from hera.workflows import (  # noqa: E402
 )
 from hera.workflows import models as m  # noqa: E402
 
+from workflows.params import PARAMETERS, parse_params, resolve_params, values_of  # noqa: E402,F401
+
 NAME = "baton-equivalence"
 SERVICE_ACCOUNT = "baton-drill"
 # The overlays ship this ConfigMap (MinIO on kind, GCS on GKE): compare's output artifacts need a repository.
 ARTIFACT_REPOSITORY = ("artifact-repositories", "default-v1")
-RETRY_EXPRESSION = "asInt(lastRetry.exitCode) == 75 || lastRetry.message matches 'imminent node shutdown|pod deleted'"
+# How Argo records the end of an attempt that met an eviction, a preemption or a lost node (ARGO-FACTS):
+# exit 75 is a trainer that saved in time, whatever the message; the messages are a kubelet's graceful node
+# shutdown (GKE Spot), a pod object gone before the controller saw its status (a deletion, an eviction, a
+# Kueue preemption), a VM lost without a graceful shutdown (exit -1), and a kubelet pressure eviction.
+# A crash (exit 1, "main: Error (exit code 1)") matches none of them and is never retried.
+DISRUPTIONS = ("imminent node shutdown", "pod deleted", "neither main nor wait container completed successfully",
+               "The node was low on resource")
+RETRY_EXPRESSION = f"asInt(lastRetry.exitCode) == 75 || lastRetry.message matches '{'|'.join(DISRUPTIONS)}'"
+# evict and verify: no trainer, so no exit 75; a SIGTERM they do not handle ends them with 143.
+HELPER_RETRY_EXPRESSION = f"asInt(lastRetry.exitCode) == 143 || lastRetry.message matches '{'|'.join(DISRUPTIONS)}'"
+HELPER_RETRY_LIMIT = "3"
 REPORT_DIR = "/tmp/baton-report/{{workflow.name}}"
 REPORT_FILES = ("report.json", "report.md", "loss.png")
 # Numbers that compare writes to <out>/metrics/<name>, exposed as Prometheus gauges (-1: not measured).
+# Published by compare, not by the trial's own metrics: Argo evaluates a template's metrics on every failed
+# attempt, where `{{retries}}` does not resolve (a MetricsError condition per eviction).
 COMPARE_METRICS = {
+    "trial_retries": "Retries the last drill's trial took: one per attempt after its first",
+    "preemptions": "Clean preemptions (committed saves, exit 75) of the last drill's trial",
     "replayed_steps": "Steps the last drill's trial trained twice (0 when resume lost nothing)",
     "max_save_ms": "Slowest preemption save of the last drill's trial, in milliseconds",
     "min_grace_left_s": "Least grace left after a preemption save in the last drill's trial, in seconds",
 }
-
-# name -> (default, description). The order is the order users see in the Argo UI.
-PARAMETERS: dict[str, tuple[str, str]] = {
-    "config": ("trainer/configs/tiny.yaml", "trainer config file, inside the image"),
-    "total_steps": ("200", "optimizer steps of every run"),
-    "evictions": ("3", "evictions of the trial"),
-    "retry_limit": ("8", "retries of the trial; must exceed evictions (the CLI sets evictions + 5)"),
-    "seed": ("0", "training seed, and the seed of the eviction jitter"),
-    "jitter": ("false", "true: eviction points jittered inside their bands"),
-    "dropout": ("0.1", "attention dropout, so that a lost RNG state cannot hide"),
-    "every_steps": ("10", "periodic checkpoint interval, in steps"),
-    "grace": ("30", "seconds between SIGTERM and SIGKILL: pod grace, BATON_GRACE, torchrun --shutdown-timeout"),
-    "ranks": ("1", "ranks per pod (torchrun --nproc-per-node)"),
-    "bucket": ("s3://baton-drills", "checkpoint and evidence store (file://, s3://, gs://)"),
-    "prefix": ("drills", "prefix under the bucket; each drill writes under <bucket>/<prefix>/<workflow name>"),
-    "image": ("baton:cpu", "container image for every step"),
-    "disable_sigterm_handler": ("0", "1: the trial ignores its SIGTERM handler (the drill's negative control)"),
-}
-
 
 def p(name: str) -> str:
     return "{{workflow.parameters." + name + "}}"
@@ -101,32 +98,36 @@ def _define_dag() -> None:
     from hera.workflows import Gauge, NoneArchiveStrategy
 
     # Prometheus metrics (Argo prefixes `argo_workflows_`), gauges only: Argo may evaluate a finished node's
-    # metrics on more than one path, which a gauge's Set survives and a counter would count twice.
-    # `{{retries}}` exists only on the retry node, whose status is Succeeded only once the trial is done.
+    # metrics on more than one path, which a gauge's Set survives and a counter would count twice. Only
+    # templates without a retryStrategy carry metrics (the DAG and compare), and they use only variables
+    # that resolve on every node: `{{status}}`, `{{duration}}` and compare's output parameters (which
+    # default to -1 when their file is missing).
     done = "{{status}} == Succeeded"
     passed_help = "1 if the last equivalence drill passed (every step succeeded), 0 if it did not"
     common: dict[str, Any] = dict(image=p("image"), command=["python"], pod_spec_patch=GRACE_PATCH)
+    # Every training pod can meet a Spot preemption (on GKE all three run on the Spot pool): each resumes
+    # from its own checkpoints, so each retries the same way. No template metrics here: see COMPARE_METRICS.
+    trainer_retry = RetryStrategy(retry_policy="Always", limit=p("retry_limit"), expression=RETRY_EXPRESSION)
+    helper_retry = RetryStrategy(retry_policy="Always", limit=HELPER_RETRY_LIMIT, expression=HELPER_RETRY_EXPRESSION)
     train = Container(name="train", inputs=[Parameter(name="role")], args=_train_args("{{inputs.parameters.role}}"),
-                      env=[Env(name="BATON_GRACE", value=p("grace")), _pod_name_env()], **common)
+                      env=[Env(name="BATON_GRACE", value=p("grace")), _pod_name_env()],
+                      retry_strategy=trainer_retry, **common)
     trial = Container(
         name="trial", args=_train_args("trial"),
         env=[Env(name="BATON_GRACE", value=p("grace")), _pod_name_env(),
              Env(name="BATON_DISABLE_SIGTERM_HANDLER", value=p("disable_sigterm_handler"))],
-        retry_strategy=RetryStrategy(retry_policy="Always", limit=p("retry_limit"), expression=RETRY_EXPRESSION),
-        metrics=[Gauge(name="baton_drill_trial_retries", value="{{retries}}", when=done, realtime=False,
-                       help="Retries the last successful drill's trial took: one per eviction it came back from"),
-                 Gauge(name="baton_drill_trial_seconds", value="{{duration}}", when=done, realtime=False,
-                       help="Wall time of the last successful drill's trial, every attempt and restart included")],
-        **common)
+        retry_strategy=trainer_retry, **common)
     evict = Container(name="evict", image=p("image"), command=["python"],
                       args=["-m", "steps.evict", "--evidence", f"{EVIDENCE}/trial",
                             "--total-steps", p("total_steps"), "--evictions", p("evictions"),
                             "--seed", p("seed"), "--jitter", p("jitter"), "--workflow", "{{workflow.name}}",
-                            "--out", f"{ROOT}/evictions.json"])
+                            "--how", p("eviction"), "--out", f"{ROOT}/evictions.json"],
+                      retry_strategy=helper_retry)
     verify = Container(name="verify", image=p("image"), command=["python"],
                        args=["-m", "steps.verify", "--evidence", f"{EVIDENCE}/trial",
                              "--total-steps", p("total_steps"), "--evictions", f"{ROOT}/evictions.json",
-                             "--out", f"{ROOT}/verify.json", "--no-fail"])
+                             "--out", f"{ROOT}/verify.json", "--no-fail"],
+                       retry_strategy=helper_retry)
     compare = Container(
         name="compare", image=p("image"), command=["python"],
         args=["-m", "steps.compare", "--reference", f"{ROOT}/reference", "--replay", f"{ROOT}/replay",
@@ -146,12 +147,14 @@ def _define_dag() -> None:
                   help=passed_help),
             Gauge(name="baton_drill_seconds", value="{{duration}}", realtime=False,
                   help="Wall time of the last equivalence drill, from its first step to its last")]):
-        # Plain `dependencies` (every one must succeed), not `depends` expressions: the simplest
-        # semantics, and the one the local runner implements.
+        # Plain `dependencies`, not `depends` expressions: the simplest semantics, and the one the local
+        # runner implements. The trial and evict continue on failure, so that verify and compare still
+        # write a report when the trial dies for good (the negative control); compare, the only leaf,
+        # then fails and with it the drill (Argo decides a DAG's phase by its leaves).
         train(name="reference", arguments={"role": "reference"})
         train(name="reference-replay", arguments={"role": "replay"})
-        trial(name="trial")
-        evict(name="evict")
+        trial(name="trial", continue_on=m.ContinueOn(failed=True, error=True))
+        evict(name="evict", continue_on=m.ContinueOn(failed=True, error=True))
         verify(name="verify", dependencies=["trial", "evict"])
         compare(name="compare", dependencies=["reference", "reference-replay", "verify"])
 
@@ -206,48 +209,6 @@ def write_templates(folder: Path = REPO / "templates") -> list[Path]:
     return out
 
 
-# ---- parameters --------------------------------------------------------------------------------------
-
-def parse_params(items: list[str]) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for item in items:
-        name, sep, value = item.partition("=")
-        if not sep or not name:
-            raise SystemExit(f"error: -p {item!r}: expected name=value")
-        if name not in PARAMETERS:
-            raise SystemExit(f"error: -p {name}: unknown parameter (known: {', '.join(PARAMETERS)})")
-        out[name] = value
-    return out
-
-
-def values_of(params: dict[str, str]) -> dict[str, str]:
-    """Every parameter's value: the defaults with `params` over them."""
-    return {k: v for k, (v, _) in PARAMETERS.items()} | params
-
-
-def resolve_params(overrides: dict[str, str]) -> dict[str, str]:
-    """Overrides, plus a retry limit that follows the evictions; checked before anything runs."""
-    params = dict(overrides)
-    values = values_of(params)
-    for k in ("total_steps", "evictions", "retry_limit", "seed", "grace", "ranks", "every_steps"):
-        try:
-            int(values[k])
-        except ValueError:
-            raise SystemExit(f"error: parameter {k} must be an integer, got {values[k]!r}") from None
-    if "retry_limit" not in params:
-        params["retry_limit"] = str(int(values["evictions"]) + 5)
-        values["retry_limit"] = params["retry_limit"]
-    if int(values["retry_limit"]) <= int(values["evictions"]):
-        raise SystemExit(f"error: retry_limit ({values['retry_limit']}) must exceed evictions ({values['evictions']})")
-    from steps.evict import eviction_points
-
-    try:
-        eviction_points(int(values["total_steps"]), int(values["evictions"]))
-    except ValueError as e:
-        raise SystemExit(f"error: {e}") from None
-    return params
-
-
 # ---- commands ----------------------------------------------------------------------------------------
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -297,6 +258,8 @@ def drill_summary(report: dict[str, Any]) -> str:
     for pr in report.get("preempt", []):
         lines.append(f"  step {pr['step']}: save {pr['save_ms']} ms, grace left {pr['grace_left_s']} s, "
                      f"exit {pr['exit']}")
+    if report.get("problem"):
+        lines.append(f"problem: {report['problem']}")
     for problem in report.get("verify_problems", []):
         lines.append(f"problem: {problem}")
     if report["tier"] == 1:
@@ -344,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "submit":
         from workflows.argo import submit
 
-        return submit(args)
+        return submit(args, lambda: build_workflow().to_dict())
     if args.command == "status":
         from workflows.argo import status
 

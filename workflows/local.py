@@ -1,8 +1,11 @@
 """Run a *rendered* Argo Workflow (the dict that ``kubectl`` would receive) on this machine, with no cluster.
 
-Each attempt of a task is a "pod": one subprocess in its own process group (``start_new_session``),
-with stdout and stderr in ``<out_dir>/logs/<task>-<attempt>.log``. Retries, pod deletion and grace
-periods follow what Argo and Kubernetes do, so that the drill's retry expression is exercised for real.
+Each attempt of a task is a "pod": ``workflows/pod_init.py`` as its PID 1 (in a session of its own),
+which runs the container's command in a process group of its own, forwards signals to that group as
+Argo's emissary does, and is a child subreaper, so that every process the pod starts (torchrun's
+workers too, which call setsid) can be SIGKILLed with it. Output goes to
+``<out_dir>/logs/<task>-<attempt>.log``. Retries, pod deletion and grace periods follow what Argo and
+Kubernetes do, so that the drill's retry expression is exercised for real.
 
 Supported (anything else is refused with ``UnsupportedSpec`` naming the field, before anything runs):
 
@@ -10,8 +13,10 @@ Supported (anything else is refused with ``UnsupportedSpec`` naming the field, b
 - ``spec.entrypoint``; ``spec.arguments.parameters`` (name, value, description, enum), overridable with
   ``params``; ``spec.templates``; ``spec.activeDeadlineSeconds`` (running pods get SIGTERM, then SIGKILL
   after their grace, and the workflow fails).
-- ``dag`` templates: ``tasks`` with name, template (a container template), ``dependencies`` and, because
-  Hera's ``a >> b`` renders it, ``depends`` limited to ``a && b`` (optionally ``a.Succeeded``).
+- ``dag`` templates: ``tasks`` with name, template (a container template), ``dependencies``,
+  ``continueOn`` (failed, error: the task's failure lets its dependents run and does not fail the
+  workflow) and, because Hera's ``a >> b`` renders it, ``depends`` limited to ``a && b`` (optionally
+  ``a.Succeeded``).
   A container template may also be the entrypoint on its own.
 - ``container`` templates: ``command`` (required here: there is no image entrypoint), ``args``, ``env``
   (``value``, or ``valueFrom.fieldRef.fieldPath: metadata.name`` for the pod name); ``inputs.parameters``
@@ -26,19 +31,21 @@ Supported (anything else is refused with ``UnsupportedSpec`` naming the field, b
 
 Accepted without local effect: see ``ACCEPTED_WITHOUT_EFFECT`` below (one place, on purpose).
 
-Retry semantics: exit 0 is Succeeded; another exit is Failed, "Error (exit code N)"; a deleted pod is
-Error, "pod deleted", whatever it exits with. Policies: Always (Failed, Error), OnFailure (Failed), OnError
+Retry semantics, recorded as Argo v3.7/v4 records them: exit 0 is Succeeded; another exit is Failed,
+"main: Error (exit code N)". A pod ended through the registry (``steps/local_pods.py``: deleted,
+evicted, preempted by Kueue, its node shut down or its VM lost) is recorded as that module's docstring
+says: "pod deleted" (Error, exit -1) only when its process was still running at SIGKILL. A task whose
+retries run out is failed with "No more retries left". Policies: Always (Failed, Error), OnFailure (Failed), OnError
 (Error), OnTransientError (Error only: an approximation, Argo also classifies messages). Without a policy
 the default is OnFailure, or Always when an expression is given (Argo >= 3.5). The policy is ANDed with
 the expression; the limit counts retries (no limit: unlimited, as in Argo). There is no backoff.
-When a task fails for good, nothing new starts (Argo's DAG failFast); running tasks, their retries
-included, finish; the workflow fails.
+When a task fails for good, nothing new starts (Argo's DAG failFast) unless its ``continueOn`` covers
+the failure; running tasks, their retries included, finish; the workflow fails unless every failed
+task continued on.
 
-Pod deletion contract (how a sibling "evict" step evicts locally): every pod gets
-``BATON_LOCAL_PODS=<out_dir>/pods``; each running pod has ``<pods>/<pod-name>.json``; creating
-``<pods>/<pod-name>.delete`` (``request_pod_deletion``) makes the runner SIGTERM the pod's group, then
-SIGKILL it after ``terminationGracePeriodSeconds`` (default 30). ``list_pods`` reads the registry.
-When the pod's main process exits, the rest of its group is SIGKILLed, as a container's would be.
+Pod registry (how a sibling "evict" step ends a pod locally): the protocol is the steps' own,
+``steps/local_pods.py``; every pod gets ``BATON_LOCAL_PODS=<out_dir>/pods``. The grace is the pod's
+``terminationGracePeriodSeconds`` (default 30). SIGKILL reaches the pod's whole process tree.
 
 Ctrl-C or SIGTERM to the runner: every pod group gets SIGTERM, then SIGKILL after 5 s (at once on a
 second signal); then ``KeyboardInterrupt`` (SIGINT) or ``SystemExit(143)`` (SIGTERM) propagates, after
@@ -64,7 +71,12 @@ from typing import Any, TextIO
 
 import yaml
 
+from steps.local_pods import ENV as PODS_ENV
+from steps.local_pods import read_request, write_atomic
 from workflows import argo_expr
+from workflows.pod_init import kill_descendants
+
+POD_INIT = str(Path(__file__).resolve().parent / "pod_init.py")
 
 # Fields that the runner accepts and ignores because they have no meaning on one machine.
 ACCEPTED_WITHOUT_EFFECT: dict[str, frozenset[str]] = {
@@ -84,7 +96,8 @@ _SUPPORTED: dict[str, frozenset[str]] = {
     "template": frozenset({"name", "dag", "container", "inputs", "outputs", "retryStrategy",
                            "podSpecPatch", "activeDeadlineSeconds"}),
     "dag": frozenset({"tasks"}),
-    "task": frozenset({"name", "template", "dependencies", "depends", "arguments"}),
+    "task": frozenset({"name", "template", "dependencies", "depends", "arguments", "continueOn"}),
+    "continueOn": frozenset({"failed", "error"}),
     "task_param": frozenset({"name", "value"}),
     "container": frozenset({"command", "args", "env"}),
     "env": frozenset({"name", "value", "valueFrom"}),
@@ -107,6 +120,11 @@ POLL_S = 0.05
 STEP_PROGRESS_EVERY_S = 2.0
 DELETED = "pod deleted"
 POD_DEADLINE = "Pod was active on the node longer than the specified deadline"  # the kubelet's words
+NODE_SHUTDOWN = "Pod was terminated in response to imminent node shutdown."  # the kubelet's nodeshutdown manager
+NODE_SHUTDOWN_GRACE_S = 15.0  # what a GKE Spot node's shutdown leaves ordinary pods
+LOST_VM = "pod failed: neither main nor wait container completed successfully"  # Argo, PR #15150
+NO_MORE_RETRIES = "No more retries left"
+KUEUE_CONDITION = {"type": "TerminationTarget", "status": "True", "reason": "WorkloadEvictedDueToPreempted"}
 
 
 class UnsupportedSpec(ValueError):
@@ -142,29 +160,7 @@ class RunResult:
         return [n for n in self.nodes if n.task == task]
 
 
-def request_pod_deletion(pods_dir: Path | str, pod_name: str) -> None:
-    """Delete a local pod, as ``kubectl delete pod`` would; FileNotFoundError if no such pod (a 404)."""
-    pods = Path(pods_dir)
-    if not _NAME.match(pod_name) or not (pods / f"{pod_name}.json").exists():
-        raise FileNotFoundError(f"no local pod {pod_name!r} in {pods}")
-    _write_atomic(pods / f"{pod_name}.delete", json.dumps({"requested": time.time()}))
-
-
-def list_pods(pods_dir: Path | str) -> list[dict[str, Any]]:
-    """The registry records (``phase`` is Running while the pod runs), sorted by pod name."""
-    out = []
-    for p in sorted(Path(pods_dir).glob("*.json")):
-        try:
-            out.append(json.loads(p.read_text()))
-        except (OSError, json.JSONDecodeError):
-            continue  # being replaced right now; the next read sees it
-    return out
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+_write_atomic = write_atomic
 
 
 # ----------------------------------------------------------------------------------------------- validation
@@ -185,6 +181,7 @@ class _Task:
     inputs: dict[str, str]
     retry: _Retry | None
     deadline_s: float | None
+    continue_on: frozenset[str] = frozenset()  # node statuses (Failed, Error) its dependents accept
 
 
 @dataclass
@@ -451,8 +448,13 @@ def _plan(spec: dict, params: dict[str, str] | None) -> _Plan:
             raise UnsupportedSpec(f"{path}.arguments.parameters: {sorted(given)} are not inputs of {ref!r}")
         ictx = dict(wf_ctx, **{f"inputs.parameters.{k}": v for k, v in inputs.items()})
         tdl = tmpl.get("activeDeadlineSeconds")
+        con = _check(rt.get("continueOn", {}), f"{path}.continueOn", "continueOn")
+        for k, v in con.items():
+            if not isinstance(v, bool):
+                raise UnsupportedSpec(f"{path}.continueOn.{k}: expected true or false, got {v!r}")
         task = _Task(task_name, ref, tmpl_path, tmpl, deps, inputs, _retry(tmpl, tmpl_path, ictx),
-                     None if tdl is None else _seconds(tdl, f"{tmpl_path}.activeDeadlineSeconds", ictx))
+                     None if tdl is None else _seconds(tdl, f"{tmpl_path}.activeDeadlineSeconds", ictx),
+                     frozenset(st for k, st in (("failed", "Failed"), ("error", "Error")) if con.get(k)))
         # Resolve everything now with stand-in per-attempt values, so a bad reference fails before any pod.
         ctx = _pod_ctx(plan, task, f"{name}-{task_name}-0", 0)
         _argv_env(plan, task, ctx)
@@ -499,6 +501,8 @@ class _Pod:
     started: float
     t0: float  # monotonic
     forced: tuple[str, str] | None = None  # (status, message) decided by whoever stopped it
+    how: str | None = None  # how a registry request ends it (steps.local_pods.HOW)
+    sigkilled: bool = False  # still running when the grace ran out
     kill_at: float | None = None
     partial: bytes = b""
     step: int | None = None
@@ -510,8 +514,9 @@ class _Runner:
     def __init__(self, plan: _Plan, out_dir: Path, progress: TextIO | None, cwd: Path, env: dict[str, str]):
         self.plan, self.out, self.progress, self.cwd = plan, out_dir, progress, cwd
         self.pods_dir = out_dir / "pods"
-        self.base_env = {**os.environ, **env, "BATON_LOCAL_PODS": str(self.pods_dir)}
-        # pending -> running -> (retry -> running)* -> succeeded | failed; pending ones may never run.
+        self.base_env = {**os.environ, **env, PODS_ENV: str(self.pods_dir)}
+        # pending -> running -> (retry -> running)* -> succeeded | failed | continued (failed, and its
+        # continueOn lets dependents run); pending ones may never run.
         self.state = dict.fromkeys(plan.tasks, "pending")
         self.next_attempt = dict.fromkeys(plan.tasks, 0)
         self.running: dict[str, _Pod] = {}
@@ -547,7 +552,7 @@ class _Runner:
                 time.sleep(POLL_S)
         finally:
             for pod in list(self.running.values()):  # only after an unexpected exception: leave no orphans
-                _killpg(pod.proc.pid, signal.SIGKILL)
+                _kill_tree(pod.proc.pid)
                 pod.proc.wait()
                 pod.reader.close()
                 self._record(pod, "Failed", exit_code=_exit_code(pod.proc.returncode), status="Error")
@@ -557,7 +562,7 @@ class _Runner:
         for name, st in self.state.items():
             if st == "pending":
                 self.say(f"{name} not run")
-        phase = "Succeeded" if all(st == "succeeded" for st in self.state.values()) else "Failed"
+        phase = "Succeeded" if all(st in ("succeeded", "continued") for st in self.state.values()) else "Failed"
         if phase == "Failed" and not self.message:
             self.message = "failed: " + ", ".join(n for n, st in self.state.items() if st == "failed")
         self.say(f"workflow {self.plan.name} {phase}" + (f": {self.message}" if phase == "Failed" else ""))
@@ -572,7 +577,7 @@ class _Runner:
             return []
         return [t for n, t in self.plan.tasks.items() if self.state[n] == "retry"
                 or (self.state[n] == "pending" and not self.failed_fast
-                    and all(self.state[d] == "succeeded" for d in t.deps))]
+                    and all(self.state[d] in ("succeeded", "continued") for d in t.deps))]
 
     def _install_signals(self) -> dict[int, Any]:
         if threading.current_thread() is not threading.main_thread():
@@ -617,8 +622,9 @@ class _Runner:
         started = time.time()
         try:
             with open(log_path, "wb") as log:
-                proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                        cwd=self.cwd, env={**self.base_env, **cenv}, start_new_session=True)
+                proc = subprocess.Popen([sys.executable, POD_INIT, *argv], stdin=subprocess.DEVNULL, stdout=log,
+                                        stderr=subprocess.STDOUT, cwd=self.cwd, env={**self.base_env, **cenv},
+                                        start_new_session=True)
         except OSError as exc:  # like a container that cannot start: an Error, subject to the retry policy
             node = NodeResult(task.name, task.template, attempt, name, -1, "Error", f"failed to start: {exc}",
                               log_path, started, time.time())
@@ -635,45 +641,71 @@ class _Runner:
             "name": pod.name, "workflow": self.plan.name, "task": pod.task.name,
             "template": pod.task.template, "attempt": pod.attempt,
             "pid": pod.proc.pid, "pgid": pod.proc.pid, "grace_s": pod.grace,
-            "phase": phase, **extra}))
+            "phase": phase, **({"conditions": [KUEUE_CONDITION]} if pod.how == "kueue" else {}), **extra}))
 
     def _terminate(self, pod: _Pod, status: str, message: str, grace: float | None) -> None:
         """What the kubelet does to a pod being deleted: SIGTERM to the group now, SIGKILL after grace."""
         if pod.forced is None:
             pod.forced = (status, message)
-            pod.kill_at = time.monotonic() + (pod.grace if grace is None else grace)
+            kill_at = time.monotonic() + (pod.grace if grace is None else grace)
+            pod.kill_at = kill_at if pod.kill_at is None else min(pod.kill_at, kill_at)  # the sooner wins
             _killpg(pod.proc.pid, signal.SIGTERM)
+
+    def _end(self, pod: _Pod, how: str) -> None:
+        """End a pod as a registry request says (steps/local_pods.py documents each way)."""
+        pod.how = how
+        self._record(pod, "Running")  # Kueue's TerminationTarget condition comes before its Delete
+        if how == "lost-vm":
+            self.say(f"{pod.task.name} attempt {pod.attempt}: VM lost, SIGKILL")
+            self._kill(pod)
+            return
+        grace = min(pod.grace, NODE_SHUTDOWN_GRACE_S) if how == "node-shutdown" else pod.grace
+        what = {"node-shutdown": "node shutdown", "kueue": "preempted by Kueue", "evict": "evicted"}.get(how,
+                                                                                                          "pod deleted")
+        self.say(f"{pod.task.name} attempt {pod.attempt}: {what}, SIGTERM (grace {grace:g}s)")
+        pod.kill_at = time.monotonic() + grace
+        _killpg(pod.proc.pid, signal.SIGTERM)
+
+    def _kill(self, pod: _Pod) -> None:
+        pod.sigkilled, pod.kill_at = True, None
+        _kill_tree(pod.proc.pid)
 
     def _tick(self, pod: _Pod) -> None:
         self._read_log(pod)
         if pod.proc.poll() is None:
             now = time.monotonic()
-            if pod.forced is None and (self.pods_dir / f"{pod.name}.delete").exists():
-                self.say(f"{pod.task.name} attempt {pod.attempt}: pod deleted, SIGTERM "
-                         f"(grace {pod.grace:g}s)")
-                self._terminate(pod, "Error", DELETED, None)
-            elif pod.forced is None and now - pod.t0 > _or_inf(pod.task.deadline_s):
-                self._terminate(pod, "Failed", POD_DEADLINE, None)
+            if pod.forced is None and pod.how is None:
+                how = read_request(self.pods_dir, pod.name)
+                if how is not None:
+                    self._end(pod, how)
+                elif now - pod.t0 > _or_inf(pod.task.deadline_s):
+                    self._terminate(pod, "Failed", POD_DEADLINE, None)
             if pod.kill_at is not None and (now >= pod.kill_at or self.hurry):
                 why = "second signal" if self.hurry else "grace over"
                 self.say(f"{pod.task.name} attempt {pod.attempt}: {why}, SIGKILL")
-                _killpg(pod.proc.pid, signal.SIGKILL)
-                pod.kill_at = None
+                self._kill(pod)
             return
-        _killpg(pod.proc.pid, signal.SIGKILL)  # the container is gone, so is everything it started
+        _kill_tree(pod.proc.pid)  # the container is gone, so is everything it started
         self._read_log(pod)
+        code = _exit_code(pod.proc.returncode)
         if pod.forced:
             status, message = pod.forced
+        elif pod.how == "lost-vm":  # no container terminated: Argo knows no exit code
+            status, message, code = "Failed", LOST_VM, -1
+        elif pod.how == "node-shutdown":
+            status, message = "Failed", NODE_SHUTDOWN
+        elif pod.how is not None and pod.sigkilled:  # the pod object went before its status was seen
+            status, message, code = "Error", DELETED, -1
         elif pod.proc.returncode == 0:
             status, message = "Succeeded", ""
         else:
-            status, message = "Failed", f"Error (exit code {_exit_code(pod.proc.returncode)})"
-        self._finish(pod, status, message, may_retry=not self.aborting)
+            status, message = "Failed", f"main: Error (exit code {code})"
+        self._finish(pod, status, message, may_retry=not self.aborting, code=code)
 
-    def _finish(self, pod: _Pod, status: str, message: str, may_retry: bool) -> None:
+    def _finish(self, pod: _Pod, status: str, message: str, may_retry: bool, code: int | None = None) -> None:
         del self.running[pod.task.name]
         pod.reader.close()
-        code = _exit_code(pod.proc.returncode)
+        code = _exit_code(pod.proc.returncode) if code is None else code
         node = NodeResult(pod.task.name, pod.task.template, pod.attempt, pod.name, code, status, message,
                           pod.log_path, pod.started, time.time())
         node.parameters = self._read_params(pod)
@@ -702,6 +734,9 @@ class _Runner:
             self.say(f"{line} -> retrying ({node.attempt + 1}/{limit})")
             # no backoff: the main loop starts it on its next pass
             self.state[task.name], self.next_attempt[task.name] = "retry", node.attempt + 1
+        elif node.status in task.continue_on:
+            self.say(f"{line} -> task failed" + (f" ({why})" if why else "") + "; continueOn: its dependents run")
+            self.state[task.name] = "continued"
         else:
             self.say(f"{line} -> task failed" + (f" ({why})" if why else ""))
             self.state[task.name] = "failed"
@@ -713,7 +748,7 @@ class _Runner:
         if r is None:
             return False, ""
         if r.limit is not None and node.attempt >= r.limit:
-            return False, f"retry limit {r.limit} reached"
+            return False, f"{NO_MORE_RETRIES} (limit {r.limit})"
         if node.status not in _POLICY_RETRIES[r.policy]:
             return False, f"retryPolicy {r.policy} does not retry {node.status}"
         if r.expr is not None:
@@ -802,6 +837,12 @@ def _exit_code(returncode: int | None) -> int:
 
 def _or_inf(seconds: float | None) -> float:
     return float("inf") if seconds is None else seconds
+
+
+def _kill_tree(pid: int) -> None:
+    """SIGKILL a pod: everything below its PID 1 (pod_init, a subreaper: orphans stay below it), then it."""
+    kill_descendants(pid)
+    _killpg(pid, signal.SIGKILL)
 
 
 def _killpg(pgid: int, sig: int) -> None:

@@ -190,7 +190,8 @@ def test_no_token_sends_no_authorization_header(argo, monkeypatch):
     ({"ARGO_NAMESPACE": "Not_A_Namespace"}, [], "is not a Kubernetes namespace name"),
     ({}, ["-p", "evictionz=3"], "unknown parameter"),
     ({}, ["-p", "evictions"], "expected name=value"),
-    ({}, ["-p", "evictions=x"], "must be an integer"),
+    ({}, ["-p", "evictions=x"], "must be a non-negative integer"),
+    ({}, ["-p", "eviction=lost-vm"], "eviction must be one of evict on a cluster"),
     ({}, ["-p", "evictions=5", "-p", "retry_limit=5"], "must exceed evictions"),
     ({}, ["-p", "evictions=50", "-p", "total_steps=40"], "do not fit"),
     ({}, ["--from-file", "/nonexistent/drill.yaml"], "--from-file /nonexistent/drill.yaml"),
@@ -528,30 +529,34 @@ def test_submit_refuses_a_file_for_another_namespace(argo, tmp_path):
 
 # ---- metrics -------------------------------------------------------------------------------------------
 
-_METRIC_VARS = {"status", "duration", "retries", "outputs.parameters.replayed_steps",
-                "outputs.parameters.max_save_ms", "outputs.parameters.min_grace_left_s"}  # Argo's metric variables
+# Argo's metric variables that resolve on every node, failed attempts included (`retries` does not).
+_METRIC_VARS = {"status", "duration"} | {f"outputs.parameters.{n}" for n in eq.COMPARE_METRICS}
 
 
 @pytest.mark.parametrize("index", [0, 1], ids=["Workflow", "CronWorkflow"])
 def test_metrics_are_gauges_over_template_variables_argo_defines(index):
     ts = templates_of(eq.rendered()[index])
     names = {n: [m["name"] for m in t.get("metrics", {}).get("prometheus", [])] for n, t in ts.items()}
-    assert names["trial"] == ["baton_drill_trial_retries", "baton_drill_trial_seconds"]
     assert names["drill"] == ["baton_drill_passed", "baton_drill_passed", "baton_drill_seconds"]
-    helps: dict[str, set[str]] = {}
+    assert names["compare"] == [f"baton_drill_{n}" for n in eq.COMPARE_METRICS]
+    assert {"trial_retries", "preemptions"} <= set(eq.COMPARE_METRICS)  # the counts the trial no longer publishes
+    assert not names["trial"] and not names["train"]
+    helps: dict[str, set[tuple[str, str]]] = {}
     for tname, t in ts.items():
         for m in t.get("metrics", {}).get("prometheus", []):
             assert re.fullmatch(r"[a-z_][a-z0-9_]*", m["name"]) and m["help"]
             assert set(m) <= {"name", "help", "gauge", "when"}, m  # gauges only: re-evaluation cannot double count
-            helps.setdefault(m["name"], set()).add(m["help"])
+            helps.setdefault(m["name"], set()).add((m["help"], "gauge"))
             used = set(re.findall(r"\{\{\s*([^}\s]+)\s*\}\}", json.dumps(m)))
             assert used <= _METRIC_VARS, (tname, used)
-            if "retries" in used:  # defined on the retry node only, which is Succeeded only when the trial is
-                assert "retryStrategy" in t and m["when"] == "{{status}} == Succeeded"
-    assert all(len(h) == 1 for h in helps.values()), helps  # Prometheus: one help string per name
+            assert "retryStrategy" not in t, tname  # Argo evaluates metrics on every failed attempt
+    assert all(len(h) == 1 for h in helps.values()), helps  # one help and type per name, wherever it appears
     passed = ts["drill"]["metrics"]["prometheus"][:2]
     assert [(m["gauge"]["value"], m["when"]) for m in passed] == [
         ("1", "{{status}} == Succeeded"), ("0", "{{status}} != Succeeded")]
+    outputs = {p["name"] for p in ts["compare"]["outputs"]["parameters"]}
+    assert outputs == set(eq.COMPARE_METRICS)
+    assert all(p["valueFrom"]["default"] == "-1" for p in ts["compare"]["outputs"]["parameters"])
 
 
 def test_report_artifacts_are_not_archived_so_the_ui_shows_them():
