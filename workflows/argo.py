@@ -34,7 +34,7 @@ from typing import Any
 import requests
 import yaml
 
-from workflows.params import PARAMETERS, parse_params, resolve_params
+from workflows.params import PARAMETERS, parse_params, resolve_params, set_queue_label
 
 DEFAULT_NAMESPACE = "baton"  # the namespace of templates/rbac.yaml: the drill's ServiceAccount lives there
 TIMEOUT_S = 30.0
@@ -278,6 +278,8 @@ def apply_parameters(wf: dict[str, Any], overrides: dict[str, str]) -> dict[str,
     for p in params:
         if p.get("name") in values:
             p["value"] = values[p["name"]]
+    if "queue" in current:  # the pods' Kueue label follows the parameter, whatever the file said
+        set_queue_label(wf, str(values.get("queue", current["queue"]) or ""))
     return {k: v for k, v in values.items() if k in current}
 
 

@@ -1,6 +1,6 @@
 """The equivalence drill as an Argo Workflow, written with Hera, and its command line.
 
-    python workflows/equivalence.py render                  every object, as a multi-document YAML stream
+    python workflows/equivalence.py render [-p name=value ...]   every object, as a multi-document YAML stream
     python workflows/equivalence.py write-templates         regenerate templates/*.yaml
     python workflows/equivalence.py run [--out DIR] [-p name=value ...]      run the rendered spec here
     python workflows/equivalence.py submit [-p name=value ...]               submit to an Argo server
@@ -39,7 +39,14 @@ from hera.workflows import (  # noqa: E402
 )
 from hera.workflows import models as m  # noqa: E402
 
-from workflows.params import PARAMETERS, parse_params, resolve_params, values_of  # noqa: E402,F401
+from workflows.params import (  # noqa: E402,F401
+    PARAMETERS,
+    QUEUE_LABEL,
+    parse_params,
+    resolve_params,
+    set_queue_label,
+    values_of,
+)
 
 NAME = "baton-equivalence"
 SERVICE_ACCOUNT = "baton-drill"
@@ -190,6 +197,17 @@ def rendered() -> list[dict[str, Any]]:
     return [build_workflow().to_dict(), build_cron().to_dict()]
 
 
+def with_params(obj: dict[str, Any], params: dict[str, str]) -> dict[str, Any]:
+    """A rendered object with `params` (already resolved) as its parameters' values, and its pods in the
+    Kueue queue that `queue` names (none when it is empty)."""
+    spec = obj["spec"].get("workflowSpec", obj["spec"])
+    for prm in spec["arguments"]["parameters"]:
+        if prm["name"] in params:
+            prm["value"] = params[prm["name"]]
+    set_queue_label(obj, values_of(params)["queue"])
+    return obj
+
+
 def to_yaml(objs: list[dict[str, Any]]) -> str:
     return yaml.safe_dump_all(objs, sort_keys=False, width=120)
 
@@ -223,6 +241,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     params = resolve_params(parse_params(args.param))
     params.setdefault("bucket", f"file://{out}/bucket")
     spec = build_workflow().to_dict()
+    set_queue_label(spec, values_of(params)["queue"])  # no local effect; the spec is what a cluster would get
     env = {"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     try:
@@ -277,7 +296,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python workflows/equivalence.py", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="command", required=True)
-    sub.add_parser("render", help="print every object as a multi-document YAML stream")
+    rd = sub.add_parser("render", help="print every object as a multi-document YAML stream")
+    rd.add_argument("-p", "--param", action="append", default=[], metavar="NAME=VALUE",
+                    help="parameter values to render (checked as for submit; -p queue=Q adds the Kueue label)")
     sub.add_parser("write-templates", help="regenerate templates/*.yaml")
     r = sub.add_parser("run", help="run the rendered workflow on this machine")
     r.add_argument("--out", default="out/drill", help="folder for the report, logs and the local bucket")
@@ -296,7 +317,8 @@ def main(argv: list[str] | None = None) -> int:
     add_server_arguments(st)
     args = ap.parse_args(argv)
     if args.command == "render":
-        sys.stdout.write(to_yaml(rendered()))
+        params = resolve_params(parse_params(args.param)) if args.param else {}
+        sys.stdout.write(to_yaml([with_params(obj, params) for obj in rendered()]))
         return 0
     if args.command == "write-templates":
         for path in write_templates():

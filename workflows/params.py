@@ -28,7 +28,12 @@ PARAMETERS: dict[str, tuple[str, str]] = {
     "disable_sigterm_handler": ("0", "1: the trial ignores its SIGTERM handler (the drill's negative control)"),
     "eviction": ("evict", "how evict ends a trial attempt: evict (the Eviction API); locally also delete, "
                           "node-shutdown (GKE Spot), lost-vm, kueue (a Kueue preemption)"),
+    "queue": ("", "Kueue LocalQueue; when set, every pod carries the label kueue.x-k8s.io/queue-name=<queue> "
+                  "(spec.podMetadata, written when the workflow is rendered or submitted)"),
 }
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+# A Kubernetes label value: at most 63 characters, alphanumerics with - _ . inside.
+_LABEL_VALUE = re.compile(r"(?:[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?")
 EVICTION_MODES = ("evict", "delete", "node-shutdown", "lost-vm", "kueue")
 CLUSTER_EVICTION_MODES = ("evict",)  # what steps.evict can do through the Kubernetes API
 _INTEGERS = ("total_steps", "evictions", "retry_limit", "seed", "grace", "ranks", "every_steps")
@@ -70,6 +75,10 @@ def resolve_params(overrides: dict[str, str], cluster: bool = False) -> dict[str
         where = "on a cluster" if cluster else "here"
         raise SystemExit(f"error: parameter eviction must be one of {', '.join(modes)} {where}, "
                          f"got {values['eviction']!r}")
+    if not _LABEL_VALUE.fullmatch(values["queue"]):
+        raise SystemExit(f"error: parameter queue: {values['queue']!r} is not a valid Kubernetes label value "
+                         "(at most 63 characters: letters, digits, '-', '_' and '.', beginning and ending with a "
+                         "letter or digit); it becomes the pods' kueue.x-k8s.io/queue-name label")
     from steps.evict import eviction_points
 
     try:
@@ -77,3 +86,23 @@ def resolve_params(overrides: dict[str, str], cluster: bool = False) -> dict[str
     except ValueError as e:
         raise SystemExit(f"error: {e}") from None
     return params
+
+
+def set_queue_label(obj: dict, queue: str) -> None:
+    """Put every pod of a Workflow or CronWorkflow dict into Kueue's LocalQueue `queue` (spec.podMetadata
+    labels; Kueue's plain Pod integration), or out of any queue when `queue` is empty. The `queue`
+    parameter's value is set to match, so the Argo UI shows it. `queue` must have passed resolve_params."""
+    spec = obj.setdefault("spec", {})
+    spec = spec.setdefault("workflowSpec", {}) if obj.get("kind") == "CronWorkflow" else spec
+    for prm in spec.get("arguments", {}).get("parameters", []):
+        if prm.get("name") == "queue":
+            prm["value"] = queue
+    labels = spec.setdefault("podMetadata", {}).setdefault("labels", {})
+    if queue:
+        labels[QUEUE_LABEL] = queue
+    else:
+        labels.pop(QUEUE_LABEL, None)
+        if not labels:
+            spec["podMetadata"].pop("labels")
+        if not spec["podMetadata"]:
+            spec.pop("podMetadata")

@@ -9,6 +9,7 @@
 #   AUTO_APPROVE  1: apply the Terraform plan without asking
 #   IMAGE_TAG     tag for the pushed image (default: the commit, "-dirty" with local changes)
 #   SKIP_IMAGE    1: do not build or push the image (IMAGE in values.env then names the tag to push)
+#   KUEUE         1: apply templates/overlays/gke-kueue instead (Kueue must be installed already)
 #
 # Steps: 1 terraform apply (infra/gke) -> 2 kubectl credentials -> 3 Argo Workflows (pinned) ->
 # 4 namespace -> 5 build and push the CUDA image -> 6 the gke overlay with its placeholders filled in
@@ -88,8 +89,10 @@ fi
 # --- 6. the gke overlay ------------------------------------------------------------------------
 # RBAC (the pods' KSA, annotated for Workload Identity, and the submitter), Argo's artifact repository in
 # the bucket, and the nightly CronWorkflow, with the overlay's placeholders replaced by the real values.
-log "6/7 the gke overlay: RBAC, ${KSA} -> ${GSA_EMAIL}, artifact repository -> gs://${BUCKET}, nightly drill"
-apply_overlay gke \
+log "6/7 the ${KUEUE:+Kueue }gke overlay: RBAC, ${KSA} -> ${GSA_EMAIL}, artifact repository -> gs://${BUCKET}, nightly drill"
+OVERLAY="gke"
+[[ "${KUEUE:-0}" == "1" ]] && OVERLAY="gke-kueue"
+apply_overlay "${OVERLAY}" \
   -e "s|baton-drill@PROJECT_ID\.iam\.gserviceaccount\.com|${GSA_EMAIL}|g" \
   -e "s|REGION-docker\.pkg\.dev/PROJECT_ID/baton/baton:TAG-cuda|${IMAGE}|g" \
   -e "s|PROJECT_ID-baton-drills|${BUCKET}|g"
