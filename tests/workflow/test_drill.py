@@ -64,3 +64,21 @@ def test_negative_control_a_trial_that_dies_on_sigterm_fails_the_drill_with_a_re
     assert any("the trial died on SIGTERM and was not resumable" in x for x in report["verify_problems"])
     assert "the trial died on SIGTERM and was not resumable" in (out / "report.md").read_text()
     assert "drill FAILED" in p.stdout
+
+
+def test_a_drill_whose_trial_kueue_preempts_passes_with_nothing_replayed(tmp_path):
+    out = tmp_path / "drill"
+    # Kueue preempts a plain pod with a Delete under the pod's own grace, after marking it
+    # TerminationTarget; the trial saves, exits 75, and the retry expression brings it back.
+    p = drill(out, "total_steps=80", "evictions=2", "eviction=kueue", "queue=baton")
+    assert p.returncode == 0, p.stdout + p.stderr[-3000:]
+    report = json.loads((out / "report.json").read_text())
+    assert report["passed"] is True and report["equivalent"] is True
+    assert (report["steps"]["replayed"], report["steps"]["preemptions"]) == (0, 2)
+    assert [e["how"] for e in report["evictions"]["evictions"]] == ["kueue", "kueue"]
+    pods = [json.loads(f.read_text()) for f in sorted((out / "argo" / "pods").glob("*-trial-*.json"))]
+    preempted = [pod for pod in pods if pod.get("conditions")]
+    assert len(preempted) == 2 and all(c["reason"] == "WorkloadEvictedDueToPreempted"
+                                       for pod in preempted for c in pod["conditions"])
+    nodes = json.loads((out / "argo" / "nodes.json").read_text())["nodes"]
+    assert [n["status"] for n in nodes if n["task"] == "trial"] == ["Failed", "Failed", "Succeeded"]
