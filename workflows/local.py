@@ -520,6 +520,7 @@ class _Runner:
         self.state = dict.fromkeys(plan.tasks, "pending")
         self.next_attempt = dict.fromkeys(plan.tasks, 0)
         self.running: dict[str, _Pod] = {}
+        self.why: dict[str, str] = {}  # why a failed task was not retried (Argo's "No more retries left", ...)
         self.nodes: list[NodeResult] = []
         self.t0 = time.monotonic()
         self.failed_fast = False  # a task failed: no new tasks, but running ones go on, retries included
@@ -564,7 +565,8 @@ class _Runner:
                 self.say(f"{name} not run")
         phase = "Succeeded" if all(st in ("succeeded", "continued") for st in self.state.values()) else "Failed"
         if phase == "Failed" and not self.message:
-            self.message = "failed: " + ", ".join(n for n, st in self.state.items() if st == "failed")
+            self.message = "failed: " + ", ".join(n + (f" ({self.why[n]})" if self.why.get(n) else "")
+                                                  for n, st in self.state.items() if st == "failed")
         self.say(f"workflow {self.plan.name} {phase}" + (f": {self.message}" if phase == "Failed" else ""))
         if self.signalled == signal.SIGINT:
             raise KeyboardInterrupt
@@ -739,7 +741,7 @@ class _Runner:
             self.state[task.name] = "continued"
         else:
             self.say(f"{line} -> task failed" + (f" ({why})" if why else ""))
-            self.state[task.name] = "failed"
+            self.state[task.name], self.why[task.name] = "failed", why
             self.failed_fast = True  # like Argo's DAG failFast: running tasks finish, nothing new starts
 
     @staticmethod

@@ -266,6 +266,7 @@ def test_retry_limit_exhausted_fails(tmp_path):
     assert res.phase == "Failed"
     assert statuses(res, "trial") == [("Failed", 75, "main: Error (exit code 75)")] * 3
     assert "No more retries left (limit 2)" in progress
+    assert res.message == "failed: trial (No more retries left (limit 2))"
 
 
 def deletion_spec(tmp_path: Path, mode: str, grace: int, retry: dict, how: str = "delete") -> dict:
