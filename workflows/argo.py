@@ -36,7 +36,7 @@ import yaml
 
 from workflows.params import PARAMETERS, parse_params, resolve_params, set_queue_label
 
-DEFAULT_NAMESPACE = "baton"  # the namespace of templates/rbac.yaml: the drill's ServiceAccount lives there
+DEFAULT_NAMESPACE = "baton"  # the namespace of templates/base/rbac.yaml: the drill's ServiceAccount lives there
 TIMEOUT_S = 30.0
 ROLES = ("reference", "replay", "trial")  # the prefixes under <bucket>/<prefix>/<workflow name>
 _TRUE = {"1", "t", "T", "TRUE", "true", "True"}  # Go's strconv.ParseBool, which the Argo CLI uses
