@@ -143,12 +143,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--report-uri", help="also copy the report there (the bucket)")
     args = ap.parse_args(argv)
 
-    result = compare(args.reference, args.replay, args.trial, args.total_steps)
+    try:
+        result = compare(args.reference, args.replay, args.trial, args.total_steps)
+    except FileNotFoundError as e:  # e.g. a trial that died before its first checkpoint: still a report
+        result = {"equivalent": False, "tier": 1, "tensors": 0, "max_abs_diff": float("inf"), "floor": 0.0,
+                  "differing": [], "problem": str(e)}
     verify = read_json(args.verify)
     evictions = read_json(args.evictions) if args.evictions else {}
     steps = {k: verify[k] for k in ("total", "distinct", "replayed", "resumed_from", "preemptions")}
     report = {**result, "steps": steps, "verify_passed": verify["passed"], "verify_problems": verify["problems"],
-              "preempt": verify["preempt"], "evictions": evictions, "total_steps": args.total_steps}
+              "preempt": verify["preempt"], "evictions": evictions, "total_steps": args.total_steps,
+              "trial_outcome": verify.get("trial_outcome"), "trial_retries": max(verify["attempts"] - 1, 0)}
     report["passed"] = bool(result["equivalent"] and verify["passed"])
     ev_root = args.evidence.rstrip("/")
     trial_records = read_evidence(f"{ev_root}/trial")

@@ -1,8 +1,13 @@
-"""Evict the trial at computed points: locally by deleting its pod through the local runner, on a
-cluster through the Eviction API (what a node drain does).
+"""Evict the trial at computed points: on a cluster through the Eviction API (what a node drain does),
+locally through the local runner's pod registry (steps/local_pods.py), which can also end the pod the
+way a GKE Spot node shutdown, a lost VM or a Kueue preemption does (--how).
 
     python -m steps.evict --evidence URI --total-steps T --evictions N --seed S [--jitter]
-                          --workflow NAME [--task trial] [--out URI]
+                          --workflow NAME [--task trial] [--how evict] [--out URI]
+
+The result (--out) is rewritten after every eviction, and a restarted evict (its own retry) resumes from
+it instead of evicting again. It is written on every exit, a failed one included, so verify and
+compare can report what happened.
 
 Eviction points: the first 80% of the run is cut into N equal bands; by default each point is the end
 of its band (evenly spaced), with --jitter it is drawn uniformly inside its band under the seed. No
@@ -20,7 +25,9 @@ import sys
 import time
 from pathlib import Path
 
-from steps.evidence import read_evidence, write_json
+from steps.evidence import read_evidence, read_json, write_json
+from steps.local_pods import ENV as LOCAL_PODS_ENV
+from steps.local_pods import HOW, LocalPods
 
 MAX_FRACTION = 0.8
 
@@ -47,48 +54,6 @@ def bands(total_steps: int, evictions: int) -> list[tuple[int, int]]:
     last = int(total_steps * MAX_FRACTION)
     edges = [i * last // evictions for i in range(evictions + 1)]
     return [(lo + 1, hi) for lo, hi in zip(edges, edges[1:], strict=False)]
-
-
-class LocalPods:
-    """The local runner's pod registry (BATON_LOCAL_PODS): find the trial's pod, ask for its deletion."""
-
-    def __init__(self, folder: str, workflow: str, task: str) -> None:
-        self.folder, self.workflow, self.task = Path(folder), workflow, task
-
-    def running(self) -> str | None:
-        for p in sorted(self.folder.glob("*.json")):
-            try:
-                pod = json.loads(p.read_text())
-            except (OSError, json.JSONDecodeError):
-                continue
-            if pod.get("task") == self.task and pod.get("phase") == "Running" and (
-                    not self.workflow or pod.get("workflow") == self.workflow):
-                return pod["name"]
-        return None
-
-    def alive(self) -> bool:
-        """Whether the task has a pod that is running or about to: between a failed attempt and its retry
-        there is none for a moment, after a failure that is not retried there is none for good."""
-        for p in self.folder.glob("*.json"):
-            try:
-                pod = json.loads(p.read_text())
-            except (OSError, json.JSONDecodeError):
-                return True  # being rewritten: assume alive
-            if pod.get("task") == self.task and pod.get("phase") in ("Pending", "Running") and (
-                    not self.workflow or pod.get("workflow") == self.workflow):
-                return True
-        return False
-
-    def evict(self, name: str) -> None:
-        from workflows.local import request_pod_deletion
-
-        request_pod_deletion(self.folder, name)
-
-    def gone(self, name: str) -> bool:
-        try:
-            return json.loads((self.folder / f"{name}.json").read_text()).get("phase") != "Running"
-        except (OSError, json.JSONDecodeError):
-            return True
 
 
 class ClusterPods:
@@ -118,7 +83,9 @@ class ClusterPods:
         return any((pod.metadata.annotations or {}).get("workflows.argoproj.io/node-name", "").startswith(
             f"{self.workflow}.{self.task}(") and pod.status.phase in ("Pending", "Running") for pod in pods.items)
 
-    def evict(self, name: str) -> None:
+    def evict(self, name: str, how: str = "evict") -> None:
+        if how != "evict":  # resolve_params refuses it before submit; a hand-made workflow lands here
+            raise ValueError(f"--how {how}: only evict is possible through the Kubernetes API")
         body = self.client.V1Eviction(metadata=self.client.V1ObjectMeta(name=name, namespace=self.namespace))
         self.v1.create_namespaced_pod_eviction(name, self.namespace, body)
 
@@ -127,6 +94,19 @@ class ClusterPods:
             return self.v1.read_namespaced_pod(name, self.namespace).status.phase != "Running"
         except self.client.ApiException as e:
             return e.status == 404
+
+    def ended(self, name: str) -> dict:
+        """The pod's phase and its main container's exit code and reason (none once the pod is gone)."""
+        try:
+            pod = self.v1.read_namespaced_pod(name, self.namespace)
+        except self.client.ApiException:
+            return {"phase": None, "status": None, "exit_code": None, "message": "pod gone"}
+        code = reason = None
+        for c in pod.status.container_statuses or []:
+            if c.name == "main" and c.state and c.state.terminated:
+                code, reason = c.state.terminated.exit_code, c.state.terminated.reason
+        return {"phase": pod.status.phase, "status": None, "exit_code": code,
+                "message": pod.status.message or reason}
 
 
 def latest(records: list[dict]) -> tuple[int, int, bool]:
@@ -157,61 +137,94 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", help="where to write the evictions as JSON")
     ap.add_argument("--poll", type=float, default=0.1)
     ap.add_argument("--timeout", type=float, default=3600.0)
-    ap.add_argument("--gone-timeout", type=float, default=90.0,
+    ap.add_argument("--how", default="evict", choices=HOW,
+                    help="how to end the trial's pod: evict (Eviction API); locally also delete, kueue, "
+                         "node-shutdown, lost-vm (steps/local_pods.py)")
+    ap.add_argument("--gone-timeout", type=float, default=None,
                     help="give up when the task has had no pending or running pod this long and has not finished "
-                         "(it failed for good: Argo waits for this step before it ends the workflow)")
+                         "(it failed for good: Argo waits for this step before it ends the workflow); default 90 s "
+                         "on a cluster, 10 s locally, where a retry's pod appears at once")
     args = ap.parse_args(argv)
     try:
         points = eviction_points(args.total_steps, args.evictions, args.seed, args.jitter.lower() == "true")
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    pods_dir = os.environ.get("BATON_LOCAL_PODS")
+    pods_dir = os.environ.get(LOCAL_PODS_ENV)
     pods = LocalPods(pods_dir, args.workflow, args.task) if pods_dir else ClusterPods(args.workflow, args.task)
-    print(f"[evict] points {points} of {args.total_steps} steps ({'local' if pods_dir else 'cluster'})",
+    gone_timeout = args.gone_timeout if args.gone_timeout is not None else (10.0 if pods_dir else 90.0)
+    print(f"[evict] points {points} of {args.total_steps} steps ({'local' if pods_dir else 'cluster'}, "
+          f"{args.how})", file=sys.stderr)
+    done_evictions = _resume(args.out, points)
+    result = {"points": points, "evictions": done_evictions, "planned": len(points), "how": args.how,
+              "bands": bands(args.total_steps, args.evictions) if args.evictions else [], "problem": None}
+    try:
+        rc = _evict_all(args, pods, points, done_evictions, gone_timeout, result)
+    finally:
+        if args.out:
+            write_json(args.out, result)
+    print(f"[evict] {len(done_evictions)} of {len(points)} evictions done", file=sys.stderr)
+    return rc
+
+
+def _resume(out: str | None, points: list[int]) -> list[dict]:
+    """The evictions an earlier run of this step recorded for the same points (its retry resumes them)."""
+    if not out:
+        return []
+    try:
+        earlier = read_json(out)
+    except (OSError, ValueError):
+        return []
+    if earlier.get("points") != points:
+        return []
+    print(f"[evict] resuming after {len(earlier['evictions'])} evictions recorded by an earlier attempt",
           file=sys.stderr)
-    done_evictions: list[dict] = []
-    last_attempt = -1
+    return list(earlier["evictions"])
+
+
+def _evict_all(args: argparse.Namespace, pods, points: list[int], done_evictions: list[dict],
+               gone_timeout: float, result: dict) -> int:
+    last_attempt = done_evictions[-1]["attempt"] if done_evictions else -1
     deadline = time.monotonic() + args.timeout
     seen_alive = time.monotonic()
-    for point in points:
+    for point in points[len(done_evictions):]:
         while True:
             now = time.monotonic()
             if now > deadline:
-                print(f"error: timed out waiting for step {point}", file=sys.stderr)
+                result["problem"] = f"timed out waiting for step {point}"
+                print(f"error: {result['problem']}", file=sys.stderr)
                 return 1
             step, attempt, done = latest(read_evidence(args.evidence))
             if done:
                 break
             if pods.alive():
                 seen_alive = now
-            elif now - seen_alive > args.gone_timeout:
-                print(f"error: the {args.task} has had no pod for {args.gone_timeout:g} s and has not finished "
-                      f"(last step {step}): it failed; {len(done_evictions)} of {len(points)} evictions done",
+            elif now - seen_alive > gone_timeout:
+                result["problem"] = (f"the {args.task} has had no pod for {gone_timeout:g} s and has not finished "
+                                     f"(last step {step}): it failed for good")
+                print(f"error: {result['problem']}; {len(done_evictions)} of {len(points)} evictions done",
                       file=sys.stderr)
                 return 1
             # Work behind each eviction: a newer attempt must have trained since the last one.
             if step >= point and attempt > last_attempt:
                 name = pods.running()
                 if name:
-                    pods.evict(name)
+                    pods.evict(name, args.how)
                     ev = {"event": "evict", "point": point, "observed_step": step, "attempt": attempt,
-                          "pod": name, "time": time.time()}
+                          "pod": name, "how": args.how, "time": time.time()}
                     say(ev)
                     done_evictions.append(ev)
                     last_attempt = attempt
                     while not pods.gone(name) and time.monotonic() < deadline:
                         time.sleep(args.poll)
+                    ev["ended"] = pods.ended(name)  # how the attempt ended: the verdict needs it
+                    if args.out:
+                        write_json(args.out, result)
                     break
             time.sleep(args.poll)
         if done:
             print(f"[evict] the trial finished before point {point}", file=sys.stderr)
             break
-    result = {"points": points, "evictions": done_evictions, "planned": len(points),
-              "bands": bands(args.total_steps, args.evictions) if args.evictions else []}
-    if args.out:
-        write_json(args.out, result)
-    print(f"[evict] {len(done_evictions)} of {len(points)} evictions done", file=sys.stderr)
     return 0
 
 

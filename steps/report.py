@@ -48,17 +48,20 @@ def markdown(report: dict[str, Any]) -> str:
     verdict = "PASS" if report["passed"] else "FAIL"
     lines = [f"# baton equivalence drill: {verdict}", "",
              f"- tier {report['tier']}: {report.get('equal_tensors', 0)}/{report['tensors']} "
-             f"{'model and optimizer tensors' if report.get('format', 'dcp') == 'dcp' else 'entries'} equal; max |diff| {report['max_abs_diff']:.3g}; floor {report['floor']:.3g}",
+             f"{'model and optimizer tensors' if report.get('format', 'dcp') == 'dcp' else 'entries'} equal; "
+             f"max |diff| {report['max_abs_diff']:.3g}; floor {report['floor']:.3g}",
              f"- step records {s['total']} total, {s['distinct']} distinct; replayed {s['replayed']}",
-             f"- resumed from {s['resumed_from']}; preemptions {s['preemptions']}",
+             f"- resumed from {s['resumed_from']}; preemptions {s['preemptions']}; "
+             f"trial retries {report.get('trial_retries', '?')}; trial {report.get('trial_outcome') or '?'}",
              f"- checkpoint format {report.get('format', 'dcp')}"
              + (f"; compared: {', '.join(f'{k} {n}' for k, n in sorted(report['parts'].items()))}"
                 if report.get("parts") else ""),
-             *([f"- verdict: {report['verdict']}"] if report.get("verdict") else []),
-             *([f"- problem: {report['problem']}"] if report.get("problem") else []), "",
+             *([f"- verdict: {report['verdict']}"] if report.get("verdict") else []), "",
              "| step | save ms | grace left s | exit | outcome |", "|---:|---:|---:|---:|---|"]
     for p in report["preempt"]:
         lines.append(f"| {p['step']} | {p['save_ms']} | {p['grace_left_s']} | {p['exit']} | {p['outcome']} |")
+    if report.get("problem"):
+        lines.append(f"\n- problem: {report['problem']}")
     for problem in report.get("verify_problems", []):
         lines.append(f"\n- problem: {problem}")
     if report.get("differing"):
@@ -71,7 +74,9 @@ def write_metrics(folder: Path, report: dict[str, Any]) -> None:
     """One number a file, for the workflow's output parameters and Prometheus gauges."""
     folder.mkdir(parents=True, exist_ok=True)
     saved = [p for p in report["preempt"] if p.get("outcome") == "saved"]
-    values = {"replayed_steps": report["steps"]["replayed"],
+    values = {"trial_retries": report.get("trial_retries", -1),
+              "preemptions": report["steps"]["preemptions"],
+              "replayed_steps": report["steps"]["replayed"],
               "max_save_ms": max((p["save_ms"] for p in saved), default=-1),
               "min_grace_left_s": min((p["grace_left_s"] for p in report["preempt"]), default=-1)}
     for name, value in values.items():

@@ -16,8 +16,27 @@ from typing import Any
 from steps.evidence import read_evidence, read_json, write_json
 
 
+def trial_outcome(records: list[dict[str, Any]], eviction_list: list[dict[str, Any]]) -> tuple[str, str]:
+    """(outcome, why): finished; died_on_sigterm (an evicted attempt ended without a preemption save and no
+    attempt came after it: the drill's negative control, a trainer that dies on SIGTERM); or failed."""
+    if any(r.get("event") == "done" for r in records):
+        return "finished", ""
+    attempts = [r["attempt"] for r in records if "attempt" in r]
+    last = max(attempts, default=None)
+    saved = {r["attempt"] for r in records if r.get("event") == "preempt"}
+    for ev in reversed(eviction_list):
+        if ev.get("attempt") == last and last not in saved:
+            ended = ev.get("ended") or {}
+            how = ", ".join(f"{k} {ended[k]}" for k in ("exit_code", "message") if ended.get(k) not in (None, ""))
+            return "died_on_sigterm", (
+                f"the trial died on SIGTERM and was not resumable: attempt {last} was evicted at step "
+                f"{ev.get('observed_step')} and ended without a preemption save ({how or 'no exit recorded'}), "
+                "and no attempt came after it")
+    return "failed", "the trial ended without finishing and without an eviction to blame"
+
+
 def verify(records: list[dict[str, Any]], total_steps: int, evictions: int | None = None,
-           planned: int | None = None) -> dict[str, Any]:
+           planned: int | None = None, eviction_list: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     steps = [r["step"] for r in records if r.get("event") == "step"]
     counts = Counter(steps)
     resumes = sorted((r for r in records if r.get("event") == "resume"), key=lambda r: (r["attempt"], r["time"]))
@@ -25,16 +44,20 @@ def verify(records: list[dict[str, Any]], total_steps: int, evictions: int | Non
     resumed_from = [r["from_step"] for r in resumes if not r.get("fresh")]
     missing = sorted(set(range(1, total_steps + 1)) - set(counts))
     problems = []
+    outcome, why = trial_outcome(records, eviction_list or [])
     replayed = len(steps) - len(counts)
     if replayed:
         problems.append(f"{replayed} step(s) replayed: {sorted(s for s, n in counts.items() if n > 1)[:10]}")
     if missing:
         problems.append(f"{len(missing)} step(s) missing: {missing[:10]}")
-    if not any(r.get("event") == "done" for r in records):
+    if outcome == "died_on_sigterm":
+        problems.append(why)
+    elif outcome != "finished":
         problems.append("no done record: the trial did not finish")
     if planned is not None and evictions is not None and evictions < planned:
-        problems.append(f"{evictions} of {planned} planned evictions happened: the trial finished first "
-                        "(more total_steps, or fewer evictions)")
+        problems.append(f"{evictions} of {planned} planned evictions happened: " + (
+            "the trial finished first (more total_steps, or fewer evictions)" if outcome == "finished"
+            else "the trial ended first"))
     if evictions is not None and len(preempts) < evictions:
         problems.append(f"{evictions} evictions but {len(preempts)} clean preemptions: "
                         "an evicted attempt died without committing its step")
@@ -52,6 +75,7 @@ def verify(records: list[dict[str, Any]], total_steps: int, evictions: int | Non
                      "exit": p.get("exit"), "outcome": p.get("outcome"), "attempt": p["attempt"]}
                     for p in preempts],
         "attempts": len({r["attempt"] for r in records if "attempt" in r}),
+        "trial_outcome": outcome,
         "passed": not problems, "problems": problems,
     }
 
@@ -78,9 +102,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-fail", action="store_true",
                     help="exit 0 whenever a verdict was written (the drill's compare step is the gate)")
     args = ap.parse_args(argv)
-    ev = read_json(args.evictions) if args.evictions else None
+    ev = None
+    if args.evictions:
+        try:
+            ev = read_json(args.evictions)
+        except FileNotFoundError:  # evict failed before its first write; say so rather than crash
+            print(f"[verify] no evictions record at {args.evictions}", file=sys.stderr)
     v = verify(read_evidence(args.evidence), args.total_steps, len(ev["evictions"]) if ev else None,
-               ev["planned"] if ev else None)
+               ev["planned"] if ev else None, ev["evictions"] if ev else None)
+    if args.evictions and ev is None:
+        v["problems"].append("no evictions record: the evict step failed before it wrote one")
+        v["passed"] = False
+    elif ev and ev.get("problem"):
+        v["problems"].append(f"evict: {ev['problem']}")
+        v["passed"] = False
     print(summary(v), file=sys.stderr)
     if args.out:
         write_json(args.out, v)

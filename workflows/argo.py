@@ -26,7 +26,7 @@ import os
 import re
 import sys
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -34,7 +34,9 @@ from typing import Any
 import requests
 import yaml
 
-DEFAULT_NAMESPACE = "baton"  # the namespace of templates/rbac.yaml: the drill's ServiceAccount lives there
+from workflows.params import PARAMETERS, parse_params, resolve_params, set_queue_label
+
+DEFAULT_NAMESPACE = "baton"  # the namespace of templates/base/rbac.yaml: the drill's ServiceAccount lives there
 TIMEOUT_S = 30.0
 ROLES = ("reference", "replay", "trial")  # the prefixes under <bucket>/<prefix>/<workflow name>
 _TRUE = {"1", "t", "T", "TRUE", "true", "True"}  # Go's strconv.ParseBool, which the Argo CLI uses
@@ -264,8 +266,6 @@ def load_workflow(path: str) -> dict[str, Any]:
 def apply_parameters(wf: dict[str, Any], overrides: dict[str, str]) -> dict[str, str]:
     """Set `overrides` as the values of spec.arguments.parameters, after the same checks as `run`
     (against the workflow's own values); returns every value that was set."""
-    from workflows.equivalence import PARAMETERS, resolve_params
-
     params = wf.setdefault("spec", {}).setdefault("arguments", {}).setdefault("parameters", [])
     current = {p.get("name"): p.get("value") for p in params}
     for name in overrides:
@@ -274,22 +274,24 @@ def apply_parameters(wf: dict[str, Any], overrides: dict[str, str]) -> dict[str,
     base = {k: str(v) for k, v in current.items() if v is not None and k in PARAMETERS}
     if "evictions" in overrides and "retry_limit" not in overrides:
         base.pop("retry_limit", None)  # the limit follows the evictions, as in `run`
-    values = resolve_params(base | overrides)
+    values = resolve_params(base | overrides, cluster=True)
     for p in params:
         if p.get("name") in values:
             p["value"] = values[p["name"]]
+    if "queue" in current:  # the pods' Kueue label follows the parameter, whatever the file said
+        set_queue_label(wf, str(values.get("queue", current["queue"]) or ""))
     return {k: v for k, v in values.items() if k in current}
 
 
-def submit(args: argparse.Namespace) -> int:
+def submit(args: argparse.Namespace, default_workflow: Callable[[], dict[str, Any]]) -> int:
+    """Submit `--from-file`'s Workflow, or else `default_workflow()` (the caller renders it: this module
+    does not import the definition, which imports it)."""
     from hera.workflows import models as m
-
-    from workflows.equivalence import build_workflow, parse_params
 
     server = settings(args)
     overrides = parse_params(args.param)
     from_file = getattr(args, "from_file", None)
-    wf = load_workflow(from_file) if from_file else build_workflow().to_dict()
+    wf = load_workflow(from_file) if from_file else default_workflow()
     file_ns = (wf.get("metadata") or {}).get("namespace")
     if file_ns and file_ns != server.namespace:
         raise ArgoError(f"the workflow says namespace {file_ns!r} but the request goes to {server.namespace!r} "

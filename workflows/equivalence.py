@@ -1,6 +1,6 @@
 """The equivalence drill as an Argo Workflow, written with Hera, and its command line.
 
-    python workflows/equivalence.py render                  every object, as a multi-document YAML stream
+    python workflows/equivalence.py render [-p name=value ...]   every object, as a multi-document YAML stream
     python workflows/equivalence.py write-templates         regenerate templates/*.yaml
     python workflows/equivalence.py run [--out DIR] [-p name=value ...]      run the rendered spec here
     python workflows/equivalence.py submit [-p name=value ...]               submit to an Argo server
@@ -39,39 +39,42 @@ from hera.workflows import (  # noqa: E402
 )
 from hera.workflows import models as m  # noqa: E402
 
+from workflows.params import (  # noqa: E402,F401
+    PARAMETERS,
+    QUEUE_LABEL,
+    parse_params,
+    resolve_params,
+    set_queue_label,
+    values_of,
+)
+
 NAME = "baton-equivalence"
 SERVICE_ACCOUNT = "baton-drill"
-RETRY_EXPRESSION = "asInt(lastRetry.exitCode) == 75 || lastRetry.message matches 'imminent node shutdown|pod deleted'"
+# The overlays ship this ConfigMap (MinIO on kind, GCS on GKE): compare's output artifacts need a repository.
+ARTIFACT_REPOSITORY = ("artifact-repositories", "default-v1")
+# How Argo records the end of an attempt that met an eviction, a preemption or a lost node (ARGO-FACTS):
+# exit 75 is a trainer that saved in time, whatever the message; the messages are a kubelet's graceful node
+# shutdown (GKE Spot), a pod object gone before the controller saw its status (a deletion, an eviction, a
+# Kueue preemption), a VM lost without a graceful shutdown (exit -1), and a kubelet pressure eviction.
+# A crash (exit 1, "main: Error (exit code 1)") matches none of them and is never retried.
+DISRUPTIONS = ("imminent node shutdown", "pod deleted", "neither main nor wait container completed successfully",
+               "The node was low on resource")
+RETRY_EXPRESSION = f"asInt(lastRetry.exitCode) == 75 || lastRetry.message matches '{'|'.join(DISRUPTIONS)}'"
+# evict and verify: no trainer, so no exit 75; a SIGTERM they do not handle ends them with 143.
+HELPER_RETRY_EXPRESSION = f"asInt(lastRetry.exitCode) == 143 || lastRetry.message matches '{'|'.join(DISRUPTIONS)}'"
+HELPER_RETRY_LIMIT = "3"
 REPORT_DIR = "/tmp/baton-report/{{workflow.name}}"
 REPORT_FILES = ("report.json", "report.md", "loss.png")
 # Numbers that compare writes to <out>/metrics/<name>, exposed as Prometheus gauges (-1: not measured).
+# Published by compare, not by the trial's own metrics: Argo evaluates a template's metrics on every failed
+# attempt, where `{{retries}}` does not resolve (a MetricsError condition per eviction).
 COMPARE_METRICS = {
+    "trial_retries": "Retries the last drill's trial took: one per attempt after its first",
+    "preemptions": "Clean preemptions (committed saves, exit 75) of the last drill's trial",
     "replayed_steps": "Steps the last drill's trial trained twice (0 when resume lost nothing)",
     "max_save_ms": "Slowest preemption save of the last drill's trial, in milliseconds",
     "min_grace_left_s": "Least grace left after a preemption save in the last drill's trial, in seconds",
 }
-
-# name -> (default, description). The order is the order users see in the Argo UI.
-PARAMETERS: dict[str, tuple[str, str]] = {
-    "config": ("trainer/configs/tiny.yaml", "trainer config file, inside the image"),
-    "total_steps": ("200", "optimizer steps of every run"),
-    "evictions": ("3", "evictions of the trial"),
-    "retry_limit": ("8", "retries of the trial; must exceed evictions (the CLI sets evictions + 5)"),
-    "seed": ("0", "training seed, and the seed of the eviction jitter"),
-    "jitter": ("false", "true: eviction points jittered inside their bands"),
-    "dropout": ("0.1", "attention dropout, so that a lost RNG state cannot hide"),
-    "every_steps": ("10", "periodic checkpoint interval, in steps"),
-    "grace": ("30", "seconds between SIGTERM and SIGKILL: pod grace, BATON_GRACE, torchrun --shutdown-timeout"),
-    "ranks": ("1", "ranks per pod (torchrun --nproc-per-node)"),
-    "bucket": ("s3://baton-drills", "checkpoint and evidence store (file://, s3://, gs://)"),
-    "prefix": ("drills", "prefix under the bucket; each drill writes under <bucket>/<prefix>/<workflow name>"),
-    "image": ("baton:cpu", "container image for every step"),
-    "disable_sigterm_handler": ("0", "1: the trial runs without its SIGTERM handling (the drill's negative "
-                                "control; with trainer=hf, the example without the callback)"),
-    "trainer": ("baton", "what reference, replay and trial run: baton, hf (examples/hf_trainer/train.py), "
-                "or 'SCRIPT ARGS...' (split by steps.train, never by a shell); it gets --config and the --set keys"),
-}
-
 
 def p(name: str) -> str:
     return "{{workflow.parameters." + name + "}}"
@@ -102,32 +105,36 @@ def _define_dag() -> None:
     from hera.workflows import Gauge, NoneArchiveStrategy
 
     # Prometheus metrics (Argo prefixes `argo_workflows_`), gauges only: Argo may evaluate a finished node's
-    # metrics on more than one path, which a gauge's Set survives and a counter would count twice.
-    # `{{retries}}` exists only on the retry node, whose status is Succeeded only once the trial is done.
+    # metrics on more than one path, which a gauge's Set survives and a counter would count twice. Only
+    # templates without a retryStrategy carry metrics (the DAG and compare), and they use only variables
+    # that resolve on every node: `{{status}}`, `{{duration}}` and compare's output parameters (which
+    # default to -1 when their file is missing).
     done = "{{status}} == Succeeded"
     passed_help = "1 if the last equivalence drill passed (every step succeeded), 0 if it did not"
     common: dict[str, Any] = dict(image=p("image"), command=["python"], pod_spec_patch=GRACE_PATCH)
+    # Every training pod can meet a Spot preemption (on GKE all three run on the Spot pool): each resumes
+    # from its own checkpoints, so each retries the same way. No template metrics here: see COMPARE_METRICS.
+    trainer_retry = RetryStrategy(retry_policy="Always", limit=p("retry_limit"), expression=RETRY_EXPRESSION)
+    helper_retry = RetryStrategy(retry_policy="Always", limit=HELPER_RETRY_LIMIT, expression=HELPER_RETRY_EXPRESSION)
     train = Container(name="train", inputs=[Parameter(name="role")], args=_train_args("{{inputs.parameters.role}}"),
-                      env=[Env(name="BATON_GRACE", value=p("grace")), _pod_name_env()], **common)
+                      env=[Env(name="BATON_GRACE", value=p("grace")), _pod_name_env()],
+                      retry_strategy=trainer_retry, **common)
     trial = Container(
         name="trial", args=_train_args("trial"),
         env=[Env(name="BATON_GRACE", value=p("grace")), _pod_name_env(),
              Env(name="BATON_DISABLE_SIGTERM_HANDLER", value=p("disable_sigterm_handler"))],
-        retry_strategy=RetryStrategy(retry_policy="Always", limit=p("retry_limit"), expression=RETRY_EXPRESSION),
-        metrics=[Gauge(name="baton_drill_trial_retries", value="{{retries}}", when=done, realtime=False,
-                       help="Retries the last successful drill's trial took: one per eviction it came back from"),
-                 Gauge(name="baton_drill_trial_seconds", value="{{duration}}", when=done, realtime=False,
-                       help="Wall time of the last successful drill's trial, every attempt and restart included")],
-        **common)
+        retry_strategy=trainer_retry, **common)
     evict = Container(name="evict", image=p("image"), command=["python"],
                       args=["-m", "steps.evict", "--evidence", f"{EVIDENCE}/trial",
                             "--total-steps", p("total_steps"), "--evictions", p("evictions"),
                             "--seed", p("seed"), "--jitter", p("jitter"), "--workflow", "{{workflow.name}}",
-                            "--out", f"{ROOT}/evictions.json"])
+                            "--how", p("eviction"), "--out", f"{ROOT}/evictions.json"],
+                      retry_strategy=helper_retry)
     verify = Container(name="verify", image=p("image"), command=["python"],
                        args=["-m", "steps.verify", "--evidence", f"{EVIDENCE}/trial",
                              "--total-steps", p("total_steps"), "--evictions", f"{ROOT}/evictions.json",
-                             "--out", f"{ROOT}/verify.json", "--no-fail"])
+                             "--out", f"{ROOT}/verify.json", "--no-fail"],
+                       retry_strategy=helper_retry)
     compare = Container(
         name="compare", image=p("image"), command=["python"],
         args=["-m", "steps.compare", "--reference", f"{ROOT}/reference", "--replay", f"{ROOT}/replay",
@@ -147,12 +154,14 @@ def _define_dag() -> None:
                   help=passed_help),
             Gauge(name="baton_drill_seconds", value="{{duration}}", realtime=False,
                   help="Wall time of the last equivalence drill, from its first step to its last")]):
-        # Plain `dependencies` (every one must succeed), not `depends` expressions: the simplest
-        # semantics, and the one the local runner implements.
+        # Plain `dependencies`, not `depends` expressions: the simplest semantics, and the one the local
+        # runner implements. The trial and evict continue on failure, so that verify and compare still
+        # write a report when the trial dies for good (the negative control); compare, the only leaf,
+        # then fails and with it the drill (Argo decides a DAG's phase by its leaves).
         train(name="reference", arguments={"role": "reference"})
         train(name="reference-replay", arguments={"role": "replay"})
-        trial(name="trial")
-        evict(name="evict")
+        trial(name="trial", continue_on=m.ContinueOn(failed=True, error=True))
+        evict(name="evict", continue_on=m.ContinueOn(failed=True, error=True))
         verify(name="verify", dependencies=["trial", "evict"])
         compare(name="compare", dependencies=["reference", "reference-replay", "verify"])
 
@@ -161,9 +170,15 @@ def _arguments() -> list[Parameter]:
     return [Parameter(name=k, value=v, description=d) for k, v, d in ((k, *PARAMETERS[k]) for k in PARAMETERS)]
 
 
+def _artifact_repository() -> m.ArtifactRepositoryRef:
+    config_map, key = ARTIFACT_REPOSITORY
+    return m.ArtifactRepositoryRef(config_map=config_map, key=key)
+
+
 def build_workflow() -> Workflow:
     with Workflow(generate_name=f"{NAME}-", entrypoint="drill", service_account_name=SERVICE_ACCOUNT,
-                  arguments=_arguments(), labels={"app.kubernetes.io/part-of": "baton"}) as w:
+                  arguments=_arguments(), labels={"app.kubernetes.io/part-of": "baton"},
+                  artifact_repository_ref=_artifact_repository()) as w:
         _define_dag()
     return w
 
@@ -171,8 +186,9 @@ def build_workflow() -> Workflow:
 def build_cron(schedule: str = "0 3 * * *") -> CronWorkflow:
     with CronWorkflow(name=f"{NAME}-nightly", schedules=[schedule], concurrency_policy="Forbid",
                       starting_deadline_seconds=600, successful_jobs_history_limit=3, failed_jobs_history_limit=5,
-                      entrypoint="drill", service_account_name=SERVICE_ACCOUNT, arguments=_arguments(),
-                      labels={"app.kubernetes.io/part-of": "baton"}) as w:
+                      timezone="Etc/UTC", entrypoint="drill", service_account_name=SERVICE_ACCOUNT,
+                      arguments=_arguments(), labels={"app.kubernetes.io/part-of": "baton"},
+                      artifact_repository_ref=_artifact_repository()) as w:
         _define_dag()
     return w
 
@@ -181,11 +197,23 @@ def rendered() -> list[dict[str, Any]]:
     return [build_workflow().to_dict(), build_cron().to_dict()]
 
 
+def with_params(obj: dict[str, Any], params: dict[str, str]) -> dict[str, Any]:
+    """A rendered object with `params` (already resolved) as its parameters' values, and its pods in the
+    Kueue queue that `queue` names (none when it is empty)."""
+    spec = obj["spec"].get("workflowSpec", obj["spec"])
+    for prm in spec["arguments"]["parameters"]:
+        if prm["name"] in params:
+            prm["value"] = params[prm["name"]]
+    set_queue_label(obj, values_of(params)["queue"])
+    return obj
+
+
 def to_yaml(objs: list[dict[str, Any]]) -> str:
     return yaml.safe_dump_all(objs, sort_keys=False, width=120)
 
 
-TEMPLATE_FILES = {"Workflow": "workflow-equivalence.yaml", "CronWorkflow": "cronworkflow-equivalence.yaml"}
+# Paths under templates/: the CronWorkflow is a resource of the kustomize base, the one-off Workflow is not.
+TEMPLATE_FILES = {"Workflow": "workflow-equivalence.yaml", "CronWorkflow": "base/cronworkflow-equivalence.yaml"}
 
 
 def write_templates(folder: Path = REPO / "templates") -> list[Path]:
@@ -193,51 +221,10 @@ def write_templates(folder: Path = REPO / "templates") -> list[Path]:
     out = []
     for obj in rendered():
         path = folder / TEMPLATE_FILES[obj["kind"]]
+        path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(header + to_yaml([obj]))
         out.append(path)
     return out
-
-
-# ---- parameters --------------------------------------------------------------------------------------
-
-def parse_params(items: list[str]) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for item in items:
-        name, sep, value = item.partition("=")
-        if not sep or not name:
-            raise SystemExit(f"error: -p {item!r}: expected name=value")
-        if name not in PARAMETERS:
-            raise SystemExit(f"error: -p {name}: unknown parameter (known: {', '.join(PARAMETERS)})")
-        out[name] = value
-    return out
-
-
-def values_of(params: dict[str, str]) -> dict[str, str]:
-    """Every parameter's value: the defaults with `params` over them."""
-    return {k: v for k, (v, _) in PARAMETERS.items()} | params
-
-
-def resolve_params(overrides: dict[str, str]) -> dict[str, str]:
-    """Overrides, plus a retry limit that follows the evictions; checked before anything runs."""
-    params = dict(overrides)
-    values = values_of(params)
-    for k in ("total_steps", "evictions", "retry_limit", "seed", "grace", "ranks", "every_steps"):
-        try:
-            int(values[k])
-        except ValueError:
-            raise SystemExit(f"error: parameter {k} must be an integer, got {values[k]!r}") from None
-    if "retry_limit" not in params:
-        params["retry_limit"] = str(int(values["evictions"]) + 5)
-        values["retry_limit"] = params["retry_limit"]
-    if int(values["retry_limit"]) <= int(values["evictions"]):
-        raise SystemExit(f"error: retry_limit ({values['retry_limit']}) must exceed evictions ({values['evictions']})")
-    from steps.evict import eviction_points
-
-    try:
-        eviction_points(int(values["total_steps"]), int(values["evictions"]))
-    except ValueError as e:
-        raise SystemExit(f"error: {e}") from None
-    return params
 
 
 # ---- commands ----------------------------------------------------------------------------------------
@@ -254,6 +241,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     params = resolve_params(parse_params(args.param))
     params.setdefault("bucket", f"file://{out}/bucket")
     spec = build_workflow().to_dict()
+    set_queue_label(spec, values_of(params)["queue"])  # no local effect; the spec is what a cluster would get
     env = {"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     try:
@@ -289,10 +277,10 @@ def drill_summary(report: dict[str, Any]) -> str:
     for pr in report.get("preempt", []):
         lines.append(f"  step {pr['step']}: save {pr['save_ms']} ms, grace left {pr['grace_left_s']} s, "
                      f"exit {pr['exit']}")
-    for problem in report.get("verify_problems", []):
-        lines.append(f"problem: {problem}")
     if report.get("problem"):
         lines.append(f"problem: {report['problem']}")
+    for problem in report.get("verify_problems", []):
+        lines.append(f"problem: {problem}")
     if report.get("verdict"):
         lines.append(f"verdict: {report['verdict']}")
     if report["tier"] == 1:
@@ -310,7 +298,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python workflows/equivalence.py", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="command", required=True)
-    sub.add_parser("render", help="print every object as a multi-document YAML stream")
+    rd = sub.add_parser("render", help="print every object as a multi-document YAML stream")
+    rd.add_argument("-p", "--param", action="append", default=[], metavar="NAME=VALUE",
+                    help="parameter values to render (checked as for submit; -p queue=Q adds the Kueue label)")
     sub.add_parser("write-templates", help="regenerate templates/*.yaml")
     r = sub.add_parser("run", help="run the rendered workflow on this machine")
     r.add_argument("--out", default="out/drill", help="folder for the report, logs and the local bucket")
@@ -329,7 +319,8 @@ def main(argv: list[str] | None = None) -> int:
     add_server_arguments(st)
     args = ap.parse_args(argv)
     if args.command == "render":
-        sys.stdout.write(to_yaml(rendered()))
+        params = resolve_params(parse_params(args.param)) if args.param else {}
+        sys.stdout.write(to_yaml([with_params(obj, params) for obj in rendered()]))
         return 0
     if args.command == "write-templates":
         for path in write_templates():
@@ -340,7 +331,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "submit":
         from workflows.argo import submit
 
-        return submit(args)
+        return submit(args, lambda: build_workflow().to_dict())
     if args.command == "status":
         from workflows.argo import status
 

@@ -1,8 +1,11 @@
 """Run a *rendered* Argo Workflow (the dict that ``kubectl`` would receive) on this machine, with no cluster.
 
-Each attempt of a task is a "pod": one subprocess in its own process group (``start_new_session``),
-with stdout and stderr in ``<out_dir>/logs/<task>-<attempt>.log``. Retries, pod deletion and grace
-periods follow what Argo and Kubernetes do, so that the drill's retry expression is exercised for real.
+Each attempt of a task is a "pod": ``workflows/pod_init.py`` as its PID 1 (in a session of its own),
+which runs the container's command in a process group of its own, forwards signals to that group as
+Argo's emissary does, and is a child subreaper, so that every process the pod starts (torchrun's
+workers too, which call setsid) can be SIGKILLed with it. Output goes to
+``<out_dir>/logs/<task>-<attempt>.log``. Retries, pod deletion and grace periods follow what Argo and
+Kubernetes do, so that the drill's retry expression is exercised for real.
 
 Supported (anything else is refused with ``UnsupportedSpec`` naming the field, before anything runs):
 
@@ -10,8 +13,10 @@ Supported (anything else is refused with ``UnsupportedSpec`` naming the field, b
 - ``spec.entrypoint``; ``spec.arguments.parameters`` (name, value, description, enum), overridable with
   ``params``; ``spec.templates``; ``spec.activeDeadlineSeconds`` (running pods get SIGTERM, then SIGKILL
   after their grace, and the workflow fails).
-- ``dag`` templates: ``tasks`` with name, template (a container template), ``dependencies`` and, because
-  Hera's ``a >> b`` renders it, ``depends`` limited to ``a && b`` (optionally ``a.Succeeded``).
+- ``dag`` templates: ``tasks`` with name, template (a container template), ``dependencies``,
+  ``continueOn`` (failed, error: the task's failure lets its dependents run and does not fail the
+  workflow) and, because Hera's ``a >> b`` renders it, ``depends`` limited to ``a && b`` (optionally
+  ``a.Succeeded``).
   A container template may also be the entrypoint on its own.
 - ``container`` templates: ``command`` (required here: there is no image entrypoint), ``args``, ``env``
   (``value``, or ``valueFrom.fieldRef.fieldPath: metadata.name`` for the pod name); ``inputs.parameters``
@@ -24,21 +29,24 @@ Supported (anything else is refused with ``UnsupportedSpec`` naming the field, b
   templates with a retryStrategy, as in Argo). It is one textual pass into argv elements, never through a
   shell: a substituted value stays data, even if it holds quotes, ``$(...)`` or ``{{...}}``.
 
-Accepted without local effect: see ``ACCEPTED_WITHOUT_EFFECT`` below (one place, on purpose).
+Accepted without local effect: see ``ACCEPTED_WITHOUT_EFFECT`` in ``workflows/local_spec.py`` (one place, on
+purpose), which holds the checks and the substitution; this module runs the plan.
 
-Retry semantics: exit 0 is Succeeded; another exit is Failed, "Error (exit code N)"; a deleted pod is
-Error, "pod deleted", whatever it exits with. Policies: Always (Failed, Error), OnFailure (Failed), OnError
+Retry semantics, recorded as Argo v3.7/v4 records them: exit 0 is Succeeded; another exit is Failed,
+"main: Error (exit code N)". A pod ended through the registry (``steps/local_pods.py``: deleted,
+evicted, preempted by Kueue, its node shut down or its VM lost) is recorded as that module's docstring
+says: "pod deleted" (Error, exit -1) only when its process was still running at SIGKILL. A task whose
+retries run out is failed with "No more retries left". Policies: Always (Failed, Error), OnFailure (Failed), OnError
 (Error), OnTransientError (Error only: an approximation, Argo also classifies messages). Without a policy
 the default is OnFailure, or Always when an expression is given (Argo >= 3.5). The policy is ANDed with
 the expression; the limit counts retries (no limit: unlimited, as in Argo). There is no backoff.
-When a task fails for good, nothing new starts (Argo's DAG failFast); running tasks, their retries
-included, finish; the workflow fails.
+When a task fails for good, nothing new starts (Argo's DAG failFast) unless its ``continueOn`` covers
+the failure; running tasks, their retries included, finish; the workflow fails unless every failed
+task continued on.
 
-Pod deletion contract (how a sibling "evict" step evicts locally): every pod gets
-``BATON_LOCAL_PODS=<out_dir>/pods``; each running pod has ``<pods>/<pod-name>.json``; creating
-``<pods>/<pod-name>.delete`` (``request_pod_deletion``) makes the runner SIGTERM the pod's group, then
-SIGKILL it after ``terminationGracePeriodSeconds`` (default 30). ``list_pods`` reads the registry.
-When the pod's main process exits, the rest of its group is SIGKILLed, as a container's would be.
+Pod registry (how a sibling "evict" step ends a pod locally): the protocol is the steps' own,
+``steps/local_pods.py``; every pod gets ``BATON_LOCAL_PODS=<out_dir>/pods``. The grace is the pod's
+``terminationGracePeriodSeconds`` (default 30). SIGKILL reaches the pod's whole process tree.
 
 Ctrl-C or SIGTERM to the runner: every pod group gets SIGTERM, then SIGKILL after 5 s (at once on a
 second signal); then ``KeyboardInterrupt`` (SIGINT) or ``SystemExit(143)`` (SIGTERM) propagates, after
@@ -49,11 +57,8 @@ from __future__ import annotations
 
 import json
 import os
-import random
-import re
 import shutil
 import signal
-import string
 import subprocess
 import sys
 import threading
@@ -62,55 +67,37 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-import yaml
-
+from steps.local_pods import ENV as PODS_ENV
+from steps.local_pods import read_request, write_atomic
 from workflows import argo_expr
+from workflows.local_spec import (  # noqa: F401  (ACCEPTED_WITHOUT_EFFECT, UnsupportedSpec: this module's API too)
+    _POLICY_RETRIES,
+    ACCEPTED_WITHOUT_EFFECT,
+    DEFAULT_GRACE_S,
+    UnsupportedSpec,
+    _argv_env,
+    _artifacts,
+    _grace,
+    _out_params,
+    _Plan,
+    _plan,
+    _pod_ctx,
+    _Task,
+)
+from workflows.pod_init import kill_descendants
 
-# Fields that the runner accepts and ignores because they have no meaning on one machine.
-ACCEPTED_WITHOUT_EFFECT: dict[str, frozenset[str]] = {
-    "metadata": frozenset({"labels", "annotations", "namespace"}),
-    "spec": frozenset({"serviceAccountName", "podGC", "ttlStrategy", "artifactRepositoryRef",
-                       "workflowMetadata", "podMetadata", "metrics"}),
-    "template": frozenset({"metrics", "metadata"}),
-    "container": frozenset({"image", "imagePullPolicy", "resources"}),
-    "artifact": frozenset({"archive", "s3", "gcs"}),
-}
-_SUPPORTED: dict[str, frozenset[str]] = {
-    "workflow": frozenset({"apiVersion", "kind", "metadata", "spec"}),
-    "metadata": frozenset({"name", "generateName"}),
-    "spec": frozenset({"entrypoint", "arguments", "templates", "activeDeadlineSeconds"}),
-    "arguments": frozenset({"parameters"}),
-    "wf_param": frozenset({"name", "value", "description", "enum"}),
-    "template": frozenset({"name", "dag", "container", "inputs", "outputs", "retryStrategy",
-                           "podSpecPatch", "activeDeadlineSeconds"}),
-    "dag": frozenset({"tasks"}),
-    "task": frozenset({"name", "template", "dependencies", "depends", "arguments"}),
-    "task_param": frozenset({"name", "value"}),
-    "container": frozenset({"command", "args", "env"}),
-    "env": frozenset({"name", "value", "valueFrom"}),
-    "inputs": frozenset({"parameters"}),
-    "input_param": frozenset({"name", "default"}),
-    "outputs": frozenset({"artifacts", "parameters"}),
-    "output_param": frozenset({"name", "valueFrom"}),
-    "valueFrom": frozenset({"path", "default"}),
-    "artifact": frozenset({"name", "path"}),
-    "retryStrategy": frozenset({"limit", "retryPolicy", "expression"}),
-    "podSpecPatch": frozenset({"terminationGracePeriodSeconds"}),
-}
-_POLICY_RETRIES = {"Always": {"Failed", "Error"}, "OnFailure": {"Failed"}, "OnError": {"Error"},
-                   "OnTransientError": {"Error"}}
-_REF = re.compile(r"\{\{\s*([^{}]*?)\s*\}\}")
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")  # also used as file names
-DEFAULT_GRACE_S = 30.0
+POD_INIT = str(Path(__file__).resolve().parent / "pod_init.py")
+
 INTERRUPT_GRACE_S = 5.0
 POLL_S = 0.05
 STEP_PROGRESS_EVERY_S = 2.0
 DELETED = "pod deleted"
 POD_DEADLINE = "Pod was active on the node longer than the specified deadline"  # the kubelet's words
-
-
-class UnsupportedSpec(ValueError):
-    """The spec uses something the local runner does not implement, or is invalid; nothing has run."""
+NODE_SHUTDOWN = "Pod was terminated in response to imminent node shutdown."  # the kubelet's nodeshutdown manager
+NODE_SHUTDOWN_GRACE_S = 15.0  # what a GKE Spot node's shutdown leaves ordinary pods
+LOST_VM = "pod failed: neither main nor wait container completed successfully"  # Argo, PR #15150
+NO_MORE_RETRIES = "No more retries left"
+KUEUE_CONDITION = {"type": "TerminationTarget", "status": "True", "reason": "WorkloadEvictedDueToPreempted"}
 
 
 @dataclass
@@ -142,348 +129,7 @@ class RunResult:
         return [n for n in self.nodes if n.task == task]
 
 
-def request_pod_deletion(pods_dir: Path | str, pod_name: str) -> None:
-    """Delete a local pod, as ``kubectl delete pod`` would; FileNotFoundError if no such pod (a 404)."""
-    pods = Path(pods_dir)
-    if not _NAME.match(pod_name) or not (pods / f"{pod_name}.json").exists():
-        raise FileNotFoundError(f"no local pod {pod_name!r} in {pods}")
-    _write_atomic(pods / f"{pod_name}.delete", json.dumps({"requested": time.time()}))
-
-
-def list_pods(pods_dir: Path | str) -> list[dict[str, Any]]:
-    """The registry records (``phase`` is Running while the pod runs), sorted by pod name."""
-    out = []
-    for p in sorted(Path(pods_dir).glob("*.json")):
-        try:
-            out.append(json.loads(p.read_text()))
-        except (OSError, json.JSONDecodeError):
-            continue  # being replaced right now; the next read sees it
-    return out
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
-# ----------------------------------------------------------------------------------------------- validation
-@dataclass
-class _Retry:
-    limit: int | None
-    policy: str
-    expr: argo_expr.Expr | None
-
-
-@dataclass
-class _Task:
-    name: str
-    template: str
-    path: str  # of the template, for messages
-    tmpl: dict
-    deps: list[str]
-    inputs: dict[str, str]
-    retry: _Retry | None
-    deadline_s: float | None
-
-
-@dataclass
-class _Plan:
-    name: str
-    wf_ctx: dict[str, str]
-    tasks: dict[str, _Task]
-    deadline_s: float | None
-
-
-def _refuse(path: str, what: str = "") -> UnsupportedSpec:
-    return UnsupportedSpec(f"{path}: {what}{' ' if what else ''}not supported by the local runner")
-
-
-def _check(obj: Any, path: str, kind: str) -> dict:
-    if not isinstance(obj, dict):
-        raise UnsupportedSpec(f"{path}: expected a mapping, got {type(obj).__name__}")
-    allowed = _SUPPORTED[kind] | ACCEPTED_WITHOUT_EFFECT.get(kind, frozenset())
-    for key in obj:
-        if key not in allowed:
-            raise _refuse(f"{path}.{key}" if path else key)
-    return obj
-
-
-def _list(obj: Any, path: str) -> list:
-    if obj is None:
-        return []
-    if not isinstance(obj, list):
-        raise UnsupportedSpec(f"{path}: expected a list")
-    return obj
-
-
-def _name(obj: dict, path: str) -> str:
-    name = obj.get("name")
-    if not isinstance(name, str) or not _NAME.match(name):
-        raise UnsupportedSpec(f"{path}.name: missing, or not a name the local runner can use ({name!r})")
-    return name
-
-
-def _scalar(value: Any, path: str) -> str:
-    if isinstance(value, bool) or not isinstance(value, str | int):
-        raise UnsupportedSpec(f"{path}: expected a string, got {value!r}")
-    return str(value)
-
-
-def _seconds(value: Any, path: str, ctx: dict[str, str] | None = None) -> float:
-    if isinstance(value, str) and ctx is not None:  # Argo substitutes parameters into IntOrString fields too
-        value = _subst(value, ctx, path)
-    if isinstance(value, bool) or not (isinstance(value, int) or isinstance(value, str) and value.isdigit()):
-        raise UnsupportedSpec(f"{path}: expected a non-negative integer, got {value!r}")
-    return float(value)
-
-
-def _subst(text: Any, ctx: dict[str, str], path: str) -> str:
-    if not isinstance(text, str):
-        raise UnsupportedSpec(f"{path}: expected a string, got {text!r}")
-
-    def one(m: re.Match) -> str:
-        if m.group(1) not in ctx:
-            raise UnsupportedSpec(f"{path}: cannot resolve {m.group(0)} (the local runner knows: "
-                                  f"{', '.join('{{' + k + '}}' for k in sorted(ctx))})")
-        return ctx[m.group(1)]
-
-    return _REF.sub(one, text)  # one pass: substituted values are data, never re-expanded
-
-
-def _pod_ctx(plan: _Plan, task: _Task, pod_name: str, retries: int) -> dict[str, str]:
-    ctx = dict(plan.wf_ctx, **{f"inputs.parameters.{k}": v for k, v in task.inputs.items()})
-    ctx["pod.name"] = pod_name
-    if task.retry is not None:
-        ctx["retries"] = str(retries)
-    return ctx
-
-
-def _grace(task: _Task, ctx: dict[str, str]) -> float:
-    raw = task.tmpl.get("podSpecPatch")
-    if raw is None:
-        return DEFAULT_GRACE_S
-    path = f"{task.path}.podSpecPatch"
-    try:
-        patch = yaml.safe_load(_subst(raw, ctx, path))
-    except yaml.YAMLError as exc:
-        raise UnsupportedSpec(f"{path}: not JSON or YAML: {exc}") from None
-    _check(patch, path, "podSpecPatch")
-    value = patch.get("terminationGracePeriodSeconds")
-    return DEFAULT_GRACE_S if value is None else _seconds(value, f"{path}.terminationGracePeriodSeconds")
-
-
-def _argv_env(plan: _Plan, task: _Task, ctx: dict[str, str]) -> tuple[list[str], dict[str, str]]:
-    c, path = task.tmpl["container"], f"{task.path}.container"
-    argv = [_subst(a, ctx, f"{path}.{k}[{i}]")
-            for k in ("command", "args") for i, a in enumerate(_list(c.get(k), f"{path}.{k}"))]
-    env: dict[str, str] = {}
-    for i, e in enumerate(_list(c.get("env"), f"{path}.env")):
-        epath = f"{path}.env[{i}]"
-        _check(e, epath, "env")
-        if "valueFrom" in e:
-            ref = e["valueFrom"].get("fieldRef") if isinstance(e["valueFrom"], dict) else None
-            if (e["valueFrom"] != {"fieldRef": ref} or not isinstance(ref, dict)
-                    or ref.get("fieldPath") != "metadata.name" or ref.keys() - {"fieldPath", "apiVersion"}):
-                raise UnsupportedSpec(f"{epath}.valueFrom: only fieldRef.fieldPath metadata.name is "
-                                      "supported by the local runner")
-            env[_name(e, epath)] = ctx["pod.name"]
-        else:
-            env[_name(e, epath)] = _subst(e.get("value", ""), ctx, f"{epath}.value")
-    return argv, env
-
-
-def _artifacts(task: _Task, ctx: dict[str, str]) -> dict[str, str]:
-    path = f"{task.path}.outputs"
-    out: dict[str, str] = {}
-    for i, a in enumerate(_list(_check(task.tmpl.get("outputs", {}), path, "outputs").get("artifacts"),
-                                f"{path}.artifacts")):
-        apath = f"{path}.artifacts[{i}]"
-        _check(a, apath, "artifact")
-        out[_name(a, apath)] = _subst(a.get("path"), ctx, f"{apath}.path")
-    return out
-
-
-def _out_params(task: _Task, ctx: dict[str, str]) -> dict[str, tuple[str, str | None]]:
-    """Output parameters: name -> (file path, default). Read after the attempt, like Argo's executor."""
-    path = f"{task.path}.outputs"
-    out: dict[str, tuple[str, str | None]] = {}
-    for i, prm in enumerate(_list(_check(task.tmpl.get("outputs", {}), path, "outputs").get("parameters"),
-                                  f"{path}.parameters")):
-        ppath = f"{path}.parameters[{i}]"
-        _check(prm, ppath, "output_param")
-        vf = _check(prm.get("valueFrom"), f"{ppath}.valueFrom", "valueFrom")
-        if "path" not in vf:
-            raise _refuse(f"{ppath}.valueFrom: only valueFrom.path is supported by the local runner")
-        default = vf.get("default")
-        out[_name(prm, ppath)] = (_subst(vf["path"], ctx, f"{ppath}.valueFrom.path"),
-                                  None if default is None else _scalar(default, f"{ppath}.valueFrom.default"))
-    return out
-
-
-def _retry(tmpl: dict, path: str, ctx: dict[str, str] | None) -> _Retry | None:
-    """``ctx`` None: check the shape only (a template no task uses)."""
-    rs = tmpl.get("retryStrategy")
-    if rs is None:
-        return None
-    path += ".retryStrategy"
-    _check(rs, path, "retryStrategy")
-    limit = rs.get("limit")
-    if limit is not None and (ctx is not None or not isinstance(limit, str) or "{{" not in limit):
-        limit = int(_seconds(limit, f"{path}.limit", ctx))
-    expr = None
-    if rs.get("expression") is not None:
-        try:
-            expr = argo_expr.parse(rs["expression"])
-        except argo_expr.ExprError as exc:
-            raise UnsupportedSpec(f"{path}.expression: {exc}; not supported by the local runner") from None
-    policy = rs.get("retryPolicy") or ("Always" if expr else "OnFailure")
-    if policy not in _POLICY_RETRIES:
-        raise UnsupportedSpec(f"{path}.retryPolicy: {policy!r} is not one of {', '.join(_POLICY_RETRIES)}")
-    return _Retry(limit, policy, expr)
-
-
-def _depends(text: Any, path: str) -> list[str]:
-    parts = [p.strip() for p in str(text).split("&&")]
-    if not all(re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*?(\.Succeeded)?", p) for p in parts):
-        raise _refuse(path, "anything but 'a && b' (or a.Succeeded) is")
-    return [p.removesuffix(".Succeeded") for p in parts]
-
-
-def _plan(spec: dict, params: dict[str, str] | None) -> _Plan:
-    _check(spec, "", "workflow")
-    if spec.get("apiVersion") != "argoproj.io/v1alpha1" or spec.get("kind") != "Workflow":
-        raise UnsupportedSpec("apiVersion/kind: expected argoproj.io/v1alpha1 Workflow")
-    meta = _check(spec.get("metadata", {}), "metadata", "metadata")
-    if meta.get("name"):
-        name = str(meta["name"])
-    elif meta.get("generateName"):
-        suffix = "".join(random.choices(string.ascii_lowercase + string.digits, k=5))
-        name = str(meta["generateName"]) + suffix
-    else:
-        raise UnsupportedSpec("metadata: needs name or generateName")
-    s = _check(spec.get("spec"), "spec", "spec")
-
-    wf_params: dict[str, str] = {}
-    args = _check(s.get("arguments", {}), "spec.arguments", "arguments")
-    for i, p in enumerate(_list(args.get("parameters"), "spec.arguments.parameters")):
-        ppath = f"spec.arguments.parameters[{i}]"
-        pname = _name(_check(p, ppath, "wf_param"), ppath)
-        wf_params[pname] = p.get("value")
-    for k, v in (params or {}).items():
-        if k not in wf_params:
-            known = ", ".join(wf_params) or "none"
-            raise ValueError(f"unknown workflow parameter {k!r} (the spec has: {known})")
-        wf_params[k] = v
-    for i, p in enumerate(_list(args.get("parameters"), "spec.arguments.parameters")):
-        ppath, value = f"spec.arguments.parameters[{i}]", wf_params[p["name"]]
-        if value is None:
-            raise UnsupportedSpec(f"{ppath}.value: parameter {p['name']!r} has no value and none was given")
-        value = wf_params[p["name"]] = _scalar(value, f"{ppath}.value")
-        if "enum" in p and value not in [str(x) for x in _list(p["enum"], f"{ppath}.enum")]:
-            raise UnsupportedSpec(f"{ppath}: value {value!r} is not in enum {p['enum']!r}")
-    wf_ctx = {"workflow.name": name, **{f"workflow.parameters.{k}": v for k, v in wf_params.items()}}
-    deadline = s.get("activeDeadlineSeconds")
-    deadline = None if deadline is None else _seconds(deadline, "spec.activeDeadlineSeconds")
-    plan = _Plan(name, wf_ctx, {}, deadline)
-
-    templates: dict[str, tuple[str, dict]] = {}
-    for i, t in enumerate(_list(s.get("templates"), "spec.templates")):
-        path = f"spec.templates[{i}]"
-        tname = _name(_check(t, path, "template"), path)
-        if tname in templates:
-            raise UnsupportedSpec(f"{path}.name: duplicate template {tname!r}")
-        if ("dag" in t) == ("container" in t):
-            raise UnsupportedSpec(f"{path}: needs exactly one of dag or container (the local runner's kinds)")
-        if "dag" in t:
-            extra = sorted(t.keys() - {"name", "dag"} - ACCEPTED_WITHOUT_EFFECT["template"])
-            if extra:
-                raise _refuse(f"{path}.{extra[0]}")
-            _check(t["dag"], f"{path}.dag", "dag")
-        else:
-            _check(t["container"], f"{path}.container", "container")
-            if not _list(t["container"].get("command"), f"{path}.container.command"):
-                raise UnsupportedSpec(f"{path}.container.command: required by the local runner "
-                                      "(it cannot use an image's entrypoint)")
-            _retry(t, path, None)
-        templates[tname] = (path, t)
-
-    entry = s.get("entrypoint")
-    if entry not in templates:
-        raise UnsupportedSpec(f"spec.entrypoint: unknown template {entry!r}")
-    epath, etmpl = templates[entry]
-    if "container" in etmpl:
-        raw_tasks, tpath = [{"name": entry, "template": entry}], "spec.entrypoint"
-    else:
-        raw_tasks, tpath = _list(etmpl["dag"].get("tasks"), f"{epath}.dag.tasks"), f"{epath}.dag.tasks"
-    for i, rt in enumerate(raw_tasks):
-        path = f"{tpath}[{i}]"
-        task_name = _name(_check(rt, path, "task"), path)
-        if task_name in plan.tasks:
-            raise UnsupportedSpec(f"{path}.name: duplicate task {task_name!r}")
-        ref = rt.get("template")
-        if ref not in templates:
-            raise UnsupportedSpec(f"{path}.template: unknown template {ref!r}")
-        tmpl_path, tmpl = templates[ref]
-        if "container" not in tmpl:
-            raise _refuse(f"{path}.template", f"{ref!r} is a dag; nested DAGs are")
-        deps = [str(d) for d in _list(rt.get("dependencies"), f"{path}.dependencies")]
-        if "depends" in rt:
-            deps += _depends(rt["depends"], f"{path}.depends")
-        given: dict[str, str] = {}
-        targs = _check(rt.get("arguments", {}), f"{path}.arguments", "arguments")
-        for j, p in enumerate(_list(targs.get("parameters"), f"{path}.arguments.parameters")):
-            ppath = f"{path}.arguments.parameters[{j}]"
-            value = _scalar(p.get("value"), f"{ppath}.value")
-            given[_name(_check(p, ppath, "task_param"), ppath)] = _subst(value, wf_ctx, f"{ppath}.value")
-        inputs: dict[str, str] = {}
-        ins = _check(tmpl.get("inputs", {}), f"{tmpl_path}.inputs", "inputs")
-        for j, p in enumerate(_list(ins.get("parameters"), f"{tmpl_path}.inputs.parameters")):
-            ppath = f"{tmpl_path}.inputs.parameters[{j}]"
-            pname = _name(_check(p, ppath, "input_param"), ppath)
-            if pname in given:
-                inputs[pname] = given.pop(pname)
-            elif "default" in p:
-                inputs[pname] = _subst(_scalar(p["default"], f"{ppath}.default"), wf_ctx, f"{ppath}.default")
-            else:
-                raise UnsupportedSpec(f"{path}.arguments: no value for input {pname!r} of {ref!r}")
-        if given:
-            raise UnsupportedSpec(f"{path}.arguments.parameters: {sorted(given)} are not inputs of {ref!r}")
-        ictx = dict(wf_ctx, **{f"inputs.parameters.{k}": v for k, v in inputs.items()})
-        tdl = tmpl.get("activeDeadlineSeconds")
-        task = _Task(task_name, ref, tmpl_path, tmpl, deps, inputs, _retry(tmpl, tmpl_path, ictx),
-                     None if tdl is None else _seconds(tdl, f"{tmpl_path}.activeDeadlineSeconds", ictx))
-        # Resolve everything now with stand-in per-attempt values, so a bad reference fails before any pod.
-        ctx = _pod_ctx(plan, task, f"{name}-{task_name}-0", 0)
-        _argv_env(plan, task, ctx)
-        _artifacts(task, ctx)
-        _out_params(task, ctx)
-        _grace(task, ctx)
-        plan.tasks[task_name] = task
-
-    for tname, task in plan.tasks.items():
-        for d in task.deps:
-            if d not in plan.tasks:
-                raise UnsupportedSpec(f"task {tname!r}: unknown dependency {d!r}")
-    _check_acyclic(plan.tasks)
-    return plan
-
-
-def _check_acyclic(tasks: dict[str, _Task]) -> None:
-    state: dict[str, int] = {}  # 1 visiting, 2 done
-
-    def visit(n: str, trail: list[str]) -> None:
-        if state.get(n) == 2:
-            return
-        if state.get(n) == 1:
-            raise UnsupportedSpec(f"dependency cycle: {' -> '.join(trail[trail.index(n):] + [n])}")
-        state[n] = 1
-        for d in tasks[n].deps:
-            visit(d, trail + [n])
-        state[n] = 2
-
-    for n in tasks:
-        visit(n, [])
+_write_atomic = write_atomic
 
 
 # ----------------------------------------------------------------------------------------------- execution
@@ -499,6 +145,8 @@ class _Pod:
     started: float
     t0: float  # monotonic
     forced: tuple[str, str] | None = None  # (status, message) decided by whoever stopped it
+    how: str | None = None  # how a registry request ends it (steps.local_pods.HOW)
+    sigkilled: bool = False  # still running when the grace ran out
     kill_at: float | None = None
     partial: bytes = b""
     step: int | None = None
@@ -510,11 +158,13 @@ class _Runner:
     def __init__(self, plan: _Plan, out_dir: Path, progress: TextIO | None, cwd: Path, env: dict[str, str]):
         self.plan, self.out, self.progress, self.cwd = plan, out_dir, progress, cwd
         self.pods_dir = out_dir / "pods"
-        self.base_env = {**os.environ, **env, "BATON_LOCAL_PODS": str(self.pods_dir)}
-        # pending -> running -> (retry -> running)* -> succeeded | failed; pending ones may never run.
+        self.base_env = {**os.environ, **env, PODS_ENV: str(self.pods_dir)}
+        # pending -> running -> (retry -> running)* -> succeeded | failed | continued (failed, and its
+        # continueOn lets dependents run); pending ones may never run.
         self.state = dict.fromkeys(plan.tasks, "pending")
         self.next_attempt = dict.fromkeys(plan.tasks, 0)
         self.running: dict[str, _Pod] = {}
+        self.why: dict[str, str] = {}  # why a failed task was not retried (Argo's "No more retries left", ...)
         self.nodes: list[NodeResult] = []
         self.t0 = time.monotonic()
         self.failed_fast = False  # a task failed: no new tasks, but running ones go on, retries included
@@ -547,7 +197,7 @@ class _Runner:
                 time.sleep(POLL_S)
         finally:
             for pod in list(self.running.values()):  # only after an unexpected exception: leave no orphans
-                _killpg(pod.proc.pid, signal.SIGKILL)
+                _kill_tree(pod.proc.pid)
                 pod.proc.wait()
                 pod.reader.close()
                 self._record(pod, "Failed", exit_code=_exit_code(pod.proc.returncode), status="Error")
@@ -557,9 +207,10 @@ class _Runner:
         for name, st in self.state.items():
             if st == "pending":
                 self.say(f"{name} not run")
-        phase = "Succeeded" if all(st == "succeeded" for st in self.state.values()) else "Failed"
+        phase = "Succeeded" if all(st in ("succeeded", "continued") for st in self.state.values()) else "Failed"
         if phase == "Failed" and not self.message:
-            self.message = "failed: " + ", ".join(n for n, st in self.state.items() if st == "failed")
+            self.message = "failed: " + ", ".join(n + (f" ({self.why[n]})" if self.why.get(n) else "")
+                                                  for n, st in self.state.items() if st == "failed")
         self.say(f"workflow {self.plan.name} {phase}" + (f": {self.message}" if phase == "Failed" else ""))
         if self.signalled == signal.SIGINT:
             raise KeyboardInterrupt
@@ -572,7 +223,7 @@ class _Runner:
             return []
         return [t for n, t in self.plan.tasks.items() if self.state[n] == "retry"
                 or (self.state[n] == "pending" and not self.failed_fast
-                    and all(self.state[d] == "succeeded" for d in t.deps))]
+                    and all(self.state[d] in ("succeeded", "continued") for d in t.deps))]
 
     def _install_signals(self) -> dict[int, Any]:
         if threading.current_thread() is not threading.main_thread():
@@ -617,8 +268,9 @@ class _Runner:
         started = time.time()
         try:
             with open(log_path, "wb") as log:
-                proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                        cwd=self.cwd, env={**self.base_env, **cenv}, start_new_session=True)
+                proc = subprocess.Popen([sys.executable, POD_INIT, *argv], stdin=subprocess.DEVNULL, stdout=log,
+                                        stderr=subprocess.STDOUT, cwd=self.cwd, env={**self.base_env, **cenv},
+                                        start_new_session=True)
         except OSError as exc:  # like a container that cannot start: an Error, subject to the retry policy
             node = NodeResult(task.name, task.template, attempt, name, -1, "Error", f"failed to start: {exc}",
                               log_path, started, time.time())
@@ -635,45 +287,71 @@ class _Runner:
             "name": pod.name, "workflow": self.plan.name, "task": pod.task.name,
             "template": pod.task.template, "attempt": pod.attempt,
             "pid": pod.proc.pid, "pgid": pod.proc.pid, "grace_s": pod.grace,
-            "phase": phase, **extra}))
+            "phase": phase, **({"conditions": [KUEUE_CONDITION]} if pod.how == "kueue" else {}), **extra}))
 
     def _terminate(self, pod: _Pod, status: str, message: str, grace: float | None) -> None:
         """What the kubelet does to a pod being deleted: SIGTERM to the group now, SIGKILL after grace."""
         if pod.forced is None:
             pod.forced = (status, message)
-            pod.kill_at = time.monotonic() + (pod.grace if grace is None else grace)
+            kill_at = time.monotonic() + (pod.grace if grace is None else grace)
+            pod.kill_at = kill_at if pod.kill_at is None else min(pod.kill_at, kill_at)  # the sooner wins
             _killpg(pod.proc.pid, signal.SIGTERM)
+
+    def _end(self, pod: _Pod, how: str) -> None:
+        """End a pod as a registry request says (steps/local_pods.py documents each way)."""
+        pod.how = how
+        self._record(pod, "Running")  # Kueue's TerminationTarget condition comes before its Delete
+        if how == "lost-vm":
+            self.say(f"{pod.task.name} attempt {pod.attempt}: VM lost, SIGKILL")
+            self._kill(pod)
+            return
+        grace = min(pod.grace, NODE_SHUTDOWN_GRACE_S) if how == "node-shutdown" else pod.grace
+        what = {"node-shutdown": "node shutdown", "kueue": "preempted by Kueue", "evict": "evicted"}.get(how,
+                                                                                                          "pod deleted")
+        self.say(f"{pod.task.name} attempt {pod.attempt}: {what}, SIGTERM (grace {grace:g}s)")
+        pod.kill_at = time.monotonic() + grace
+        _killpg(pod.proc.pid, signal.SIGTERM)
+
+    def _kill(self, pod: _Pod) -> None:
+        pod.sigkilled, pod.kill_at = True, None
+        _kill_tree(pod.proc.pid)
 
     def _tick(self, pod: _Pod) -> None:
         self._read_log(pod)
         if pod.proc.poll() is None:
             now = time.monotonic()
-            if pod.forced is None and (self.pods_dir / f"{pod.name}.delete").exists():
-                self.say(f"{pod.task.name} attempt {pod.attempt}: pod deleted, SIGTERM "
-                         f"(grace {pod.grace:g}s)")
-                self._terminate(pod, "Error", DELETED, None)
-            elif pod.forced is None and now - pod.t0 > _or_inf(pod.task.deadline_s):
-                self._terminate(pod, "Failed", POD_DEADLINE, None)
+            if pod.forced is None and pod.how is None:
+                how = read_request(self.pods_dir, pod.name)
+                if how is not None:
+                    self._end(pod, how)
+                elif now - pod.t0 > _or_inf(pod.task.deadline_s):
+                    self._terminate(pod, "Failed", POD_DEADLINE, None)
             if pod.kill_at is not None and (now >= pod.kill_at or self.hurry):
                 why = "second signal" if self.hurry else "grace over"
                 self.say(f"{pod.task.name} attempt {pod.attempt}: {why}, SIGKILL")
-                _killpg(pod.proc.pid, signal.SIGKILL)
-                pod.kill_at = None
+                self._kill(pod)
             return
-        _killpg(pod.proc.pid, signal.SIGKILL)  # the container is gone, so is everything it started
+        _kill_tree(pod.proc.pid)  # the container is gone, so is everything it started
         self._read_log(pod)
+        code = _exit_code(pod.proc.returncode)
         if pod.forced:
             status, message = pod.forced
+        elif pod.how == "lost-vm":  # no container terminated: Argo knows no exit code
+            status, message, code = "Failed", LOST_VM, -1
+        elif pod.how == "node-shutdown":
+            status, message = "Failed", NODE_SHUTDOWN
+        elif pod.how is not None and pod.sigkilled:  # the pod object went before its status was seen
+            status, message, code = "Error", DELETED, -1
         elif pod.proc.returncode == 0:
             status, message = "Succeeded", ""
         else:
-            status, message = "Failed", f"Error (exit code {_exit_code(pod.proc.returncode)})"
-        self._finish(pod, status, message, may_retry=not self.aborting)
+            status, message = "Failed", f"main: Error (exit code {code})"
+        self._finish(pod, status, message, may_retry=not self.aborting, code=code)
 
-    def _finish(self, pod: _Pod, status: str, message: str, may_retry: bool) -> None:
+    def _finish(self, pod: _Pod, status: str, message: str, may_retry: bool, code: int | None = None) -> None:
         del self.running[pod.task.name]
         pod.reader.close()
-        code = _exit_code(pod.proc.returncode)
+        code = _exit_code(pod.proc.returncode) if code is None else code
         node = NodeResult(pod.task.name, pod.task.template, pod.attempt, pod.name, code, status, message,
                           pod.log_path, pod.started, time.time())
         node.parameters = self._read_params(pod)
@@ -702,9 +380,12 @@ class _Runner:
             self.say(f"{line} -> retrying ({node.attempt + 1}/{limit})")
             # no backoff: the main loop starts it on its next pass
             self.state[task.name], self.next_attempt[task.name] = "retry", node.attempt + 1
+        elif node.status in task.continue_on:
+            self.say(f"{line} -> task failed" + (f" ({why})" if why else "") + "; continueOn: its dependents run")
+            self.state[task.name] = "continued"
         else:
             self.say(f"{line} -> task failed" + (f" ({why})" if why else ""))
-            self.state[task.name] = "failed"
+            self.state[task.name], self.why[task.name] = "failed", why
             self.failed_fast = True  # like Argo's DAG failFast: running tasks finish, nothing new starts
 
     @staticmethod
@@ -713,7 +394,7 @@ class _Runner:
         if r is None:
             return False, ""
         if r.limit is not None and node.attempt >= r.limit:
-            return False, f"retry limit {r.limit} reached"
+            return False, f"{NO_MORE_RETRIES} (limit {r.limit})"
         if node.status not in _POLICY_RETRIES[r.policy]:
             return False, f"retryPolicy {r.policy} does not retry {node.status}"
         if r.expr is not None:
@@ -802,6 +483,12 @@ def _exit_code(returncode: int | None) -> int:
 
 def _or_inf(seconds: float | None) -> float:
     return float("inf") if seconds is None else seconds
+
+
+def _kill_tree(pid: int) -> None:
+    """SIGKILL a pod: everything below its PID 1 (pod_init, a subreaper: orphans stay below it), then it."""
+    kill_descendants(pid)
+    _killpg(pid, signal.SIGKILL)
 
 
 def _killpg(pgid: int, sig: int) -> None:

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # make e2e-kind: the drill end to end on a local kind cluster, CPU only. kind cluster -> CPU image
-# loaded into it -> Argo Workflows (pinned) -> namespace and RBAC -> MinIO as the bucket -> Argo
-# artifact repository -> submit the drill -> wait -> print the compare step's report.
+# loaded into it -> Argo Workflows (pinned) -> MinIO as the bucket -> the kind overlay (RBAC, Argo
+# artifact repository, nightly CronWorkflow) -> submit the drill as baton-submitter -> wait -> print the
+# compare step's report.
 #
 #   KIND_CLUSTER      cluster name (default baton-e2e); reused when it exists
 #   KIND_NODE_IMAGE   kindest/node image to pin the Kubernetes version (default: kind's own)
@@ -16,6 +17,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 CLUSTER="${KIND_CLUSTER:-baton-e2e}"
 NAMESPACE="baton"
 KSA="baton-drill"
+SUBMITTER="baton-submitter"  # templates/base/rbac.yaml: may create and read workflows, nothing else
 BUCKET="baton"
 TIMEOUT="${E2E_TIMEOUT:-3600}"
 VALUES="${REPO_ROOT}/templates/overlays/kind/values.env"
@@ -47,9 +49,9 @@ log "building ${IMAGE} and loading it into the cluster (no registry involved)"
 VARIANTS=cpu bash "${REPO_ROOT}/infra/scripts/build-image.sh" "baton:e2e" >/dev/null
 kind load docker-image "${IMAGE}" --name "${CLUSTER}"
 
-# --- Argo, namespace, RBAC -----------------------------------------------------------------------
+# --- Argo, namespace ------------------------------------------------------------------------------
 install_argo
-apply_rbac "${NAMESPACE}"
+ensure_namespace "${NAMESPACE}"
 
 # --- MinIO ---------------------------------------------------------------------------------------
 # Random credentials, created once: MinIO keeps the root user it first started with, so rotating the
@@ -65,27 +67,9 @@ kubectl -n "${NAMESPACE}" apply -f "${REPO_ROOT}/infra/kind/minio.yaml"
 kubectl -n "${NAMESPACE}" rollout status deployment/minio --timeout=300s
 kubectl -n "${NAMESPACE}" wait --for=condition=complete job/minio-make-bucket --timeout=300s
 
-# Argo's executor stores artifacts (the report's JSON and PNG) in the same MinIO.
-kubectl apply -f - <<YAML
-apiVersion: v1
-kind: ConfigMap
-metadata:
-  name: artifact-repositories
-  namespace: ${NAMESPACE}
-  annotations:
-    workflows.argoproj.io/default-artifact-repository: default-v1
-data:
-  default-v1: |
-    archiveLogs: true
-    s3:
-      bucket: ${BUCKET}
-      endpoint: minio.${NAMESPACE}.svc:9000
-      insecure: true
-      keyFormat: "argo/{{workflow.name}}/{{pod.name}}"
-      accessKeySecret: {name: baton-minio, key: accesskey}
-      secretKeySecret: {name: baton-minio, key: secretkey}
-YAML
-
+# The kind overlay: both ServiceAccounts and Roles, Argo's artifact repository (the same MinIO, for the
+# report's JSON and PNG), and the nightly CronWorkflow.
+apply_overlay kind
 mkdir -p "$(dirname "${VALUES}")"
 cat >"${VALUES}" <<ENV
 # Written by infra/scripts/e2e-kind.sh; not committed. The steps reach MinIO through BATON_S3_ENDPOINT
@@ -104,17 +88,18 @@ ENV
 
 # --- the drill -----------------------------------------------------------------------------------
 log "submitting the equivalence drill through the Argo server"
-# submit speaks to the Argo server's API, as the Argo CLI does: port-forward it and use a token of
-# the drill's own ServiceAccount. The kind overlay adds MinIO's endpoint and keys to every step.
+# submit speaks to the Argo server's API, as the Argo CLI does: port-forward it and send a token of the
+# submitter ServiceAccount (the server's default `client` auth mode calls Kubernetes with it; the pods'
+# baton-drill may not create workflows). The kind overlay adds MinIO's endpoint and keys to every step.
 kubectl -n argo port-forward svc/argo-server 2746:2746 >/dev/null 2>&1 &
 PF_PID=$!
 trap 'kill "${PF_PID}" 2>/dev/null || true' EXIT
 sleep 3
 export ARGO_SERVER=localhost:2746 ARGO_NAMESPACE="${NAMESPACE}" ARGO_INSECURE_SKIP_VERIFY=true
-ARGO_TOKEN="Bearer $(kubectl -n "${NAMESPACE}" create token "${KSA}")"
+ARGO_TOKEN="Bearer $(kubectl -n "${NAMESPACE}" create token "${SUBMITTER}")"
 export ARGO_TOKEN
 # shellcheck disable=SC2086 # SUBMIT_ARGS is a word list on purpose
-WF="$(kubectl kustomize --load-restrictor=LoadRestrictionsNone "${REPO_ROOT}/templates/overlays/kind" \
+WF="$(kubectl kustomize "${REPO_ROOT}/templates/overlays/kind" \
   | "${PY}" "${REPO_ROOT}/workflows/equivalence.py" submit --from-file - \
     -p "image=${IMAGE}" -p "bucket=s3://${BUCKET}" ${SUBMIT_ARGS:-} | head -n 1)"
 [[ -n "${WF}" ]] || die "submit printed no workflow name."

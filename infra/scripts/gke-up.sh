@@ -9,10 +9,12 @@
 #   AUTO_APPROVE  1: apply the Terraform plan without asking
 #   IMAGE_TAG     tag for the pushed image (default: the commit, "-dirty" with local changes)
 #   SKIP_IMAGE    1: do not build or push the image (IMAGE in values.env then names the tag to push)
+#   KUEUE         1: apply templates/overlays/gke-kueue instead (Kueue must be installed already)
 #
 # Steps: 1 terraform apply (infra/gke) -> 2 kubectl credentials -> 3 Argo Workflows (pinned) ->
-# 4 namespace, RBAC, Workload Identity annotation -> 5 Argo artifact repository (the bucket) ->
-# 6 build and push the CUDA image -> 7 templates/overlays/gke/values.env.
+# 4 namespace -> 5 build and push the CUDA image -> 6 the gke overlay with its placeholders filled in
+# (RBAC with the Workload Identity annotation, Argo's artifact repository in the bucket, the nightly
+# CronWorkflow) -> 7 templates/overlays/gke/values.env.
 set -euo pipefail
 
 # shellcheck source=lib.sh source-path=SCRIPTDIR
@@ -68,43 +70,32 @@ gcloud container clusters get-credentials "${CLUSTER}" --location "${LOCATION}" 
 log "3/7 Argo Workflows ${ARGO_VERSION}"
 install_argo
 
-# --- 4. namespace, RBAC, Workload Identity -------------------------------------------------------
-log "4/7 namespace ${NAMESPACE}, RBAC, ${KSA} -> ${GSA_EMAIL}"
-apply_rbac "${NAMESPACE}"
-# The committed rbac.yaml holds a placeholder; the real GSA is known only after terraform apply.
-kubectl -n "${NAMESPACE}" annotate serviceaccount "${KSA}" --overwrite \
-  "iam.gke.io/gcp-service-account=${GSA_EMAIL}"
+# --- 4. namespace -------------------------------------------------------------------------------
+log "4/7 namespace ${NAMESPACE}"
+[[ "${NAMESPACE}" == "baton" ]] || die "terraform's namespace is ${NAMESPACE}; the overlays are written for baton."
+ensure_namespace "${NAMESPACE}"
 
-# --- 5. Argo artifact repository -----------------------------------------------------------------
-# Per-namespace default repository (the ConfigMap name and annotation Argo looks for). No key secret:
-# the executor in each drill pod authenticates as the pod's KSA, i.e. the GSA, through Workload Identity.
-log "5/7 Argo artifact repository -> ${BUCKET_URL}/argo"
-kubectl apply -f - <<YAML
-apiVersion: v1
-kind: ConfigMap
-metadata:
-  name: artifact-repositories
-  namespace: ${NAMESPACE}
-  annotations:
-    workflows.argoproj.io/default-artifact-repository: default-v1
-data:
-  default-v1: |
-    archiveLogs: true
-    gcs:
-      bucket: ${BUCKET}
-      keyFormat: "argo/{{workflow.name}}/{{pod.name}}"
-YAML
-
-# --- 6. image ------------------------------------------------------------------------------------
+# --- 5. image ------------------------------------------------------------------------------------
 TAG="${IMAGE_TAG:-$(default_image_tag)}"
 IMAGE="${REGISTRY}/baton:${TAG}-cuda"
 if [[ "${SKIP_IMAGE:-0}" == "1" ]]; then
-  log "6/7 SKIP_IMAGE=1: not building; values.env names ${IMAGE}"
+  log "5/7 SKIP_IMAGE=1: not building; values.env names ${IMAGE}"
 else
-  log "6/7 build and push ${IMAGE}"
+  log "5/7 build and push ${IMAGE}"
   gcloud auth configure-docker "${REGISTRY%%/*}" --quiet
   VARIANTS=cuda PUSH=1 bash "${REPO_ROOT}/infra/scripts/build-image.sh" "${REGISTRY}/baton:${TAG}"
 fi
+
+# --- 6. the gke overlay ------------------------------------------------------------------------
+# RBAC (the pods' KSA, annotated for Workload Identity, and the submitter), Argo's artifact repository in
+# the bucket, and the nightly CronWorkflow, with the overlay's placeholders replaced by the real values.
+log "6/7 the ${KUEUE:+Kueue }gke overlay: RBAC, ${KSA} -> ${GSA_EMAIL}, artifact repository -> gs://${BUCKET}, nightly drill"
+OVERLAY="gke"
+[[ "${KUEUE:-0}" == "1" ]] && OVERLAY="gke-kueue"
+apply_overlay "${OVERLAY}" \
+  -e "s|baton-drill@PROJECT_ID\.iam\.gserviceaccount\.com|${GSA_EMAIL}|g" \
+  -e "s|REGION-docker\.pkg\.dev/PROJECT_ID/baton/baton:TAG-cuda|${IMAGE}|g" \
+  -e "s|PROJECT_ID-baton-drills|${BUCKET}|g"
 
 # --- 7. overlay values ---------------------------------------------------------------------------
 log "7/7 writing ${VALUES#"${REPO_ROOT}"/}"

@@ -49,12 +49,18 @@ install_argo() {
   kubectl -n "${ARGO_NAMESPACE}" rollout status deployment/workflow-controller --timeout=300s
 }
 
-# templates/rbac.yaml names namespace "baton"; another namespace is substituted here rather than by a
-# second copy of the file.
-apply_rbac() {
-  local ns="$1"
-  ensure_namespace "${ns}"
-  sed -e "s/^\(  *namespace: \)baton$/\1${ns}/" "${REPO_ROOT}/templates/rbac.yaml" | kubectl apply -f -
+# An overlay (RBAC, artifact repository, nightly CronWorkflow) into namespace baton, the overlays'
+# namespace. Extra arguments are sed expressions that replace the overlay's placeholders with real values
+# (gke-up.sh: the bucket, the Google service account, the image).
+apply_overlay() {
+  local overlay="$1"
+  shift
+  ensure_namespace baton
+  if (($#)); then
+    kubectl kustomize "${REPO_ROOT}/templates/overlays/${overlay}" | sed "$@" | kubectl apply -f -
+  else
+    kubectl apply -k "${REPO_ROOT}/templates/overlays/${overlay}"
+  fi
 }
 
 # Tag of the image built from this checkout: the commit, marked when the tree has local changes so a

@@ -110,3 +110,54 @@ def test_evict_keeps_waiting_while_the_trial_has_a_live_pod(tmp_path, monkeypatc
     err = capsys.readouterr().err
     assert "has had no pod" not in err, "a live pod that has not reached the point yet is waited for"
     assert "timed out waiting for step 8" in err
+
+
+def _died_on_sigterm():
+    """The negative control's evidence: attempt 1 trains to step 4, is evicted, and ends without a
+    preemption save; nothing retries it."""
+    recs = [_rec("resume", 0, 1, from_step=0, fresh=True)] + [_rec("step", s, 1, loss=1.0) for s in range(1, 5)]
+    evictions = [{"event": "evict", "point": 4, "observed_step": 4, "attempt": 1, "pod": "wf-trial-0",
+                  "ended": {"phase": "Failed", "status": "Failed", "exit_code": 1,
+                            "message": "main: Error (exit code 1)"}}]
+    return recs, evictions
+
+
+def test_verify_says_the_trial_died_on_sigterm_and_was_not_resumable():
+    recs, evictions = _died_on_sigterm()
+    v = verify(recs, 10, evictions=1, planned=2, eviction_list=evictions)
+    assert v["passed"] is False and v["trial_outcome"] == "died_on_sigterm"
+    said = " ".join(v["problems"])
+    assert "the trial died on SIGTERM and was not resumable" in said
+    assert "attempt 1 was evicted at step 4" in said and "main: Error (exit code 1)" in said
+    assert "the trial ended first" in said and "finished first" not in said
+
+
+def test_a_trial_that_was_retried_after_its_eviction_did_not_die_on_sigterm():
+    recs, evictions = _died_on_sigterm()
+    recs += [_rec("resume", 0, 2, from_step=0, fresh=True), _rec("step", 1, 2, loss=1.0)]  # a retry came
+    assert verify(recs, 10, eviction_list=evictions)["trial_outcome"] == "failed"
+    assert verify(_clean_run(), 10, eviction_list=evictions)["trial_outcome"] == "finished"
+
+
+def test_evict_writes_its_record_even_when_it_gives_up_and_resumes_from_it(tmp_path, monkeypatch):
+    import json
+
+    from steps import evict
+
+    out = tmp_path / "evictions.json"
+    pods, evidence = tmp_path / "pods", tmp_path / "evidence"
+    pods.mkdir()
+    evidence.mkdir()
+    (pods / "wf-trial-1.json").write_text(json.dumps({"name": "wf-trial-1", "workflow": "wf", "task": "trial",
+                                                        "phase": "Failed"}))
+    (evidence / "wf-trial-1.jsonl").write_text(json.dumps(_rec("step", 5, 2, loss=1.0)) + "\n")
+    monkeypatch.setenv("BATON_LOCAL_PODS", str(pods))
+    # An earlier attempt of this step evicted at the first point (4 of 10 steps, 2 evictions), then died.
+    earlier = {"event": "evict", "point": 4, "observed_step": 4, "attempt": 1, "pod": "wf-trial-0"}
+    out.write_text(json.dumps({"points": [4, 8], "evictions": [earlier], "planned": 2}))
+    rc = evict.main(["--evidence", str(evidence), "--total-steps", "10", "--evictions", "2", "--workflow", "wf",
+                     "--poll", "0.05", "--gone-timeout", "0.5", "--timeout", "3", "--out", str(out)])
+    assert rc == 1  # the trial has no pod: it failed for good
+    record = json.loads(out.read_text())
+    assert record["evictions"] == [earlier]  # resumed, not redone: no second eviction at point 4
+    assert "failed for good" in record["problem"]

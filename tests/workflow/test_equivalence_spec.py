@@ -38,10 +38,17 @@ def test_the_crd_check_rejects_unknown_fields_and_bad_types():
 
 
 def test_templates_folder_matches_a_fresh_render(tmp_path):
-    for path in eq.write_templates(tmp_path):
-        committed = REPO / "templates" / path.name
-        assert committed.exists(), f"templates/{path.name} missing: run `make templates`"
-        assert committed.read_text() == path.read_text(), f"templates/{path.name} is stale: run `make templates`"
+    written = eq.write_templates(tmp_path)
+    assert sorted(str(p.relative_to(tmp_path)) for p in written) == sorted(eq.TEMPLATE_FILES.values())
+    for path in written:
+        rel = path.relative_to(tmp_path)
+        committed = REPO / "templates" / rel
+        assert committed.exists(), f"templates/{rel} missing: run `make templates`"
+        assert committed.read_text() == path.read_text(), f"templates/{rel} is stale: run `make templates`"
+    # The kustomize base lists the CronWorkflow where write-templates puts it.
+    base = yaml.safe_load((REPO / "templates" / "base" / "kustomization.yaml").read_text())
+    assert "cronworkflow-equivalence.yaml" in base["resources"]
+    assert eq.TEMPLATE_FILES["CronWorkflow"] == "base/cronworkflow-equivalence.yaml"
 
 
 def test_render_prints_every_object_as_a_yaml_stream():
@@ -66,13 +73,28 @@ def test_grace_agrees_in_pod_spec_patch_env_and_torchrun_shutdown_timeout():
             assert env["BATON_GRACE"] == timeout == "{{workflow.parameters.grace}}"
 
 
-def test_trial_retry_strategy_is_the_designed_one():
-    rs = _templates(eq.rendered()[0])["trial"]["retryStrategy"]
-    assert rs["retryPolicy"] == "Always"
-    assert rs["expression"] == ("asInt(lastRetry.exitCode) == 75 || "
-                                "lastRetry.message matches 'imminent node shutdown|pod deleted'")
-    assert rs["limit"] == "{{workflow.parameters.retry_limit}}"
-    assert "retryStrategy" not in _templates(eq.rendered()[0])["train"]
+def test_every_step_that_can_meet_an_eviction_has_a_retry_strategy():
+    for obj in eq.rendered():
+        t = _templates(obj)
+        for name in ("train", "trial"):  # reference, reference-replay and trial: all on the Spot pool on GKE
+            rs = t[name]["retryStrategy"]
+            assert rs == {"retryPolicy": "Always", "limit": "{{workflow.parameters.retry_limit}}",
+                          "expression": eq.RETRY_EXPRESSION}
+        assert eq.RETRY_EXPRESSION == (
+            "asInt(lastRetry.exitCode) == 75 || lastRetry.message matches 'imminent node shutdown|pod deleted|"
+            "neither main nor wait container completed successfully|The node was low on resource'")
+        for name in ("evict", "verify"):  # idempotent helpers (evict resumes from its own record)
+            assert t[name]["retryStrategy"]["expression"] == eq.HELPER_RETRY_EXPRESSION
+        # compare carries metrics over its outputs: a retried attempt would evaluate them unresolved.
+        assert "retryStrategy" not in t["compare"]
+        for name, tmpl in t.items():  # no metrics where Argo would evaluate them on a failed attempt
+            assert not ("retryStrategy" in tmpl and tmpl.get("metrics")), name
+
+
+def test_trial_and_evict_continue_on_failure_so_that_the_report_is_still_written():
+    tasks = {task["name"]: task for task in _templates(eq.rendered()[0])["drill"]["dag"]["tasks"]}
+    assert tasks["trial"]["continueOn"] == tasks["evict"]["continueOn"] == {"failed": True, "error": True}
+    assert not any("continueOn" in tasks[n] for n in ("reference", "reference-replay", "verify", "compare"))
 
 
 def test_cron_workflow_is_scheduled_and_never_overlaps():
@@ -97,13 +119,20 @@ def test_no_step_runs_a_shell():
 
 
 @pytest.mark.parametrize("params, message", [
-    ({"evictions": "x"}, "must be an integer"),
+    ({"evictions": "x"}, "must be a non-negative integer"),
+    ({"eviction": "drain"}, "eviction must be one of evict, delete"),
     ({"evictions": "5", "retry_limit": "5"}, "must exceed evictions"),
     ({"evictions": "50", "total_steps": "40"}, "do not fit"),
 ])
 def test_bad_parameters_are_refused_before_anything_runs(params, message):
     with pytest.raises(SystemExit, match=message):
         eq.resolve_params(params)
+
+
+def test_local_only_eviction_modes_are_refused_for_a_cluster():
+    assert eq.resolve_params({"eviction": "kueue"})["eviction"] == "kueue"
+    with pytest.raises(SystemExit, match="eviction must be one of evict on a cluster"):
+        eq.resolve_params({"eviction": "kueue"}, cluster=True)
 
 
 def test_retry_limit_follows_evictions():

@@ -18,14 +18,15 @@ from pathlib import Path
 
 import pytest
 
+from steps.local_pods import list_pods
+from steps.local_pods import request_deletion as request_pod_deletion
 from workflows import argo_expr
-from workflows.local import UnsupportedSpec, list_pods, request_pod_deletion, run_workflow
+from workflows.equivalence import RETRY_EXPRESSION
+from workflows.local import UnsupportedSpec, run_workflow
 
 REPO = Path(__file__).resolve().parents[2]
 POD = str(Path(__file__).parent / "fixtures" / "pod.py")
-DRILL_EXPR = (
-    "asInt(lastRetry.exitCode) == 75 || lastRetry.message matches 'imminent node shutdown|pod deleted'"
-)
+DRILL_EXPR = RETRY_EXPRESSION  # the drill's own, so that these tests prove what the drill relies on
 
 
 def ctr(name: str, *args: str, retry: dict | None = None, grace: int | None = None, **extra) -> dict:
@@ -184,14 +185,14 @@ def test_retry_on_exit_75_with_the_drill_expression(tmp_path):
     )
     res, out, progress = run(spec, tmp_path)
     assert res.phase == "Succeeded"
-    assert statuses(res, "trial") == [("Failed", 75, "Error (exit code 75)")] * 2 + [("Succeeded", 0, "")]
+    assert statuses(res, "trial") == [("Failed", 75, "main: Error (exit code 75)")] * 2 + [("Succeeded", 0, "")]
     assert [n.pod_name for n in res.nodes] == [f"{res.name}-trial-{i}" for i in range(3)]
     for i, n in enumerate(res.nodes):  # every attempt keeps its own log
         assert n.log_path == out / "logs" / f"trial-{i}.log"
         assert f"attempt {i}\n" in n.log_path.read_text()
     assert "retrying (1/5)" in progress and "retrying (2/5)" in progress
     assert re.search(r"trial attempt 0 step [123](/40)?\n", progress)  # live, while the pod runs
-    assert "trial attempt 0 Failed: Error (exit code 75) at step 3 -> retrying (1/5)\n" in progress
+    assert "trial attempt 0 Failed: main: Error (exit code 75) at step 3 -> retrying (1/5)\n" in progress
     assert "trial attempt 2 Succeeded at step 23\n" in progress
     assert_no_pods_alive(out)
 
@@ -214,7 +215,7 @@ def test_crash_is_not_retried_by_the_drill_expression_and_dependents_do_not_run(
     )
     res, out, progress = run(spec, tmp_path)
     assert res.phase == "Failed"
-    assert statuses(res, "trial") == [("Failed", 1, "Error (exit code 1)")]
+    assert statuses(res, "trial") == [("Failed", 1, "main: Error (exit code 1)")]
     assert res.attempts("verify") == [] and not (tmp_path / "verify-ran").exists()
     assert "expression evaluated to false" in progress and "verify not run" in progress
 
@@ -240,9 +241,9 @@ def test_after_a_failure_running_tasks_finish_retries_included_and_nothing_new_s
     )
     res, _, progress = run(spec, tmp_path)
     assert res.phase == "Failed" and res.message == "failed: crash"
-    assert statuses(res, "crash") == [("Failed", 1, "Error (exit code 1)")]
+    assert statuses(res, "crash") == [("Failed", 1, "main: Error (exit code 1)")]
     assert statuses(res, "slow") == [
-        ("Failed", 75, "Error (exit code 75)"),
+        ("Failed", 75, "main: Error (exit code 75)"),
         ("Succeeded", 0, ""),
     ]  # it goes on
     assert res.attempts("later") == [] and not (tmp_path / "later-ran").exists()  # like Argo's failFast
@@ -263,25 +264,27 @@ def test_retry_limit_exhausted_fails(tmp_path):
     )
     res, _, progress = run(spec, tmp_path, params={"retry_limit": "2"})
     assert res.phase == "Failed"
-    assert statuses(res, "trial") == [("Failed", 75, "Error (exit code 75)")] * 3
-    assert "retry limit 2 reached" in progress
+    assert statuses(res, "trial") == [("Failed", 75, "main: Error (exit code 75)")] * 3
+    assert "No more retries left (limit 2)" in progress
+    assert res.message == "failed: trial (No more retries left (limit 2))"
 
 
-def deletion_spec(tmp_path: Path, mode: str, grace: int, retry: dict) -> dict:
+def deletion_spec(tmp_path: Path, mode: str, grace: int, retry: dict, how: str = "delete") -> dict:
     return wf(
         [{"name": "trial", "template": "trial"}, {"name": "evict", "template": "evict"}],
         ctr("trial", mode, str(tmp_path), "{{retries}}", retry=retry, grace=grace),
-        ctr("evict", "evict", str(tmp_path), "trial"),
+        ctr("evict", "evict", str(tmp_path), "trial", how),
     )
 
 
-def test_deleted_pod_that_exits_75_is_an_error_and_is_retried(tmp_path):
+def test_deleted_pod_that_exits_75_in_its_grace_is_failed_with_its_exit_code_and_is_retried(tmp_path):
     spec = deletion_spec(
         tmp_path, "term75", 5, {"limit": 3, "retryPolicy": "Always", "expression": DRILL_EXPR}
     )
     res, out, progress = run(spec, tmp_path)
     assert res.phase == "Succeeded", progress
-    assert statuses(res, "trial") == [("Error", 75, "pod deleted"), ("Succeeded", 0, "")]
+    # Argo v3.7/v4: the controller saw the pod's final status before the object went.
+    assert statuses(res, "trial") == [("Failed", 75, "main: Error (exit code 75)"), ("Succeeded", 0, "")]
     assert statuses(res, "evict") == [("Succeeded", 0, "")]
     first = json.loads((out / "pods" / f"{res.name}-trial-0.json").read_text())
     assert first["phase"] == "Failed" and first["grace_s"] == 5 and first["pgid"] == first["pid"]
@@ -296,7 +299,8 @@ def test_deleted_pod_that_ignores_sigterm_is_killed_after_its_grace(tmp_path):
     )
     res, out, progress = run(spec, tmp_path)
     assert res.phase == "Succeeded", progress
-    assert statuses(res, "trial") == [("Error", 137, "pod deleted"), ("Succeeded", 0, "")]
+    # Still running at SIGKILL: the pod object is gone before its status is seen, no exit code is known.
+    assert statuses(res, "trial") == [("Error", -1, "pod deleted"), ("Succeeded", 0, "")]
     deleted = res.attempts("trial")[0]
     assert deleted.finished - deleted.started >= 1.0  # it outlived SIGTERM for the whole grace
     assert "SIGKILL" in progress
@@ -306,12 +310,53 @@ def test_deleted_pod_that_ignores_sigterm_is_killed_after_its_grace(tmp_path):
 
 def test_on_failure_policy_does_not_retry_a_deleted_pod(tmp_path):
     res, out, progress = run(
-        deletion_spec(tmp_path, "term75", 5, {"limit": 3, "retryPolicy": "OnFailure"}), tmp_path
+        deletion_spec(tmp_path, "ignore-term", 1, {"limit": 3, "retryPolicy": "OnFailure"}), tmp_path
     )
     assert res.phase == "Failed"
-    assert statuses(res, "trial") == [("Error", 75, "pod deleted")]
+    assert statuses(res, "trial") == [("Error", -1, "pod deleted")]
     assert "retryPolicy OnFailure does not retry Error" in progress
     assert_no_pods_alive(out)
+
+
+NODE_SHUTDOWN = "Pod was terminated in response to imminent node shutdown."
+LOST_VM = "pod failed: neither main nor wait container completed successfully"
+
+
+@pytest.mark.parametrize("how, mode, recorded", [
+    # An eviction (the Eviction API) or a Kueue preemption: a Delete under the pod's own grace.
+    ("evict", "term75", ("Failed", 75, "main: Error (exit code 75)")),
+    ("kueue", "term75", ("Failed", 75, "main: Error (exit code 75)")),
+    ("kueue", "ignore-term", ("Error", -1, "pod deleted")),
+    # A GKE Spot node's graceful shutdown: the kubelet's message, the process's own exit code.
+    ("node-shutdown", "term75", ("Failed", 75, NODE_SHUTDOWN)),
+    ("node-shutdown", "ignore-term", ("Failed", 137, NODE_SHUTDOWN)),
+    # A VM lost at once: SIGKILL, no container terminated, Argo's exit -1 and message.
+    ("lost-vm", "term75", ("Failed", -1, LOST_VM)),
+])
+def test_every_way_a_cluster_ends_a_pod_is_recorded_as_argo_does_and_the_drill_retries_it(tmp_path, how, mode,
+                                                                                           recorded):
+    spec = deletion_spec(tmp_path, mode, 1, {"limit": 3, "retryPolicy": "Always", "expression": DRILL_EXPR}, how)
+    res, out, progress = run(spec, tmp_path)
+    assert res.phase == "Succeeded", progress
+    assert statuses(res, "trial") == [recorded, ("Succeeded", 0, "")]
+    first = json.loads((out / "pods" / f"{res.name}-trial-0.json").read_text())
+    assert first["phase"] == "Failed"
+    if how == "kueue":  # set before the Delete, as Kueue does
+        assert {"type": "TerminationTarget", "status": "True", "reason": "WorkloadEvictedDueToPreempted"} \
+            in first["conditions"]
+    # A lost VM sends no SIGTERM: the pod's child never heard of one.
+    assert (tmp_path / "child-got-term").exists() == (how != "lost-vm" and mode == "term75")
+    assert_no_pods_alive(out)
+
+
+def test_a_pod_deleted_that_then_crashes_is_not_retried_and_the_limit_says_no_more_retries(tmp_path):
+    # The negative control's trial: SIGTERM ends it with exit 1 inside its grace; nothing retries a crash.
+    spec = wf([{"name": "trial", "template": "trial"}],
+              ctr("trial", "seq", "{{retries}}", "1", retry={"limit": 3, "retryPolicy": "Always", "expression": DRILL_EXPR}))
+    res, out, progress = run(spec, tmp_path)
+    assert res.phase == "Failed"
+    assert statuses(res, "trial") == [("Failed", 1, "main: Error (exit code 1)")]
+    assert "retryStrategy.expression evaluated to false" in progress
 
 
 def test_template_deadline_fails_the_attempt(tmp_path):
@@ -602,13 +647,20 @@ def test_signal_to_the_runner_stops_every_pod(tmp_path, sig, code):
 @pytest.mark.parametrize(
     "env,expected",
     [
-        ({"lastRetry.exitCode": "75", "lastRetry.message": "Error (exit code 75)"}, True),
-        ({"lastRetry.exitCode": "137", "lastRetry.message": "pod deleted"}, True),
-        (
-            {"lastRetry.exitCode": "-1", "lastRetry.message": "Pod was terminated: imminent node shutdown"},
-            True,
-        ),
-        ({"lastRetry.exitCode": "1", "lastRetry.message": "Error (exit code 1)"}, False),
+        # Each message Argo records for an attempt a cluster ended (ARGO-FACTS), word for word:
+        ({"lastRetry.exitCode": "75", "lastRetry.message": "main: Error (exit code 75)"}, True),  # deleted, evicted,
+        ({"lastRetry.exitCode": "75", "lastRetry.message": "Error (exit code 75)"}, True),  # Kueue; v3.6's words
+        ({"lastRetry.exitCode": "-1", "lastRetry.message": "pod deleted"}, True),  # the object went first
+        ({"lastRetry.exitCode": "75", "lastRetry.message": NODE_SHUTDOWN}, True),  # GKE Spot, saved in time
+        ({"lastRetry.exitCode": "137", "lastRetry.message": NODE_SHUTDOWN}, True),  # GKE Spot, killed
+        ({"lastRetry.exitCode": "-1", "lastRetry.message": LOST_VM}, True),  # a VM lost at once
+        ({"lastRetry.exitCode": "137", "lastRetry.message":
+          "The node was low on resource: memory. Threshold quantity: 100Mi, available: 50Mi."}, True),
+        # A crash is never retried, whatever its code; neither is an OOM kill or a deadline.
+        ({"lastRetry.exitCode": "1", "lastRetry.message": "main: Error (exit code 1)"}, False),
+        ({"lastRetry.exitCode": "137", "lastRetry.message": "OOMKilled (exit code 137)"}, False),
+        ({"lastRetry.exitCode": "-1", "lastRetry.message":
+          "Pod was active on the node longer than the specified deadline"}, False),
     ],
 )
 def test_drill_expression(env, expected):

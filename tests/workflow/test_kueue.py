@@ -1,0 +1,180 @@
+"""Kueue (issue 17): the `queue` parameter puts every pod in a LocalQueue through spec.podMetadata, a bad
+label value is refused before anything is sent, and the gke-kueue overlay's Kueue objects hang together:
+kinds, the names each references, and quota that admits a drill's concurrent pods at once. Kueue's CRDs
+are not vendored, so its objects are checked by structure; the Argo objects against Argo's CRDs."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+
+import pytest
+import yaml
+
+from tests.helpers import PY, REPO, base_env
+from tests.workflow.test_argo import (  # noqa: F401  (fixtures)
+    CREATE,
+    OVERLAYS,
+    _one,
+    argo,
+    error_of,
+    fixture,
+    kustomize,
+    needs_kubectl,
+    templates_of,
+    validate,
+)
+from workflows import equivalence as eq
+
+LABEL = "kueue.x-k8s.io/queue-name"
+KUEUE = "kueue.x-k8s.io/v1beta1"
+
+
+def _render(*params: str) -> subprocess.CompletedProcess:
+    cmd = [PY, "workflows/equivalence.py", "render"]
+    for prm in params:
+        cmd += ["-p", prm]
+    return subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env=base_env(), timeout=120)
+
+
+def test_render_with_a_queue_labels_every_pod_and_stays_crd_valid():
+    p = _render("queue=team-a")
+    assert p.returncode == 0, p.stderr
+    docs = list(yaml.safe_load_all(p.stdout))
+    assert [d["kind"] for d in docs] == ["Workflow", "CronWorkflow"]
+    for d in docs:
+        validate(d)
+        spec = d["spec"].get("workflowSpec", d["spec"])
+        # spec.podMetadata reaches every pod Argo creates: each template's own metadata adds to it.
+        assert spec["podMetadata"] == {"labels": {LABEL: "team-a"}}
+        assert not any(LABEL in t.get("metadata", {}).get("labels", {}) for t in spec["templates"])
+        assert {p["name"]: p["value"] for p in spec["arguments"]["parameters"]}["queue"] == "team-a"
+
+
+def test_without_a_queue_no_pod_is_labelled():
+    for obj in eq.rendered():
+        spec = obj["spec"].get("workflowSpec", obj["spec"])
+        assert "podMetadata" not in spec
+        assert eq.PARAMETERS["queue"][0] == ""
+
+
+@pytest.mark.parametrize("value", ["Team A", "-q", "q-", "q" * 64, "a/b", "$(id)"])
+def test_an_invalid_label_value_is_refused_before_render(value):
+    p = _render(f"queue={value}")
+    assert p.returncode != 0 and "parameter queue" in p.stderr and "label value" in p.stderr
+    assert p.stdout == ""
+
+
+def test_an_invalid_label_value_is_refused_before_submit(argo):  # noqa: F811 (the fixture)
+    assert "parameter queue" in error_of(["submit", "-p", "queue=bad queue"])
+    assert argo.requests == []
+
+
+def test_submit_with_a_queue_sends_the_label_and_an_empty_queue_takes_it_off(argo, tmp_path):  # noqa: F811
+    argo.routes[("POST", CREATE)] = (200, fixture("created.json"))
+    assert eq.main(["submit", "-p", "queue=team-a"]) == 0
+    wf = json.loads(argo.requests[-1]["body"])["workflow"]
+    validate(wf)
+    assert wf["spec"]["podMetadata"]["labels"][LABEL] == "team-a"
+    # A file that carries the label (the gke-kueue overlay's) leaves the queue with -p queue=
+    wf["metadata"].pop("namespace", None)
+    path = tmp_path / "wf.yaml"
+    path.write_text(yaml.safe_dump(wf))
+    assert eq.main(["submit", "--from-file", str(path), "-p", "queue="]) == 0
+    sent = json.loads(argo.requests[-1]["body"])["workflow"]
+    assert "podMetadata" not in sent["spec"]
+
+
+def _requests(template: dict, ranks: int) -> dict[str, float]:
+    """What Kueue counts for one pod of `template`: its main container's requests, and the GPUs of the gke
+    overlay's podSpecPatch (an extended resource's limit is its request)."""
+    req = template.get("container", {}).get("resources", {}).get("requests", {})
+    out = {"cpu": _quantity(req.get("cpu", "0")), "memory": _quantity(req.get("memory", "0")), "nvidia.com/gpu": 0.0}
+    patch = template.get("podSpecPatch", "")
+    if "nvidia.com/gpu" in patch:
+        patch = json.loads(patch.replace("{{workflow.parameters.grace}}", "15")
+                           .replace("{{workflow.parameters.ranks}}", str(ranks)))
+        out["nvidia.com/gpu"] = float(patch["containers"][0]["resources"]["limits"]["nvidia.com/gpu"])
+    return out
+
+
+def _quantity(q: str | int) -> float:
+    m = re.fullmatch(r"([0-9.]+)(m|Ki|Mi|Gi|Ti)?", str(q))
+    assert m, f"unexpected quantity {q!r}"
+    scale = {None: 1, "m": 1e-3, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}[m.group(2)]
+    return float(m.group(1)) * scale
+
+
+def _flavor_for(template: dict, flavors: dict[str, dict]) -> str:
+    """The flavor Kueue can assign a pod of `template`: the pod's nodeSelector must match the flavor's
+    nodeLabels, and its tolerations must cover the flavor's nodeTaints."""
+    fits = []
+    for name, f in flavors.items():
+        labels = f["spec"].get("nodeLabels", {})
+        selector = template.get("nodeSelector", {})
+        if any(labels.get(k) != v for k, v in selector.items()):
+            continue
+        tolerated = all(any(t.get("key") == taint["key"] and t.get("effect") in (None, taint["effect"])
+                            and (t.get("operator") == "Exists" or t.get("value") == taint.get("value"))
+                            for t in template.get("tolerations", []))
+                        for taint in f["spec"].get("nodeTaints", []))
+        if tolerated:
+            fits.append(name)
+    assert len(fits) == 1, (template["name"], fits)
+    return fits[0]
+
+
+@needs_kubectl
+def test_the_kueue_overlay_builds_and_its_objects_reference_each_other_and_cover_a_drill():
+    docs = kustomize(OVERLAYS / "gke-kueue")  # no flags; every non-Kueue document validated
+    gke = kustomize(OVERLAYS / "gke")
+    kueue = [d for d in docs if d["apiVersion"] == KUEUE]
+    assert sorted(d["kind"] for d in kueue) == ["ClusterQueue", "LocalQueue", "ResourceFlavor", "ResourceFlavor"]
+    assert sorted((d["kind"], d["metadata"]["name"]) for d in docs if d["apiVersion"] != KUEUE) == \
+        sorted((d["kind"], d["metadata"]["name"]) for d in gke)  # the gke overlay, nothing lost
+    for d in kueue:  # cluster-scoped ones carry no namespace; the LocalQueue is in the drill's
+        assert d["metadata"].get("namespace") == ("baton" if d["kind"] == "LocalQueue" else None), d["kind"]
+    flavors = {d["metadata"]["name"]: d for d in kueue if d["kind"] == "ResourceFlavor"}
+    cq = _one(kueue, "ClusterQueue")
+    lq = _one(kueue, "LocalQueue")
+    assert lq["spec"]["clusterQueue"] == cq["metadata"]["name"]
+    assert cq["spec"]["namespaceSelector"] == {"matchLabels": {"kubernetes.io/metadata.name": lq["metadata"]["namespace"]}}
+    [group] = cq["spec"]["resourceGroups"]
+    assert set(group["coveredResources"]) == {"cpu", "memory", "nvidia.com/gpu"}
+    quota: dict[str, dict[str, float]] = {}
+    for f in group["flavors"]:
+        assert f["name"] in flavors  # every flavor the ClusterQueue names exists
+        assert [r["name"] for r in f["resources"]] == group["coveredResources"]
+        quota[f["name"]] = {r["name"]: _quantity(r["nominalQuota"]) for r in f["resources"]}
+    assert set(quota) == set(flavors)
+
+    # The flavors' node labels and taints are the pools' (infra/gke, read by tests/unit/test_infra.py).
+    tf = (REPO / "infra" / "gke" / "main.tf").read_text()
+    for f in flavors.values():
+        for k, v in f["spec"]["nodeLabels"].items():
+            assert f'"{k}" = "{v}"' in tf
+    assert flavors["baton-spot-gpu"]["spec"]["nodeTaints"] == [
+        {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}]
+
+    # The CronWorkflow: the queue parameter names the LocalQueue, and every pod carries its label.
+    cron = _one(docs, "CronWorkflow")
+    spec = cron["spec"]["workflowSpec"]
+    values = {p["name"]: p["value"] for p in spec["arguments"]["parameters"]}
+    assert values["queue"] == lq["metadata"]["name"] == spec["podMetadata"]["labels"][LABEL]
+    # A drill's concurrent pods (reference, reference-replay, trial, evict) fit in the quota together.
+    ts = templates_of(cron)
+    ranks = int(values["ranks"])
+    concurrent = [ts["train"], ts["train"], ts["trial"], ts["evict"]]
+    used: dict[str, dict[str, float]] = {f: dict.fromkeys(group["coveredResources"], 0.0) for f in quota}
+    for t in concurrent:
+        flavor = _flavor_for(t, flavors)
+        for r, v in _requests(t, ranks).items():
+            used[flavor][r] += v
+    for flavor, res in used.items():
+        for r, v in res.items():
+            assert v <= quota[flavor][r], f"{flavor} {r}: a drill needs {v}, the quota is {quota[flavor][r]}"
+    assert used["baton-spot-gpu"]["nvidia.com/gpu"] == 3 * ranks  # three training pods, one GPU per rank
+    for name in ("verify", "compare"):  # run after trial and evict end: admitted into the same quota
+        assert _flavor_for(ts[name], flavors) == "baton-system"
+        assert all(v > 0 for k, v in _requests(ts[name], ranks).items() if k != "nvidia.com/gpu")

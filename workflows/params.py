@@ -1,0 +1,111 @@
+"""The drill's workflow parameters and their checks, shared by `run` (equivalence.py) and `submit`
+(argo.py) without either importing the other.
+
+Parameters reach the steps only as argv elements and env values, never through a shell. Every check
+here runs before anything is run or submitted, and names the parameter it refuses.
+"""
+
+from __future__ import annotations
+
+import re
+
+# name -> (default, description). The order is the order users see in the Argo UI; the overlays patch
+# some by position (pinned by a `test` op), so new parameters go at the end.
+PARAMETERS: dict[str, tuple[str, str]] = {
+    "config": ("trainer/configs/tiny.yaml", "trainer config file, inside the image"),
+    "total_steps": ("200", "optimizer steps of every run"),
+    "evictions": ("3", "evictions of the trial"),
+    "retry_limit": ("8", "retries of each training step; must exceed evictions (the CLI sets evictions + 5)"),
+    "seed": ("0", "training seed, and the seed of the eviction jitter"),
+    "jitter": ("false", "true: eviction points jittered inside their bands"),
+    "dropout": ("0.1", "attention dropout, so that a lost RNG state cannot hide"),
+    "every_steps": ("10", "periodic checkpoint interval, in steps"),
+    "grace": ("30", "seconds between SIGTERM and SIGKILL: pod grace, BATON_GRACE, torchrun --shutdown-timeout"),
+    "ranks": ("1", "ranks per pod (torchrun --nproc-per-node)"),
+    "bucket": ("s3://baton-drills", "checkpoint and evidence store (file://, s3://, gs://)"),
+    "prefix": ("drills", "prefix under the bucket; each drill writes under <bucket>/<prefix>/<workflow name>"),
+    "image": ("baton:cpu", "container image for every step"),
+    "disable_sigterm_handler": ("0", "1: the trial runs without its SIGTERM handling (the drill's negative "
+                                "control; with trainer=hf, the example without the callback)"),
+    "eviction": ("evict", "how evict ends a trial attempt: evict (the Eviction API); locally also delete, "
+                          "node-shutdown (GKE Spot), lost-vm, kueue (a Kueue preemption)"),
+    "queue": ("", "Kueue LocalQueue; when set, every pod carries the label kueue.x-k8s.io/queue-name=<queue> "
+                  "(spec.podMetadata, written when the workflow is rendered or submitted)"),
+    "trainer": ("baton", "what reference, replay and trial run: baton, hf (examples/hf_trainer/train.py), "
+                "or 'SCRIPT ARGS...' (split by steps.train, never by a shell); it gets --config and the --set keys"),
+}
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+# A Kubernetes label value: at most 63 characters, alphanumerics with - _ . inside.
+_LABEL_VALUE = re.compile(r"(?:[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?")
+EVICTION_MODES = ("evict", "delete", "node-shutdown", "lost-vm", "kueue")
+CLUSTER_EVICTION_MODES = ("evict",)  # what steps.evict can do through the Kubernetes API
+_INTEGERS = ("total_steps", "evictions", "retry_limit", "seed", "grace", "ranks", "every_steps")
+
+
+def parse_params(items: list[str]) -> dict[str, str]:
+    """`-p name=value` items as a dict; an unknown name or a missing `=` is refused."""
+    out: dict[str, str] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise SystemExit(f"error: -p {item!r}: expected name=value")
+        if name not in PARAMETERS:
+            raise SystemExit(f"error: -p {name}: unknown parameter (known: {', '.join(PARAMETERS)})")
+        out[name] = value
+    return out
+
+
+def values_of(params: dict[str, str]) -> dict[str, str]:
+    """Every parameter's value: the defaults with `params` over them."""
+    return {k: v for k, (v, _) in PARAMETERS.items()} | params
+
+
+def resolve_params(overrides: dict[str, str], cluster: bool = False) -> dict[str, str]:
+    """Overrides, plus a retry limit that follows the evictions; checked before anything runs.
+    `cluster`: the values go to a real Argo (only the eviction modes the Kubernetes API offers)."""
+    params = dict(overrides)
+    values = values_of(params)
+    for k in _INTEGERS:
+        if not re.fullmatch(r"[0-9]+", values[k]):
+            raise SystemExit(f"error: parameter {k} must be a non-negative integer, got {values[k]!r}")
+    if "retry_limit" not in params:
+        params["retry_limit"] = str(int(values["evictions"]) + 5)
+        values["retry_limit"] = params["retry_limit"]
+    if int(values["retry_limit"]) <= int(values["evictions"]):
+        raise SystemExit(f"error: retry_limit ({values['retry_limit']}) must exceed evictions ({values['evictions']})")
+    modes = CLUSTER_EVICTION_MODES if cluster else EVICTION_MODES
+    if values["eviction"] not in modes:
+        where = "on a cluster" if cluster else "here"
+        raise SystemExit(f"error: parameter eviction must be one of {', '.join(modes)} {where}, "
+                         f"got {values['eviction']!r}")
+    if not _LABEL_VALUE.fullmatch(values["queue"]):
+        raise SystemExit(f"error: parameter queue: {values['queue']!r} is not a valid Kubernetes label value "
+                         "(at most 63 characters: letters, digits, '-', '_' and '.', beginning and ending with a "
+                         "letter or digit); it becomes the pods' kueue.x-k8s.io/queue-name label")
+    from steps.evict import eviction_points
+
+    try:
+        eviction_points(int(values["total_steps"]), int(values["evictions"]))
+    except ValueError as e:
+        raise SystemExit(f"error: {e}") from None
+    return params
+
+
+def set_queue_label(obj: dict, queue: str) -> None:
+    """Put every pod of a Workflow or CronWorkflow dict into Kueue's LocalQueue `queue` (spec.podMetadata
+    labels; Kueue's plain Pod integration), or out of any queue when `queue` is empty. The `queue`
+    parameter's value is set to match, so the Argo UI shows it. `queue` must have passed resolve_params."""
+    spec = obj.setdefault("spec", {})
+    spec = spec.setdefault("workflowSpec", {}) if obj.get("kind") == "CronWorkflow" else spec
+    for prm in spec.get("arguments", {}).get("parameters", []):
+        if prm.get("name") == "queue":
+            prm["value"] = queue
+    labels = spec.setdefault("podMetadata", {}).setdefault("labels", {})
+    if queue:
+        labels[QUEUE_LABEL] = queue
+    else:
+        labels.pop(QUEUE_LABEL, None)
+        if not labels:
+            spec["podMetadata"].pop("labels")
+        if not spec["podMetadata"]:
+            spec.pop("podMetadata")
