@@ -92,33 +92,40 @@ def compare(reference: str, replay: str, trial: str, total_steps: int | None = N
     }
 
 
-def lost_steps(trial_records: list[dict[str, Any]]) -> list[dict[str, int]]:
-    """Per attempt that ended without a preempt record and was followed by another: the last step it
-    reached, where the next one resumed, and the steps lost in between (trained again)."""
+def lost_steps(trial_records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per attempt that ended without a preempt or done record: the last step it reached, its last save
+    (a checkpoint record, else where it resumed), where the next attempt resumed (None: no next one),
+    and the steps lost: trained, then gone with the process."""
     by_attempt: dict[int, list[dict[str, Any]]] = {}
     for r in trial_records:
         by_attempt.setdefault(r.get("attempt", 0), []).append(r)
     out = []
     attempts = sorted(by_attempt)
-    for a, b in zip(attempts, attempts[1:], strict=False):
+    for i, a in enumerate(attempts):
         recs = by_attempt[a]
-        if any(r.get("event") == "preempt" for r in recs):
+        if any(r.get("event") in ("preempt", "done") for r in recs):
             continue
         reached = max((r["step"] for r in recs if r.get("event") == "step"), default=0)
-        resumed = next((r["from_step"] for r in by_attempt[b] if r.get("event") == "resume"), 0)
-        out.append({"attempt": a, "reached": reached, "resumed_from": resumed, "lost": max(0, reached - resumed)})
+        start = next((r["from_step"] for r in recs if r.get("event") == "resume"), 0)
+        saved = max([start, *(r["step"] for r in recs if r.get("event") == "checkpoint")])
+        nxt = attempts[i + 1] if i + 1 < len(attempts) else None
+        resumed = next((r["from_step"] for r in by_attempt[nxt] if r.get("event") == "resume"), 0) if nxt else None
+        out.append({"attempt": a, "reached": reached, "last_save": saved, "resumed_from": resumed,
+                    "lost": max(0, reached - (saved if resumed is None else resumed))})
     return out
 
 
 def verdict_of(report: dict[str, Any], evictions: dict[str, Any], trial_records: list[dict[str, Any]]) -> str:
     """One sentence on whether the trial's job is preemption-safe, and if not, why."""
-    planned = len(evictions.get("evictions", []))
+    happened = len(evictions.get("evictions", []))
     clean = report["steps"]["preemptions"]
-    lost = lost_steps(trial_records)
-    if planned and clean < planned:
-        detail = ", ".join(f"attempt {x['attempt']} reached step {x['reached']}, the next resumed from "
-                           f"{x['resumed_from']} ({x['lost']} lost)" for x in lost)
-        return (f"NOT preemption-safe: {planned - clean} of {planned} evictions ended without a preempt record "
+    if happened and clean < happened:
+        detail = "; ".join(
+            f"attempt {x['attempt']} reached step {x['reached']}, its last save was step {x['last_save']} "
+            + (f"and the next attempt resumed from {x['resumed_from']}" if x["resumed_from"] is not None
+               else "and no attempt came after it") + f" ({x['lost']} step(s) lost)"
+            for x in lost_steps(trial_records))
+        return (f"NOT preemption-safe: {happened - clean} of {happened} evictions ended without a preempt record "
                 f"(the trial died on SIGTERM without committing the step it had reached); "
                 f"{report['steps']['replayed']} step(s) replayed" + (f"; {detail}" if detail else ""))
     if not report["passed"]:

@@ -422,6 +422,13 @@ class StepRecords(TrainerCallback):
         if self.rec and self.rec.rank == 0 and state.global_step >= state.max_steps:
             self.rec.emit("done", state.global_step, total_steps=state.max_steps, checkpoint=None)
 
+    def on_save(self, args, state, control, **kwargs):
+        # What HF saved, uncommitted (no _COMMIT, nothing waits for every rank): the report counts the steps
+        # a SIGTERM then loses.
+        if self.rec and self.rec.rank == 0:
+            self.rec.emit("checkpoint", state.global_step, reason="periodic", committed=False,
+                          path=os.path.join(args.output_dir, f"checkpoint-{state.global_step}"))
+
     def on_log(self, args, state, control, logs=None, **kwargs):
         if self.rec and self.rec.rank == 0 and self.pending == state.global_step and "loss" in (logs or {}):
             self.pending = None

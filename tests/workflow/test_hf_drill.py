@@ -44,16 +44,19 @@ def test_hf_drill_passes_with_three_evictions_and_bit_identical_hf_checkpoints(t
 
 def test_hf_negative_control_without_the_callback_fails_and_says_why(tmp_path):
     out = tmp_path / "drill"
-    # Saves every 10 steps, evictions at 16 and 32: each eviction loses the steps since the last save.
+    # Saves every 10 steps, the first eviction at 16: the stock script dies on SIGTERM (exit 1, which
+    # nothing retries), 6 steps after its last save, and nothing it saved is committed.
     p = drill(out, "total_steps=40", "evictions=2", "every_steps=10", "disable_sigterm_handler=1")
     assert p.returncode == 1, p.stdout
     report = json.loads((out / "report.json").read_text())
     assert report["passed"] is False and report["equivalent"] is False
-    assert report["steps"]["preemptions"] == 0 and report["steps"]["replayed"] > 0
+    assert report["trial_outcome"] == "died_on_sigterm" and report["steps"]["preemptions"] == 0
     assert "no committed checkpoint" in report["problem"] and report["problem"].startswith("trial:")
     verdict = report["verdict"]
-    assert verdict.startswith("NOT preemption-safe: 2 of 2 evictions ended without a preempt record")
-    assert "died on SIGTERM" in verdict and "resumed from 10" in verdict and "resumed from 30" in verdict
+    assert verdict.startswith("NOT preemption-safe: 1 of 1 evictions ended without a preempt record")
+    assert "died on SIGTERM" in verdict and "its last save was step 10" in verdict
+    assert "no attempt came after it" in verdict
+    assert any("died on SIGTERM" in x for x in report["verify_problems"])
     assert "verdict: NOT preemption-safe" in (out / "report.md").read_text()
     assert "drill FAILED" in p.stdout and "verdict: NOT preemption-safe" in p.stdout
 
