@@ -284,7 +284,8 @@ def drill_summary(report: dict[str, Any]) -> str:
     if report.get("verdict"):
         lines.append(f"verdict: {report['verdict']}")
     if report["tier"] == 1:
-        lines.append(f"bit-identical: {report['tensors']} tensors" if report["equivalent"] else
+        unit = "tensors" if report.get("format", "dcp") == "dcp" else "entries (tensors and values)"
+        lines.append(f"bit-identical: {report['tensors']} {unit}" if report["equivalent"] else
                      f"NOT bit-identical: {report.get('equal_tensors', 0)}/{report['tensors']} tensors equal, "
                      f"max |diff| {report['max_abs_diff']:.3g}")
     else:
