@@ -146,9 +146,9 @@ def markdown(result: dict[str, Any]) -> str:
     solo = result.get("solo_fast") or {}
     if solo:
         lines.append(f"| fast mode alone (sdpa, torch.compile, deterministic false; seq {solo.get('seq_len')}, "
-                     f"{solo.get('tokens_per_step')} tokens/step) | {_fmt(solo.get('tokens_per_s'))} tokens/s, MFU "
-                     f"{_fmt(None if solo.get('mfu') is None else 100 * solo['mfu'])}% of "
-                     f"{_fmt(None if not solo.get('peak_flops') else solo['peak_flops'] / 1e12)} TFLOP/s dense bf16 |")
+                     f"{solo.get('tokens_per_step')} tokens/step) | {_fmt(solo.get('tokens_per_s'))} tokens/s, "
+                     + (f"MFU {100 * solo['mfu']:.1f}% of {solo['peak_flops'] / 1e12:,.1f} TFLOP/s dense bf16 |"
+                        if solo.get("mfu") is not None else "MFU n/a (no known peak for this device) |"))
     if result.get("drill_fast"):
         lines += drill_rows(result["drill_fast"], "fast drill")
     for name, p in ph.items():
