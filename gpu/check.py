@@ -2,10 +2,12 @@
 """The GPU check: the pre-flight suite, then an equivalence drill on a Qwen2.5-0.5B-shaped model.
 
     python gpu/check.py [--out out/gpu-check] [--model DIR] [--ranks N] [--steps 100] [--evictions 2]
-                        [--dtype bfloat16] [--budget 470] [--skip-preflight] [--skip-drill]
+                        [--dtype bfloat16] [--budget S] [--skip-preflight] [--skip-drill]
+                        [--mode deterministic|fast|both] [--fast-seq-len 2048 ...] [--solo-steps 30]
     python gpu/check.py build-model DIR [--dtype bfloat16]       the 0.5B-shaped model alone
 
-Phases, each under its own timeout inside one overall budget (default 470 s, under 8 minutes):
+Phases, each under its own timeout inside one overall budget (470 s for one mode, under 8 minutes; 720 s
+for both):
 1. pre-flight: `pytest tests/gpu` (placement, the trainer's process group and stop flag, deterministic
    kernels, the CUDA RNG through a checkpoint, bf16, FSDP2 SIGTERM and resume on one GPU; two NCCL ranks
    when there are two GPUs). Its measurements come back through $BATON_GPU_MEASURE.
@@ -18,6 +20,9 @@ Phases, each under its own timeout inside one overall budget (default 470 s, und
 3. drill: `workflows/equivalence.py run` with a generated trainer config (OUT/drill-config.yaml): a
    reference, its replay (the reference twice: the nondeterminism floor), and a trial evicted N times,
    all three at once on the same GPU(s); then verify and compare (Tier 2 on CUDA).
+4. fast mode (`--mode fast` or `both`, gpu/fast.py): sdpa attention, torch.compile per layer,
+   `deterministic: false`, seq 2048: first the reference alone for `--solo-steps` (tokens/s and MFU
+   against the chip's dense bf16 peak), then the same drill in that configuration, judged by Tier 2.
 
 Prints and writes OUT/gpu-check.json and OUT/gpu-check.md (a snippet for docs/results.md): tokens per
 second, checkpoint size, flush (save) ms, the time from SIGTERM to the committed checkpoint against a
@@ -52,6 +57,7 @@ EXIT_OK, EXIT_FAIL, EXIT_NO_CUDA = 0, 1, 2
 NO_CUDA = "no CUDA device: nothing to check"
 CORPUS = REPO / "trainer" / "assets" / "tiny_corpus.txt"
 
+from gpu.fast import FAST_DEFAULTS, fast_config, mfu, peak_flops  # noqa: E402
 from gpu.model import QWEN25_05B, build_model, parameter_count, write_corpus  # noqa: E402
 from gpu.results import (  # noqa: E402
     DRILL_GRACE_S,
@@ -63,7 +69,9 @@ from gpu.results import (  # noqa: E402
     read_jsonl,
 )
 
-DEFAULT_BUDGET_S = 470
+# Seconds for everything, by --mode: one mode with the pre-flight fits under 8 minutes (measured on one
+# H200: pre-flight 184 s, deterministic drill 230 s); both modes do not fit one 10-minute device call.
+DEFAULT_BUDGET_S = {"deterministic": 470, "fast": 470, "both": 720}
 TIMEOUTS = {"preflight": 240, "model": 180, "test": 150}
 BYTES = {"float32": 4, "bfloat16": 2}
 
@@ -347,21 +355,26 @@ def check(args: argparse.Namespace, argv: list[str]) -> int:
             mp.error = f"the model folder does not load: {type(e).__name__}: {e}"
     save()
 
-    # 3. the drill
-    dp = phases["drill"] = Phase("drill")
-    if args.skip_drill:
-        dp.skipped = "--skip-drill"
-    elif not mp.ok:
-        dp.skipped = "no model"
-    elif left() < 90:
-        dp.skipped = f"only {left():.0f} s left in the budget of {args.budget:.0f} s"
-    else:
-        try:
-            run_drill(args, dp, result, out, model_dir, corpus, left)
-        except Exception as e:  # a config the trainer refuses, an unreadable report: this phase's failure, said plainly
-            dp.error = dp.error or f"{type(e).__name__}: {e}"
+    # 3. the drills: deterministic (Tier 1), then fast (a solo throughput run, then a Tier 2 drill)
+    for mode in modes(args.mode):
+        for kind in (("solo", "drill") if mode == "fast" else ("drill",)):
+            name = kind if mode == "deterministic" else f"{kind}-fast"
+            dp = phases[name] = Phase(name)
+            if args.skip_drill:
+                dp.skipped = "--skip-drill"
+            elif not mp.ok:
+                dp.skipped = "no model"
+            elif left() < 90:
+                dp.skipped = f"only {left():.0f} s left in the budget of {args.budget:.0f} s"
+            else:
+                try:
+                    run = run_solo if kind == "solo" else run_drill
+                    run(args, dp, result, out, model_dir, corpus, left, mode)
+                except Exception as e:  # a config the trainer refuses, an unreadable report: said plainly
+                    dp.error = dp.error or f"{type(e).__name__}: {e}"
+            save()
 
-    result["passed"] = all(p.ok or (p.skipped and name in args.skipped_ok) for name, p in phases.items())
+    result["passed"] = all(p.ok or (p.skipped and name.split("-")[0] in args.skipped_ok) for name, p in phases.items())
     save()
     print()
     print(console(result))
@@ -370,46 +383,97 @@ def check(args: argparse.Namespace, argv: list[str]) -> int:
     return EXIT_OK if result["passed"] else EXIT_FAIL
 
 
-def run_drill(args: argparse.Namespace, dp: Phase, result: dict[str, Any], out: Path, model_dir: Path, corpus: Path,
-              left) -> None:
-    """Phase 3: write the drill's config, check the disk, run the drill, read its report and evidence."""
-    seq = 128 if args.tiny else args.seq_len
+def modes(mode: str) -> tuple[str, ...]:
+    return ("deterministic", "fast") if mode == "both" else (mode,)
+
+
+def geometry(args: argparse.Namespace, mode: str) -> dict[str, int]:
+    """seq_len, batch_size, grad_accum, steps, evictions, every_steps of a mode's runs."""
+    if mode == "fast":
+        g = {k: getattr(args, f"fast_{k}") for k in FAST_DEFAULTS}
+    else:
+        g = {k: getattr(args, k) for k in FAST_DEFAULTS}
+    if args.tiny:
+        g["seq_len"] = 128
+    return g
+
+
+def mode_config(args: argparse.Namespace, out: Path, model_dir: Path, corpus: Path, mode: str) -> tuple[Path, dict]:
+    g = geometry(args, mode)
     raw = drill_config(model_dir, corpus, name="gpu-" + ("tiny" if args.tiny else Path(model_dir).name.replace("_", "-")),
-                       dtype=args.dtype, seq_len=seq, batch_size=args.batch_size, grad_accum=args.grad_accum,
-                       every_steps=args.every_steps, total_steps=args.steps)
-    cfg_path = write_drill_config(out / "drill-config.yaml", raw)
+                       dtype=args.dtype, seq_len=g["seq_len"], batch_size=g["batch_size"], grad_accum=g["grad_accum"],
+                       every_steps=g["every_steps"], total_steps=g["steps"])
+    if mode == "fast":
+        raw = fast_config(raw)
+    suffix = "" if mode == "deterministic" else f"-{mode}"
+    return write_drill_config(out / f"drill-config{suffix}.yaml", raw), g
+
+
+def run_solo(args: argparse.Namespace, dp: Phase, result: dict[str, Any], out: Path, model_dir: Path, corpus: Path,
+             left, mode: str) -> None:
+    """The fast configuration's reference alone on the GPU, no checkpoints: tokens/s and MFU."""
+    cfg_path, g = mode_config(args, out, model_dir, corpus, mode)
+    solo = out / f"solo-{mode}"
+    shutil.rmtree(solo, ignore_errors=True)
+    steps = args.solo_steps
+    cmd = [sys.executable, "-m", "steps.train", "--nproc", str(args.ranks), "--config", str(cfg_path),
+           "--set", f"checkpoint.uri=file://{solo}/ckpt", "--set", f"total_steps={steps}",
+           "--set", "checkpoint.every_steps=0", "--set", "model.dropout=0.1"]
+    run_phase(dp, cmd, min(left() - 60, 240), out / f"solo-{mode}.log", env=child_env(), echo=args.verbose)
+    recs = [r for r in read_jsonl(out / f"solo-{mode}.log") if r.get("event") == "step"]
+    steady = sorted(r["tokens_per_s"] for r in recs if r.get("step", 0) > args.warmup_steps)
+    tps = steady[len(steady) // 2] if steady else None
+    m = result.get("model") or {}
+    shape = m.get("shape") or {}
+    peak = peak_flops(str((result.get("device") or {}).get("name", "")))
+    result[f"solo_{mode}"] = {
+        "steps": steps, "seq_len": g["seq_len"], "tokens_per_step": g["seq_len"] * g["batch_size"] * g["grad_accum"] * args.ranks,
+        "tokens_per_s": tps, "peak_flops": peak,
+        "mfu": mfu(tps, int(m.get("parameters") or 0), int(shape.get("num_hidden_layers") or 0),
+                   int(shape.get("hidden_size") or 0), g["seq_len"], peak and peak * args.ranks),
+    }
+    if dp.ok and tps is None:
+        dp.error = f"no step records after the first {args.warmup_steps} steps"
+
+
+def run_drill(args: argparse.Namespace, dp: Phase, result: dict[str, Any], out: Path, model_dir: Path, corpus: Path,
+              left, mode: str = "deterministic") -> None:
+    """Write the drill's config, check the disk, run the drill, read its report and evidence."""
+    cfg_path, g = mode_config(args, out, model_dir, corpus, mode)
+    seq = g["seq_len"]
+    suffix = "" if mode == "deterministic" else f"-{mode}"
     params = result["model"]["parameters"]
     ckpt_bytes = params * BYTES[args.dtype] * 3  # weights and the two Adam moments
     need = ckpt_bytes * 7  # three runs, up to two checkpoints each while a new one commits, and slack
     free = shutil.disk_usage(out).free
-    d: dict[str, Any] = {"total_steps": args.steps, "evictions": args.evictions, "ranks": args.ranks,
-                         "seq_len": seq, "tokens_per_step": seq * args.batch_size * args.grad_accum * args.ranks,
+    d: dict[str, Any] = {"mode": mode, "total_steps": g["steps"], "evictions": g["evictions"], "ranks": args.ranks,
+                         "seq_len": seq, "tokens_per_step": seq * g["batch_size"] * g["grad_accum"] * args.ranks,
                          "config": str(cfg_path), "grace_s": DRILL_GRACE_S, "disk_free_gb": round(free / 1e9, 1)}
-    result["drill"] = d
+    result["drill" + suffix.replace("-", "_")] = d
     if free < need:
         dp.error = (f"not enough disk under {out}: {free / 1e9:.1f} GB free, the drill needs about {need / 1e9:.1f} GB "
                     f"(three runs of {ckpt_bytes / 1e9:.1f} GB checkpoints)")
         return
-    drill_out = out / "drill"
+    drill_out = out / f"drill{suffix}"
     cmd = [sys.executable, str(REPO / "workflows" / "equivalence.py"), "run", "--out", str(drill_out), "--force",
-           "-p", f"config={cfg_path}", "-p", f"total_steps={args.steps}", "-p", f"evictions={args.evictions}",
-           "-p", f"grace={DRILL_GRACE_S}", "-p", f"every_steps={args.every_steps}", "-p", "dropout=0.1",
+           "-p", f"config={cfg_path}", "-p", f"total_steps={g['steps']}", "-p", f"evictions={g['evictions']}",
+           "-p", f"grace={DRILL_GRACE_S}", "-p", f"every_steps={g['every_steps']}", "-p", "dropout=0.1",
            "-p", f"ranks={args.ranks}", "-p", "seed=0"]
     with MemorySampler() as mem:
-        run_phase(dp, cmd, left() - 15, out / "drill.log", env=child_env(),
+        run_phase(dp, cmd, left() - 15, out / f"drill{suffix}.log", env=child_env(),
                   on_timeout=lambda: reap_pods(drill_out / "argo" / "pods"))
     d["gpu_memory_peak_mib"] = mem.peak_mib
     report_path = drill_out / "report.json"
     if report_path.exists():
         report = json.loads(report_path.read_text())
-        d.update(drill_metrics(report, drill_evidence(drill_out)))
+        d.update(drill_metrics(report, drill_evidence(drill_out), warmup_steps=args.warmup_steps))
         for f in ("report.md", "loss.png"):
             if (drill_out / f).exists():
-                shutil.copy(drill_out / f, out / f"drill-{f}")
+                shutil.copy(drill_out / f, out / f"drill{suffix}-{f}")
     elif not dp.error:
         dp.error = "the drill wrote no report.json"
     if d.get("passed") is False and not dp.error:
-        dp.error = "the drill failed (see drill-report.md)"
+        dp.error = f"the drill failed (see drill{suffix}-report.md)"
     if not args.keep_checkpoints:  # GBs each; the evidence, the verdict and the logs stay
         for role_root in drill_out.glob("bucket/*/*/*"):
             if role_root.name in ("reference", "replay", "trial") and role_root.is_dir():
@@ -445,7 +509,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seq-len", type=int, default=512)
     ap.add_argument("--batch-size", type=int, default=4)
     ap.add_argument("--grad-accum", type=int, default=2)
-    ap.add_argument("--budget", type=float, default=DEFAULT_BUDGET_S, help="seconds for everything (default 470)")
+    ap.add_argument("--mode", choices=("deterministic", "fast", "both"), default="both",
+                    help="deterministic: eager attention, deterministic kernels, Tier 1; fast: sdpa, torch.compile, "
+                         "deterministic false, Tier 2 (gpu/fast.py), after a solo run that measures MFU; both (default)")
+    for k, v in FAST_DEFAULTS.items():
+        ap.add_argument(f"--fast-{k.replace('_', '-')}", type=int, default=v, help=f"fast mode's {k} (default {v})")
+    ap.add_argument("--solo-steps", type=int, default=30, help="steps of the fast mode's solo throughput run")
+    ap.add_argument("--warmup-steps", type=int, default=3,
+                    help="steps of each attempt left out of tokens/s (compilation happens there)")
+    ap.add_argument("--budget", type=float, default=None,
+                    help="seconds for everything (default 470 for one mode, 720 for both)")
     ap.add_argument("--skip-preflight", action="store_true")
     ap.add_argument("--skip-drill", action="store_true")
     ap.add_argument("--keep-checkpoints", action="store_true",
@@ -456,6 +529,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.ranks < 1 or args.steps < 1 or args.evictions < 0:
         ap.error("--ranks and --steps must be >= 1, --evictions >= 0")
+    if args.budget is None:
+        args.budget = DEFAULT_BUDGET_S[args.mode]
     args.skipped_ok = {n for n, flag in (("preflight", args.skip_preflight), ("drill", args.skip_drill)) if flag}
     return check(args, argv)
 

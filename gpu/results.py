@@ -98,7 +98,7 @@ def drill_metrics(report: dict[str, Any], evidence: dict[str, list[dict[str, Any
             restarts.append(round(nxt["time"] - p["time"], 2))
     out["restart_s"] = restarts
     for k in ("tier", "equivalent", "passed", "floor", "max_abs_diff", "tensors", "equal_tensors", "floor_differing",
-              "verify_passed", "verify_problems"):
+              "diff_over_floor", "floor_l2", "l2_diff", "verify_passed", "verify_problems"):
         out[k] = report.get(k)
     out["steps"] = report.get("steps")
     return out
@@ -142,31 +142,50 @@ def markdown(result: dict[str, Any]) -> str:
         lines.append(f"| model | {model.get('source')}: {_fmt(model.get('parameters'))} parameters, "
                      f"{model.get('dtype')}, vocab {_fmt(model.get('vocab_size'))} (tokenizer {model.get('tokenizer_size')}) |")
     if d:
-        ref = (d.get("tokens_per_s") or {}).get("reference") or {}
-        flush = (d.get("flush_ms") or {}).get("all") or {}
-        lines += [
-            f"| drill | {d.get('total_steps')} steps, {d.get('evictions')} evictions, seq {d.get('seq_len')}, "
-            f"{d.get('tokens_per_step')} tokens/step |",
-            f"| tokens/s (reference, median; 3 runs share the GPU) | {_fmt(ref.get('median'))} |",
-            f"| checkpoint size | {_fmt(d.get('checkpoint_gb'))} GB |",
-            f"| flush (save_ms, all saves) | median {_fmt(flush.get('median'))} ms, max {_fmt(flush.get('max'))} ms "
-            f"({flush.get('n', 0)} saves) |",
-        ]
-        for p in d.get("preemptions", []):
-            lines.append(f"| eviction at step {p['step']} ({p['outcome']}) | SIGTERM to commit {_fmt(p['sigterm_to_commit_s'])} s: "
-                         + ", ".join(f"headroom {_fmt(p[f'headroom_{g}s'])} s of {g} s" for g in GRACES) + " |")
-        if d.get("restart_s"):
-            lines.append(f"| restart (preempt record to resumed) | {', '.join(_fmt(x) for x in d['restart_s'])} s |")
-        lines += [
-            f"| floor (reference vs replay, max abs diff) | {_fmt(d.get('floor'))} ({d.get('floor_differing')} tensors differ) |",
-            f"| trial vs reference | {_fmt(d.get('max_abs_diff'))}; {d.get('equal_tensors')}/{d.get('tensors')} tensors equal |",
-            f"| equivalence (tier {d.get('tier')}) | {'within the floor' if d.get('equivalent') else 'NOT within the floor'}; "
-            f"drill {'PASSED' if d.get('passed') else 'FAILED'} |",
-        ]
+        lines += drill_rows(d, "drill")
+    solo = result.get("solo_fast") or {}
+    if solo:
+        lines.append(f"| fast mode alone (sdpa, torch.compile, deterministic false; seq {solo.get('seq_len')}, "
+                     f"{solo.get('tokens_per_step')} tokens/step) | {_fmt(solo.get('tokens_per_s'))} tokens/s, "
+                     + (f"MFU {100 * solo['mfu']:.1f}% of {solo['peak_flops'] / 1e12:,.1f} TFLOP/s dense bf16 |"
+                        if solo.get("mfu") is not None else "MFU n/a (no known peak for this device) |"))
+    if result.get("drill_fast"):
+        lines += drill_rows(result["drill_fast"], "fast drill")
     for name, p in ph.items():
         if not p.get("ok"):
             lines.append(f"| phase {name} | {p.get('skipped') or p.get('error') or 'failed'} |")
     return "\n".join(lines) + "\n"
+
+
+def _ratio(x: Any) -> str:
+    return "n/a" if x is None else f"{x:.2f}x" if x < 100 else f"{x:,.0f}x"
+
+
+def drill_rows(d: dict[str, Any], label: str) -> list[str]:
+    ref = (d.get("tokens_per_s") or {}).get("reference") or {}
+    flush = (d.get("flush_ms") or {}).get("all") or {}
+    lines: list[str] = [
+        f"| {label} | {d.get('total_steps')} steps, {d.get('evictions')} evictions, seq {d.get('seq_len')}, "
+        f"{d.get('tokens_per_step')} tokens/step |",
+        f"| {label}: tokens/s (reference, median; 3 runs share the GPU) | {_fmt(ref.get('median'))} |",
+        f"| checkpoint size | {_fmt(d.get('checkpoint_gb'))} GB |",
+        f"| flush (save_ms, all saves) | median {_fmt(flush.get('median'))} ms, max {_fmt(flush.get('max'))} ms "
+        f"({flush.get('n', 0)} saves) |",
+    ]
+    for p in d.get("preemptions", []):
+        lines.append(f"| eviction at step {p['step']} ({p['outcome']}) | SIGTERM to commit {_fmt(p['sigterm_to_commit_s'])} s: "
+                     + ", ".join(f"headroom {_fmt(p[f'headroom_{g}s'])} s of {g} s" for g in GRACES) + " |")
+    if d.get("restart_s"):
+        lines.append(f"| restart (preempt record to resumed) | {', '.join(_fmt(x) for x in d['restart_s'])} s |")
+    lines += [
+        f"| floor (reference vs replay, max abs diff) | {_fmt(d.get('floor'))} ({d.get('floor_differing')} tensors differ) |",
+        f"| trial vs reference | max abs diff {_fmt(d.get('max_abs_diff'))}; L2 distance {_fmt(d.get('l2_diff'))}, "
+        f"{_ratio(d.get('diff_over_floor'))} the floor's {_fmt(d.get('floor_l2'))}; "
+        f"{d.get('equal_tensors')}/{d.get('tensors')} tensors equal |",
+        f"| equivalence (tier {d.get('tier')}) | {'within the floor' if d.get('equivalent') else 'NOT within the floor'}; "
+        f"drill {'PASSED' if d.get('passed') else 'FAILED'} |",
+    ]
+    return lines
 
 
 def console(result: dict[str, Any]) -> str:

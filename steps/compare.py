@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from steps.evidence import read_evidence, read_json
+from steps.judge import judge
 from steps.report import write_report
 from trainer.checkpoint import COMMIT, load_flat
 from trainer.storage import full_url, url_to_fs
@@ -43,21 +44,21 @@ def compared_keys(t: dict[str, torch.Tensor]) -> list[str]:
     return sorted(k for k in t if k.startswith(("model.", "optim.", "optim_lr")))
 
 
-def max_abs_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], keys: list[str]) -> tuple[float, list[str]]:
-    worst, differing = 0.0, []
-    for k in keys:
-        x, y = a[k], b[k]
-        if x.shape != y.shape or x.dtype != y.dtype:
-            return float("inf"), [k]
-        if not torch.equal(x, y):
-            differing.append(k)
-            worst = max(worst, (x.double() - y.double()).abs().max().item())
-    return worst, differing
+def resolve_tier(tier: str, manifest: dict[str, Any]) -> int:
+    """auto: Tier 1 only where the run promised bit-identity (a CPU, deterministic kernels)."""
+    if tier in ("1", "2"):
+        return int(tier)
+    if tier != "auto":
+        raise ValueError(f"--tier must be 1, 2 or auto, got {tier!r}")
+    deterministic = manifest.get("config", {}).get("deterministic", True)
+    return 1 if manifest.get("device", "cpu") == "cpu" and deterministic else 2
 
 
-def compare(reference: str, replay: str, trial: str, total_steps: int | None = None) -> dict[str, Any]:
+def compare(reference: str, replay: str, trial: str, total_steps: int | None = None,
+            tier: str = "auto") -> dict[str, Any]:
     """Either checkpoint format, told apart by the reference's layout: baton's DCP (`runs/`) or HF
-    `checkpoint-N/` folders (steps/hf_checkpoint.py)."""
+    `checkpoint-N/` folders (steps/hf_checkpoint.py). `tier`: 1, 2, or auto (1 when the trial ran on a
+    CPU with deterministic kernels, else 2; steps/judge.py)."""
     from steps.hf_checkpoint import compare_hf, is_hf_root
 
     if is_hf_root(reference):
@@ -79,14 +80,8 @@ def compare(reference: str, replay: str, trial: str, total_steps: int | None = N
     if missing:
         return {"equivalent": False, "tier": 1, "tensors": len(keys), "max_abs_diff": float("inf"), "floor": 0.0,
                 "differing": missing[:20], "problem": f"trial checkpoint lacks {len(missing)} tensors"}
-    floor, floor_keys = max_abs_diff(ref, rep, keys)
-    diff, differing = max_abs_diff(ref, tri, keys)
-    tier = 1 if tri_m.get("device", "cpu") == "cpu" else 2
-    equivalent = (not differing) if tier == 1 else diff <= floor
     return {
-        "equivalent": equivalent, "format": "dcp", "tier": tier, "tensors": len(keys),
-        "equal_tensors": len(keys) - len(differing), "max_abs_diff": diff, "floor": floor,
-        "floor_differing": len(floor_keys), "differing": differing[:20],
+        **judge(ref, rep, tri, keys, resolve_tier(tier, tri_m)), "format": "dcp",
         "steps_compared": {"reference": ref_m["step"], "trial": tri_m["step"]},
         "checkpoints": {"reference": ref_url, "replay": rep_url, "trial": tri_url},
     }
@@ -146,12 +141,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--verify", required=True, help="verify.json written by steps.verify")
     ap.add_argument("--evictions", help="evictions JSON written by steps.evict")
     ap.add_argument("--total-steps", type=int, required=True)
+    ap.add_argument("--tier", default="auto", choices=("auto", "1", "2"),
+                    help="1: every tensor equal; 2: within the measured floor (steps/judge.py); "
+                         "auto: 1 on a CPU with deterministic kernels, else 2")
     ap.add_argument("--out", required=True, help="local folder for report.json, report.md, loss.png")
     ap.add_argument("--report-uri", help="also copy the report there (the bucket)")
     args = ap.parse_args(argv)
 
     try:
-        result = compare(args.reference, args.replay, args.trial, args.total_steps)
+        result = compare(args.reference, args.replay, args.trial, args.total_steps, args.tier)
     except FileNotFoundError as e:  # e.g. a trial that died before its first checkpoint: still a report
         result = {"equivalent": False, "tier": 1, "tensors": 0, "max_abs_diff": float("inf"), "floor": 0.0,
                   "differing": [], "problem": str(e)}

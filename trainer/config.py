@@ -24,6 +24,12 @@ from trainer.validation import require as _require
 __all__ = ["Config", "ConfigError", "load_config", "config_from_dict"]
 
 
+ATTN_IMPLEMENTATIONS = ("eager", "sdpa")
+# Keys added after runs existed: they enter the fingerprint only when they differ from these defaults,
+# so a run started before they existed keeps its run_id (and resumes) after an upgrade.
+_FINGERPRINT_ONLY_IF_SET = {"attn_implementation": "eager", "compile": False}
+
+
 @dataclass
 class ModelConfig:
     path: str = ""
@@ -35,6 +41,14 @@ class ModelConfig:
     create_if_missing: str = ""
     """If set to 'tiny-qwen2' and `path` does not exist, build a tiny Qwen2 (random weights from a fixed
     seed, tokenizer trained on `data.uri`) and `save_pretrained` it there first. Empty: `path` must exist."""
+    attn_implementation: str = "eager"
+    """Attention kernel: `eager` (the Hugging Face reference, deterministic everywhere) or `sdpa`
+    (torch's scaled_dot_product_attention: fused, the fast path on a GPU). In the fingerprint when not
+    `eager`: another kernel computes other roundings and, with dropout, draws other masks."""
+    compile: bool = False
+    """`torch.compile` each decoder layer in place (`nn.Module.compile`, so the state-dict keys and the
+    checkpoint format do not change). In the fingerprint when true: Inductor fuses and reorders the
+    arithmetic and draws dropout from its own RNG stream."""
 
     def __post_init__(self) -> None:
         _require(bool(self.path), "model.path", "is required (a local Hugging Face model directory)")
@@ -42,6 +56,8 @@ class ModelConfig:
         _require(self.dtype in ("float32", "bfloat16"), "model.dtype", f"must be float32 or bfloat16, got {self.dtype!r}")
         _require(self.create_if_missing in ("", "tiny-qwen2"), "model.create_if_missing",
                  f"must be '' or 'tiny-qwen2', got {self.create_if_missing!r}")
+        _require(self.attn_implementation in ATTN_IMPLEMENTATIONS, "model.attn_implementation",
+                 f"must be one of {', '.join(ATTN_IMPLEMENTATIONS)}, got {self.attn_implementation!r}")
 
 
 @dataclass
@@ -172,12 +188,16 @@ class Config:
 
 
 def fingerprint_fields(cfg: Config) -> dict[str, Any]:
-    """What a run computes: model, data, seed, optimizer, schedule, batch geometry, dropout, precision.
-    Storage, logging, checkpoint cadence and worker counts are left out."""
+    """What a run computes: model (with its attention kernel and compilation), data, seed, optimizer,
+    schedule, batch geometry, dropout, precision, determinism. Storage, logging, checkpoint cadence and
+    worker counts are left out."""
     data = dataclasses.asdict(cfg.data)
     data.pop("num_workers")
     model = dataclasses.asdict(cfg.model)
     model.pop("create_if_missing")
+    for key, default in _FINGERPRINT_ONLY_IF_SET.items():
+        if model[key] == default:
+            del model[key]
     return {"model": model, "data": data, "optim": dataclasses.asdict(cfg.optim),
             "seed": cfg.seed, "total_steps": cfg.total_steps, "deterministic": cfg.deterministic}
 

@@ -31,7 +31,8 @@ from trainer.checkpoint import (
 )
 from trainer.config import Config
 from trainer.data import EpochData, pack, read_documents
-from trainer.model import ensure_model, load_model, load_tokenizer, shard
+from trainer.model import compile_layers, ensure_model, load_model, load_tokenizer, shard
+from trainer.noise import GradNoise
 from trainer.notice import Attempt, Cadence, NoticeThread, NoticeWatcher
 from trainer.preemption import Preemption
 from trainer.records import Records, log
@@ -93,6 +94,7 @@ class Trainer:
         self.skip = skipped_restores()
         self.swap_ranks = os.environ.get("BATON_SWAP_RANK_STATE") == "1"
         self.rank, self.world, self.device = init_distributed()
+        self.noise = GradNoise.from_env(self.rank)
         self.preempt.device = torch.device("cpu")  # gloo carries the flag; under NCCL the cpu:gloo half does
         if cfg.deterministic:
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
@@ -124,6 +126,8 @@ class Trainer:
         model = load_model(cfg, path, self.device)
         mesh = init_device_mesh(self.device.type, (self.world,))
         self.model = shard(model, mesh)
+        if cfg.model.compile:
+            compile_layers(self.model)
         self.model.train()
         o = cfg.optim
         self.optim = torch.optim.AdamW(self.model.parameters(), lr=o.lr, betas=tuple(o.betas), eps=o.eps,
@@ -405,6 +409,8 @@ class Trainer:
                 self.model.set_requires_gradient_sync(m == accum - 1)
                 loss = self.model(input_ids=batch, labels=batch).loss / accum
                 loss.backward()
+                if self.noise is not None:
+                    self.noise.perturb(self.model, self.step, m)
                 loss_sum += loss.detach().double()
             if cfg.optim.grad_clip > 0:
                 torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.optim.grad_clip)

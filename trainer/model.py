@@ -1,4 +1,5 @@
-"""The model: a Hugging Face causal LM from a local folder, eager attention, FSDP2 `fully_shard`."""
+"""The model: a Hugging Face causal LM from a local folder, its attention kernel, FSDP2 `fully_shard`,
+and optional `torch.compile`."""
 
 from __future__ import annotations
 
@@ -41,7 +42,7 @@ def load_model(cfg: Config, path: Path, device: torch.device) -> torch.nn.Module
 
     hf_logging.disable_progress_bar()
     model = AutoModelForCausalLM.from_pretrained(
-        path, attn_implementation="eager", dtype=DTYPES[cfg.model.dtype],
+        path, attn_implementation=cfg.model.attn_implementation, dtype=DTYPES[cfg.model.dtype],
         attention_dropout=cfg.model.dropout,
     )
     return model.to(device)
@@ -55,4 +56,14 @@ def shard(model: torch.nn.Module, mesh: DeviceMesh) -> torch.nn.Module:
     for layer in layers:
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
+    return model
+
+
+def compile_layers(model: torch.nn.Module) -> torch.nn.Module:
+    """`torch.compile` each decoder layer in place. `nn.Module.compile` keeps the module (and so the
+    state-dict keys that DCP saves under) where `torch.compile(model)` would wrap it in `_orig_mod`; a
+    checkpoint written compiled loads uncompiled and back. Per layer, not the root: FSDP2's hooks stay
+    outside the compiled regions, and every layer shares one compiled graph."""
+    for layer in model.model.layers:
+        layer.compile()
     return model
