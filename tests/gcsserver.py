@@ -200,3 +200,68 @@ class GCSEndpoint:
         if u.path.startswith("/download/storage/v1/b/") and method == "GET":
             return "get", unquote(u.path.split("/o/", 1)[1])
         return "other", ""
+
+
+# ---- IAM: what each JSON-API request needs -------------------------------------------------------------
+
+# Cloud Storage's documented permission for each JSON-API method the clients here use
+# (https://cloud.google.com/storage/docs/access-control/iam-json): a rewrite (copy) reads its source and
+# creates its destination. An upload that replaces an object also needs storage.objects.delete.
+_METHOD_PERMISSIONS = {
+    "objects.insert": {"storage.objects.create"},
+    "objects.get": {"storage.objects.get"},
+    "objects.list": {"storage.objects.list"},
+    "objects.delete": {"storage.objects.delete"},
+    "objects.rewrite": {"storage.objects.get", "storage.objects.create"},
+    "objects.copy": {"storage.objects.get", "storage.objects.create"},
+    "objects.compose": {"storage.objects.get", "storage.objects.create"},
+    "objects.move": {"storage.objects.move", "storage.objects.create"},
+    "objects.patch": {"storage.objects.update"},
+    "buckets.get": {"storage.buckets.get"},
+}
+
+
+def json_api_method(method: str, path: str) -> str:
+    """The JSON-API method of a request (`other <METHOD> <path>` for anything unrecognised)."""
+    u = urlsplit(path)
+    parts = u.path.split("/")
+    if u.path.startswith("/upload/storage/v1/b/"):
+        return "objects.insert"
+    if u.path.startswith("/download/storage/v1/b/"):
+        return "objects.get"
+    if parts[1:4] == ["storage", "v1", "b"]:
+        if len(parts) == 5:
+            return "buckets.get" if method == "GET" else f"other {method} {u.path}"
+        if len(parts) == 6 and parts[5] == "o":
+            return "objects.list" if method == "GET" else f"other {method} {u.path}"
+        for verb in ("rewriteTo", "copyTo", "moveTo", "compose"):
+            if f"/{verb}/" in u.path or u.path.endswith(f"/{verb}"):
+                return "objects." + verb.removesuffix("To")
+        return {"GET": "objects.get", "DELETE": "objects.delete", "PATCH": "objects.patch",
+                "PUT": "objects.patch"}.get(method, f"other {method} {u.path}")
+    return f"other {method} {u.path}"
+
+
+def permissions_needed(requests: list[tuple[str, str, bytes]]) -> tuple[set[str], set[str]]:
+    """(the IAM permissions, the JSON-API methods) behind logged (method, path, body) requests. A batch
+    request counts each request inside it; an upload of a name uploaded before (an overwrite) also
+    needs storage.objects.delete."""
+    perms: set[str] = set()
+    methods: set[str] = set()
+    uploaded: set[str] = set()
+    for method, path, body in requests:
+        inner = [(method, path)]
+        if urlsplit(path).path.startswith("/batch/"):
+            text = body.decode(errors="replace")
+            inner = [(m, p) for m, p in (line.split(" ")[:2] for line in text.splitlines()
+                                         if line.startswith(("DELETE /", "GET /", "POST /", "PATCH /")))]
+        for m, p in inner:
+            name = json_api_method(m, p)
+            methods.add(name)
+            perms |= _METHOD_PERMISSIONS.get(name, {f"unknown: {name}"})
+        if json_api_method(method, path) == "objects.insert" and method == "POST":
+            kind, key = GCSEndpoint.op(method, path, body)
+            if key in uploaded:
+                perms.add("storage.objects.delete")
+            uploaded.add(key)
+    return perms, methods
