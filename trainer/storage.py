@@ -2,7 +2,8 @@
 
 One code path for file://, s3:// and gs:// (and plain local paths): every reader and writer in the
 project opens through `url_to_fs` / `storage_options`, and nothing branches on the scheme beyond
-the options chosen here. There is no storage class hierarchy.
+the options chosen here and `create_only_supported` (the conditional write only gs:// offers). The
+one class defined here is gcsfs's, with baton's retries (below).
 
 - s3://: `BATON_S3_ENDPOINT` points s3fs at any S3-compatible API (MinIO, a local moto server).
   Credentials come from the environment or botocore's usual chain (env, shared files, IMDS, IRSA),
@@ -10,7 +11,7 @@ the options chosen here. There is no storage class hierarchy.
   5xx and connection errors in its "standard" mode, `BATON_S3_MAX_ATTEMPTS` times in all (default
   5); s3fs adds its own retries for dropped connections. The listings cache is off, and every
   filesystem is a fresh instance, so a `_COMMIT` written by another process is seen at once.
-- gs://: gcsfs (the `gcs` extra), always its plain JSON-API class `gcsfs.core.GCSFileSystem`, not the
+- gs://: gcsfs (the `gcs` extra), by default its plain JSON-API class `gcsfs.core.GCSFileSystem`, not the
   `ExtendedGcsFileSystem` that gcsfs makes the default (`GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT`): that
   class asks each bucket for its storage layout over gRPC, does not cache a failed lookup, and against
   a server that does not answer it (an emulator, a network that blocks gRPC) waits about 60 s per call
