@@ -8,6 +8,8 @@
   negative control: the list-then-write claim (what s3:// and file:// do) hands one number to two
   claimants in the same interleaving, and on s3:// the second commit replaces the first.
 - gcsfs's retries keep off the training's Python RNG.
+- GCS's upload and listing forms: a checkpoint file above gcsfs's 5 MB block goes up as a resumable
+  upload in parts; the newest checkpoint is found across listing pages (nextPageToken).
 
 The storage behaviour shared with s3:// (resume, listing, retention, SIGKILL, async, faults, errors)
 runs on gs:// in test_storage.py.
