@@ -191,10 +191,29 @@ resource "google_service_account" "drill" {
   depends_on   = [google_project_service.apis]
 }
 
-# Object read/write/delete (retention deletes old checkpoints) on this bucket only, nothing project-wide.
+# Exactly what the drill's pods call on the bucket, and no more (tests/unit/test_gcs_iam.py keeps this
+# list equal to the store's calls): gcsfs's uploads, DCP's rename (a copy: get + create, then delete),
+# and Argo's artifact uploads create objects (overwriting one also needs delete); reads, sizes and the
+# copy's source get them; finding checkpoints, attempts and evidence lists them; retention and the
+# rename delete them. roles/storage.objectAdmin would add object ACLs and IAM (setIamPolicy), update,
+# restore and more. With BATON_GCS_HNS=1, gcsfs's storage-layout lookup needs objects.list too.
+resource "google_project_iam_custom_role" "drill_objects" {
+  role_id     = var.drill_role_id
+  title       = "baton drill: checkpoint objects"
+  description = "Create, read, list and delete objects: what baton's checkpoint store and Argo's artifacts need."
+  permissions = [
+    "storage.objects.create",
+    "storage.objects.delete",
+    "storage.objects.get",
+    "storage.objects.list",
+  ]
+  depends_on = [google_project_service.apis]
+}
+
+# Granted on this bucket only, never project-wide.
 resource "google_storage_bucket_iam_member" "drill_objects" {
   bucket = google_storage_bucket.drills.name
-  role   = "roles/storage.objectAdmin"
+  role   = google_project_iam_custom_role.drill_objects.id
   member = "serviceAccount:${google_service_account.drill.email}"
 }
 

@@ -126,6 +126,12 @@ variable "gsa_account_id" {
   default     = "baton-drill"
 }
 
+variable "drill_role_id" {
+  description = "role_id of the custom project role granted on the bucket (object create, get, list, delete). Custom roles are soft-deleted: within 7 days the provider undeletes the old one, but between 7 and 37 days after a gke-destroy the id is blocked: set another."
+  type        = string
+  default     = "batonDrillObjects"
+}
+
 variable "bucket_name" {
   description = "GCS bucket for checkpoints, evidence and Argo artifacts. Empty: <project_id>-baton-drills (bucket names are global)."
   type        = string

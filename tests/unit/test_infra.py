@@ -166,7 +166,7 @@ def test_bucket_has_lifecycle_delete_uniform_access_and_the_gsa_only_on_it():
     assert isinstance(_var_default(tf, age), int) and _var_default(tf, age) >= 1
 
     grant = _one(tf, "google_storage_bucket_iam_member")
-    assert grant["role"] == "roles/storage.objectAdmin"
+    assert grant["role"] == "${google_project_iam_custom_role.drill_objects.id}"  # its permissions: test_gcs_iam.py
     assert grant["bucket"] == "${google_storage_bucket.drills.name}"
     assert grant["member"] == "serviceAccount:${google_service_account.drill.email}"
     # Storage access is granted on the bucket, never project-wide.
