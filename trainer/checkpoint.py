@@ -798,10 +798,11 @@ class LoadTimes:
 
 
 def resolve_and_load(store: Store, fingerprint: str, build_state: Callable[[int, dict], dict],
-                     on_refused: Callable[[int, str], None],
-                     times: LoadTimes | None = None) -> tuple[int, dict, dict] | None:
+                     on_refused: Callable[[int, str], None], times: LoadTimes | None = None,
+                     steps: list[int] | None = None) -> tuple[int, dict, dict] | None:
     """Load the newest complete, intact checkpoint; fall back past torn or corrupt ones.
 
+    `steps`: the committed steps, newest first, when the caller has listed them (same on every rank).
     `build_state(step, manifest)` returns the tensor-only state to load (the live tensors may be in
     it): the load goes into a staging copy of it, hashing every file while reading it, and the staging
     copy is returned only once every file has matched its sha256 on every rank, so no tensor of a
@@ -811,9 +812,10 @@ def resolve_and_load(store: Store, fingerprint: str, build_state: Callable[[int,
     being read raises StorageError: a network fault is not a reason to pass over a good checkpoint.
     """
     times = times if times is not None else LoadTimes()
-    t = time.perf_counter()
-    steps = broadcast(store.committed_steps() if _rank() == 0 else None)
-    times.listing += time.perf_counter() - t
+    if steps is None:  # the caller may have listed them already (one listing per start)
+        t = time.perf_counter()
+        steps = broadcast(store.committed_steps() if _rank() == 0 else None)
+        times.listing += time.perf_counter() - t
     for step in steps:
         times.tried += 1
         t = time.perf_counter()
