@@ -303,6 +303,7 @@ class Trainer:
         return groups
 
     def save(self, b: Boundary, reason: str) -> float:
+        self.preempt.invalidate()  # a save takes a while: the next stop check asks the ranks again
         ck = self.cfg.checkpoint
         pending = self.store.pending
         if pending is not None and pending.step == b.step:  # this step is already being saved
@@ -362,15 +363,22 @@ class Trainer:
         dist.barrier()
         return EXIT_PREEMPTED
 
-    def _on_boundary(self) -> int | None:
-        """Warnings and the wall-clock cadence, decided together for all ranks at a step boundary.
-        Returns an exit code when a warning under policy `stop` ends the run."""
+    def _boundary_flags(self, loss_sum: torch.Tensor) -> tuple[float, bool, bool]:
+        """One collective a step boundary (world > 1): the mean loss, and the OR over the ranks of the
+        preemption warning, the wall-clock cadence and the stop flag (the latter answers the next
+        micro-batch's stop check unless something slow happens first). Returns (loss, warning, due)."""
         pending = bool(self.notice and self.notice.pending())
         due = self.rank == 0 and self.cadence.due(time.time(), self.last_save_at)
-        flags = torch.tensor([int(pending), int(due)], dtype=torch.int32)
-        if self.world > 1:
-            dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-        pending, due = bool(flags[0]), bool(flags[1])
+        if self.world == 1:
+            return loss_sum.item(), pending, due
+        flags = torch.tensor([loss_sum.item(), int(pending), int(due), int(self.preempt.local)], dtype=torch.float64)
+        dist.all_reduce(flags, op=dist.ReduceOp.SUM)
+        self.preempt.decided(bool(flags[3] > 0))
+        return flags[0].item() / self.world, bool(flags[1] > 0), bool(flags[2] > 0)
+
+    def _on_boundary(self, pending: bool, due: bool) -> int | None:
+        """Warnings and the wall-clock cadence, decided together for all ranks at a step boundary
+        (`_boundary_flags`). Returns an exit code when a warning under policy `stop` ends the run."""
         if pending:
             notice = self.notice.take() if self.notice else None
             reason = notice.reason if notice else "peer"
@@ -415,6 +423,7 @@ class Trainer:
         points = {(int(k), int(m or 0)) for k, _, m in (x.strip().partition(":") for x in raw.split(",") if x.strip())}
         if (self.step, micro) not in points:
             return
+        self.preempt.invalidate()
         log(f"paused after step {self.step}" + (f", {micro} micro-batch(es) into the next" if micro else ""))
         deadline = time.monotonic() + 120
         while True:
@@ -433,6 +442,8 @@ class Trainer:
         tokens_per_step = cfg.data.batch_size * cfg.data.seq_len * accum * self.world
         self._pause_for_test()
         while self.step < cfg.total_steps:
+            if self.store.pending is not None:  # waiting for staging or committing takes a while
+                self.preempt.invalidate()
             self.store.step_boundary()  # the save in flight: staging done before this step mutates; commit if uploaded
             b = self.boundary()
             t0 = time.perf_counter()
@@ -460,10 +471,7 @@ class Trainer:
             self.sched.step()
             self.optim.zero_grad(set_to_none=True)
             self.step += 1
-            if self.world > 1:
-                dist.all_reduce(loss_sum, op=dist.ReduceOp.SUM)
-                loss_sum /= self.world
-            loss_value = loss_sum.item()
+            loss_value, warning, due = self._boundary_flags(loss_sum)
             self.metrics = {"loss": loss_value}  # what keep-best retention ranks checkpoints by
             if data.epoch_done:
                 data.next_epoch()
@@ -479,7 +487,7 @@ class Trainer:
                 break
             if cfg.checkpoint.every_steps and self.step % cfg.checkpoint.every_steps == 0:
                 self.save(self.boundary(), "periodic")
-            if (code := self._on_boundary()) is not None:
+            if (code := self._on_boundary(warning, due)) is not None:
                 return code
             self._pause_for_test()
         if self.last_committed != cfg.total_steps:
