@@ -115,6 +115,11 @@ def flush_figure(local: dict[str, Any], s3: dict[str, Any] | None) -> Figure:
     return f
 
 
+def median_of(section: dict[str, Any], side: str, key: str) -> float:
+    vals = sorted(r[key] for r in section["runs"][side] if key in r)
+    return vals[len(vals) // 2] if vals else 0.0
+
+
 def async_figure(local: dict[str, Any]) -> Figure:
     sync, blk = local["store_s"], local["async_s"]
     f = Figure(
@@ -126,10 +131,24 @@ def async_figure(local: dict[str, Any]) -> Figure:
         "",
     )
     text = [
-        f"An asynchronous save of the same state blocks the caller for {blk:.2f} s (the call, which stages a "
-        f"copy, plus the next step boundary's wait for the staging), against {sync:.2f} s for a synchronous "
+        f"An asynchronous save of the same state blocks the caller for {blk:.2f} s when the optimizer "
+        f"update follows at once (the call, the step boundary, and the wait for the staging copy, which "
+        f"runs on its own thread), against {sync:.2f} s for a synchronous "
         f"`Store.save`: {blk / sync:.0%}. It commits {local['async_total_s']:.2f} s after it began."
     ]
+    if "async_step_s" in local:
+        stp = local["async_step_s"]
+        work = median_of(local, "async_step", "work_s")
+        f.rows.insert(0, (
+            "async: blocking time of `Store.save_async` with one forward+backward before the update vs "
+            "`Store.save`", fmt_s(stp), fmt_s(sync), fmt_x(stp / sync)))
+        text.append(
+            f"In the trainer's loop the copy overlaps the next step's forward and backward passes, which "
+            f"only read the state; the wait comes before the update. With one forward and backward pass of "
+            f"this model ({work:.2f} s, one batch of 64 tokens) in between, the save blocks for {stp:.2f} s: "
+            f"{stp / sync:.0%} of the synchronous save"
+            + (" (goal 10%: met)." if stp / sync <= 0.10 else " (goal 10%: missed).")
+        )
     if "async_reuse_s" in local:
         f.rows.append(
             (
@@ -143,13 +162,6 @@ def async_figure(local: dict[str, Any]) -> Figure:
             f"With one `DefaultStager` kept across saves, so that the staging buffers are reused, "
             f"`dcp.async_save` blocks for {local['async_reuse_s']:.2f} s "
             f"({local['async_reuse_s'] / sync:.0%} of the synchronous save)."
-        )
-    if blk / sync > 0.3:
-        text.append(
-            "baton's async path gives back less than it could: each save stages into freshly "
-            "allocated memory (dcp.async_save's default stager, created per call), so the blocking "
-            "part is dominated by allocating and faulting in a checkpoint-sized buffer, not by copying; "
-            "on 2 cores the background upload also competes with the caller."
         )
     f.text = " ".join(text)
     return f

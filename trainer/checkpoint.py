@@ -298,6 +298,9 @@ class Store:
         self._hasher: ThreadPoolExecutor | None = None
         self._stager: Any = None
         self._manifests: dict[int, dict[str, Any]] = {}
+        # The newest step known to be intact as stored: a save that read its files back, or the
+        # checkpoint this attempt's resume hashed while loading. Retention never deletes it.
+        self.verified_step: int | None = None
         if check:
             self.check()
 
@@ -415,6 +418,8 @@ class Store:
         older one: retention deletes nothing after a preemption save, so that one still exists."""
         self.drain()
         res = self._finish(self._start(step, state, manifest, attempt, asynchronous=False, read_back=read_back))
+        if read_back:
+            self.verified_step = step
         if on_commit:
             on_commit(res)
         return res
@@ -433,16 +438,27 @@ class Store:
         self.pending = pending
         return pending.blocking_s * 1000
 
+    def before_update(self) -> None:
+        """Call before anything mutates the model or optimizer state (the optimizer step): waits until
+        the save in flight has staged its copy. The staging copy runs in the background meanwhile, over
+        the step's forward and backward passes, which only read that state. That wait counts as the
+        save's blocking time."""
+        p = self.pending
+        if p is None or p.staging is None:
+            return
+        t = time.perf_counter()
+        p.staging.result()
+        p.staging = None
+        p.blocking_s += time.perf_counter() - t
+
     def step_boundary(self) -> None:
-        """Call at the top of every optimizer step. Waits until the save in flight has staged its
-        copy (so this step cannot mutate what is being written), then commits it if every rank's
-        upload has finished. A collective while a save is in flight (all ranks agree on when)."""
+        """Call at the top of every optimizer step: commits the save in flight if every rank's upload
+        has finished. A collective while a save is in flight (all ranks agree on when). Its staging
+        copy may still be running: `before_update` waits for it."""
         p = self.pending
         if p is None:
             return
         t = time.perf_counter()
-        if p.staging is not None:
-            p.staging.result()
         ready = p.files.done()
         if _world() > 1:
             flag = torch.tensor([1 if ready else 0], dtype=torch.int32)
@@ -474,6 +490,7 @@ class Store:
     def _complete(self, p: PendingSave) -> None:
         self.pending = None
         res = self._finish(p)
+        self.verified_step = p.step  # an async save reads its files back, in the background
         if p.on_commit:
             p.on_commit(res)
 
@@ -486,8 +503,13 @@ class Store:
         if self._stager is None:
             from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
-            self._stager = DefaultStager(StagingOptions(use_pinned_memory=False, use_shared_memory=False,
-                                                        use_async_staging=False, use_non_blocking_copy=False))
+            # Staged on the stager's own thread, so that the copy overlaps the next step's forward and
+            # backward passes (before_update waits for it); into pinned memory where a GPU is (the
+            # device-to-host copy goes by DMA). Blocking copies: they queue behind the work already
+            # on the stream, so a copy cannot read a parameter that an update still has to write.
+            self._stager = DefaultStager(StagingOptions(use_pinned_memory=torch.cuda.is_available(),
+                                                        use_shared_memory=False, use_async_staging=True,
+                                                        use_non_blocking_copy=False))
         return self._stager
 
     def _gloo_group(self) -> Any:
@@ -702,12 +724,15 @@ class Store:
 
     def retain(self, keep_last: int, newest: int, best_metric: str = "") -> list[int]:
         """Delete committed checkpoints beyond the newest `keep_last` (keeping also the best one by
-        `best_metric`, lower is better, when set), and torn folders older than `newest`. Called only
+        `best_metric`, lower is better, when set, and `verified_step`, the newest checkpoint that was
+        read back or loaded by a resume), and torn folders older than `newest`. Called only
         after `newest` committed. _COMMIT goes first in every deletion. Returns the deleted steps."""
         deleted: list[int] = []
         try:
             committed = self.committed_steps()
             keep = set(committed[:keep_last]) | {newest}
+            if self.verified_step is not None:  # the newest read back or loaded: never deleted
+                keep.add(self.verified_step)
             best = self.best_step(best_metric, committed) if best_metric else None
             if best is not None:
                 keep.add(best)
@@ -852,6 +877,7 @@ def resolve_and_load(store: Store, fingerprint: str, build_state: Callable[[int,
             if verdict and verdict.startswith("storage:"):
                 raise StorageError(verdict.removeprefix("storage:"))
             if verdict is None:
+                store.verified_step = step  # every file hashed while it loaded
                 return step, manifest, state
         on_refused(step, verdict)
     return None

@@ -331,10 +331,14 @@ class Trainer:
 
         if ck.async_save and reason == "periodic":
             return self.store.save_async(b.step, self.state(b), manifest, self.attempt, committed)
-        # A preemption save hashes while writing instead of reading the checkpoint back: the grace is short
-        # (GKE Spot: 15 s), and a resume verifies every file anyway.
+        # Saves hash their files while writing them. The final save, and a periodic one while this
+        # attempt has no verified checkpoint (nothing read back, nothing loaded), also read every file
+        # back, so that retention, which never deletes the newest verified checkpoint, always has one
+        # to keep when the store has one. Preemption and warning saves never read back: the grace is
+        # short (GKE Spot: 15 s), and a resume hashes every file while loading it.
+        read_back = reason == "final" or (reason == "periodic" and self.store.verified_step is None)
         return self.store.save(b.step, self.state(b), manifest, self.attempt, committed,
-                               read_back=reason != "preempt").save_ms
+                               read_back=read_back).save_ms
 
     # -- the stop --
     def stop(self, b: Boundary) -> int:
@@ -444,7 +448,7 @@ class Trainer:
         while self.step < cfg.total_steps:
             if self.store.pending is not None:  # waiting for staging or committing takes a while
                 self.preempt.invalidate()
-            self.store.step_boundary()  # the save in flight: staging done before this step mutates; commit if uploaded
+            self.store.step_boundary()  # the save in flight: commit it if every rank's upload is done
             b = self.boundary()
             t0 = time.perf_counter()
             loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)  # one host sync a step
@@ -464,6 +468,7 @@ class Trainer:
                 loss = self.model(input_ids=batch, labels=batch).loss / accum
                 loss.backward()
                 loss_sum += loss.detach().double()
+            self.store.before_update()  # an async save's staging copy must be done before the update
             if cfg.optim.grad_clip > 0:
                 torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.optim.grad_clip)
             lr = self.optim.param_groups[0]["lr"]

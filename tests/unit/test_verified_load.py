@@ -121,3 +121,27 @@ def test_a_file_no_item_is_read_from_is_still_hashed(store):
     got = resolve_and_load(store, FP, lambda s, m: {"progress": torch.zeros(1, dtype=torch.int64)},
                            lambda s, why: refused.append((s, why)))
     assert got is None and [s for s, _ in refused] == [5] and "sha256" in refused[0][1]
+
+
+@pytest.mark.parametrize("verified", [True, False], ids=["verified-kept", "control-none-verified"])
+def test_retention_never_deletes_the_newest_verified_checkpoint(store, verified):
+    """Step 1 read back (verified), steps 2-4 hashed while writing: keep_last=2 keeps 3 and 4, and
+    step 1 as the newest verified one. The control, with nothing verified, deletes it."""
+    attempt = store.claim_attempt({})
+    for step in (1, 2, 3, 4):
+        store.save(step, state(step), {"fingerprint": FP}, attempt, read_back=(step == 1 and verified))
+    assert store.verified_step == (1 if verified else None)
+    deleted = store.retain(2, 4)
+    assert deleted == ([2] if verified else [1, 2])
+    assert store.committed_steps() == ([4, 3, 1] if verified else [4, 3])
+
+
+def test_a_resume_marks_what_it_loaded_as_verified(store):
+    attempt = store.claim_attempt({})
+    for step in (1, 2):
+        store.save(step, state(step), {"fingerprint": FP}, attempt, read_back=False)
+    fresh = Store(store.root_uri, store.run_id)
+    assert fresh.verified_step is None
+    got = resolve_and_load(fresh, FP, lambda s, m: {k: torch.zeros_like(v) for k, v in state(s).items()},
+                           lambda s, why: None)
+    assert got is not None and got[0] == 2 and fresh.verified_step == 2
