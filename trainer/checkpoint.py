@@ -301,6 +301,7 @@ class Store:
         # The newest step known to be intact as stored: a save that read its files back, or the
         # checkpoint this attempt's resume hashed while loading. Retention never deletes it.
         self.verified_step: int | None = None
+        self.unverified_commits = 0  # commits since verified_step that were not read back
         if check:
             self.check()
 
@@ -418,8 +419,7 @@ class Store:
         older one: retention deletes nothing after a preemption save, so that one still exists."""
         self.drain()
         res = self._finish(self._start(step, state, manifest, attempt, asynchronous=False, read_back=read_back))
-        if read_back:
-            self.verified_step = step
+        self._verified(step, read_back)
         if on_commit:
             on_commit(res)
         return res
@@ -490,9 +490,15 @@ class Store:
     def _complete(self, p: PendingSave) -> None:
         self.pending = None
         res = self._finish(p)
-        self.verified_step = p.step  # an async save reads its files back, in the background
+        self._verified(p.step, True)  # an async save reads its files back, in the background
         if p.on_commit:
             p.on_commit(res)
+
+    def _verified(self, step: int, verified: bool) -> None:
+        if verified:
+            self.verified_step, self.unverified_commits = step, 0
+        else:
+            self.unverified_commits += 1
 
     def _staging_buffers(self) -> Any:
         # One stager for the whole run: its staging copy (one checkpoint per rank) is allocated once
@@ -877,7 +883,7 @@ def resolve_and_load(store: Store, fingerprint: str, build_state: Callable[[int,
             if verdict and verdict.startswith("storage:"):
                 raise StorageError(verdict.removeprefix("storage:"))
             if verdict is None:
-                store.verified_step = step  # every file hashed while it loaded
+                store._verified(step, True)  # every file hashed while it loaded
                 return step, manifest, state
         on_refused(step, verdict)
     return None

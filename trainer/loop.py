@@ -331,12 +331,15 @@ class Trainer:
 
         if ck.async_save and reason == "periodic":
             return self.store.save_async(b.step, self.state(b), manifest, self.attempt, committed)
-        # Saves hash their files while writing them. The final save, and a periodic one while this
-        # attempt has no verified checkpoint (nothing read back, nothing loaded), also read every file
-        # back, so that retention, which never deletes the newest verified checkpoint, always has one
-        # to keep when the store has one. Preemption and warning saves never read back: the grace is
-        # short (GKE Spot: 15 s), and a resume hashes every file while loading it.
-        read_back = reason == "final" or (reason == "periodic" and self.store.verified_step is None)
+        # Saves hash their files while writing them. Retention never deletes the newest verified
+        # checkpoint (read back, or loaded by this attempt's resume), so a periodic save also reads its
+        # files back when there is none yet, or when it would otherwise push the verified one out of
+        # the newest keep_last (one periodic save in keep_last: keep_last 1 reads back every time),
+        # and so does the final save. Preemption and warning saves never read back: the grace is short
+        # (GKE Spot: 15 s), and a resume hashes every file while loading it.
+        st = self.store
+        read_back = reason == "final" or (reason == "periodic" and (
+            st.verified_step is None or st.unverified_commits + 1 >= ck.keep_last))
         return self.store.save(b.step, self.state(b), manifest, self.attempt, committed,
                                read_back=read_back).save_ms
 
