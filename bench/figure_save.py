@@ -18,9 +18,18 @@ def flush_figure(local: dict[str, Any], s3: dict[str, Any] | None) -> Figure:
         fmt_x(local["dcp_MBps"] / lr),
         "",
     )
+    if "store_preempt_MBps" in local:
+        f.rows.append(
+            (
+                "flush: local disk, `Store.save` hashed while writing (periodic saves, preemption saves) + commit vs raw",
+                f"{local['store_preempt_MBps']:.0f} MB/s",
+                f"{lr:.0f} MB/s",
+                fmt_x(local["store_preempt_MBps"] / lr),
+            )
+        )
     f.rows.append(
         (
-            "flush: local disk, `Store.save` (hash read-back + commit) vs raw",
+            "flush: local disk, `Store.save` with read-back (final; one periodic save in `keep_last`) vs raw",
             f"{local['store_MBps']:.0f} MB/s",
             f"{lr:.0f} MB/s",
             fmt_x(local["store_MBps"] / lr),
@@ -39,7 +48,7 @@ def flush_figure(local: dict[str, Any], s3: dict[str, Any] | None) -> Figure:
         if res and "store_preempt_s" in res:
             f.rows.append(
                 (
-                    f"flush: {where}, preemption `Store.save` (hashed while writing) vs `Store.save` (read back)",
+                    f"flush: {where}, `Store.save` hashed while writing vs with read-back",
                     f"{res['store_preempt_s']:.2f} s",
                     f"{res['store_s']:.2f} s",
                     fmt_x(res["store_s"] / res["store_preempt_s"]),
@@ -67,8 +76,12 @@ def flush_figure(local: dict[str, Any], s3: dict[str, Any] | None) -> Figure:
         f"{local['store_MBps'] / lr:.0%} of raw."
     ]
     if "store_preempt_s" in local:
+        pr = local["store_preempt_MBps"] / lr
         text.append(
-            f"A preemption save hashes its files while writing them and checks only their sizes in the store: "
+            f"A save that hashes its files while writing them and checks only their sizes in the store (every "
+            f"preemption and warning save, and periodic saves except one in `keep_last`, see the README's "
+            f"retention rule) reaches {local['store_preempt_MBps']:.0f} MB/s, {pr:.0%} of raw (goal 90%: "
+            f"{'met' if pr >= 0.9 else 'missed'}): "
             f"{local['store_preempt_s']:.2f} s against {local['store_s']:.2f} s for a save that reads everything back"
             + (f"; on the local S3, where the read-back is a download, {s3['store_preempt_s']:.2f} s against "
                f"{s3['store_s']:.2f} s" if s3 and "store_preempt_s" in s3 else "")
@@ -83,8 +96,9 @@ def flush_figure(local: dict[str, Any], s3: dict[str, Any] | None) -> Figure:
         )
     if local["store_MBps"] / lr < 0.9:
         text.append(
-            "baton loses here to its read-back: the commit re-reads and hashes the whole checkpoint, so "
-            "that the manifest describes what is stored rather than what was meant to be written."
+            "A save with read-back loses to raw: it re-reads and hashes the whole checkpoint, so that the "
+            "manifest describes what is stored rather than what was meant to be written; that is why only "
+            "the final save and one periodic save in `keep_last` do it."
         )
     if s3:
         r = s3["raw_MBps"]
@@ -96,9 +110,18 @@ def flush_figure(local: dict[str, Any], s3: dict[str, Any] | None) -> Figure:
                 fmt_x(s3["dcp_MBps"] / r),
             )
         )
+        if "store_preempt_MBps" in s3:
+            f.rows.append(
+                (
+                    "flush: local S3 (moto), `Store.save` hashed while writing vs raw upload",
+                    f"{s3['store_preempt_MBps']:.0f} MB/s",
+                    f"{r:.0f} MB/s",
+                    fmt_x(s3["store_preempt_MBps"] / r),
+                )
+            )
         f.rows.append(
             (
-                "flush: local S3 (moto), `Store.save` vs raw upload",
+                "flush: local S3 (moto), `Store.save` with read-back vs raw upload",
                 f"{s3['store_MBps']:.0f} MB/s",
                 f"{r:.0f} MB/s",
                 fmt_x(s3["store_MBps"] / r),

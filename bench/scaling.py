@@ -9,7 +9,11 @@ the save and load paths depend on, not what the tensors mean). For each size (ab
 - raw_read: reading every file of that checkpoint once (after dropping nothing: the page cache is
   as warm as it is for the load);
 - load: `resolve_and_load` of it (listing, manifest, sizes, the load with every file hashed while
-  read, into a staging copy).
+  read, into a staging copy);
+- two_pass: what a restart did before: every file read and hashed (`Store.verify_files`), then
+  `dcp.load` of the same files into the state;
+- hash: sha256 of the same bytes already in memory, on `io_threads` threads (the verification's floor
+  on this CPU).
 The slope of each against the byte count (least squares, GB/s) is the figure; a constant part (the
 commit's small writes, the listing) shows as the intercept.
 Listing: `Store.committed_steps()` with 3 and with 30 committed checkpoints (tiny ones): one
@@ -66,6 +70,18 @@ def raw_read(folder: str) -> float:
     return time.perf_counter() - t
 
 
+def hash_in_memory(store: Any, step: int) -> float:
+    import hashlib
+    from concurrent.futures import ThreadPoolExecutor
+
+    folder = store.step_path(step)
+    blobs = [open(os.path.join(folder, n), "rb").read() for n in sorted(os.listdir(folder))]
+    t = time.perf_counter()
+    with ThreadPoolExecutor(store.io_threads) as pool:
+        list(pool.map(lambda b: hashlib.sha256(b).hexdigest(), blobs))
+    return time.perf_counter() - t
+
+
 def slope(xs: list[float], ys: list[float]) -> tuple[float, float]:
     """Least squares y = a + b x: (b, a)."""
     mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
@@ -76,6 +92,7 @@ def slope(xs: list[float], ys: list[float]) -> tuple[float, float]:
 def main() -> None:
     args = section_args(__doc__ or "", None)
     import torch
+    import torch.distributed.checkpoint as dcp
 
     from trainer.checkpoint import Store, resolve_and_load
 
@@ -90,7 +107,8 @@ def main() -> None:
         store = Store(f"file://{root}/s{int(size)}", "run", io_threads=4)
         attempt = store.claim_attempt({})
         step = 0
-        runs: dict[str, list[float]] = {"raw_write": [], "save": [], "raw_read": [], "load": []}
+        runs: dict[str, list[float]] = {"raw_write": [], "save": [], "raw_read": [], "load": [], "two_pass": [],
+                                        "hash": []}
         for _, side in interleaved(args.reps, ["raw_write", "save"]):
             if side == "raw_write":
                 runs[side].append(raw_write(str(root / "raw.bin"), nbytes, noise))
@@ -103,9 +121,17 @@ def main() -> None:
                     store._delete(store.step_path(step - 1))
         template = {"model": {k: torch.empty_like(v) for k, v in state["model"].items()},
                     "progress": torch.zeros(1, dtype=torch.int64)}
-        for _, side in interleaved(args.reps, ["raw_read", "load"]):
+        for _, side in interleaved(args.reps, ["raw_read", "load", "two_pass", "hash"]):
             if side == "raw_read":
                 runs[side].append(raw_read(store.step_path(step)))
+            elif side == "two_pass":
+                t = time.perf_counter()
+                manifest = store.read_manifest(step)
+                store.verify_files(step, manifest)
+                dcp.load(template, storage_reader=store._reader(step))
+                runs[side].append(time.perf_counter() - t)
+            elif side == "hash":
+                runs[side].append(hash_in_memory(store, step))
             else:
                 t = time.perf_counter()
                 got = resolve_and_load(store, FP, lambda s, m, tpl=template: tpl, lambda s, why: None)
@@ -118,7 +144,7 @@ def main() -> None:
         del state, template, got
     xs = [v["bytes"] / 1e9 for v in per_size.values()]
     fits = {}
-    for side in ("raw_write", "save", "raw_read", "load"):
+    for side in ("raw_write", "save", "raw_read", "load", "two_pass", "hash"):
         b, a = slope(xs, [v[f"{side}_s"] for v in per_size.values()])
         fits[side] = {"s_per_GB": b, "GBps": 1 / b if b > 0 else None, "intercept_s": a}
     # Listing: flat in the number of checkpoints.
@@ -135,7 +161,22 @@ def main() -> None:
             times.append(time.perf_counter() - t)
         listing[str(n)] = median(times)
     shutil.rmtree(root, ignore_errors=True)
-    write_result(args.result, {"sizes": per_size, "fits": fits, "listing_s": listing})
+    from bench.s3 import LocalS3
+
+    listing_s3: dict[str, float] = {}
+    with LocalS3() as s3:
+        for n in (3, 30):
+            store = Store(s3.uri(f"list{n}"), "run")
+            attempt = store.claim_attempt({})
+            for s in range(1, n + 1):
+                store.save(s, {"progress": torch.tensor([s])}, {"fingerprint": FP}, attempt, read_back=False)
+            times = []
+            for _ in range(max(5, args.reps)):
+                t = time.perf_counter()
+                assert len(store.committed_steps()) == n
+                times.append(time.perf_counter() - t)
+            listing_s3[str(n)] = median(times)
+    write_result(args.result, {"sizes": per_size, "fits": fits, "listing_s": listing, "listing_s3_s": listing_s3})
 
 
 if __name__ == "__main__":
