@@ -70,6 +70,17 @@ def resume_figure(r: dict[str, Any]) -> Figure:
                 "`EpochSampler`, which slices the epoch's permutation tensor once per batch (microseconds "
                 "each); HF walks a list of indices. Both are small next to the restart itself."
             )
+    ph = r.get(f"baton@{k0}_phases")
+    if ph:
+        order = ["startup_s", "init_s", "build_s", "listing_s", "manifest_s", "load_verify_s", "restore_s"]
+        cells = ", ".join(f"{k.removesuffix('_s')} {ph[k]:.2f}" for k in order if k in ph)
+        f.rows.append((f"resume: baton's phases at K={k0} (s, medians, from its `resume` record)", cells, "", ""))
+        f.text += (
+            f" baton's `resume` record times each phase of its start (medians at K={k0}): {cells} s. "
+            "`startup` is the interpreter and the imports up to the trainer; `build` the tokenizer, the "
+            "packed data and the model, built without reading the pretrained weights since a checkpoint "
+            "exists; `load_verify` the load with every file hashed while read."
+        )
     return f
 
 
