@@ -28,7 +28,7 @@ SECTIONS: dict[str, list[str]] = {
     "flush-s3": ["bench.flush", "--where", "s3"],
     "resume": ["bench.resume"],
     "equivalence": ["bench.equivalence"],
-    "overhead": ["bench.overhead"],
+    "overhead": ["bench.overhead", "--ws2"],
     "memory-sync": ["bench.memory", "--mode", "sync"],
     "memory-async": ["bench.memory", "--mode", "async"],
     "memory-async-mmap": ["bench.memory", "--mode", "async", "--saves", "10"],
