@@ -31,10 +31,11 @@ SECTIONS: dict[str, list[str]] = {
     "overhead": ["bench.overhead", "--ws2"],
     "memory-sync": ["bench.memory", "--mode", "sync"],
     "memory-async": ["bench.memory", "--mode", "async"],
-    "memory-async-mmap": ["bench.memory", "--mode", "async", "--saves", "10"],
+    "memory-async-mmap": ["bench.memory", "--mode", "async"],
     "scaling": ["bench.scaling"],
 }
-# A diagnostic: glibc with a fixed mmap threshold, so that freed staging buffers go back to the OS.
+# glibc with a fixed mmap threshold, so that freed staging buffers go back to the OS: what steps.train
+# and the image give the workers (MALLOC_MMAP_THRESHOLD_); memory-async is the default allocator.
 SECTION_ENV: dict[str, dict[str, str]] = {"memory-async-mmap": {"MALLOC_MMAP_THRESHOLD_": str(1 << 20)}}
 
 
