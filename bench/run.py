@@ -135,9 +135,17 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="measure nothing: rewrite the results file from the last run's .baton/bench/results/all.json",
     )
+    ap.add_argument(
+        "--rerender-partial",
+        action="store_true",
+        help="measure nothing: rewrite the results file from the newest result of every section left in "
+        ".baton/bench/results-partial by runs with --only (sections measured in separate runs)",
+    )
     args = ap.parse_args(argv)
     if args.rerender:
         return rerender(Path(args.results) if args.results else REPO / "docs/results.md")
+    if args.rerender_partial:
+        return rerender_partial(Path(args.results) if args.results else REPO / "docs/results.md", args.reps)
     names = [s for s in args.only.split(",") if s] or list(SECTIONS)
     unknown = set(names) - set(SECTIONS)
     if unknown:
@@ -189,6 +197,31 @@ def render(target: Path, results: dict[str, dict[str, Any]], meta: dict[str, Any
 def rerender(target: Path) -> int:
     saved = json.loads((WORK / "results" / "all.json").read_text())
     render(target, saved["results"], saved["meta"])
+    return 0
+
+
+def rerender_partial(target: Path, reps: int) -> int:
+    """The results file from the sections' own result files, each from the last `--only` run that
+    measured it: for a machine too busy for one long run. The setup says when each section ran."""
+    part = WORK / "results-partial"
+    results, when = {}, {}
+    for name in SECTIONS:
+        f = part / f"{name}.json"
+        if f.exists():
+            results[name] = json.loads(f.read_text())
+            when[name] = time.strftime("%H:%M", time.gmtime(f.stat().st_mtime))
+    first = min(f.stat().st_mtime for f in part.glob("*.json") if f.stem in SECTIONS)
+    meta = {
+        "total_s": time.time() - first,
+        "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(first)) + ", section by section ("
+        + ", ".join(f"{n} {t}" for n, t in when.items()) + " UTC)",
+        "reps": reps,
+        "command": ".venv/bin/python -m bench.run --only SECTION[,SECTION...]   # each section, then:\n"
+        ".venv/bin/python -m bench.run --rerender-partial",
+        "machine": machine(),
+        "failed": {n: "not measured in this run" for n in SECTIONS if n not in results},
+    }
+    render(target, results, meta)
     return 0
 
 
