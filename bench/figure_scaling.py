@@ -30,6 +30,10 @@ def scaling_figure(sc: dict[str, Any], overhead: dict[str, Any] | None) -> Figur
                        rate("load"), rate("two_pass"), ratio("load", "two_pass")))
         f.rows.append((f"scaling: restart load slope vs sha256 of the same bytes in memory ({sizes_txt} GB)",
                        rate("load"), rate("hash"), ratio("load", "hash")))
+    big = list(sizes.values())[-1]
+    if "load_read_x" in big:
+        f.rows.append((f"scaling: bytes a restart reads / the checkpoint's bytes ({big['bytes'] / 1e9:.2f} GB), "
+                       "one pass vs two", f"{big['load_read_x']:.2f}x", f"{big['two_pass_read_x']:.2f}x", ""))
     for v in sizes.values():
         f.rows.append((f"scaling: {v['bytes'] / 1e9:.2f} GB: save / raw write; load / raw read",
                        f"{v['save_s']:.2f} s / {v['load_s']:.2f} s",
@@ -57,6 +61,8 @@ def scaling_figure(sc: dict[str, Any], overhead: dict[str, Any] | None) -> Figur
            f"loaded: two reads) and {rate('hash')} for sha256 alone over the same bytes in memory"
            if "two_pass" in fits else "")
         + ". The figure in brackets is the constant part (the fit's intercept). "
+        + (f"The restart reads the checkpoint once: {big['load_read_x']:.2f}x its bytes, against "
+           f"{big['two_pass_read_x']:.2f}x before (read to hash, then read to load). " if "load_read_x" in big else "")
         + ("Each is a straight line in the bytes within the noise; " if lin else "")
         + f"finding the newest checkpoint is one listing: {lst['3'] * 1000:.1f} ms with 3 committed and "
         f"{lst['30'] * 1000:.1f} ms with 30 on local disk (there fsspec walks the folders, so it grows with "

@@ -14,6 +14,8 @@ the save and load paths depend on, not what the tensors mean). For each size (ab
   `dcp.load` of the same files into the state;
 - hash: sha256 of the same bytes already in memory, on `io_threads` threads (the verification's floor
   on this CPU).
+For load and two_pass it also counts the bytes the process read (/proc/self/io rchar) against the
+checkpoint's size: how many times a restart reads the checkpoint, independent of the machine's load.
 The slope of each against the byte count (least squares, GB/s) is the figure; a constant part (the
 commit's small writes, the listing) shows as the intercept.
 Listing: `Store.committed_steps()` with 3 and with 30 committed checkpoints (tiny ones): one
@@ -82,6 +84,13 @@ def hash_in_memory(store: Any, step: int) -> float:
     return time.perf_counter() - t
 
 
+def rchar() -> int:
+    """Bytes this process has read through read() calls so far (/proc/self/io), page-cache hits included:
+    how many times a restart reads the checkpoint, whatever the disk's speed."""
+    with open("/proc/self/io") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("rchar"))
+
+
 def slope(xs: list[float], ys: list[float]) -> tuple[float, float]:
     """Least squares y = a + b x: (b, a)."""
     mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
@@ -109,6 +118,7 @@ def main() -> None:
         step = 0
         runs: dict[str, list[float]] = {"raw_write": [], "save": [], "raw_read": [], "load": [], "two_pass": [],
                                         "hash": []}
+        read_x: dict[str, list[float]] = {"load": [], "two_pass": []}  # bytes read / checkpoint bytes
         for _, side in interleaved(args.reps, ["raw_write", "save"]):
             if side == "raw_write":
                 runs[side].append(raw_write(str(root / "raw.bin"), nbytes, noise))
@@ -125,20 +135,25 @@ def main() -> None:
             if side == "raw_read":
                 runs[side].append(raw_read(store.step_path(step)))
             elif side == "two_pass":
+                r0 = rchar()
                 t = time.perf_counter()
                 manifest = store.read_manifest(step)
                 store.verify_files(step, manifest)
                 dcp.load(template, storage_reader=store._reader(step))
                 runs[side].append(time.perf_counter() - t)
+                read_x[side].append((rchar() - r0) / nbytes)
             elif side == "hash":
                 runs[side].append(hash_in_memory(store, step))
             else:
+                r0 = rchar()
                 t = time.perf_counter()
                 got = resolve_and_load(store, FP, lambda s, m, tpl=template: tpl, lambda s, why: None)
                 runs[side].append(time.perf_counter() - t)
+                read_x[side].append((rchar() - r0) / nbytes)
                 assert got is not None and got[0] == step
 
-        per_size[str(int(size))] = {"bytes": nbytes, "runs": runs, **{f"{k}_s": median(v) for k, v in runs.items()}}
+        per_size[str(int(size))] = {"bytes": nbytes, "runs": runs, **{f"{k}_s": median(v) for k, v in runs.items()},
+                                    **{f"{k}_read_x": median(v) for k, v in read_x.items()}}
         log(f"scaling {nbytes / 1e9:.2f} GB: " + ", ".join(f"{k} {median(v):.2f} s" for k, v in runs.items()))
         shutil.rmtree(root / f"s{int(size)}", ignore_errors=True)
         del state, template, got
