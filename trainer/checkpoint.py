@@ -7,23 +7,26 @@ Layout under any fsspec root (file://, s3://, gs://, or a local path):
                                          _COMMIT                        written last; absent = incomplete
     <root>/runs/<run_id>/attempts/<n:08d>-<token>.json                  one per process start (fencing)
 
-Commit order: every rank writes its DCP files, reads them back and hashes them; rank 0 gathers the
-hashes, checks the fencing, writes manifest.json, and writes _COMMIT last (its body holds the
-manifest's sha256). So a _COMMIT exists only over files that were all durable and hashed. A
-preemption save (`read_back=False`) hashes each file as it is written and checks only its stored
-size: inside the grace a full read-back (a download, on an object store) costs too much, and the
-load-time verification still catches a store that changed the bytes. Loading verifies sizes and
-checksums against the manifest and falls back past anything that fails.
+Commit order: every rank writes its DCP files and hashes them; rank 0 gathers the hashes, checks the
+fencing, writes manifest.json, and writes _COMMIT last (its body holds the manifest's sha256). So a
+_COMMIT exists only over files that were all durable and hashed. A save with `read_back=True` reads
+every file back from the store to hash what is stored; with `read_back=False` it hashes each file as it
+is written and checks only its stored size (the trainer reads back only some saves: see
+`Trainer.save`). `verified_step` is the newest checkpoint known intact as stored (read back, or loaded
+by a resume); retention never deletes it. Loading checks sizes against the manifest, then hashes every
+file while DCP reads it, into a staging copy (`resolve_and_load`, `ckpt_read.VerifyingReader`), and
+falls back past anything that fails.
 
 Finding the newest complete checkpoint is one listing request (`Store.committed_steps`), after the
 listing caches are dropped. Retention keeps the newest `keep_last` committed checkpoints and the best
 one by a metric recorded in the manifest; it runs only after a commit, and every deletion removes
 _COMMIT first, so a deletion cut short leaves an incomplete folder, never a complete-looking one.
 
-Asynchronous saves (`Store.save_async`): the state is staged (copied) by `dcp.async_save` on a gloo
-group of its own, written and read back in the background, and committed at a later step boundary
-(`Store.step_boundary`) once every rank's upload has finished; at most one is in flight, and `drain`
-commits it before any synchronous save.
+Asynchronous saves (`Store.save_async`): the state is staged (copied, on the stager's own thread) by
+`dcp.async_save` on a gloo group of its own, written and read back in the background, and committed at
+a later step boundary (`Store.step_boundary`) once every rank's upload has finished. The loop calls
+`Store.before_update` before the optimizer writes, which waits for the staging copy; at most one save
+is in flight, and `drain` commits it before any synchronous save.
 
 Fencing, and its limits. Each process start claims the next attempt number by listing `attempts/`
 and writing its own marker (equal numbers: the smaller token keeps it, the other retries). Before a
