@@ -15,7 +15,8 @@ is written and checks only its stored size (the trainer reads back only some sav
 `Trainer.save`). `verified_step` is the newest checkpoint known intact as stored (read back, or loaded
 by a resume); retention never deletes it. Loading checks sizes against the manifest, then hashes every
 file while DCP reads it, into a staging copy (`resolve_and_load`, `ckpt_read.VerifyingReader`), and
-falls back past anything that fails.
+falls back past anything that fails: trainer/ckpt_resolve.py. The asynchronous half of the store is
+trainer/ckpt_async.py.
 
 Finding the newest complete checkpoint is one listing request (`Store.committed_steps`), after the
 listing caches are dropped. Retention keeps the newest `keep_last` committed checkpoints and the best
@@ -72,6 +73,7 @@ from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 
+from trainer.ckpt_async import AsyncSaves, _reusable  # noqa: F401 - _reusable: tests import it from here
 from trainer.ckpt_read import CorruptCheckpoint, SafeReader, VerifyingReader
 from trainer.records import log
 from trainer.storage import (
@@ -274,15 +276,9 @@ def _writer_thread_hook(args: Any) -> None:
     _previous_thread_hook(args)
 
 
-def _reusable(stager: Any) -> bool:
-    """Whether a DefaultStager can stage again. Before torch 2.13 (seen in 2.11) its _stage() closes
-    the inner StateDictStager after every stage, emptying its copy dispatch: a second stage then fails
-    with `KeyError: <class 'type'>`. Such a stager serves one save, and the next save gets a new one."""
-    inner = getattr(stager, "_state_dict_stager", None)
-    return bool(getattr(inner, "_deepcopy_dispatch", True))
 
 
-class Store:
+class Store(AsyncSaves):
     """One run's checkpoints under `<root>/runs/<run_id>`.
 
     Construction checks the store (one listing), so a bad URI, a missing bucket, missing
@@ -427,106 +423,11 @@ class Store:
             on_commit(res)
         return res
 
-    def save_async(self, step: int, state: dict[str, Any], manifest: dict[str, Any], attempt: int,
-                   on_commit: Callable[[SaveResult], None]) -> float:
-        """Stage the state, write it in the background (dcp.async_save on a dedicated gloo group),
-        and commit at a later step boundary (`step_boundary`) once every rank's files are written and
-        read back. At most one save is in flight: an older one is committed first. Returns the ms
-        this call blocked."""
-        self.drain()  # that wait counts as the older save's blocking time
-        t = time.perf_counter()
-        pending = self._start(step, state, manifest, attempt, asynchronous=True)
-        pending.on_commit = on_commit
-        pending.blocking_s += time.perf_counter() - t
-        self.pending = pending
-        return pending.blocking_s * 1000
-
-    def before_update(self) -> None:
-        """Call before anything mutates the model or optimizer state (the optimizer step): waits until
-        the save in flight has staged its copy. The staging copy runs in the background meanwhile, over
-        the step's forward and backward passes, which only read that state. That wait counts as the
-        save's blocking time."""
-        p = self.pending
-        if p is None or p.staging is None:
-            return
-        t = time.perf_counter()
-        p.staging.result()
-        p.staging = None
-        p.blocking_s += time.perf_counter() - t
-
-    def step_boundary(self) -> None:
-        """Call at the top of every optimizer step: commits the save in flight if every rank's upload
-        has finished. A collective while a save is in flight (all ranks agree on when). Its staging
-        copy may still be running: `before_update` waits for it."""
-        p = self.pending
-        if p is None:
-            return
-        t = time.perf_counter()
-        ready = p.files.done()
-        if _world() > 1:
-            flag = torch.tensor([1 if ready else 0], dtype=torch.int32)
-            dist.all_reduce(flag, op=dist.ReduceOp.MIN)
-            ready = bool(flag.item())
-        p.blocking_s += time.perf_counter() - t
-        if ready:
-            self._complete(p)
-
-    def drain(self, raise_storage_errors: bool = True) -> str | None:
-        """Wait for the save in flight (if any) and commit it. Collective. With
-        `raise_storage_errors=False` a failed save is returned as a message instead (a preemption
-        still saves its own step); FencedOut is always raised."""
-        p = self.pending
-        if p is None:
-            return None
-        t = time.perf_counter()
-        with contextlib.suppress(Exception):  # a failure is reported, collectively, by _finish
-            p.files.result()
-        p.blocking_s += time.perf_counter() - t
-        try:
-            self._complete(p)
-        except StorageError as e:
-            if raise_storage_errors:
-                raise
-            return str(e)
-        return None
-
-    def _complete(self, p: PendingSave) -> None:
-        self.pending = None
-        res = self._finish(p)
-        self._verified(p.step, True)  # an async save reads its files back, in the background
-        if p.on_commit:
-            p.on_commit(res)
-
     def _verified(self, step: int, verified: bool) -> None:
         if verified:
             self.verified_step, self.unverified_commits = step, 0
         else:
             self.unverified_commits += 1
-
-    def _staging_buffers(self) -> Any:
-        # One stager for the whole run: its staging copy (one checkpoint per rank) is allocated once
-        # and refilled by later saves, instead of allocated and faulted in on every save (measured in
-        # docs/results.md, figure 2). Safe to refill: save_async drains the previous save first.
-        if self._stager is not None and not _reusable(self._stager):
-            self._stager = None
-        if self._stager is None:
-            from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
-
-            # Staged on the stager's own thread, so that the copy overlaps the next step's forward and
-            # backward passes (before_update waits for it); into pinned memory where a GPU is (the
-            # device-to-host copy goes by DMA). Blocking copies: they queue behind the work already
-            # on the stream, so a copy cannot read a parameter that an update still has to write.
-            self._stager = DefaultStager(StagingOptions(use_pinned_memory=torch.cuda.is_available(),
-                                                        use_shared_memory=False, use_async_staging=True,
-                                                        use_non_blocking_copy=False))
-        return self._stager
-
-    def _gloo_group(self) -> Any:
-        # Created once, by every rank at the same save. dcp.async_save on the default group hangs
-        # or mismatches while training uses it; its own gloo group does not.
-        if self._group is None:
-            self._group = dist.new_group(backend="gloo") if dist.is_initialized() else False
-        return self._group or None
 
     def _start(self, step: int, state: dict[str, Any], manifest: dict[str, Any], attempt: int,
                asynchronous: bool, read_back: bool = True) -> PendingSave:
@@ -781,115 +682,6 @@ def _raise_agreed(error: tuple[str, str] | None) -> None:
     kind, msg = error
     raise FencedOut(msg) if kind == "fenced" else StorageError(msg)
 
-
-def _staging_like(state: dict[str, Any]) -> dict[str, Any]:
-    """A tensor-for-tensor copy of `state`'s structure with fresh storage (DTensors stay DTensors with
-    the same placements): what a load writes into before the checkpoint is known to be intact."""
-    return {k: _staging_like(v) if isinstance(v, dict) else torch.empty_like(v) for k, v in state.items()}
-
-
-def _load_failure(e: BaseException) -> str:
-    """The reason to record for a failed load: a CorruptCheckpoint's own message when a rank raised one
-    (DCP wraps every rank's failure in one CheckpointException)."""
-    if isinstance(e, CorruptCheckpoint):
-        return str(e)
-    for wrapped in (getattr(e, "failures", None) or {}).values():  # rank -> (exception, traceback)
-        inner = wrapped[0] if isinstance(wrapped, tuple) else getattr(wrapped, "exc", None)
-        if isinstance(inner, CorruptCheckpoint):
-            return str(inner)
-    return f"load failed: {type(e).__name__}: {e}".splitlines()[0][:500]
-
-
-def _all_hashed(store: Store, step: int, manifest: dict[str, Any], hashed: set[str]) -> str | None:
-    """Collective: every file of the manifest was hashed by some rank during the load; a file that none
-    read (an item no rank asked for) is hashed now on rank 0. Returns the agreed refusal, or None."""
-    parts = gather(sorted(hashed))
-    verdict = None
-    if _rank() == 0:
-        missing = sorted(set(manifest.get("files") or {}) - {n for p in parts for n in p})
-        try:
-            if missing:
-                store.verify_files(step, manifest, names=missing)
-        except CorruptCheckpoint as e:
-            verdict = str(e)
-        except StorageError as e:
-            verdict = f"storage:{e}"
-    return broadcast(verdict)
-
-
-@dataclass
-class LoadTimes:
-    """Seconds spent in each phase of resolve_and_load (over every checkpoint it tried)."""
-
-    listing: float = 0.0
-    manifest: float = 0.0
-    load: float = 0.0
-    tried: int = 0
-
-    def as_dict(self) -> dict[str, float]:
-        return {"listing_s": round(self.listing, 3), "manifest_s": round(self.manifest, 3),
-                "load_verify_s": round(self.load, 3)}
-
-
-def resolve_and_load(store: Store, fingerprint: str, build_state: Callable[[int, dict], dict],
-                     on_refused: Callable[[int, str], None], times: LoadTimes | None = None,
-                     steps: list[int] | None = None) -> tuple[int, dict, dict] | None:
-    """Load the newest complete, intact checkpoint; fall back past torn or corrupt ones.
-
-    `steps`: the committed steps, newest first, when the caller has listed them (same on every rank).
-    `build_state(step, manifest)` returns the tensor-only state to load (the live tensors may be in
-    it): the load goes into a staging copy of it, hashing every file while reading it, and the staging
-    copy is returned only once every file has matched its sha256 on every rank, so no tensor of a
-    refused checkpoint reaches the live state. Returns (step, manifest, staged state), or None when no
-    usable checkpoint exists. Raises CheckpointRefused for a checkpoint of another run (a different
-    fingerprint): that is a mistake to stop on, not to skip. A store that fails (after retries) while
-    being read raises StorageError: a network fault is not a reason to pass over a good checkpoint.
-    """
-    times = times if times is not None else LoadTimes()
-    if steps is None:  # the caller may have listed them already (one listing per start)
-        t = time.perf_counter()
-        steps = broadcast(store.committed_steps() if _rank() == 0 else None)
-        times.listing += time.perf_counter() - t
-    for step in steps:
-        times.tried += 1
-        t = time.perf_counter()
-        verdict: str | None = None
-        manifest: dict = {}
-        if _rank() == 0:
-            try:
-                manifest = store.read_manifest(step)
-                if manifest.get("fingerprint") != fingerprint:
-                    verdict = (f"foreign:{store.url(store.step_path(step))} has fingerprint "
-                               f"{str(manifest.get('fingerprint'))[:12]}, this run has {fingerprint[:12]}")
-                else:
-                    store.verify_files(step, manifest, hash_files=False)  # sizes: a stat each
-            except CorruptCheckpoint as e:
-                verdict = str(e)
-            except StorageError as e:
-                verdict = f"storage:{e}"
-        verdict, manifest = broadcast((verdict, manifest))
-        times.manifest += time.perf_counter() - t
-        if verdict and verdict.startswith("foreign:"):
-            raise CheckpointRefused(f"refusing checkpoint {verdict.removeprefix('foreign:')}; "
-                                    "it belongs to another run")
-        if verdict and verdict.startswith("storage:"):
-            raise StorageError(verdict.removeprefix("storage:"))
-        if verdict is None:
-            t = time.perf_counter()
-            try:
-                state = _staging_like(build_state(step, manifest))
-                hashed = store.load_verified(step, manifest, state)
-                verdict = _all_hashed(store, step, manifest, hashed)
-            except (Exception, CheckpointException) as e:  # DCP raises it on every rank together
-                verdict = _load_failure(e)
-            times.load += time.perf_counter() - t
-            if verdict and verdict.startswith("storage:"):
-                raise StorageError(verdict.removeprefix("storage:"))
-            if verdict is None:
-                store._verified(step, True)  # every file hashed while it loaded
-                return step, manifest, state
-        on_refused(step, verdict)
-    return None
 
 
 def tensor_from_json(obj: Any) -> torch.Tensor:

@@ -28,13 +28,12 @@ from trainer import rng
 from trainer.checkpoint import (
     CorruptCheckpoint,
     FencedOut,
-    LoadTimes,
     Store,
     broadcast,
     json_from_tensor,
-    resolve_and_load,
     tensor_from_json,
 )
+from trainer.ckpt_resolve import LoadTimes, resolve_and_load
 from trainer.config import Config
 from trainer.data import EpochData, pack, read_documents
 from trainer.model import build_empty_model, ensure_model, load_model, load_tokenizer, shard

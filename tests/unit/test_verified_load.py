@@ -11,7 +11,9 @@ import pytest
 import torch
 
 import trainer.checkpoint as ckpt
-from trainer.checkpoint import Store, resolve_and_load
+import trainer.ckpt_resolve as resolve
+from trainer.checkpoint import Store
+from trainer.ckpt_resolve import resolve_and_load
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
 FP = "f" * 64
@@ -86,7 +88,7 @@ def test_a_flipped_byte_is_refused_and_the_live_state_is_untouched(store):
 def test_control_without_staging_the_refused_checkpoint_reaches_the_live_state(store, monkeypatch):
     """The planted bug: load straight into the live tensors. The refusal still happens (the hash
     is checked), but the corrupt file's items are already in the live state: the test above catches it."""
-    monkeypatch.setattr(ckpt, "_staging_like", lambda st: st)
+    monkeypatch.setattr(resolve, "_staging_like", lambda st: st)
     save(store, 5)
     flip(store, 5)
     live = {k: torch.full_like(v, 7) for k, v in state(5).items()}
@@ -103,7 +105,7 @@ def test_control_a_reader_that_does_not_hash_loads_the_flipped_byte(store, monke
 
     monkeypatch.setattr(ckpt_read.VerifyingReader, "prepare_global_plan",
                         lambda self, plans: [p.__class__(p.items, {"hash": []}, p.planner_data) for p in plans])
-    monkeypatch.setattr(ckpt, "_all_hashed", lambda *a: None)
+    monkeypatch.setattr(resolve, "_all_hashed", lambda *a: None)
     save(store, 5)
     flip(store, 5)
     live = {k: torch.zeros_like(v) for k, v in state(5).items()}
