@@ -8,23 +8,27 @@ Layout under any fsspec root (file://, s3://, gs://, or a local path):
     <root>/runs/<run_id>/attempts/<n:08d>-<token>.json                  one per process start (fencing);
                                                                         <n:08d>.json on gs://
 
-Commit order: every rank writes its DCP files, reads them back and hashes them; rank 0 gathers the
-hashes, checks the fencing, writes manifest.json, and writes _COMMIT last (its body holds the
-manifest's sha256). So a _COMMIT exists only over files that were all durable and hashed. A
-preemption save (`read_back=False`) hashes each file as it is written and checks only its stored
-size: inside the grace a full read-back (a download, on an object store) costs too much, and the
-load-time verification still catches a store that changed the bytes. Loading verifies sizes and
-checksums against the manifest and falls back past anything that fails.
+Commit order: every rank writes its DCP files and hashes them; rank 0 gathers the hashes, checks the
+fencing, writes manifest.json, and writes _COMMIT last (its body holds the manifest's sha256). So a
+_COMMIT exists only over files that were all durable and hashed. A save with `read_back=True` reads
+every file back from the store to hash what is stored; with `read_back=False` it hashes each file as it
+is written and checks only its stored size (the trainer reads back only some saves: see
+`Trainer.save`). `verified_step` is the newest checkpoint known intact as stored (read back, or loaded
+by a resume); retention never deletes it. Loading checks sizes against the manifest, then hashes every
+file while DCP reads it, into a staging copy (`resolve_and_load`, `ckpt_read.VerifyingReader`), and
+falls back past anything that fails: trainer/ckpt_resolve.py. The asynchronous half of the store is
+trainer/ckpt_async.py.
 
 Finding the newest complete checkpoint is one listing request (`Store.committed_steps`), after the
 listing caches are dropped. Retention keeps the newest `keep_last` committed checkpoints and the best
 one by a metric recorded in the manifest; it runs only after a commit, and every deletion removes
 _COMMIT first, so a deletion cut short leaves an incomplete folder, never a complete-looking one.
 
-Asynchronous saves (`Store.save_async`): the state is staged (copied) by `dcp.async_save` on a gloo
-group of its own, written and read back in the background, and committed at a later step boundary
-(`Store.step_boundary`) once every rank's upload has finished; at most one is in flight, and `drain`
-commits it before any synchronous save.
+Asynchronous saves (`Store.save_async`): the state is staged (copied, on the stager's own thread) by
+`dcp.async_save` on a gloo group of its own, written and read back in the background, and committed at
+a later step boundary (`Store.step_boundary`) once every rank's upload has finished. The loop calls
+`Store.before_update` before the optimizer writes, which waits for the staging copy; at most one save
+is in flight, and `drain` commits it before any synchronous save.
 
 Fencing, and its limits. Each process start claims the next attempt number by listing `attempts/`
 and writing its own marker (equal numbers: the smaller token keeps it, the other retries). Before a
@@ -55,11 +59,9 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import io
 import json
 import math
 import os
-import pickle
 import threading
 import time
 import uuid
@@ -73,10 +75,12 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint._fsspec_filesystem import FileSystem as DcpFileSystem
-from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
+from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 
+from trainer.ckpt_async import AsyncSaves, _reusable  # noqa: F401 - _reusable: tests import it from here
+from trainer.ckpt_read import CorruptCheckpoint, SafeReader, VerifyingReader
 from trainer.records import log
 from trainer.storage import (
     StorageError,
@@ -97,10 +101,6 @@ _HASH_CHUNK = 8 << 20
 
 class CheckpointRefused(RuntimeError):
     """A checkpoint that must never be loaded and must not be passed over silently (foreign run)."""
-
-
-class CorruptCheckpoint(RuntimeError):
-    """Torn, truncated or altered: refused, and the loader falls back to the previous one."""
 
 
 class FencedOut(RuntimeError):
@@ -137,52 +137,6 @@ def gather(obj: Any) -> list[Any]:
 def barrier() -> None:
     if _world() > 1:
         dist.barrier()
-
-
-# ---- .metadata without arbitrary unpickling ---------------------------------------------------------
-
-_ALLOWED_GLOBALS = {
-    ("torch.distributed.checkpoint.metadata", n) for n in (
-        "Metadata", "TensorStorageMetadata", "ChunkStorageMetadata", "TensorProperties", "MetadataIndex",
-        "StorageMeta", "_MEM_FORMAT_ENCODING", "BytesStorageMetadata")
-} | {
-    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
-    ("torch.distributed.checkpoint.filesystem", "_StoragePrefix"),
-    ("torch.distributed.checkpoint.planner", "WriteItemType"),
-    ("torch.distributed.checkpoint._extension", "ExtensionRegistry"),
-    ("torch.serialization", "_get_layout"),
-    ("torch", "Size"), ("torch", "device"), ("torch", "layout"), ("torch", "memory_format"),
-    ("torch", "strided"), ("torch", "contiguous_format"),
-    ("collections", "OrderedDict"), ("builtins", "getattr"), ("builtins", "set"), ("builtins", "frozenset"),
-    ("pathlib", "PosixPath"),
-} | {("torch", n) for n in ("float32", "float64", "float16", "bfloat16", "int64", "int32", "int16",
-                            "int8", "uint8", "bool", "complex64", "complex128")}
-
-
-class _MetadataUnpickler(pickle.Unpickler):
-    def find_class(self, module: str, name: str) -> Any:
-        if (module, name) not in _ALLOWED_GLOBALS:
-            raise CorruptCheckpoint(f".metadata references {module}.{name}, which a DCP checkpoint never needs")
-        return super().find_class(module, name)
-
-
-class SafeReader(FsspecReader):
-    """DCP's fsspec reader, with `.metadata` read under an allowlist instead of plain `pickle.load`."""
-
-    def read_metadata(self, *args: Any, **kwargs: Any):
-        from torch.distributed.checkpoint.metadata import StorageMeta
-
-        with self.fs.create_stream(self._get_metadata_path(kwargs.get("rank")), "rb") as f:
-            try:
-                metadata = _MetadataUnpickler(io.BytesIO(f.read())).load()
-            except CorruptCheckpoint:
-                raise
-            except Exception as e:
-                raise CorruptCheckpoint(f".metadata does not parse: {e}") from e
-        if getattr(metadata, "storage_meta", None) is None:
-            metadata.storage_meta = StorageMeta()
-        metadata.storage_meta.load_id = self.load_id
-        return metadata
 
 
 def assert_tensors_only(state: dict[str, Any], prefix: str = "") -> None:
@@ -330,15 +284,9 @@ def _writer_thread_hook(args: Any) -> None:
     _previous_thread_hook(args)
 
 
-def _reusable(stager: Any) -> bool:
-    """Whether a DefaultStager can stage again. Before torch 2.13 (seen in 2.11) its _stage() closes
-    the inner StateDictStager after every stage, emptying its copy dispatch: a second stage then fails
-    with `KeyError: <class 'type'>`. Such a stager serves one save, and the next save gets a new one."""
-    inner = getattr(stager, "_state_dict_stager", None)
-    return bool(getattr(inner, "_deepcopy_dispatch", True))
 
 
-class Store:
+class Store(AsyncSaves):
     """One run's checkpoints under `<root>/runs/<run_id>`.
 
     Construction checks the store (one listing), so a bad URI, a missing bucket, missing
@@ -357,6 +305,10 @@ class Store:
         self._hasher: ThreadPoolExecutor | None = None
         self._stager: Any = None
         self._manifests: dict[int, dict[str, Any]] = {}
+        # The newest step known to be intact as stored: a save that read its files back, or the
+        # checkpoint this attempt's resume hashed while loading. Retention never deletes it.
+        self.verified_step: int | None = None
+        self.unverified_commits = 0  # commits since verified_step that were not read back
         if check:
             self.check()
 
@@ -507,87 +459,16 @@ class Store:
         older one: retention deletes nothing after a preemption save, so that one still exists."""
         self.drain()
         res = self._finish(self._start(step, state, manifest, attempt, asynchronous=False, read_back=read_back))
+        self._verified(step, read_back)
         if on_commit:
             on_commit(res)
         return res
 
-    def save_async(self, step: int, state: dict[str, Any], manifest: dict[str, Any], attempt: int,
-                   on_commit: Callable[[SaveResult], None]) -> float:
-        """Stage the state, write it in the background (dcp.async_save on a dedicated gloo group),
-        and commit at a later step boundary (`step_boundary`) once every rank's files are written and
-        read back. At most one save is in flight: an older one is committed first. Returns the ms
-        this call blocked."""
-        self.drain()  # that wait counts as the older save's blocking time
-        t = time.perf_counter()
-        pending = self._start(step, state, manifest, attempt, asynchronous=True)
-        pending.on_commit = on_commit
-        pending.blocking_s += time.perf_counter() - t
-        self.pending = pending
-        return pending.blocking_s * 1000
-
-    def step_boundary(self) -> None:
-        """Call at the top of every optimizer step. Waits until the save in flight has staged its
-        copy (so this step cannot mutate what is being written), then commits it if every rank's
-        upload has finished. A collective while a save is in flight (all ranks agree on when)."""
-        p = self.pending
-        if p is None:
-            return
-        t = time.perf_counter()
-        if p.staging is not None:
-            p.staging.result()
-        ready = p.files.done()
-        if _world() > 1:
-            flag = torch.tensor([1 if ready else 0], dtype=torch.int32)
-            dist.all_reduce(flag, op=dist.ReduceOp.MIN)
-            ready = bool(flag.item())
-        p.blocking_s += time.perf_counter() - t
-        if ready:
-            self._complete(p)
-
-    def drain(self, raise_storage_errors: bool = True) -> str | None:
-        """Wait for the save in flight (if any) and commit it. Collective. With
-        `raise_storage_errors=False` a failed save is returned as a message instead (a preemption
-        still saves its own step); FencedOut is always raised."""
-        p = self.pending
-        if p is None:
-            return None
-        t = time.perf_counter()
-        with contextlib.suppress(Exception):  # a failure is reported, collectively, by _finish
-            p.files.result()
-        p.blocking_s += time.perf_counter() - t
-        try:
-            self._complete(p)
-        except StorageError as e:
-            if raise_storage_errors:
-                raise
-            return str(e)
-        return None
-
-    def _complete(self, p: PendingSave) -> None:
-        self.pending = None
-        res = self._finish(p)
-        if p.on_commit:
-            p.on_commit(res)
-
-    def _staging_buffers(self) -> Any:
-        # One stager for the whole run: its staging copy (one checkpoint per rank) is allocated once
-        # and refilled by later saves, instead of allocated and faulted in on every save (measured in
-        # docs/results.md, figure 2). Safe to refill: save_async drains the previous save first.
-        if self._stager is not None and not _reusable(self._stager):
-            self._stager = None
-        if self._stager is None:
-            from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
-
-            self._stager = DefaultStager(StagingOptions(use_pinned_memory=False, use_shared_memory=False,
-                                                        use_async_staging=False, use_non_blocking_copy=False))
-        return self._stager
-
-    def _gloo_group(self) -> Any:
-        # Created once, by every rank at the same save. dcp.async_save on the default group hangs
-        # or mismatches while training uses it; its own gloo group does not.
-        if self._group is None:
-            self._group = dist.new_group(backend="gloo") if dist.is_initialized() else False
-        return self._group or None
+    def _verified(self, step: int, verified: bool) -> None:
+        if verified:
+            self.verified_step, self.unverified_commits = step, 0
+        else:
+            self.unverified_commits += 1
 
     def _start(self, step: int, state: dict[str, Any], manifest: dict[str, Any], attempt: int,
                asynchronous: bool, read_back: bool = True) -> PendingSave:
@@ -722,7 +603,11 @@ class Store:
             raise CorruptCheckpoint("manifest.json does not match the checksum in _COMMIT")
         return json.loads(text)
 
-    def verify_files(self, step: int, manifest: dict[str, Any]) -> None:
+    def verify_files(self, step: int, manifest: dict[str, Any], hash_files: bool = True,
+                     names: list[str] | None = None) -> None:
+        """Check the stored files of `step` against its manifest: each present with its size and, with
+        `hash_files`, its sha256 (a full read). A resume checks sizes only here (a stat each) and the
+        hashes while it loads (`load_verified`); `names` limits the check to those files."""
         path = self.step_path(step)
         files = manifest.get("files") or {}
         if ".metadata" not in files:
@@ -737,19 +622,26 @@ class Store:
                     raise CorruptCheckpoint(f"{name} is missing") from None
                 if size != want["size"]:
                     raise CorruptCheckpoint(f"{name} has {size} bytes, the manifest says {want['size']}")
-                if _sha256(self.fs, full) != want["sha256"]:
+                if hash_files and _sha256(self.fs, full) != want["sha256"]:
                     raise CorruptCheckpoint(f"{name} fails its sha256 checksum")
 
-        self._each_file(check, sorted(files))
+        self._each_file(check, sorted(names if names is not None else files))
 
     def shapes(self, step: int) -> dict[str, tuple[int, ...]]:
         """Saved tensor shapes by flattened key, read from .metadata (safely)."""
         md = self._reader(step).read_metadata()
         return {k: tuple(v.size) for k, v in md.state_dict_metadata.items() if hasattr(v, "size")}
 
-    def load_into(self, step: int, state: dict[str, Any]) -> None:
+    def load_verified(self, step: int, manifest: dict[str, Any], state: dict[str, Any]) -> set[str]:
+        """dcp.load into `state`, hashing each file once while it is read (ckpt_read.VerifyingReader).
+        Collective. A file that fails its sha256 raises on every rank, after some of its items may have
+        been copied into `state`: pass a staging state, never the live tensors. Returns the files this
+        rank hashed (the caller checks that the ranks together hashed every file)."""
         assert_tensors_only(state)
-        dcp.load(state, storage_reader=self._reader(step))
+        reader = _sharing(self.fs, VerifyingReader(self.url(self.step_path(step)), manifest.get("files") or {},
+                                                   threads=self.io_threads, **storage_options(self.root_uri)))
+        dcp.load(state, storage_reader=reader)
+        return reader.hashed
 
     def _reader(self, step: int) -> SafeReader:
         return _sharing(self.fs, SafeReader(self.url(self.step_path(step)), **storage_options(self.root_uri)))
@@ -783,12 +675,15 @@ class Store:
 
     def retain(self, keep_last: int, newest: int, best_metric: str = "") -> list[int]:
         """Delete committed checkpoints beyond the newest `keep_last` (keeping also the best one by
-        `best_metric`, lower is better, when set), and torn folders older than `newest`. Called only
+        `best_metric`, lower is better, when set, and `verified_step`, the newest checkpoint that was
+        read back or loaded by a resume), and torn folders older than `newest`. Called only
         after `newest` committed. _COMMIT goes first in every deletion. Returns the deleted steps."""
         deleted: list[int] = []
         try:
             committed = self.committed_steps()
             keep = set(committed[:keep_last]) | {newest}
+            if self.verified_step is not None:  # the newest read back or loaded: never deleted
+                keep.add(self.verified_step)
             best = self.best_step(best_metric, committed) if best_metric else None
             if best is not None:
                 keep.add(best)
@@ -828,48 +723,6 @@ def _raise_agreed(error: tuple[str, str] | None) -> None:
     kind, msg = error
     raise FencedOut(msg) if kind == "fenced" else StorageError(msg)
 
-
-def resolve_and_load(store: Store, fingerprint: str, build_state: Callable[[int, dict], dict],
-                     on_refused: Callable[[int, str], None]) -> tuple[int, dict, dict] | None:
-    """Load the newest complete, intact checkpoint; fall back past torn or corrupt ones.
-
-    `build_state(step, manifest)` returns the tensor-only state to load into. Returns
-    (step, manifest, state), or None when no usable checkpoint exists. Raises CheckpointRefused for a
-    checkpoint of another run (a different fingerprint): that is a mistake to stop on, not to skip.
-    A store that fails (after retries) while being read raises StorageError: a network fault is not
-    a reason to pass over a good checkpoint.
-    """
-    steps = broadcast(store.committed_steps() if _rank() == 0 else None)
-    for step in steps:
-        verdict: str | None = None
-        manifest: dict = {}
-        if _rank() == 0:
-            try:
-                manifest = store.read_manifest(step)
-                if manifest.get("fingerprint") != fingerprint:
-                    verdict = (f"foreign:{store.url(store.step_path(step))} has fingerprint "
-                               f"{str(manifest.get('fingerprint'))[:12]}, this run has {fingerprint[:12]}")
-                else:
-                    store.verify_files(step, manifest)
-            except CorruptCheckpoint as e:
-                verdict = str(e)
-            except StorageError as e:
-                verdict = f"storage:{e}"
-        verdict, manifest = broadcast((verdict, manifest))
-        if verdict and verdict.startswith("foreign:"):
-            raise CheckpointRefused(f"refusing checkpoint {verdict.removeprefix('foreign:')}; "
-                                    "it belongs to another run")
-        if verdict and verdict.startswith("storage:"):
-            raise StorageError(verdict.removeprefix("storage:"))
-        if verdict is None:
-            try:
-                state = build_state(step, manifest)
-                store.load_into(step, state)
-                return step, manifest, state
-            except (Exception, CheckpointException) as e:  # DCP raises it on every rank together
-                verdict = f"load failed: {type(e).__name__}: {e}".splitlines()[0][:500]
-        on_refused(step, verdict)
-    return None
 
 
 def tensor_from_json(obj: Any) -> torch.Tensor:

@@ -1,0 +1,130 @@
+"""A restart's load: the newest intact checkpoint, read once, into a staging copy.
+
+`resolve_and_load` lists the committed checkpoints, checks the newest one's manifest (its checksum in
+_COMMIT, its fingerprint, every file's size), then loads it through `ckpt_read.VerifyingReader`, which
+hashes every file while DCP reads it, into a staging copy of the state; it falls back past any
+checkpoint that fails. Each phase is timed (`LoadTimes`) for the `resume` record.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.distributed.checkpoint.api import CheckpointException
+
+from trainer.checkpoint import CheckpointRefused, CorruptCheckpoint, Store, _rank, broadcast, gather
+from trainer.storage import StorageError
+
+
+def _staging_like(state: dict[str, Any]) -> dict[str, Any]:
+    """A tensor-for-tensor copy of `state`'s structure with fresh storage (DTensors stay DTensors with
+    the same placements): what a load writes into before the checkpoint is known to be intact."""
+    return {k: _staging_like(v) if isinstance(v, dict) else torch.empty_like(v) for k, v in state.items()}
+
+
+def _load_failure(e: BaseException) -> str:
+    """The reason to record for a failed load: a CorruptCheckpoint's own message when a rank raised one
+    (DCP wraps every rank's failure in one CheckpointException)."""
+    if isinstance(e, CorruptCheckpoint):
+        return str(e)
+    for wrapped in (getattr(e, "failures", None) or {}).values():  # rank -> (exception, traceback)
+        inner = wrapped[0] if isinstance(wrapped, tuple) else getattr(wrapped, "exc", None)
+        if isinstance(inner, CorruptCheckpoint):
+            return str(inner)
+    return f"load failed: {type(e).__name__}: {e}".splitlines()[0][:500]
+
+
+def _all_hashed(store: Store, step: int, manifest: dict[str, Any], hashed: set[str]) -> str | None:
+    """Collective: every file of the manifest was hashed by some rank during the load; a file that none
+    read (an item no rank asked for) is hashed now on rank 0. Returns the agreed refusal, or None."""
+    parts = gather(sorted(hashed))
+    verdict = None
+    if _rank() == 0:
+        missing = sorted(set(manifest.get("files") or {}) - {n for p in parts for n in p})
+        try:
+            if missing:
+                store.verify_files(step, manifest, names=missing)
+        except CorruptCheckpoint as e:
+            verdict = str(e)
+        except StorageError as e:
+            verdict = f"storage:{e}"
+    return broadcast(verdict)
+
+
+@dataclass
+class LoadTimes:
+    """Seconds spent in each phase of resolve_and_load (over every checkpoint it tried)."""
+
+    listing: float = 0.0
+    manifest: float = 0.0
+    load: float = 0.0
+    tried: int = 0
+
+    def as_dict(self) -> dict[str, float]:
+        return {"listing_s": round(self.listing, 3), "manifest_s": round(self.manifest, 3),
+                "load_verify_s": round(self.load, 3)}
+
+
+def resolve_and_load(store: Store, fingerprint: str, build_state: Callable[[int, dict], dict],
+                     on_refused: Callable[[int, str], None], times: LoadTimes | None = None,
+                     steps: list[int] | None = None) -> tuple[int, dict, dict] | None:
+    """Load the newest complete, intact checkpoint; fall back past torn or corrupt ones.
+
+    `steps`: the committed steps, newest first, when the caller has listed them (same on every rank).
+    `build_state(step, manifest)` returns the tensor-only state to load (the live tensors may be in
+    it): the load goes into a staging copy of it, hashing every file while reading it, and the staging
+    copy is returned only once every file has matched its sha256 on every rank, so no tensor of a
+    refused checkpoint reaches the live state. Returns (step, manifest, staged state), or None when no
+    usable checkpoint exists. Raises CheckpointRefused for a checkpoint of another run (a different
+    fingerprint): that is a mistake to stop on, not to skip. A store that fails (after retries) while
+    being read raises StorageError: a network fault is not a reason to pass over a good checkpoint.
+    """
+    times = times if times is not None else LoadTimes()
+    if steps is None:  # the caller may have listed them already (one listing per start)
+        t = time.perf_counter()
+        steps = broadcast(store.committed_steps() if _rank() == 0 else None)
+        times.listing += time.perf_counter() - t
+    for step in steps:
+        times.tried += 1
+        t = time.perf_counter()
+        verdict: str | None = None
+        manifest: dict = {}
+        if _rank() == 0:
+            try:
+                manifest = store.read_manifest(step)
+                if manifest.get("fingerprint") != fingerprint:
+                    verdict = (f"foreign:{store.url(store.step_path(step))} has fingerprint "
+                               f"{str(manifest.get('fingerprint'))[:12]}, this run has {fingerprint[:12]}")
+                else:
+                    store.verify_files(step, manifest, hash_files=False)  # sizes: a stat each
+            except CorruptCheckpoint as e:
+                verdict = str(e)
+            except StorageError as e:
+                verdict = f"storage:{e}"
+        verdict, manifest = broadcast((verdict, manifest))
+        times.manifest += time.perf_counter() - t
+        if verdict and verdict.startswith("foreign:"):
+            raise CheckpointRefused(f"refusing checkpoint {verdict.removeprefix('foreign:')}; "
+                                    "it belongs to another run")
+        if verdict and verdict.startswith("storage:"):
+            raise StorageError(verdict.removeprefix("storage:"))
+        if verdict is None:
+            t = time.perf_counter()
+            try:
+                state = _staging_like(build_state(step, manifest))
+                hashed = store.load_verified(step, manifest, state)
+                verdict = _all_hashed(store, step, manifest, hashed)
+            except (Exception, CheckpointException) as e:  # DCP raises it on every rank together
+                verdict = _load_failure(e)
+            times.load += time.perf_counter() - t
+            if verdict and verdict.startswith("storage:"):
+                raise StorageError(verdict.removeprefix("storage:"))
+            if verdict is None:
+                store._verified(step, True)  # every file hashed while it loaded
+                return step, manifest, state
+        on_refused(step, verdict)
+    return None
