@@ -203,7 +203,7 @@ def _finish_pending(args: argparse.Namespace, pods, ev: dict, deadline: float) -
 def _evict_all(args: argparse.Namespace, pods, points: list[int], done_evictions: list[dict],
                gone_timeout: float, result: dict) -> int:
     deadline = time.monotonic() + args.timeout
-    if done_evictions and done_evictions[-1].get("ended") is None:
+    if done_evictions and "ended" in done_evictions[-1] and done_evictions[-1]["ended"] is None:  # pending
         _finish_pending(args, pods, done_evictions[-1], deadline)
         if args.out:
             write_json(args.out, result)
