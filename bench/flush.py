@@ -14,8 +14,12 @@ raw, dcp and store sides then get `reps` more interleaved rounds, because the sh
 - store_preempt: `Store.save(read_back=False)`, what a preemption save now does: hashed while written,
   sizes checked in the store, nothing read back;
 - async (local): `Store.save_async` (or `dcp.async_save` on a gloo group of its own when the store
-  has no async path): the time it blocks the caller, including the next step boundary's wait for
-  the staging copy, and the time until it has committed;
+  has no async path): the time it blocks the caller when the next optimizer update follows at once
+  (the call, the step boundary, and `before_update`'s wait for the staging copy: the worst case),
+  and the time until it has committed;
+- async_step (local): the same save with one forward and backward pass of the bench's model (one
+  batch of 64 tokens) between the step boundary and `before_update`, as in the trainer's loop, where
+  the staging copy runs meanwhile: the call, the boundary and the wait that is left;
 - async_reuse (local, a diagnostic): `dcp.async_save` on the same kind of group with one
   DefaultStager kept across saves, so the staging buffers are reused instead of allocated per save.
 
@@ -77,8 +81,10 @@ def _rm(fs: Any, path: str) -> None:
 class Sides:
     """The ways of writing the same state to one store; each returns {"s": seconds, ...}."""
 
-    def __init__(self, store: Any, attempt: int, state: dict[str, Any], manifest: dict[str, Any]) -> None:
+    def __init__(self, store: Any, attempt: int, state: dict[str, Any], manifest: dict[str, Any],
+                 work: Callable[[], None] | None = None) -> None:
         self.store, self.attempt, self.state, self.manifest = store, attempt, state, manifest
+        self.work = work  # one forward and backward pass: what runs between a boundary and the update
         self.step = 100
         self.noise = memoryview(os.urandom(64 << 20))
         self.nbytes = 0
@@ -141,12 +147,33 @@ class Sides:
         t0 = time.perf_counter()
         self.store.save_async(step, self.state, self.manifest, self.attempt, lambda res: None)
         t1 = time.perf_counter()
-        self.store.step_boundary()  # what the next optimizer step waits for: the staging copy
+        self.store.step_boundary()
         blocking = time.perf_counter() - t0
+        if self.work is not None:
+            tw = time.perf_counter()
+            self.work()
+            t_work = time.perf_counter() - tw
+        else:
+            t_work = 0.0
+        tb = time.perf_counter()
+        if hasattr(self.store, "before_update"):
+            self.store.before_update()  # what the next optimizer update waits for: the staging copy
+        blocking += time.perf_counter() - tb
         self.store.drain()
-        total = time.perf_counter() - t0
+        total = time.perf_counter() - t0 - t_work
         _rm(self.store.fs, self.store.step_path(step))
-        return {"s": blocking, "total_s": total, "boundary_s": blocking - (t1 - t0)}
+        return {"s": blocking, "total_s": total, "call_s": t1 - t0, "work_s": t_work}
+
+    def async_step(self) -> dict[str, float]:
+        """The async save with a forward and backward pass before the update (`work`)."""
+        return self.async_save()
+
+    def _async_no_work(self) -> dict[str, float]:
+        work, self.work = self.work, None
+        try:
+            return self.async_save()
+        finally:
+            self.work = work
 
     def async_reuse(self) -> dict[str, float]:
         return self._dcp_async(reuse_stager=True)
@@ -181,7 +208,8 @@ class Sides:
             "store": self.store_save,
             "store_1thread": self.store_1thread,
             "store_preempt": self.store_preempt,
-            "async": self.async_save,
+            "async": self._async_no_work,
+            "async_step": self.async_step,
             "async_reuse": self.async_reuse,
         }
         return runs[name]()
@@ -237,11 +265,16 @@ def main() -> None:
         "async_path": "Store.save_async" if hasattr(t.store, "save_async") else "dcp.async_save",
     }
     if args.where == "local":
-        sides = Sides(t.store, t.attempt, state, manifest)
+        batch = t.data.next_batch()
+
+        def work() -> None:  # one forward and backward pass, as between a boundary and its update
+            t.model(input_ids=batch, labels=batch).loss.backward()
+
+        sides = Sides(t.store, t.attempt, state, manifest, work)
         result.update(
             measure(
                 sides,
-                ["raw", "dcp", "store", "store_1thread", "store_preempt", "async", "async_reuse"],
+                ["raw", "dcp", "store", "store_1thread", "store_preempt", "async", "async_step", "async_reuse"],
                 args.reps,
                 "local",
                 cheap_reps=2 * args.reps,

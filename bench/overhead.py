@@ -10,10 +10,13 @@ batch 4 x 64 tokens, no accumulation) for `steps` optimizer steps:
   assumed MTBF. M is 1 h scaled to the bench: the plain run's duration stands for one hour, so M is
   that duration (seconds). The save cost is not scaled, so this overhead is the one a run with
   MTBF = 1 h would pay if its save cost were C x (3600 s / run duration): pessimistic.
+- with `--ws2`, also plain_ws2 and baton_ws2: the same two at world size 2 under torchrun (gloo,
+  each rank half of each global batch of 8): the plain loop wrapped in FSDP2 with one all-reduce a
+  step of its own, and baton, checkpointing only at the end.
 steps/s counts from the first step record to the last one, so start-up and the final save are out,
 and every periodic save in between is in.
 
-    python -m bench.overhead --result FILE [--reps 3] [--steps 120]
+    python -m bench.overhead --result FILE [--reps 3] [--steps 120] [--ws2]
 """
 
 from __future__ import annotations
@@ -66,6 +69,10 @@ def baton_cmd(model: str, ckpt: str, steps: int, *sets: str) -> list[str]:
 
 def _extra(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--steps", type=int, default=120)
+    ap.add_argument("--ws2", action="store_true", help="also world size 2 (torchrun, gloo)")
+
+
+TORCHRUN = [PY, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
 
 
 def main() -> None:
@@ -75,11 +82,18 @@ def main() -> None:
     shutil.rmtree(root, ignore_errors=True)
     steps = 60 if args.quick else args.steps
     runs: dict[str, list[dict[str, Any]]] = {"plain": [], "plain_fsdp": [], "baton": [], "baton_yd": []}
+    if args.ws2:
+        runs.update(plain_ws2=[], baton_ws2=[])
     save_cost: list[float] = []
     plan: dict[str, float] = {}
     for rep, side in interleaved(args.reps, list(runs)):
         ckpt = str(root / f"{side}-{rep}")
-        if side.startswith("plain"):
+        if side == "plain_ws2":
+            rc, recs = run_records([*TORCHRUN, "-m", "bench.plain_loop", "--model", model, "--corpus",
+                                    str(TINY_CORPUS), "--steps", str(steps)])
+        elif side == "baton_ws2":
+            rc, recs = run_records([*TORCHRUN, *baton_cmd(model, ckpt, steps)[1:]])
+        elif side.startswith("plain"):
             rc, recs = run_records(
                 [
                     PY,

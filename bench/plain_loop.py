@@ -1,6 +1,8 @@
 """The plain loop: the same model, data order, optimizer and schedule as baton's loop, and nothing else
 (no records, no stop checks, no RNG or loader capture, no checkpoints; and no FSDP2 wrapper unless
-`--fsdp`, which wraps it as baton does, on one rank).
+`--fsdp`, which wraps it as baton does, on one rank). Under torchrun with 2 ranks (gloo) it is the
+plain FSDP2 loop: each rank its share of every batch, as baton splits it, and one all-reduce a step of
+its own (the loss and a stop flag, what any preemptible loop needs), which is what baton makes too.
 
 Prints a JSON line per optimizer step (`event`: step, `step`, `time`), like the trainer's records.
 
@@ -46,8 +48,21 @@ def main(argv: list[str] | None = None) -> int:
     dataset = PackedDataset(samples)
     geo = Geometry(len(dataset), a.batch_size, 1, 1)
     model = AutoModelForCausalLM.from_pretrained(a.model, attn_implementation="eager", dtype=torch.float32)
-    if a.fsdp:
-        import torch.distributed as dist
+    import os
+
+    import torch.distributed as dist
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    if world > 1:
+        from torch.distributed.device_mesh import init_device_mesh
+
+        from trainer.model import shard
+
+        dist.init_process_group("gloo")
+        geo = Geometry(len(dataset), a.batch_size, 1, world)
+        model = shard(model, init_device_mesh("cpu", (world,)))
+    elif a.fsdp:
         from torch.distributed.device_mesh import init_device_mesh
 
         from trainer.model import shard
@@ -61,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     sched = torch.optim.lr_scheduler.LambdaLR(optim, lambda s: lr_factor(s, a.warmup, a.steps, 0.1))
     step, epoch = 0, 0
     while step < a.steps:
-        loader = DataLoader(dataset, batch_size=a.batch_size, sampler=EpochSampler(geo, a.seed, epoch, 0))
+        loader = DataLoader(dataset, batch_size=a.batch_size, sampler=EpochSampler(geo, a.seed, epoch, rank))
         for batch in loader:
             loss = model(input_ids=batch, labels=batch).loss
             loss.backward()
@@ -70,13 +85,19 @@ def main(argv: list[str] | None = None) -> int:
             sched.step()
             optim.zero_grad(set_to_none=True)
             step += 1
-            sys.stdout.write(
-                json.dumps({"event": "step", "step": step, "time": time.time(), "loss": float(loss)}) + "\n"
-            )
-            sys.stdout.flush()
+            value = float(loss)
+            if world > 1:  # the loss and a stop flag, in one collective
+                flags = torch.tensor([value, 0.0], dtype=torch.float64)
+                dist.all_reduce(flags)
+                value = flags[0].item() / world
+            if rank == 0:
+                sys.stdout.write(json.dumps({"event": "step", "step": step, "time": time.time(), "loss": value}) + "\n")
+                sys.stdout.flush()
             if step == a.steps:
                 break
         epoch += 1
+    if dist.is_initialized():
+        dist.destroy_process_group()
     return 0
 
 

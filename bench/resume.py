@@ -129,7 +129,8 @@ def main() -> None:
         # the checkpoint load and before the batch skip) to the first step.
         mark = next((r["time"] for r in recs if r.get("event") in ("resume", "train_begin")), None)
         step_t = next(r["time"] for r in recs if r.get("event") == "step")
-        runs[name].append({"s": secs, "tail_s": None if mark is None else step_t - mark})
+        phases = next((r.get("phases") for r in recs if r.get("event") == "resume"), None)
+        runs[name].append({"s": secs, "tail_s": None if mark is None else step_t - mark, "phases": phases})
         log(
             f"resume rep {rep + 1}/{args.reps} {name}: first step (step {first}) {secs:.2f} s after the spawn"
         )
@@ -138,6 +139,9 @@ def main() -> None:
         result[f"{name}_s"] = median([r["s"] for r in rs])
         tails = [r["tail_s"] for r in rs if r["tail_s"] is not None]
         result[f"{name}_tail_s"] = median(tails) if tails else None
+        phased = [r["phases"] for r in rs if r.get("phases")]
+        if phased:  # baton's restart, phase by phase (the `resume` record), medians
+            result[f"{name}_phases"] = {k: median([p[k] for p in phased if k in p]) for k in phased[0]}
     shutil.rmtree(root, ignore_errors=True)
     write_result(args.result, result)
 

@@ -4,7 +4,7 @@
 
 Sections (each a fresh process, so that one's memory and process group never touch another's):
 flush-local, flush-s3 (figures 1, 2, 6), resume (3), equivalence (4), overhead (5), memory-sync,
-memory-async and memory-async-mmap (7). Progress goes to stderr; the table goes to stdout.
+memory-async and memory-async-mmap (7), scaling (8). Progress goes to stderr; the table goes to stdout.
 """
 
 from __future__ import annotations
@@ -28,12 +28,14 @@ SECTIONS: dict[str, list[str]] = {
     "flush-s3": ["bench.flush", "--where", "s3"],
     "resume": ["bench.resume"],
     "equivalence": ["bench.equivalence"],
-    "overhead": ["bench.overhead"],
+    "overhead": ["bench.overhead", "--ws2"],
     "memory-sync": ["bench.memory", "--mode", "sync"],
     "memory-async": ["bench.memory", "--mode", "async"],
-    "memory-async-mmap": ["bench.memory", "--mode", "async", "--saves", "10"],
+    "memory-async-mmap": ["bench.memory", "--mode", "async"],
+    "scaling": ["bench.scaling"],
 }
-# A diagnostic: glibc with a fixed mmap threshold, so that freed staging buffers go back to the OS.
+# glibc with a fixed mmap threshold, so that freed staging buffers go back to the OS: what steps.train
+# and the image give the workers (MALLOC_MMAP_THRESHOLD_); memory-async is the default allocator.
 SECTION_ENV: dict[str, dict[str, str]] = {"memory-async-mmap": {"MALLOC_MMAP_THRESHOLD_": str(1 << 20)}}
 
 
@@ -133,9 +135,17 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="measure nothing: rewrite the results file from the last run's .baton/bench/results/all.json",
     )
+    ap.add_argument(
+        "--rerender-partial",
+        action="store_true",
+        help="measure nothing: rewrite the results file from the newest result of every section left in "
+        ".baton/bench/results-partial by runs with --only (sections measured in separate runs)",
+    )
     args = ap.parse_args(argv)
     if args.rerender:
         return rerender(Path(args.results) if args.results else REPO / "docs/results.md")
+    if args.rerender_partial:
+        return rerender_partial(Path(args.results) if args.results else REPO / "docs/results.md", args.reps)
     names = [s for s in args.only.split(",") if s] or list(SECTIONS)
     unknown = set(names) - set(SECTIONS)
     if unknown:
@@ -187,6 +197,31 @@ def render(target: Path, results: dict[str, dict[str, Any]], meta: dict[str, Any
 def rerender(target: Path) -> int:
     saved = json.loads((WORK / "results" / "all.json").read_text())
     render(target, saved["results"], saved["meta"])
+    return 0
+
+
+def rerender_partial(target: Path, reps: int) -> int:
+    """The results file from the sections' own result files, each from the last `--only` run that
+    measured it: for a machine too busy for one long run. The setup says when each section ran."""
+    part = WORK / "results-partial"
+    results, when = {}, {}
+    for name in SECTIONS:
+        f = part / f"{name}.json"
+        if f.exists():
+            results[name] = json.loads(f.read_text())
+            when[name] = time.strftime("%H:%M", time.gmtime(f.stat().st_mtime))
+    first = min(f.stat().st_mtime for f in part.glob("*.json") if f.stem in SECTIONS)
+    meta = {
+        "total_s": time.time() - first,
+        "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(first)) + ", section by section ("
+        + ", ".join(f"{n} {t}" for n, t in when.items()) + " UTC)",
+        "reps": reps,
+        "command": ".venv/bin/python -m bench.run --only SECTION[,SECTION...]   # each section, then:\n"
+        ".venv/bin/python -m bench.run --rerender-partial",
+        "machine": machine(),
+        "failed": {n: "not measured in this run" for n in SECTIONS if n not in results},
+    }
+    render(target, results, meta)
     return 0
 
 

@@ -49,11 +49,9 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import io
 import json
 import math
 import os
-import pickle
 import threading
 import time
 import uuid
@@ -67,10 +65,11 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint._fsspec_filesystem import FileSystem as DcpFileSystem
-from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
+from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 
+from trainer.ckpt_read import CorruptCheckpoint, SafeReader, VerifyingReader
 from trainer.records import log
 from trainer.storage import (
     StorageError,
@@ -89,10 +88,6 @@ _HASH_CHUNK = 8 << 20
 
 class CheckpointRefused(RuntimeError):
     """A checkpoint that must never be loaded and must not be passed over silently (foreign run)."""
-
-
-class CorruptCheckpoint(RuntimeError):
-    """Torn, truncated or altered: refused, and the loader falls back to the previous one."""
 
 
 class FencedOut(RuntimeError):
@@ -129,52 +124,6 @@ def gather(obj: Any) -> list[Any]:
 def barrier() -> None:
     if _world() > 1:
         dist.barrier()
-
-
-# ---- .metadata without arbitrary unpickling ---------------------------------------------------------
-
-_ALLOWED_GLOBALS = {
-    ("torch.distributed.checkpoint.metadata", n) for n in (
-        "Metadata", "TensorStorageMetadata", "ChunkStorageMetadata", "TensorProperties", "MetadataIndex",
-        "StorageMeta", "_MEM_FORMAT_ENCODING", "BytesStorageMetadata")
-} | {
-    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
-    ("torch.distributed.checkpoint.filesystem", "_StoragePrefix"),
-    ("torch.distributed.checkpoint.planner", "WriteItemType"),
-    ("torch.distributed.checkpoint._extension", "ExtensionRegistry"),
-    ("torch.serialization", "_get_layout"),
-    ("torch", "Size"), ("torch", "device"), ("torch", "layout"), ("torch", "memory_format"),
-    ("torch", "strided"), ("torch", "contiguous_format"),
-    ("collections", "OrderedDict"), ("builtins", "getattr"), ("builtins", "set"), ("builtins", "frozenset"),
-    ("pathlib", "PosixPath"),
-} | {("torch", n) for n in ("float32", "float64", "float16", "bfloat16", "int64", "int32", "int16",
-                            "int8", "uint8", "bool", "complex64", "complex128")}
-
-
-class _MetadataUnpickler(pickle.Unpickler):
-    def find_class(self, module: str, name: str) -> Any:
-        if (module, name) not in _ALLOWED_GLOBALS:
-            raise CorruptCheckpoint(f".metadata references {module}.{name}, which a DCP checkpoint never needs")
-        return super().find_class(module, name)
-
-
-class SafeReader(FsspecReader):
-    """DCP's fsspec reader, with `.metadata` read under an allowlist instead of plain `pickle.load`."""
-
-    def read_metadata(self, *args: Any, **kwargs: Any):
-        from torch.distributed.checkpoint.metadata import StorageMeta
-
-        with self.fs.create_stream(self._get_metadata_path(kwargs.get("rank")), "rb") as f:
-            try:
-                metadata = _MetadataUnpickler(io.BytesIO(f.read())).load()
-            except CorruptCheckpoint:
-                raise
-            except Exception as e:
-                raise CorruptCheckpoint(f".metadata does not parse: {e}") from e
-        if getattr(metadata, "storage_meta", None) is None:
-            metadata.storage_meta = StorageMeta()
-        metadata.storage_meta.load_id = self.load_id
-        return metadata
 
 
 def assert_tensors_only(state: dict[str, Any], prefix: str = "") -> None:
@@ -349,6 +298,10 @@ class Store:
         self._hasher: ThreadPoolExecutor | None = None
         self._stager: Any = None
         self._manifests: dict[int, dict[str, Any]] = {}
+        # The newest step known to be intact as stored: a save that read its files back, or the
+        # checkpoint this attempt's resume hashed while loading. Retention never deletes it.
+        self.verified_step: int | None = None
+        self.unverified_commits = 0  # commits since verified_step that were not read back
         if check:
             self.check()
 
@@ -466,6 +419,7 @@ class Store:
         older one: retention deletes nothing after a preemption save, so that one still exists."""
         self.drain()
         res = self._finish(self._start(step, state, manifest, attempt, asynchronous=False, read_back=read_back))
+        self._verified(step, read_back)
         if on_commit:
             on_commit(res)
         return res
@@ -484,16 +438,27 @@ class Store:
         self.pending = pending
         return pending.blocking_s * 1000
 
+    def before_update(self) -> None:
+        """Call before anything mutates the model or optimizer state (the optimizer step): waits until
+        the save in flight has staged its copy. The staging copy runs in the background meanwhile, over
+        the step's forward and backward passes, which only read that state. That wait counts as the
+        save's blocking time."""
+        p = self.pending
+        if p is None or p.staging is None:
+            return
+        t = time.perf_counter()
+        p.staging.result()
+        p.staging = None
+        p.blocking_s += time.perf_counter() - t
+
     def step_boundary(self) -> None:
-        """Call at the top of every optimizer step. Waits until the save in flight has staged its
-        copy (so this step cannot mutate what is being written), then commits it if every rank's
-        upload has finished. A collective while a save is in flight (all ranks agree on when)."""
+        """Call at the top of every optimizer step: commits the save in flight if every rank's upload
+        has finished. A collective while a save is in flight (all ranks agree on when). Its staging
+        copy may still be running: `before_update` waits for it."""
         p = self.pending
         if p is None:
             return
         t = time.perf_counter()
-        if p.staging is not None:
-            p.staging.result()
         ready = p.files.done()
         if _world() > 1:
             flag = torch.tensor([1 if ready else 0], dtype=torch.int32)
@@ -525,8 +490,15 @@ class Store:
     def _complete(self, p: PendingSave) -> None:
         self.pending = None
         res = self._finish(p)
+        self._verified(p.step, True)  # an async save reads its files back, in the background
         if p.on_commit:
             p.on_commit(res)
+
+    def _verified(self, step: int, verified: bool) -> None:
+        if verified:
+            self.verified_step, self.unverified_commits = step, 0
+        else:
+            self.unverified_commits += 1
 
     def _staging_buffers(self) -> Any:
         # One stager for the whole run: its staging copy (one checkpoint per rank) is allocated once
@@ -537,8 +509,13 @@ class Store:
         if self._stager is None:
             from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
-            self._stager = DefaultStager(StagingOptions(use_pinned_memory=False, use_shared_memory=False,
-                                                        use_async_staging=False, use_non_blocking_copy=False))
+            # Staged on the stager's own thread, so that the copy overlaps the next step's forward and
+            # backward passes (before_update waits for it); into pinned memory where a GPU is (the
+            # device-to-host copy goes by DMA). Blocking copies: they queue behind the work already
+            # on the stream, so a copy cannot read a parameter that an update still has to write.
+            self._stager = DefaultStager(StagingOptions(use_pinned_memory=torch.cuda.is_available(),
+                                                        use_shared_memory=False, use_async_staging=True,
+                                                        use_non_blocking_copy=False))
         return self._stager
 
     def _gloo_group(self) -> Any:
@@ -681,7 +658,11 @@ class Store:
             raise CorruptCheckpoint("manifest.json does not match the checksum in _COMMIT")
         return json.loads(text)
 
-    def verify_files(self, step: int, manifest: dict[str, Any]) -> None:
+    def verify_files(self, step: int, manifest: dict[str, Any], hash_files: bool = True,
+                     names: list[str] | None = None) -> None:
+        """Check the stored files of `step` against its manifest: each present with its size and, with
+        `hash_files`, its sha256 (a full read). A resume checks sizes only here (a stat each) and the
+        hashes while it loads (`load_verified`); `names` limits the check to those files."""
         path = self.step_path(step)
         files = manifest.get("files") or {}
         if ".metadata" not in files:
@@ -696,19 +677,26 @@ class Store:
                     raise CorruptCheckpoint(f"{name} is missing") from None
                 if size != want["size"]:
                     raise CorruptCheckpoint(f"{name} has {size} bytes, the manifest says {want['size']}")
-                if _sha256(self.fs, full) != want["sha256"]:
+                if hash_files and _sha256(self.fs, full) != want["sha256"]:
                     raise CorruptCheckpoint(f"{name} fails its sha256 checksum")
 
-        self._each_file(check, sorted(files))
+        self._each_file(check, sorted(names if names is not None else files))
 
     def shapes(self, step: int) -> dict[str, tuple[int, ...]]:
         """Saved tensor shapes by flattened key, read from .metadata (safely)."""
         md = self._reader(step).read_metadata()
         return {k: tuple(v.size) for k, v in md.state_dict_metadata.items() if hasattr(v, "size")}
 
-    def load_into(self, step: int, state: dict[str, Any]) -> None:
+    def load_verified(self, step: int, manifest: dict[str, Any], state: dict[str, Any]) -> set[str]:
+        """dcp.load into `state`, hashing each file once while it is read (ckpt_read.VerifyingReader).
+        Collective. A file that fails its sha256 raises on every rank, after some of its items may have
+        been copied into `state`: pass a staging state, never the live tensors. Returns the files this
+        rank hashed (the caller checks that the ranks together hashed every file)."""
         assert_tensors_only(state)
-        dcp.load(state, storage_reader=self._reader(step))
+        reader = _sharing(self.fs, VerifyingReader(self.url(self.step_path(step)), manifest.get("files") or {},
+                                                   threads=self.io_threads, **storage_options(self.root_uri)))
+        dcp.load(state, storage_reader=reader)
+        return reader.hashed
 
     def _reader(self, step: int) -> SafeReader:
         return _sharing(self.fs, SafeReader(self.url(self.step_path(step)), **storage_options(self.root_uri)))
@@ -742,12 +730,15 @@ class Store:
 
     def retain(self, keep_last: int, newest: int, best_metric: str = "") -> list[int]:
         """Delete committed checkpoints beyond the newest `keep_last` (keeping also the best one by
-        `best_metric`, lower is better, when set), and torn folders older than `newest`. Called only
+        `best_metric`, lower is better, when set, and `verified_step`, the newest checkpoint that was
+        read back or loaded by a resume), and torn folders older than `newest`. Called only
         after `newest` committed. _COMMIT goes first in every deletion. Returns the deleted steps."""
         deleted: list[int] = []
         try:
             committed = self.committed_steps()
             keep = set(committed[:keep_last]) | {newest}
+            if self.verified_step is not None:  # the newest read back or loaded: never deleted
+                keep.add(self.verified_step)
             best = self.best_step(best_metric, committed) if best_metric else None
             if best is not None:
                 keep.add(best)
@@ -788,18 +779,77 @@ def _raise_agreed(error: tuple[str, str] | None) -> None:
     raise FencedOut(msg) if kind == "fenced" else StorageError(msg)
 
 
+def _staging_like(state: dict[str, Any]) -> dict[str, Any]:
+    """A tensor-for-tensor copy of `state`'s structure with fresh storage (DTensors stay DTensors with
+    the same placements): what a load writes into before the checkpoint is known to be intact."""
+    return {k: _staging_like(v) if isinstance(v, dict) else torch.empty_like(v) for k, v in state.items()}
+
+
+def _load_failure(e: BaseException) -> str:
+    """The reason to record for a failed load: a CorruptCheckpoint's own message when a rank raised one
+    (DCP wraps every rank's failure in one CheckpointException)."""
+    if isinstance(e, CorruptCheckpoint):
+        return str(e)
+    for wrapped in (getattr(e, "failures", None) or {}).values():  # rank -> (exception, traceback)
+        inner = wrapped[0] if isinstance(wrapped, tuple) else getattr(wrapped, "exc", None)
+        if isinstance(inner, CorruptCheckpoint):
+            return str(inner)
+    return f"load failed: {type(e).__name__}: {e}".splitlines()[0][:500]
+
+
+def _all_hashed(store: Store, step: int, manifest: dict[str, Any], hashed: set[str]) -> str | None:
+    """Collective: every file of the manifest was hashed by some rank during the load; a file that none
+    read (an item no rank asked for) is hashed now on rank 0. Returns the agreed refusal, or None."""
+    parts = gather(sorted(hashed))
+    verdict = None
+    if _rank() == 0:
+        missing = sorted(set(manifest.get("files") or {}) - {n for p in parts for n in p})
+        try:
+            if missing:
+                store.verify_files(step, manifest, names=missing)
+        except CorruptCheckpoint as e:
+            verdict = str(e)
+        except StorageError as e:
+            verdict = f"storage:{e}"
+    return broadcast(verdict)
+
+
+@dataclass
+class LoadTimes:
+    """Seconds spent in each phase of resolve_and_load (over every checkpoint it tried)."""
+
+    listing: float = 0.0
+    manifest: float = 0.0
+    load: float = 0.0
+    tried: int = 0
+
+    def as_dict(self) -> dict[str, float]:
+        return {"listing_s": round(self.listing, 3), "manifest_s": round(self.manifest, 3),
+                "load_verify_s": round(self.load, 3)}
+
+
 def resolve_and_load(store: Store, fingerprint: str, build_state: Callable[[int, dict], dict],
-                     on_refused: Callable[[int, str], None]) -> tuple[int, dict, dict] | None:
+                     on_refused: Callable[[int, str], None], times: LoadTimes | None = None,
+                     steps: list[int] | None = None) -> tuple[int, dict, dict] | None:
     """Load the newest complete, intact checkpoint; fall back past torn or corrupt ones.
 
-    `build_state(step, manifest)` returns the tensor-only state to load into. Returns
-    (step, manifest, state), or None when no usable checkpoint exists. Raises CheckpointRefused for a
-    checkpoint of another run (a different fingerprint): that is a mistake to stop on, not to skip.
-    A store that fails (after retries) while being read raises StorageError: a network fault is not
-    a reason to pass over a good checkpoint.
+    `steps`: the committed steps, newest first, when the caller has listed them (same on every rank).
+    `build_state(step, manifest)` returns the tensor-only state to load (the live tensors may be in
+    it): the load goes into a staging copy of it, hashing every file while reading it, and the staging
+    copy is returned only once every file has matched its sha256 on every rank, so no tensor of a
+    refused checkpoint reaches the live state. Returns (step, manifest, staged state), or None when no
+    usable checkpoint exists. Raises CheckpointRefused for a checkpoint of another run (a different
+    fingerprint): that is a mistake to stop on, not to skip. A store that fails (after retries) while
+    being read raises StorageError: a network fault is not a reason to pass over a good checkpoint.
     """
-    steps = broadcast(store.committed_steps() if _rank() == 0 else None)
+    times = times if times is not None else LoadTimes()
+    if steps is None:  # the caller may have listed them already (one listing per start)
+        t = time.perf_counter()
+        steps = broadcast(store.committed_steps() if _rank() == 0 else None)
+        times.listing += time.perf_counter() - t
     for step in steps:
+        times.tried += 1
+        t = time.perf_counter()
         verdict: str | None = None
         manifest: dict = {}
         if _rank() == 0:
@@ -809,24 +859,32 @@ def resolve_and_load(store: Store, fingerprint: str, build_state: Callable[[int,
                     verdict = (f"foreign:{store.url(store.step_path(step))} has fingerprint "
                                f"{str(manifest.get('fingerprint'))[:12]}, this run has {fingerprint[:12]}")
                 else:
-                    store.verify_files(step, manifest)
+                    store.verify_files(step, manifest, hash_files=False)  # sizes: a stat each
             except CorruptCheckpoint as e:
                 verdict = str(e)
             except StorageError as e:
                 verdict = f"storage:{e}"
         verdict, manifest = broadcast((verdict, manifest))
+        times.manifest += time.perf_counter() - t
         if verdict and verdict.startswith("foreign:"):
             raise CheckpointRefused(f"refusing checkpoint {verdict.removeprefix('foreign:')}; "
                                     "it belongs to another run")
         if verdict and verdict.startswith("storage:"):
             raise StorageError(verdict.removeprefix("storage:"))
         if verdict is None:
+            t = time.perf_counter()
             try:
-                state = build_state(step, manifest)
-                store.load_into(step, state)
-                return step, manifest, state
+                state = _staging_like(build_state(step, manifest))
+                hashed = store.load_verified(step, manifest, state)
+                verdict = _all_hashed(store, step, manifest, hashed)
             except (Exception, CheckpointException) as e:  # DCP raises it on every rank together
-                verdict = f"load failed: {type(e).__name__}: {e}".splitlines()[0][:500]
+                verdict = _load_failure(e)
+            times.load += time.perf_counter() - t
+            if verdict and verdict.startswith("storage:"):
+                raise StorageError(verdict.removeprefix("storage:"))
+            if verdict is None:
+                store._verified(step, True)  # every file hashed while it loaded
+                return step, manifest, state
         on_refused(step, verdict)
     return None
 

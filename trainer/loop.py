@@ -16,13 +16,19 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_model_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_state_dict,
+    set_model_state_dict,
+    set_state_dict,
+)
 from torch.distributed.device_mesh import init_device_mesh
 
 from trainer import rng
 from trainer.checkpoint import (
     CorruptCheckpoint,
     FencedOut,
+    LoadTimes,
     Store,
     broadcast,
     json_from_tensor,
@@ -31,7 +37,7 @@ from trainer.checkpoint import (
 )
 from trainer.config import Config
 from trainer.data import EpochData, pack, read_documents
-from trainer.model import ensure_model, load_model, load_tokenizer, shard
+from trainer.model import build_empty_model, ensure_model, load_model, load_tokenizer, shard
 from trainer.notice import Attempt, Cadence, NoticeThread, NoticeWatcher
 from trainer.preemption import Preemption
 from trainer.records import Records, log
@@ -89,6 +95,8 @@ class Boundary:
 
 class Trainer:
     def __init__(self, cfg: Config, preempt: Preemption) -> None:
+        self.times: dict[str, float] = {"startup_s": round(time.time() - process_start(), 3)}
+        t = time.perf_counter()
         self.cfg, self.preempt = cfg, preempt
         self.skip = skipped_restores()
         self.swap_ranks = os.environ.get("BATON_SWAP_RANK_STATE") == "1"
@@ -104,6 +112,8 @@ class Trainer:
         self.rec = Records(cfg.run_id, self.attempt, self.rank)
         self.last_committed: int | None = None
         self.last_checkpoint: str | None = None
+        self.first_step_pending = True
+        self.times["init_s"] = round(time.perf_counter() - t, 3)
 
     # -- records (rank 0 speaks for the job) --
     def emit(self, event: str, step: int, **fields: Any) -> None:
@@ -112,17 +122,29 @@ class Trainer:
 
     # -- setup --
     def build(self) -> None:
+        t = time.perf_counter()
         cfg = self.cfg
         if self.rank == 0:
             path = ensure_model(cfg)
         dist.barrier()
         path = ensure_model(cfg)
+        self.model_path = path
         rng.seed_everything(cfg.seed, self.rank)
         tokenizer = load_tokenizer(path)
         samples = pack(read_documents(cfg.data.uri, cfg.data.text_field), tokenizer, cfg.data.seq_len)
         self.data = EpochData(cfg.data, samples, cfg.seed, self.rank, self.world)
-        model = load_model(cfg, path, self.device)
-        mesh = init_device_mesh(self.device.type, (self.world,))
+        # With a committed checkpoint to resume from, every parameter is about to be overwritten: build
+        # the structure without reading the pretrained weights. Should every checkpoint be refused,
+        # resume() reads them after all (pretrained_fallback).
+        t_list = time.perf_counter()
+        self.committed = broadcast(self.store.committed_steps() if self.rank == 0 else None)
+        self.times["listing_s"] = round(time.perf_counter() - t_list, 3)
+        self.empty_model = bool(self.committed)
+        build_model = build_empty_model if self.empty_model else load_model
+        model = build_model(cfg, path, self.device)
+        # Seeded again after the model is built, so how it was built cannot move the RNG stream.
+        rng.seed_everything(cfg.seed, self.rank)
+        mesh = init_device_mesh(self.device.type, (self.world,)) if self.world > 1 else None
         self.model = shard(model, mesh)
         self.model.train()
         o = cfg.optim
@@ -141,7 +163,9 @@ class Trainer:
         self.warned = False
         log(f"run {cfg.run_id} attempt {self.attempt}: rank {self.rank}/{self.world} on {self.device}, "
             f"{self.data.geo.n_samples} samples, {self.data.geo.steps_in_epoch()} steps/epoch, "
-            f"{sum(p.numel() for p in self.model.parameters())} parameters (this rank's shards)")
+            f"{sum(p.numel() for p in self.model.parameters())} parameters (this rank's shards)"
+            + (", built empty for the resume" if self.empty_model else ""))
+        self.times["build_s"] = round(time.perf_counter() - t - self.times["listing_s"], 3)
 
     # -- state <-> checkpoint --
     def boundary(self) -> Boundary:
@@ -196,9 +220,16 @@ class Trainer:
             log(f"checkpoint step {step} refused: {why}; falling back")
             self.emit("checkpoint_refused", step, path=self.store.url(self.store.step_path(step)), reason=why)
 
-        loaded = resolve_and_load(self.store, self.cfg.fingerprint, self._load_template, refused)
+        load_times = LoadTimes(listing=self.times.pop("listing_s"))
+        loaded = resolve_and_load(self.store, self.cfg.fingerprint, self._load_template, refused,
+                                  times=load_times, steps=self.committed)
+        self.times.update(load_times.as_dict())
+        t = time.perf_counter()
         if loaded is None:
-            self.emit("resume", 0, from_step=0, fresh=True)
+            if self.empty_model:
+                self._pretrained_fallback()
+            self.times["restore_s"] = round(time.perf_counter() - t, 3)
+            self.emit("resume", 0, from_step=0, fresh=True, phases=self.times)
             log("no committed checkpoint: starting fresh")
             return
         step, manifest, st = loaded
@@ -245,9 +276,24 @@ class Trainer:
         if not same_world:
             log(f"resharded resume: saved by {manifest['world_size']} ranks, running on {self.world}; "
                 "model and optimizer load exactly, the continuation is not bitwise (reduction order)")
+        self.times["restore_s"] = round(time.perf_counter() - t, 3)
         self.emit("resume", step, from_step=step, checkpoint=self.last_checkpoint,
-                  saved_world_size=manifest.get("world_size"))
+                  saved_world_size=manifest.get("world_size"), phases=self.times)
         log(f"resumed from step {step} ({self.last_checkpoint})")
+
+    def _pretrained_fallback(self) -> None:
+        """Every checkpoint was refused after the model was built empty: read the pretrained weights
+        now, as a fresh start would have, drop the optimizer state and re-seed (the stream a fresh
+        start begins with)."""
+        log("every checkpoint was refused: reading the pretrained weights")
+        pretrained = load_model(self.cfg, self.model_path, self.device)
+        set_model_state_dict(self.model, pretrained.state_dict(), options=StateDictOptions(full_state_dict=True))
+        del pretrained
+        # Building a load template initialised the optimizer's state (one zero-gradient step): a fresh
+        # start has none.
+        self.optim.state.clear()
+        rng.seed_everything(self.cfg.seed, self.rank)
+        self.empty_model = False
 
     def _param_groups(self, lrs: torch.Tensor) -> list[dict[str, Any]]:
         _, optim_sd = get_state_dict(self.model, self.optim)
@@ -257,6 +303,7 @@ class Trainer:
         return groups
 
     def save(self, b: Boundary, reason: str) -> float:
+        self.preempt.invalidate()  # a save takes a while: the next stop check asks the ranks again
         ck = self.cfg.checkpoint
         pending = self.store.pending
         if pending is not None and pending.step == b.step:  # this step is already being saved
@@ -284,10 +331,17 @@ class Trainer:
 
         if ck.async_save and reason == "periodic":
             return self.store.save_async(b.step, self.state(b), manifest, self.attempt, committed)
-        # A preemption save hashes while writing instead of reading the checkpoint back: the grace is short
-        # (GKE Spot: 15 s), and a resume verifies every file anyway.
+        # Saves hash their files while writing them. Retention never deletes the newest verified
+        # checkpoint (read back, or loaded by this attempt's resume), so a periodic save also reads its
+        # files back when there is none yet, or when it would otherwise push the verified one out of
+        # the newest keep_last (one periodic save in keep_last: keep_last 1 reads back every time),
+        # and so does the final save. Preemption and warning saves never read back: the grace is short
+        # (GKE Spot: 15 s), and a resume hashes every file while loading it.
+        st = self.store
+        read_back = reason == "final" or (reason == "periodic" and (
+            st.verified_step is None or st.unverified_commits + 1 >= ck.keep_last))
         return self.store.save(b.step, self.state(b), manifest, self.attempt, committed,
-                               read_back=reason != "preempt").save_ms
+                               read_back=read_back).save_ms
 
     # -- the stop --
     def stop(self, b: Boundary) -> int:
@@ -316,15 +370,22 @@ class Trainer:
         dist.barrier()
         return EXIT_PREEMPTED
 
-    def _on_boundary(self) -> int | None:
-        """Warnings and the wall-clock cadence, decided together for all ranks at a step boundary.
-        Returns an exit code when a warning under policy `stop` ends the run."""
+    def _boundary_flags(self, loss_sum: torch.Tensor) -> tuple[float, bool, bool]:
+        """One collective a step boundary (world > 1): the mean loss, and the OR over the ranks of the
+        preemption warning, the wall-clock cadence and the stop flag (the latter answers the next
+        micro-batch's stop check unless something slow happens first). Returns (loss, warning, due)."""
         pending = bool(self.notice and self.notice.pending())
         due = self.rank == 0 and self.cadence.due(time.time(), self.last_save_at)
-        flags = torch.tensor([int(pending), int(due)], dtype=torch.int32)
-        if self.world > 1:
-            dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-        pending, due = bool(flags[0]), bool(flags[1])
+        if self.world == 1:
+            return loss_sum.item(), pending, due
+        flags = torch.tensor([loss_sum.item(), int(pending), int(due), int(self.preempt.local)], dtype=torch.float64)
+        dist.all_reduce(flags, op=dist.ReduceOp.SUM)
+        self.preempt.decided(bool(flags[3] > 0))
+        return flags[0].item() / self.world, bool(flags[1] > 0), bool(flags[2] > 0)
+
+    def _on_boundary(self, pending: bool, due: bool) -> int | None:
+        """Warnings and the wall-clock cadence, decided together for all ranks at a step boundary
+        (`_boundary_flags`). Returns an exit code when a warning under policy `stop` ends the run."""
         if pending:
             notice = self.notice.take() if self.notice else None
             reason = notice.reason if notice else "peer"
@@ -369,6 +430,7 @@ class Trainer:
         points = {(int(k), int(m or 0)) for k, _, m in (x.strip().partition(":") for x in raw.split(",") if x.strip())}
         if (self.step, micro) not in points:
             return
+        self.preempt.invalidate()
         log(f"paused after step {self.step}" + (f", {micro} micro-batch(es) into the next" if micro else ""))
         deadline = time.monotonic() + 120
         while True:
@@ -387,7 +449,9 @@ class Trainer:
         tokens_per_step = cfg.data.batch_size * cfg.data.seq_len * accum * self.world
         self._pause_for_test()
         while self.step < cfg.total_steps:
-            self.store.step_boundary()  # the save in flight: staging done before this step mutates; commit if uploaded
+            if self.store.pending is not None:  # waiting for staging or committing takes a while
+                self.preempt.invalidate()
+            self.store.step_boundary()  # the save in flight: commit it if every rank's upload is done
             b = self.boundary()
             t0 = time.perf_counter()
             loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)  # one host sync a step
@@ -402,10 +466,12 @@ class Trainer:
                 if self.rank == 0:
                     digest.append(cpu_batch)  # hashed on the host copy: no device-to-host sync
                 batch = cpu_batch.to(self.device)
-                self.model.set_requires_gradient_sync(m == accum - 1)
+                if self.world > 1:  # FSDP2's; at world size 1 the model is not wrapped
+                    self.model.set_requires_gradient_sync(m == accum - 1)
                 loss = self.model(input_ids=batch, labels=batch).loss / accum
                 loss.backward()
                 loss_sum += loss.detach().double()
+            self.store.before_update()  # an async save's staging copy must be done before the update
             if cfg.optim.grad_clip > 0:
                 torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.optim.grad_clip)
             lr = self.optim.param_groups[0]["lr"]
@@ -413,23 +479,23 @@ class Trainer:
             self.sched.step()
             self.optim.zero_grad(set_to_none=True)
             self.step += 1
-            if self.world > 1:
-                dist.all_reduce(loss_sum, op=dist.ReduceOp.SUM)
-                loss_sum /= self.world
-            loss_value = loss_sum.item()
+            loss_value, warning, due = self._boundary_flags(loss_sum)
             self.metrics = {"loss": loss_value}  # what keep-best retention ranks checkpoints by
             if data.epoch_done:
                 data.next_epoch()
             dt = time.perf_counter() - t0
+            since = {}
+            if self.first_step_pending:  # the restart's last phase: process start to its first step done
+                since, self.first_step_pending = {"since_process_start_s": round(time.time() - process_start(), 3)}, False
             self.emit("step", self.step, loss=loss_value, lr=lr, tokens_per_s=round(tokens_per_step / dt, 1),
-                      epoch=b.epoch, batch_sha=_batch_sha(digest))
+                      epoch=b.epoch, batch_sha=_batch_sha(digest), **since)
             if self.rank == 0 and (self.step % cfg.log_every == 0 or self.step == cfg.total_steps):
                 log(f"step {self.step}/{cfg.total_steps} loss {loss_value:.4f} lr {lr:.2e} epoch {b.epoch}")
             if self.step == cfg.total_steps:
                 break
             if cfg.checkpoint.every_steps and self.step % cfg.checkpoint.every_steps == 0:
                 self.save(self.boundary(), "periodic")
-            if (code := self._on_boundary()) is not None:
+            if (code := self._on_boundary(warning, due)) is not None:
                 return code
             self._pause_for_test()
         if self.last_committed != cfg.total_steps:
@@ -437,6 +503,16 @@ class Trainer:
         self.emit("done", self.step, total_steps=cfg.total_steps, checkpoint=self.last_checkpoint)
         log(f"done: {cfg.total_steps} steps, final checkpoint {self.last_checkpoint}")
         return EXIT_OK
+
+
+def process_start() -> float:
+    """When this process started (unix seconds), from /proc; now where /proc is absent."""
+    try:
+        ticks = int(open("/proc/self/stat").read().rsplit(")", 1)[1].split()[19])
+        btime = next(int(line.split()[1]) for line in open("/proc/stat") if line.startswith("btime"))
+        return btime + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return time.time()
 
 
 def _batch_sha(batches: list[torch.Tensor]) -> str:

@@ -1,7 +1,14 @@
-"""The model: a Hugging Face causal LM from a local folder, eager attention, FSDP2 `fully_shard`."""
+"""The model: a Hugging Face causal LM from a local folder, eager attention, FSDP2 `fully_shard`
+when there is more than one rank.
+
+A resume whose checkpoint replaces every parameter does not read the pretrained weights:
+`build_empty_model` builds the structure from the config with parameters allocated but neither read
+nor initialised (buffers, which checkpoints do not hold, are built as usual)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -47,11 +54,52 @@ def load_model(cfg: Config, path: Path, device: torch.device) -> torch.nn.Module
     return model.to(device)
 
 
-def shard(model: torch.nn.Module, mesh: DeviceMesh) -> torch.nn.Module:
-    """FSDP2: each decoder layer, then the root."""
+@contextmanager
+def _parameters_on_meta() -> Iterator[None]:
+    """Parameters registered inside go to the meta device (no memory, no initialisation cost);
+    buffers do not (the same idea as accelerate's init_empty_weights(include_buffers=False))."""
+    register = torch.nn.Module.register_parameter
+
+    def on_meta(module: torch.nn.Module, name: str, param: torch.nn.Parameter | None) -> None:
+        register(module, name, param)
+        if param is not None and not param.is_meta:
+            module._parameters[name] = torch.nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
+
+    torch.nn.Module.register_parameter = on_meta  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        torch.nn.Module.register_parameter = register  # type: ignore[method-assign]
+
+
+def build_empty_model(cfg: Config, path: Path, device: torch.device) -> torch.nn.Module:
+    """The model of `path`'s config with uninitialised parameters on `device`: for a resume, which
+    overwrites every parameter from the checkpoint. Tied parameters stay tied."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(path, attention_dropout=cfg.model.dropout)
+    with _parameters_on_meta():
+        model = AutoModelForCausalLM.from_config(config, attn_implementation="eager", dtype=DTYPES[cfg.model.dtype])
+    made: dict[int, torch.nn.Parameter] = {}
+    for module in model.modules():
+        for name, p in list(module._parameters.items()):
+            if p is not None and p.is_meta:
+                if id(p) not in made:
+                    made[id(p)] = torch.nn.Parameter(torch.empty_like(p, device=device), requires_grad=p.requires_grad)
+                module._parameters[name] = made[id(p)]
+    return model.to(device)
+
+
+def shard(model: torch.nn.Module, mesh: DeviceMesh | None) -> torch.nn.Module:
+    """FSDP2: each decoder layer, then the root. Not at world size 1 (`mesh` None): there FSDP2 has
+    nothing to shard, and its per-layer hooks cost about a quarter of a small model's step (measured
+    in docs/results.md). The checkpoint is the same either way: the same keys, each tensor one whole
+    chunk, so a run resharded to and from 2 ranks loads exactly."""
     layers = getattr(getattr(model, "model", None), "layers", None)
     if layers is None:
         raise ConfigError("config key 'model.path': expected a decoder-only model with model.layers")
+    if mesh is None:
+        return model
     for layer in layers:
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)

@@ -3,6 +3,11 @@
 The handler only records the signal. The loop asks `should_stop()` before every micro-batch, and
 that answer is all-reduced (MAX) over the ranks, so one rank seeing SIGTERM stops every rank at the
 same point instead of leaving its peers waiting in a collective that it never enters.
+
+Before the first micro-batch of a step the answer usually comes from the step boundary's one fused
+collective (`decided`, carried with the loss and the warning and cadence flags): it stands only while
+nothing slow (a save, a commit, a test pause) has happened since; `invalidate` makes the next
+`should_stop` ask again.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ class Preemption:
         self.grace = grace_seconds()
         self.device = torch.device("cpu")
         self._installed = False
+        self._decided: bool | None = None
 
     def install(self) -> None:
         if os.environ.get("BATON_DISABLE_SIGTERM_HANDLER") == "1":
@@ -49,10 +55,26 @@ class Preemption:
     def local(self) -> bool:
         return self.signal_name is not None
 
+    def decided(self, any_signalled: bool) -> None:
+        """The ranks' OR of `local`, taken by a collective the caller made (the step boundary's)."""
+        self._decided = any_signalled
+        if any_signalled and self.signal_name is None:
+            self.signal_name = "peer"
+            self.received_at = time.monotonic()
+
+    def invalidate(self) -> None:
+        """Something slow happened since `decided`: the next should_stop() asks the ranks again.
+        Called by every rank at the same point."""
+        self._decided = None
+
     def should_stop(self) -> bool:
-        """True on every rank if any rank has been signalled. A collective when world > 1."""
+        """True on every rank if any rank has been signalled. A collective when world > 1, unless a
+        `decided` answer stands (used once)."""
         if not dist.is_initialized() or dist.get_world_size() == 1:
             return self.local
+        if self._decided is not None:
+            answer, self._decided = self._decided, None
+            return answer
         flag = torch.tensor([1 if self.local else 0], dtype=torch.int32, device=self.device)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         if flag.item() and self.signal_name is None:

@@ -1,0 +1,216 @@
+"""Reading a checkpoint: `.metadata` without arbitrary unpickling, and a load that verifies every
+file's sha256 while DCP reads it, so that a restart reads the checkpoint once.
+
+`VerifyingReader` is DCP's fsspec reader with two changes:
+- `.metadata` is read under an allowlist (`SafeReader`) and checked against the manifest's sha256;
+- in `prepare_global_plan` (the coordinator, which sees every rank's plan) each data file is given to
+  exactly one rank to hash: the rank that reads the most bytes of it, or rank 0 for a file nobody
+  reads. That rank streams the whole file in order, hashing every byte, and deserializes the items it
+  needs on the way; the other ranks read only their items. A file whose sha256 differs from the
+  manifest raises CorruptCheckpoint, which DCP turns into a CheckpointException on every rank.
+
+The hash of a file is known only after its last byte, so items of a corrupt file have been copied
+into the load's target by then: the target must be a staging copy, never the live model or optimizer
+(`checkpoint.resolve_and_load` allocates one and hands it out only after the load succeeded on every
+rank).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import io
+import pickle
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, cast
+
+import torch
+from torch.distributed._shard._utils import narrow_tensor_by_index
+from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
+from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem
+from torch.futures import Future
+
+_HASH_CHUNK = 8 << 20
+
+
+class CorruptCheckpoint(RuntimeError):
+    """Torn, truncated or altered: refused, and the loader falls back to the previous one."""
+
+
+# ---- .metadata without arbitrary unpickling ---------------------------------------------------------
+
+_ALLOWED_GLOBALS = {
+    ("torch.distributed.checkpoint.metadata", n) for n in (
+        "Metadata", "TensorStorageMetadata", "ChunkStorageMetadata", "TensorProperties", "MetadataIndex",
+        "StorageMeta", "_MEM_FORMAT_ENCODING", "BytesStorageMetadata")
+} | {
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+    ("torch.distributed.checkpoint.filesystem", "_StoragePrefix"),
+    ("torch.distributed.checkpoint.planner", "WriteItemType"),
+    ("torch.distributed.checkpoint._extension", "ExtensionRegistry"),
+    ("torch.serialization", "_get_layout"),
+    ("torch", "Size"), ("torch", "device"), ("torch", "layout"), ("torch", "memory_format"),
+    ("torch", "strided"), ("torch", "contiguous_format"),
+    ("collections", "OrderedDict"), ("builtins", "getattr"), ("builtins", "set"), ("builtins", "frozenset"),
+    ("pathlib", "PosixPath"),
+} | {("torch", n) for n in ("float32", "float64", "float16", "bfloat16", "int64", "int32", "int16",
+                            "int8", "uint8", "bool", "complex64", "complex128")}
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) not in _ALLOWED_GLOBALS:
+            raise CorruptCheckpoint(f".metadata references {module}.{name}, which a DCP checkpoint never needs")
+        return super().find_class(module, name)
+
+
+class SafeReader(FsspecReader):
+    """DCP's fsspec reader, with `.metadata` read under an allowlist instead of plain `pickle.load`."""
+
+    def _check_metadata(self, raw: bytes) -> None:
+        """Hook: VerifyingReader checks the bytes against the manifest."""
+
+    def read_metadata(self, *args: Any, **kwargs: Any):
+        from torch.distributed.checkpoint.metadata import StorageMeta
+
+        with self.fs.create_stream(self._get_metadata_path(kwargs.get("rank")), "rb") as f:
+            raw = f.read()
+        self._check_metadata(raw)
+        try:
+            metadata = _MetadataUnpickler(io.BytesIO(raw)).load()
+        except CorruptCheckpoint:
+            raise
+        except Exception as e:
+            raise CorruptCheckpoint(f".metadata does not parse: {e}") from e
+        if getattr(metadata, "storage_meta", None) is None:
+            metadata.storage_meta = StorageMeta()
+        metadata.storage_meta.load_id = self.load_id
+        return metadata
+
+
+# ---- hashing while loading ------------------------------------------------------------------------------
+
+class VerifyingReader(SafeReader):
+    """A SafeReader that checks every file of the checkpoint against `files` (the manifest's
+    {name: {size, sha256}}) while it loads, hashing each file once, on `threads` threads per rank.
+    `hashed` names the files this rank verified (rank 0 also counts .metadata)."""
+
+    def __init__(self, path: str, files: dict[str, dict[str, Any]], threads: int = 1, **kwargs: Any) -> None:
+        super().__init__(path, **kwargs)
+        self.files = files
+        self.threads = max(1, threads)
+        self.hashed: set[str] = set()
+
+    def _check_metadata(self, raw: bytes) -> None:
+        want = self.files.get(".metadata")
+        if want is None:
+            raise CorruptCheckpoint("manifest lists no .metadata")
+        if len(raw) != want["size"] or hashlib.sha256(raw).hexdigest() != want["sha256"]:
+            raise CorruptCheckpoint(".metadata fails its sha256 checksum")
+        self.hashed.add(".metadata")
+
+    def prepare_global_plan(self, plans: list[LoadPlan]) -> list[LoadPlan]:
+        """Each data file to exactly one rank for hashing: the one that reads most of it."""
+        plans = super().prepare_global_plan(plans)
+        read: dict[str, list[int]] = {n: [0] * len(plans) for n in self.files if n != ".metadata"}
+        for r, plan in enumerate(plans):
+            for item in plan.items:
+                info = self.storage_data[item.storage_index]
+                if info.relative_path not in read:
+                    raise CorruptCheckpoint(f"{info.relative_path} is listed in .metadata but not in the manifest")
+                read[info.relative_path][r] += info.length
+        owner: dict[int, list[str]] = {r: [] for r in range(len(plans))}
+        for name, per_rank in sorted(read.items()):
+            owner[max(range(len(plans)), key=lambda r: (per_rank[r], -r))].append(name)
+        return [dataclasses.replace(p, storage_data={"hash": owner[r]}) for r, p in enumerate(plans)]
+
+    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
+        mine = set((plan.storage_data or {}).get("hash", []))
+        per_file: dict[str, list[ReadItem]] = {name: [] for name in mine}
+        for item in plan.items:
+            per_file.setdefault(self.storage_data[item.storage_index].relative_path, []).append(item)
+        jobs = sorted(per_file.items())
+
+        def one(job: tuple[str, list[ReadItem]]) -> None:
+            name, reqs = job
+            if name in mine:
+                self._read_hashing(name, reqs, planner)
+            else:
+                self._read_items(name, reqs, planner)
+
+        if self.threads > 1 and len(jobs) > 1:
+            with ThreadPoolExecutor(min(self.threads, len(jobs)), thread_name_prefix="baton-ckpt-read") as pool:
+                list(pool.map(one, jobs))
+        else:
+            for job in jobs:
+                one(job)
+        fut: Future = Future()
+        fut.set_result(None)
+        return fut
+
+    def _by_item(self, reqs: list[ReadItem]) -> list[tuple[Any, list[ReadItem]]]:
+        """Requests grouped by the stored item they read, in file order (an item may serve several)."""
+        groups: dict[Any, list[ReadItem]] = {}
+        for req in reqs:
+            groups.setdefault(req.storage_index, []).append(req)
+        return sorted(((self.storage_data[k], v) for k, v in groups.items()), key=lambda g: g[0].offset)
+
+    def _read_hashing(self, name: str, reqs: list[ReadItem], planner: LoadPlanner) -> None:
+        want = self.files[name]
+        sha, pos = hashlib.sha256(), 0
+        with self.fs.create_stream(self.fs.concat_path(self.path, name), "rb") as stream:
+            def take(n: int, keep: bool) -> bytes:
+                nonlocal pos
+                parts = []
+                while n > 0:
+                    chunk = stream.read(min(n, _HASH_CHUNK) if not keep else n)
+                    if not chunk:
+                        raise CorruptCheckpoint(f"{name} ends at byte {pos}, before the items it should hold")
+                    sha.update(chunk)
+                    pos += len(chunk)
+                    n -= len(chunk)
+                    if keep:
+                        parts.append(chunk)
+                return b"".join(parts) if keep else b""
+
+            for info, group in self._by_item(reqs):
+                if info.offset < pos:
+                    raise CorruptCheckpoint(f"{name}: items overlap at byte {info.offset}")
+                take(info.offset - pos, keep=False)
+                data = take(info.length, keep=True)
+                for req in group:
+                    self._deliver(req, info, data, planner)
+            while chunk := stream.read(_HASH_CHUNK):
+                sha.update(chunk)
+                pos += len(chunk)
+        if pos != want["size"]:
+            raise CorruptCheckpoint(f"{name} has {pos} bytes, the manifest says {want['size']}")
+        if sha.hexdigest() != want["sha256"]:
+            raise CorruptCheckpoint(f"{name} fails its sha256 checksum")
+        self.hashed.add(name)
+
+    def _read_items(self, name: str, reqs: list[ReadItem], planner: LoadPlanner) -> None:
+        with self.fs.create_stream(self.fs.concat_path(self.path, name), "rb") as stream:
+            for info, group in self._by_item(reqs):
+                stream.seek(info.offset)
+                data = stream.read(info.length)
+                if len(data) != info.length:
+                    raise CorruptCheckpoint(f"{name} ends before byte {info.offset + info.length}")
+                for req in group:
+                    self._deliver(req, info, data, planner)
+
+    def _deliver(self, req: ReadItem, info: Any, data: bytes, planner: LoadPlanner) -> None:
+        """What FileSystemReader.read_data does with one item's bytes (torch 2.13)."""
+        source = self.transforms.transform_load_stream(req, info.transform_descriptors or (), io.BytesIO(data))
+        if req.type == LoadItemType.BYTE_IO:
+            planner.load_bytes(req, io.BytesIO(source.read(-1)))
+            return
+        seekable = source if source.seekable() else io.BytesIO(source.read(-1))
+        tensor = cast(torch.Tensor, torch.load(seekable, map_location="cpu", weights_only=True))
+        tensor = narrow_tensor_by_index(tensor, req.storage_offsets, req.lengths)
+        target = planner.resolve_tensor(req).detach()
+        if target.size() != tensor.size():
+            raise CorruptCheckpoint(f"{req.storage_index.fqn}: stored {tuple(tensor.size())}, "
+                                    f"expected {tuple(target.size())}")
+        target.copy_(tensor)
+        planner.commit_tensor(req, target)
