@@ -53,3 +53,50 @@ def s3_proxy(s3):
         yield proxy
     finally:
         proxy.stop()
+
+
+_GCS_ENV = ("STORAGE_EMULATOR_HOST", "GCE_METADATA_HOST", "GCE_METADATA_IP", "NO_GCE_CHECK", "BATON_GCS_TOKEN",
+            "BATON_GCS_HNS", "GOOGLE_APPLICATION_CREDENTIALS")
+
+
+@pytest.fixture(scope="module")
+def gcs():
+    """A live GCS API with one bucket: fake-gcs-server (in memory, plain HTTP) on 127.0.0.1 and a free
+    port, stopped after the module. While it lives, this process's gcsfs goes to it
+    (STORAGE_EMULATOR_HOST, so anonymous access) and google-auth's metadata lookups go to a closed
+    loopback port; `gcs.env()` gives the same to a subprocess."""
+    from tests.gcsserver import GCSEndpoint, no_metadata_server
+
+    saved = {k: os.environ.get(k) for k in _GCS_ENV}
+    endpoint = GCSEndpoint().start()
+    for k in ("BATON_GCS_TOKEN", "BATON_GCS_HNS", "GOOGLE_APPLICATION_CREDENTIALS"):
+        os.environ.pop(k, None)
+    os.environ.update(no_metadata_server(), STORAGE_EMULATOR_HOST=endpoint.url)
+    try:
+        yield endpoint
+    finally:
+        endpoint.stop()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+@pytest.fixture(scope="module", params=["s3", "gs"])
+def store_server(request):
+    """Each object store in turn, with one interface (tests/s3server.py's S3Endpoint and
+    tests/gcsserver.py's GCSEndpoint): the storage tests that are about the store run on both."""
+    return request.getfixturevalue("s3" if request.param == "s3" else "gcs")
+
+
+@pytest.fixture
+def store_proxy(store_server):
+    """A FaultProxy in front of the store's server, stopped after the test."""
+    from tests.s3server import FaultProxy
+
+    proxy = FaultProxy(store_server.url).start()
+    try:
+        yield proxy
+    finally:
+        proxy.stop()

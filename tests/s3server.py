@@ -1,4 +1,5 @@
-"""A live S3 API for the tests, and a loopback proxy that counts, delays, breaks and intercepts requests.
+"""A live S3 API for the tests, and a loopback proxy that counts, delays, breaks and intercepts requests
+(in front of this S3 API or of tests/gcsserver.py's GCS API alike).
 
 - `S3Endpoint.start()`: moto's threaded server on 127.0.0.1 and a free port, or, when
   `BATON_S3_ENDPOINT` is already set (a real MinIO, say), that endpoint instead, with the
@@ -23,7 +24,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 DUMMY_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing-key-id", "AWS_SECRET_ACCESS_KEY": "testing-secret-key",
                      "AWS_DEFAULT_REGION": "us-east-1"}
@@ -49,6 +50,9 @@ def boto3_client(endpoint: str, env: dict[str, str]):
 class S3Endpoint:
     """moto on loopback (stopped by `stop`), or the external endpoint named by `BATON_S3_ENDPOINT`."""
 
+    scheme = "s3"
+    max_attempts_var = "BATON_S3_MAX_ATTEMPTS"
+
     def __init__(self) -> None:
         self.external = os.environ.get("BATON_S3_ENDPOINT") or None
         self.server = None
@@ -60,6 +64,7 @@ class S3Endpoint:
             self.credentials.setdefault("AWS_DEFAULT_REGION", "us-east-1")
         else:
             self.credentials = dict(DUMMY_CREDENTIALS)
+        self.secret = self.credentials.get("AWS_SECRET_ACCESS_KEY", "")  # what no message may show
 
     def start(self) -> S3Endpoint:
         if self.external:
@@ -99,6 +104,33 @@ class S3Endpoint:
         from tests.helpers import base_env
 
         return base_env(**self.credentials, BATON_S3_ENDPOINT=endpoint or self.url, **extra)
+
+    def endpoint_env(self, endpoint: str) -> dict[str, str]:
+        """The variables that point this process's s3fs at `endpoint` (for monkeypatch.setenv)."""
+        return {"BATON_S3_ENDPOINT": endpoint}
+
+    @staticmethod
+    def without_credentials(env: dict[str, str], tmp_path) -> dict[str, str]:
+        """`env` with no usable S3 credentials anywhere (and no instance-metadata lookup)."""
+        env = {k: v for k, v in env.items() if not k.startswith("AWS_")}
+        return env | {"AWS_EC2_METADATA_DISABLED": "true", "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none"),
+                      "AWS_CONFIG_FILE": str(tmp_path / "none"), "AWS_DEFAULT_REGION": "us-east-1"}
+
+    # -- what a request through the proxy does --
+    @staticmethod
+    def op(method: str, path: str, body: bytes) -> tuple[str, str]:
+        """(list | put | get | head | delete | other, object key or "") of an S3 request (path-style).
+        A multi-object delete gives its XML body in place of a key."""
+        u = urlsplit(path)
+        bucket, _, key = u.path.lstrip("/").partition("/")
+        key = unquote(key)
+        if method == "GET" and not key and "list-type=2" in u.query:
+            return "list", unquote(dict(kv.partition("=")[::2] for kv in u.query.split("&")).get("prefix", ""))
+        if method == "POST" and "delete" in u.query.split("&"):
+            return "delete", unquote(body.decode(errors="replace"))
+        if method in ("PUT", "POST") and key:
+            return "put", key
+        return {"GET": "get", "HEAD": "head", "DELETE": "delete"}.get(method, "other"), key
 
     # -- objects, through boto3 (not through the code under test) --
     @staticmethod
@@ -160,23 +192,25 @@ class Faults:
     """What the proxy does to matching requests. Everything is bounded by `max_faults`.
 
     Every `every`-th matching request is broken (5xx and resets alternate through `kinds`); every
-    forwarded request waits `delay_s` first. `match(method, path)` picks the requests (all by default).
+    forwarded request waits `delay_s` first. `match(method, path, body)` picks the requests (all by
+    default); an endpoint's `op(method, path, body)` tells which object a request touches.
     """
 
     every: int = 0
     kinds: tuple[str, ...] = ("503", "reset")
     max_faults: int = 0
     delay_s: float = 0.0  # at most 5 s per request
-    match: Callable[[str, str], bool] | None = None
+    match: Callable[[str, str, bytes], bool] | None = None
     seen: int = 0
-    injected: list[tuple[str, str, str]] = field(default_factory=list)
+    injected: list[tuple[str, str, str, bytes]] = field(default_factory=list)  # kind, method, path, body
 
 
 class FaultProxy:
     def __init__(self, upstream: str, lifetime_s: float = 600.0) -> None:
         u = urlsplit(upstream)
         self.up_host, self.up_port = u.hostname or "127.0.0.1", u.port or 80
-        self.log: list[tuple[str, str]] = []  # (method, path?query) of every request forwarded upstream
+        # (method, path?query, the body's first 4 KiB) of every request forwarded upstream
+        self.log: list[tuple[str, str, bytes]] = []
         self.lock = threading.Lock()
         self.faults = Faults()
         # hook(phase, method, path, body) with phase "before" (not yet forwarded) or "after" (the server
@@ -218,7 +252,7 @@ class FaultProxy:
                 body = self._body()
                 if proxy.hook and proxy.hook("before", method, path, body) == "drop":
                     return self._reset()
-                verdict = proxy._decide(method, path)
+                verdict = proxy._decide(method, path, body)
                 if verdict == "reset":
                     return self._reset()
                 if verdict is not None:
@@ -233,7 +267,7 @@ class FaultProxy:
                     self.wfile.write(payload)
                     return
                 delay = proxy.faults.delay_s
-                if delay and (proxy.faults.match is None or proxy.faults.match(method, path)):
+                if delay and (proxy.faults.match is None or proxy.faults.match(method, path, body)):
                     time.sleep(min(delay, 5.0))
                 headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP}
                 if method not in ("GET", "HEAD", "DELETE") or body:
@@ -244,7 +278,7 @@ class FaultProxy:
                     resp = conn.getresponse()
                     data = resp.read()
                     with proxy.lock:
-                        proxy.log.append((method, path))
+                        proxy.log.append((method, path, body[:4096]))
                     if proxy.hook and proxy.hook("after", method, path, body) == "drop":
                         return self._reset()
                     self.send_response_only(resp.status, resp.reason)
@@ -272,16 +306,16 @@ class FaultProxy:
         self._timer.daemon = True
         self._stopped = False
 
-    def _decide(self, method: str, path: str) -> str | None:
+    def _decide(self, method: str, path: str, body: bytes) -> str | None:
         f = self.faults
         with self.lock:
-            if not f.every or len(f.injected) >= f.max_faults or (f.match and not f.match(method, path)):
+            if not f.every or len(f.injected) >= f.max_faults or (f.match and not f.match(method, path, body)):
                 return None
             f.seen += 1
             if f.seen % f.every:
                 return None
             kind = f.kinds[len(f.injected) % len(f.kinds)]
-            f.injected.append((kind, method, path))
+            f.injected.append((kind, method, path, body[:4096]))
             return kind
 
     def start(self) -> FaultProxy:
@@ -301,7 +335,7 @@ class FaultProxy:
             self.faults = Faults(**kw)
         return self.faults
 
-    def requests(self) -> list[tuple[str, str]]:
+    def requests(self) -> list[tuple[str, str, bytes]]:
         with self.lock:
             return list(self.log)
 

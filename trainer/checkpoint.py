@@ -5,7 +5,8 @@ Layout under any fsspec root (file://, s3://, gs://, or a local path):
     <root>/runs/<run_id>/step-<step:08d>/.metadata, __<rank>_<i>.distcp DCP, io_threads files per rank
                                          manifest.json                  step, fingerprint, metrics, files + sha256
                                          _COMMIT                        written last; absent = incomplete
-    <root>/runs/<run_id>/attempts/<n:08d>-<token>.json                  one per process start (fencing)
+    <root>/runs/<run_id>/attempts/<n:08d>-<token>.json                  one per process start (fencing);
+                                                                        <n:08d>.json on gs://
 
 Commit order: every rank writes its DCP files, reads them back and hashes them; rank 0 gathers the
 hashes, checks the fencing, writes manifest.json, and writes _COMMIT last (its body holds the
@@ -38,8 +39,13 @@ without compare-and-swap, so it narrows the window without closing it:
   attempt is still writing; that save then fails its read-back or, if the files vanish after the
   hashes, its checkpoint fails verification at load and the loader falls back;
 - claims rely on the store's read-after-write listing consistency (S3 and GCS have it).
-Stronger fencing would need conditional writes (S3 If-None-Match, GCS generation preconditions) on
-the commit marker, or a lease outside the bucket.
+On gs:// the store has a conditional write (GCS `ifGenerationMatch=0`: create only if absent; see
+trainer.storage.create_only), and both markers use it: `attempts/<n>.json` is created only if
+absent, so two claimants can never both hold one number, and `_COMMIT` is created only if absent, so
+a commit marker is never replaced (a second committer of one step gets FencedOut). The check-then-act
+gap between the last fence check and _COMMIT remains on every store: closing it would need the
+commit itself to be conditional on the attempt (a lease, or a generation-matched write of a shared
+object), which neither s3fs nor this layout has.
 
 The state handed to DCP holds tensors only, and `.metadata` is read through an unpickler that admits
 DCP's own metadata classes and nothing else, so loading never runs code from the bucket.
@@ -73,6 +79,8 @@ from trainer.ckpt_read import CorruptCheckpoint, SafeReader, VerifyingReader
 from trainer.records import log
 from trainer.storage import (
     StorageError,
+    create_only,
+    create_only_supported,
     full_url,
     redact,
     retrying,
@@ -366,20 +374,29 @@ class Store:
                 out.append((int(num), token))
         return sorted(out)
 
+    def _attempt_path(self, n: int, token: str) -> str:
+        # `<n>-<token>.json` where claims are list-then-write; `<n>.json`, one name per number, where
+        # the store creates it only if absent (gs://).
+        return f"{self.run_path}/attempts/{n:08d}{'-' + token if token else ''}.json"
+
     def attempt_start_times(self) -> list[float]:
         """When each attempt of this run started, oldest first (unreadable records are skipped)."""
         starts = []
         for n, token in self._attempts():
             try:
-                with self.fs.open(f"{self.run_path}/attempts/{n:08d}-{token}.json", "r") as f:
+                with self.fs.open(self._attempt_path(n, token), "r") as f:
                     starts.append(float(json.loads(f.read())["time"]))
             except (OSError, ValueError, KeyError):
                 continue
         return sorted(starts)
 
     def claim_attempt(self, info: dict[str, Any]) -> int:
-        """Take the next attempt number. Two claimants of one number: the smaller token keeps it."""
+        """Take the next attempt number. Where the store can create an object only if it is absent
+        (gs://), `attempts/<n>.json` is created that way: one claimant gets n, the others move on.
+        Elsewhere, two claimants of one number: the smaller token keeps it (a race remains, above)."""
         token = uuid.uuid4().hex[:12]
+        if create_only_supported(self.fs):
+            return self._claim_create_only(info, token)
         with self._io("claiming an attempt number under"):
             for _ in range(20):
                 existing = self._attempts()
@@ -391,6 +408,18 @@ class Store:
                 if min(rivals) == token:
                     return n
                 self.fs.rm(path)
+        raise StorageError(f"could not claim an attempt number under {self.url(self.run_path)}")
+
+    def _claim_create_only(self, info: dict[str, Any], token: str) -> int:
+        with self._io("claiming an attempt number under"):
+            existing = self._attempts()
+            n = (existing[-1][0] + 1) if existing else 1
+            for _ in range(1000):
+                path = self._attempt_path(n, "")
+                body = json.dumps({**info, "attempt": n, "token": token, "time": time.time()}).encode()
+                if retrying(lambda p=path, b=body: create_only(self.fs, p, b), self.url(path), "writing"):
+                    return n
+                n += 1  # taken: the next number, without listing again (a listing may lag the create)
         raise StorageError(f"could not claim an attempt number under {self.url(self.run_path)}")
 
     def newest_attempt(self) -> int:
@@ -407,6 +436,18 @@ class Store:
     def _write(self, path: str, text: str) -> None:
         with self.fs.open(path, "w") as f:
             f.write(text)
+
+    def _write_commit(self, p: PendingSave, commit: str) -> None:
+        """_COMMIT, last. On gs:// it is created only if absent: a commit marker, once written, is
+        never replaced, so a late writer (a stalled older attempt) cannot swap the manifest a reader
+        has verified; finding another writer's marker there is a FencedOut."""
+        path = f"{p.path}/{COMMIT}"
+        if not create_only_supported(self.fs):
+            retrying(lambda: self._write(path, commit), self.url(p.path), "committing")
+            return
+        if not retrying(lambda: create_only(self.fs, path, commit.encode()), self.url(p.path), "committing"):
+            raise FencedOut(f"attempt {p.attempt} may not commit step {p.step}: another writer committed it "
+                            f"first ({self.url(path)} exists)")
 
     # -- save and commit (collective) --
     def save(self, step: int, state: dict[str, Any], manifest: dict[str, Any], attempt: int,
@@ -633,7 +674,7 @@ class Store:
                 self._fence(p.attempt, p.step)
                 retrying(lambda: self._write(f"{p.path}/{MANIFEST}", text), self.url(p.path), "writing the manifest of")
                 self._fence(p.attempt, p.step)  # the last look before the marker that makes it count
-                retrying(lambda: self._write(f"{p.path}/{COMMIT}", commit), self.url(p.path), "committing")
+                self._write_commit(p, commit)
                 self._manifests[p.step] = body
             except Exception as e:
                 error = _agreed(e)

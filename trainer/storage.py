@@ -10,7 +10,18 @@ the options chosen here. There is no storage class hierarchy.
   5xx and connection errors in its "standard" mode, `BATON_S3_MAX_ATTEMPTS` times in all (default
   5); s3fs adds its own retries for dropped connections. The listings cache is off, and every
   filesystem is a fresh instance, so a `_COMMIT` written by another process is seen at once.
-- gs://: gcsfs (the `gcs` extra), credentials from Application Default Credentials / Workload Identity.
+- gs://: gcsfs (the `gcs` extra), always its plain JSON-API class `gcsfs.core.GCSFileSystem`, not the
+  `ExtendedGcsFileSystem` that gcsfs makes the default (`GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT`): that
+  class asks each bucket for its storage layout over gRPC, does not cache a failed lookup, and against
+  a server that does not answer it (an emulator, a network that blocks gRPC) waits about 60 s per call
+  -- never acceptable inside a preemption grace. `BATON_GCS_HNS=1` opts in to it (zonal buckets need
+  it; the bucket infra/gke creates is a regional one). Credentials: Application Default Credentials
+  (`token="google_default"`: Workload Identity on GKE, GOOGLE_APPLICATION_CREDENTIALS elsewhere),
+  never gcsfs's silent fall back to anonymous access; `STORAGE_EMULATOR_HOST` (read by every GCS
+  client) points gcsfs at an emulator and makes the access anonymous, as google-cloud-storage does;
+  `BATON_GCS_TOKEN` overrides either (`anon`, `google_default`, or a service-account JSON file).
+  Requests are tried `BATON_GCS_MAX_ATTEMPTS` times in all (default 6, gcsfs's own count), classified
+  by gcsfs, with botocore's full-jitter backoff; the listings cache is off and instances are fresh.
 - file:// and plain paths: parent folders are created on write (`auto_mkdir`).
 
 `StorageError` is a `ConfigError`: the CLI prints it as `error: ...` and exits 1.
@@ -18,6 +29,7 @@ the options chosen here. There is no storage class hierarchy.
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import os
 import random
@@ -44,31 +56,40 @@ class StorageError(ConfigError):
 def redact(text: str) -> str:
     """`text` with `user:secret@` in URLs, signatures and the values of credential variables removed."""
     text = re.sub(r"(://)[^/@\s]+@", r"\1***@", text)
-    text = re.sub(r"(?i)(signature|credential|x-amz-security-token|access_?key(_?id)?|secret[a-z_]*)=[^&\s'\"]+",
-                  r"\1=***", text)
+    text = re.sub(r"(?i)(signature|credential|x-amz-security-token|access_?key(_?id)?|access_?token|secret[a-z_]*)"
+                  r"=[^&\s'\"]+", r"\1=***", text)
+    text = re.sub(r"(?i)(bearer\s+)[A-Za-z0-9._~+/=-]+", r"\1***", text)
     for name in _SECRET_ENV:
         value = os.environ.get(name)
         if value and len(value) >= 4:
             text = text.replace(value, "***")
+    token = os.environ.get("BATON_GCS_TOKEN", "")
+    if len(token) >= 8 and token not in ("google_default", "anon"):  # a raw token or a key file's path
+        text = text.replace(token, "***")
     return text
 
 
-def _s3_max_attempts() -> int:
-    raw = os.environ.get("BATON_S3_MAX_ATTEMPTS", "")
+def _max_attempts(var: str, default: int) -> int:
+    raw = os.environ.get(var, "")
     try:
-        n = int(raw) if raw else DEFAULT_S3_MAX_ATTEMPTS
+        n = int(raw) if raw else default
     except ValueError:
-        raise ConfigError(f"BATON_S3_MAX_ATTEMPTS must be a positive integer, got {raw!r}") from None
+        raise ConfigError(f"{var} must be a positive integer, got {raw!r}") from None
     if n < 1:
-        raise ConfigError(f"BATON_S3_MAX_ATTEMPTS must be a positive integer, got {raw!r}")
+        raise ConfigError(f"{var} must be a positive integer, got {raw!r}")
     return n
+
+
+def _s3_max_attempts() -> int:
+    return _max_attempts("BATON_S3_MAX_ATTEMPTS", DEFAULT_S3_MAX_ATTEMPTS)
 
 
 # Storage clients that draw from Python's global `random` (botocore's retry jitter, aiohttp's pool)
 # would advance the training's Python RNG whenever a request is retried, so a run under storage
 # faults would no longer be bit-identical. They get a generator of their own instead.
 _LIBRARY_RANDOM = random.Random()
-_LIBRARY_MODULES = ("botocore.retries.standard", "botocore.retryhandler", "botocore.utils", "aiohttp.connector")
+_LIBRARY_MODULES = ("botocore.retries.standard", "botocore.retryhandler", "botocore.utils", "aiohttp.connector",
+                    "gcsfs.retry")
 _isolated = False
 
 
@@ -109,14 +130,18 @@ def storage_options(uri: str) -> dict[str, Any]:
             opts["client_kwargs"] = {"endpoint_url": endpoint}
         return opts
     if uri.startswith(("gs://", "gcs://")):
-        return {"skip_instance_cache": True}
+        isolate_library_randomness()
+        use_gcs_filesystem()
+        return {"skip_instance_cache": True, "use_listings_cache": False, "token": gcs_token(),
+                "requests_timeout": _gcs_timeout()}
     if uri.startswith("file://") or "://" not in uri:
         return {"auto_mkdir": True}
     return {}
 
 
 def url_to_fs(uri: str) -> tuple[AbstractFileSystem, str]:
-    """(filesystem, path without scheme). Local paths become absolute."""
+    """(filesystem, path without scheme). Local paths become absolute. A client that cannot even be
+    built (gcsfs resolves its credentials here) is a StorageError naming the URI."""
     if "://" not in uri:
         uri = os.path.abspath(uri)
     try:
@@ -124,7 +149,90 @@ def url_to_fs(uri: str) -> tuple[AbstractFileSystem, str]:
     except ImportError as e:
         raise StorageError(f"{redact(uri)}: this scheme needs a package that is not installed ({e}); "
                            "gs:// needs gcsfs (pip install 'baton[gcs]')") from None
+    except ConfigError:
+        raise
+    except Exception as e:
+        raise storage_error(uri, "connecting to", e) from None
     return fs, path
+
+
+# ---- gs:// --------------------------------------------------------------------------------------------
+
+DEFAULT_GCS_MAX_ATTEMPTS = 6  # gcsfs's own retry count
+_gcs_class: type | None = None
+
+
+def _flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def gcs_token() -> str:
+    """gcsfs's `token`: BATON_GCS_TOKEN, else "anon" against an emulator (STORAGE_EMULATOR_HOST), else
+    Application Default Credentials. Never None: gcsfs would then try ADC, its token cache and the GCE
+    metadata server in turn and fall back to anonymous access without a word."""
+    explicit = os.environ.get("BATON_GCS_TOKEN", "").strip()
+    if explicit:
+        return explicit
+    emulator = os.environ.get("STORAGE_EMULATOR_HOST", "").strip()
+    return "anon" if emulator and emulator != "default" else "google_default"
+
+
+def _gcs_timeout() -> Any:
+    # As for s3://: a connection that cannot be made fails in 10 s, a stalled read in 60 s (aiohttp's
+    # default is one 5-minute limit for the whole request).
+    import aiohttp
+
+    return aiohttp.ClientTimeout(sock_connect=10, sock_read=60)
+
+
+def gcs_filesystem_class() -> type:
+    """The class gs:// means here: gcsfs.core.GCSFileSystem (ExtendedGcsFileSystem with BATON_GCS_HNS=1),
+    with its request retries counted by BATON_GCS_MAX_ATTEMPTS and its backoff jitter drawn from a
+    private generator (gcsfs's own draws from the global `random`, which the training seeds)."""
+    global _gcs_class
+    if _gcs_class is not None:
+        return _gcs_class
+    import gcsfs.core
+    from gcsfs.retry import is_retriable
+
+    base: type = gcsfs.core.GCSFileSystem
+    if _flag("BATON_GCS_HNS"):
+        from gcsfs.extended_gcsfs import ExtendedGcsFileSystem
+
+        base = ExtendedGcsFileSystem
+    once = gcsfs.core.GCSFileSystem._request.__wrapped__  # one request, without gcsfs's retry_request
+
+    async def _request(self, *args: Any, **kwargs: Any) -> Any:
+        attempts = _max_attempts("BATON_GCS_MAX_ATTEMPTS", DEFAULT_GCS_MAX_ATTEMPTS)
+        for i in range(attempts):
+            if i:  # botocore's "standard" full jitter, as for s3:// (gcsfs's own waits 1-2 s at the first)
+                await asyncio.sleep(_LIBRARY_RANDOM.random() * min(2 ** (i - 1), 20))
+            try:
+                return await once(self, *args, **kwargs)
+            except Exception as e:
+                if i == attempts - 1 or getattr(e, "status", None) == 404 or not is_retriable(e):
+                    raise
+        raise AssertionError("unreachable")
+
+    async def _mv_file(self, path1: str, path2: str, **kwargs: Any) -> None:
+        # Copy, then delete (what gcsfs falls back to anyway): its objects.moveTo needs a permission
+        # beyond create/get/list/delete (the Terraform grants just those), and an emulator refuses it.
+        # The only rename here is DCP's small .metadata.tmp -> .metadata.
+        await self._cp_file(path1, path2)
+        await self._rm_file(path1)
+
+    _gcs_class = type("BatonGCSFileSystem", (base,), {"_request": _request, "_mv_file": _mv_file,
+                                                      "__module__": __name__})
+    return _gcs_class
+
+
+def use_gcs_filesystem() -> None:
+    """Register `gcs_filesystem_class()` for gs:// and gcs:// in fsspec (DCP's fsspec reader and writer
+    resolve their filesystem there too)."""
+    cls = gcs_filesystem_class()
+    for proto in ("gs", "gcs"):
+        if fsspec.registry.get(proto) is not cls:
+            fsspec.register_implementation(proto, cls, clobber=True)
 
 
 def is_local(fs: AbstractFileSystem) -> bool:
@@ -154,10 +262,17 @@ def describe(e: BaseException) -> str:
     name = type(e).__name__
     if name in ("NoCredentialsError", "PartialCredentialsError", "CredentialRetrievalError"):
         kind = "no usable credentials (set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or a role)"
-    elif name in ("EndpointConnectionError", "ConnectTimeoutError", "ClientConnectorError", "ConnectionRefusedError"):
+    elif name == "DefaultCredentialsError":  # google-auth: no Application Default Credentials
+        kind = ("no usable credentials (Workload Identity on GKE, GOOGLE_APPLICATION_CREDENTIALS, "
+                "or BATON_GCS_TOKEN)")
+    elif name in ("EndpointConnectionError", "ConnectTimeoutError", "ClientConnectorError", "ConnectionRefusedError",
+                  "ClientConnectorDNSError", "ServerTimeoutError"):
         kind = "endpoint unreachable"
-    elif "InvalidAccessKeyId" in text or "SignatureDoesNotMatch" in text:
+    elif ("InvalidAccessKeyId" in text or "SignatureDoesNotMatch" in text
+          or (name == "HttpError" and getattr(e, "code", None) == 401) or name == "RefreshError"):
         kind = "credentials refused"
+    elif text.startswith("Forbidden:"):  # gcsfs's 403
+        kind = "access denied"
     return redact(f"{kind}: {text}"[:400])
 
 
@@ -183,3 +298,22 @@ def retrying(fn: Callable[[], T], uri: str, what: str, attempts: int = 4, base_s
                 raise storage_error(uri, what, e) from None
         time.sleep(base_s * 2**i)
     raise AssertionError("unreachable")
+
+
+def create_only_supported(fs: AbstractFileSystem) -> bool:
+    """Whether `fs` can write an object only if none exists, in one request: GCS's
+    `ifGenerationMatch=0`, which gcsfs sends for `pipe_file(..., mode="create")`. s3fs exposes no
+    such write (S3's If-None-Match), and file:// keeps its list-then-write like s3://."""
+    return _gcs_class is not None and isinstance(fs, _gcs_class)
+
+
+def create_only(fs: AbstractFileSystem, path: str, data: bytes) -> bool:
+    """Write `data` at `path` only if no object is there. True: written by this call, or found there
+    with exactly these bytes (a retry after a lost answer: the first try had landed). False: someone
+    else's object is there. Needs `create_only_supported(fs)`. The data must be small: one request
+    (gcsfs's simple upload below 50 MB; fake-gcs-server honours the precondition only there)."""
+    try:
+        fs.pipe_file(path, data, mode="create")
+        return True
+    except FileExistsError:
+        return fs.cat_file(path) == data

@@ -1,12 +1,15 @@
 """Storage that outlives the pod: checkpoints on s3:// (a live S3 API: moto on loopback, or the endpoint
-in BATON_S3_ENDPOINT) and file://, through one code path.
+in BATON_S3_ENDPOINT), gs:// (a live GCS API: fake-gcs-server on loopback) and file://, through one
+code path.
 
-What is shown here: bit-identical resume from s3://; one listing request to find the newest
-checkpoint; retention (last K and the best by a metric, _COMMIT deleted first); SIGKILL during a save
-and during a deletion; asynchronous saves (overlap, commit order, bit-identical); a flipped byte
-refused with a record and a fallback; fencing of an older attempt; injected 5xx, resets and latency;
-clear errors for bad storage input. The trainer runs as real processes; a loopback proxy
-(tests/s3server.py) between s3fs and the server counts, delays, breaks and intercepts requests.
+Every test that takes `store_server` runs once per object store (s3 and gs): bit-identical resume;
+one listing request to find the newest checkpoint; retention (last K and the best by a metric,
+_COMMIT deleted first); SIGKILL during a save and during a deletion; asynchronous saves (overlap,
+commit order, bit-identical); a flipped byte refused with a record and a fallback; fencing of an older
+attempt; injected 5xx, resets and latency; clear errors for bad storage input. The trainer runs as
+real processes; a loopback proxy (tests/s3server.py) between the client and the server counts,
+delays, breaks and intercepts requests, and the endpoint's `op` reads what each request does.
+GCS's own forms (create-only claims and commits) are in test_storage_gcs.py.
 """
 
 from __future__ import annotations
@@ -66,12 +69,26 @@ def reference(tiny_model, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def s3_interrupted(s3, tiny_model):
-    """A run on s3:// stopped by SIGTERM after step 10: committed 4, 8 (periodic) and 10 (preempt)."""
-    root = s3.new_prefix("interrupted")
-    rc, recs, err = run_and_sigterm(cmd(tiny_model, root), at_step=10, env=s3.env())
+def interrupted(store_server, tiny_model):
+    """A run on the store stopped by SIGTERM after step 10: committed 4, 8 (periodic) and 10 (preempt)."""
+    root = store_server.new_prefix("interrupted")
+    rc, recs, err = run_and_sigterm(cmd(tiny_model, root), at_step=10, env=store_server.env())
     assert rc == 75, err
     return root, recs
+
+
+def via(monkeypatch, srv, proxy) -> None:
+    """This process's client for `srv` goes through `proxy` for the rest of the test."""
+    for k, v in srv.endpoint_env(proxy.url).items():
+        monkeypatch.setenv(k, v)
+
+
+def is_put(srv, key_suffix: str):
+    """A matcher for the proxy: an upload of an object whose key ends with `key_suffix`."""
+    def match(method, path, body=b""):
+        kind, key = srv.op(method, path, body)
+        return kind == "put" and key.endswith(key_suffix)
+    return match
 
 
 def assert_equal_to_reference(reference, got):
@@ -88,27 +105,28 @@ def assert_complete(store: Store) -> list[int]:
     return committed
 
 
-# ---- s3:// end to end ---------------------------------------------------------------------------------
+# ---- an object store end to end -------------------------------------------------------------------------
 
-def test_s3_resume_is_bit_identical(s3, tiny_model, reference, s3_interrupted):
-    root, recs = s3_interrupted
+def test_resume_from_the_store_is_bit_identical(store_server, tiny_model, reference, interrupted):
+    srv = store_server
+    root, recs = interrupted
     ck = by_event(recs, "checkpoint")
     assert [(r["step"], r["reason"]) for r in ck] == [(4, "periodic"), (8, "periodic"), (10, "preempt")]
     assert all(r["path"].startswith(root) and r["blocking_ms"] > 0 and not r["asynchronous"] for r in ck)
-    folders = s3.steps(root)
+    folders = srv.steps(root)
     assert sorted(folders) == [4, 8, 10]
     assert all({"_COMMIT", "manifest.json", ".metadata", "__0_0.distcp"} <= names for names in folders.values())
 
-    trial = s3.new_prefix("resumed")
-    s3.copy(root, trial)
-    rc, recs, err = run(cmd(tiny_model, trial), env=s3.env())
+    trial = srv.new_prefix("resumed")
+    srv.copy(root, trial)
+    rc, recs, err = run(cmd(tiny_model, trial), env=srv.env())
     assert rc == 0, err
     resume = by_event(recs, "resume")[0]
-    assert resume["from_step"] == 10 and resume["checkpoint"] == s3.step_uri(trial, 10)
+    assert resume["from_step"] == 10 and resume["checkpoint"] == srv.step_uri(trial, 10)
     steps = {r["step"]: r for r in by_event(recs, "step")}
     assert sorted(steps) == list(range(11, TOTAL + 1))
     assert all(steps[s]["batch_sha"] == reference.steps[s]["batch_sha"] for s in steps)
-    assert_equal_to_reference(reference, load_flat(s3.step_uri(trial, TOTAL)))
+    assert_equal_to_reference(reference, load_flat(srv.step_uri(trial, TOTAL)))
 
 
 def test_the_manifest_records_the_metric_of_its_step(reference):
@@ -120,45 +138,49 @@ def test_the_manifest_records_the_metric_of_its_step(reference):
 # ---- one listing ----------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("n", [3, 12])
-def test_finding_the_newest_checkpoint_costs_one_listing(s3, s3_proxy, monkeypatch, n):
-    monkeypatch.setenv("BATON_S3_ENDPOINT", s3_proxy.url)
-    root = s3.new_prefix(f"listing{n}")
+def test_finding_the_newest_checkpoint_costs_one_listing(store_server, store_proxy, monkeypatch, n):
+    srv, proxy = store_server, store_proxy
+    via(monkeypatch, srv, proxy)
+    root = srv.new_prefix(f"listing{n}")
     writer = Store(root, "run")
     attempt = writer.claim_attempt({})
     for i in range(1, n + 1):
         writer.save(10 * i, tiny_state(i), {}, attempt)
-    s3.write(f"{root}/runs/run/step-99999999/manifest.json", b"{}")  # torn: no _COMMIT, never counted
+    srv.write(f"{root}/runs/run/step-99999999/manifest.json", b"{}")  # torn: no _COMMIT, never counted
     reader = Store(root, "run")
-    s3_proxy.clear()
+    proxy.clear()
     assert reader.committed_steps() == [10 * i for i in range(n, 0, -1)]
-    reqs = s3_proxy.requests()
+    reqs = proxy.requests()
     assert len(reqs) == 1, reqs
-    assert reqs[0][0] == "GET" and "list-type=2" in reqs[0][1]
+    kind, prefix = srv.op(*reqs[0])
+    assert kind == "list" and prefix.endswith("runs/run/step-"), reqs
     # Another process commits: the same reader sees it at its next call (no stale listing), in one request.
     writer.save(10 * (n + 1), tiny_state(n + 1), {}, attempt)
-    s3_proxy.clear()
+    proxy.clear()
     assert reader.committed_steps()[0] == 10 * (n + 1)
-    assert len(s3_proxy.requests()) == 1
+    assert len(proxy.requests()) == 1
 
 
-def test_a_preemption_save_hashes_while_writing_and_downloads_nothing(s3, s3_proxy, monkeypatch):
+def test_a_preemption_save_hashes_while_writing_and_downloads_nothing(store_server, store_proxy, monkeypatch):
     """read_back=False (the preemption save): no GET of the step's files, and the manifest's sha256 of
     every file is the sha256 of the stored object. The default save reads every file back (the same
     count sees those GETs), and both verify."""
     import hashlib
 
-    monkeypatch.setenv("BATON_S3_ENDPOINT", s3_proxy.url)
-    root = s3.new_prefix("hash-writing")
+    srv, proxy = store_server, store_proxy
+    via(monkeypatch, srv, proxy)
+    root = srv.new_prefix("hash-writing")
     store = Store(root, "run", io_threads=2)
     attempt = store.claim_attempt({})
     for step, read_back in ((1, False), (2, True)):
-        s3_proxy.clear()
+        proxy.clear()
         store.save(step, tiny_state(step), {}, attempt, read_back=read_back)
-        gets = [path for method, path in s3_proxy.requests() if method == "GET" and f"/step-0000000{step}/" in path]
+        gets = [key for kind, key in (srv.op(*r) for r in proxy.requests())
+                if kind == "get" and f"/step-0000000{step}/" in key]
         files = store.read_manifest(step)["files"]
         assert len(files) >= 3, files  # .metadata and a file per writer thread
         for name, entry in files.items():
-            stored = s3.read(f"{s3.step_uri(root, step)}/{name}")
+            stored = srv.read(f"{srv.step_uri(root, step)}/{name}")
             assert entry["size"] == len(stored) and entry["sha256"] == hashlib.sha256(stored).hexdigest(), name
             assert entry.get("hashed") == (None if read_back else "writing"), entry
         if read_back:
@@ -170,18 +192,20 @@ def test_a_preemption_save_hashes_while_writing_and_downloads_nothing(s3, s3_pro
 
 # ---- retention ------------------------------------------------------------------------------------------
 
-def test_retention_keeps_the_last_k_and_the_best_and_deletes_commit_first(s3, s3_proxy, monkeypatch):
-    monkeypatch.setenv("BATON_S3_ENDPOINT", s3_proxy.url)
-    root = s3.new_prefix("retention")
+def test_retention_keeps_the_last_k_and_the_best_and_deletes_commit_first(store_server, store_proxy, monkeypatch):
+    srv, proxy = store_server, store_proxy
+    via(monkeypatch, srv, proxy)
+    root = srv.new_prefix("retention")
     store = Store(root, "run")
     attempt = store.claim_attempt({})
-    deletes: list[tuple[str, str]] = []  # (what was deleted, as the server saw it) in order
+    deletes: list[tuple[str, str]] = []  # (method, what was deleted as the server saw it) in order
 
     def hook(phase, method, path, body):
-        if phase == "after" and (method == "DELETE" or (method == "POST" and "delete" in path)):
-            deletes.append((method, path if method == "DELETE" else body.decode(errors="replace")))
+        kind, what = srv.op(method, path, body)
+        if phase == "after" and kind == "delete":
+            deletes.append((method, what))
 
-    s3_proxy.hook = hook
+    proxy.hook = hook
     losses = {1: 5.0, 2: 1.0, 3: 4.0, 4: 3.0, 5: 6.0, 6: 7.0}
     all_deleted = []
     for step, loss in losses.items():
@@ -196,21 +220,22 @@ def test_retention_keeps_the_last_k_and_the_best_and_deletes_commit_first(s3, s3
             assert all("_COMMIT" not in t for t in touching[1:])
     assert sorted(all_deleted) == [1, 3, 4]
     assert store.committed_steps() == [6, 5, 2], "the newest two and the best (step 2, loss 1.0)"
-    assert sorted(s3.steps(root)) == [2, 5, 6]
+    assert sorted(srv.steps(root)) == [2, 5, 6]
     assert store.retain(2, 6, "") == [2] and store.committed_steps() == [6, 5]
 
 
 # ---- SIGKILL during a save and during a deletion --------------------------------------------------------
 
 @pytest.mark.slow
-def test_sigkill_during_save_and_deletion_always_leaves_a_complete_checkpoint(s3, s3_proxy, tiny_model,
+def test_sigkill_during_save_and_deletion_always_leaves_a_complete_checkpoint(store_server, store_proxy, tiny_model,
                                                                                reference):
     """Killed (by the proxy, at an exact request) while uploading a shard, right after deleting an old
     checkpoint's _COMMIT, and just before a _COMMIT: each time a complete checkpoint remains, the
     restart resumes from it, and the run ends bit-identical with the torn folders cleaned up."""
-    root = s3.new_prefix("killed")
+    srv, proxy = store_server, store_proxy
+    root = srv.new_prefix("killed")
     sets = ("checkpoint.keep_last=1", "checkpoint.keep_best_metric=")
-    env = s3.env(s3_proxy.url)
+    env = srv.env(proxy.url)
 
     def run_until(trigger):
         box: dict = {}
@@ -222,22 +247,25 @@ def test_sigkill_during_save_and_deletion_always_leaves_a_complete_checkpoint(s3
                 return "drop"
             return None
 
-        s3_proxy.hook = hook
+        proxy.hook = hook
         p = subprocess.Popen(cmd(tiny_model, root, *sets), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              text=True, env=env, cwd=REPO)
         box["pid"] = p.pid
         out, err = p.communicate(timeout=240)
-        s3_proxy.hook = None
+        proxy.hook = None
         return p.returncode, records(out), err, box.get("killed")
 
     def put(step, name):
-        return lambda phase, method, path, body: (phase == "before" and method == "PUT"
-                                                  and path.endswith(f"/step-{step:08d}/{name}"))
+        uploads = is_put(srv, f"/step-{step:08d}/{name}")
+        return lambda phase, method, path, body: phase == "before" and uploads(method, path, body)
 
     def deleted_commit_of(step):
         key = f"step-{step:08d}/_COMMIT"
-        return lambda phase, method, path, body: (phase == "after" and method in ("POST", "DELETE")
-                                                  and (key in path or key.encode() in body))
+
+        def match(phase, method, path, body):
+            kind, what = srv.op(method, path, body)
+            return phase == "after" and kind == "delete" and key in what
+        return match
 
     # 1. during the upload of step 8's shard
     rc, recs, err, killed = run_until(put(8, "__0_0.distcp"))
@@ -250,29 +278,30 @@ def test_sigkill_during_save_and_deletion_always_leaves_a_complete_checkpoint(s3
     assert rc == -signal.SIGKILL and killed, err
     assert by_event(recs, "resume")[0]["from_step"] == 4
     assert assert_complete(store) == [8]
-    assert "_COMMIT" not in s3.steps(root)[4] and "__0_0.distcp" in s3.steps(root)[4], "deletion was cut short"
+    assert "_COMMIT" not in srv.steps(root)[4] and "__0_0.distcp" in srv.steps(root)[4], "deletion was cut short"
     # 3. just before step 12's _COMMIT: everything else of it is written
     rc, recs, err, killed = run_until(put(12, "_COMMIT"))
     assert rc == -signal.SIGKILL and killed, err
     assert by_event(recs, "resume")[0]["from_step"] == 8
     assert assert_complete(store) == [8]
-    assert {"manifest.json", "__0_0.distcp"} <= s3.steps(root)[12] and "_COMMIT" not in s3.steps(root)[12]
+    assert {"manifest.json", "__0_0.distcp"} <= srv.steps(root)[12] and "_COMMIT" not in srv.steps(root)[12]
     # 4. no more kills: resumes from 8, ends bit-identical, and only the final checkpoint is left
     rc, recs, err, killed = run_until(lambda *a: False)
     assert rc == 0, err
     assert by_event(recs, "resume")[0]["from_step"] == 8
-    assert_equal_to_reference(reference, load_flat(s3.step_uri(root, TOTAL)))
-    assert sorted(s3.steps(root)) == [TOTAL]
+    assert_equal_to_reference(reference, load_flat(srv.step_uri(root, TOTAL)))
+    assert sorted(srv.steps(root)) == [TOTAL]
 
 
 # ---- asynchronous checkpoints ----------------------------------------------------------------------------
 
-def test_async_saves_overlap_training_and_resume_bit_identically(s3, s3_proxy, tiny_model, reference):
+def test_async_saves_overlap_training_and_resume_bit_identically(store_server, store_proxy, tiny_model, reference):
     # Every checkpoint request is slow, so each async save is still planning and writing (after its
     # staging copy) while the next steps train and change the live tensors.
-    s3_proxy.set_faults(delay_s=0.1, match=lambda method, path: "step-" in path)
-    root = s3.new_prefix("async")
-    env = s3.env(s3_proxy.url)
+    srv, proxy = store_server, store_proxy
+    proxy.set_faults(delay_s=0.1, match=lambda method, path, body: "step-" in srv.op(method, path, body)[1])
+    root = srv.new_prefix("async")
+    env = srv.env(proxy.url)
     rc, recs, err = run_and_sigterm(cmd(tiny_model, root, "checkpoint.async_save=true"), at_step=9, env=env)
     assert rc == 75, err
     order = [(r["event"], r["step"]) for r in recs if r["event"] in ("step", "checkpoint", "preempt")]
@@ -286,56 +315,66 @@ def test_async_saves_overlap_training_and_resume_bit_identically(s3, s3_proxy, t
     assert order.index(("checkpoint", 4)) > order.index(("step", 5))
     assert order.index(("step", 9)) < order.index(("checkpoint", 8)) < order.index(("checkpoint", 9))
     # What was written is the staged copy of step 8, not tensors that steps 9.. went on to change.
-    equal, total = equal_count(reference.at8, load_flat(s3.step_uri(root, 8)))
+    equal, total = equal_count(reference.at8, load_flat(srv.step_uri(root, 8)))
     assert equal == total
-    s3_proxy.set_faults()
+    proxy.set_faults()
     rc, recs, err = run(cmd(tiny_model, root, "checkpoint.async_save=true"), env=env)
     assert rc == 0, err
     assert by_event(recs, "resume")[0]["from_step"] == 9
     ck = {r["step"]: r for r in by_event(recs, "checkpoint")}
     assert ck[12]["asynchronous"] and ck[TOTAL]["reason"] == "final" and not ck[TOTAL]["asynchronous"]
-    assert_equal_to_reference(reference, load_flat(s3.step_uri(root, TOTAL)))
+    assert_equal_to_reference(reference, load_flat(srv.step_uri(root, TOTAL)))
 
 
 # ---- integrity -----------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("where", ["s3", "file"])
-def test_a_flipped_byte_is_refused_and_the_run_falls_back(s3, tiny_model, reference, s3_interrupted, tmp_path,
-                                                          where):
-    src, _ = s3_interrupted
-    if where == "s3":
-        root = s3.new_prefix("flipped")
-        s3.copy(src, root)
-        shard = s3.step_uri(root, 10) + "/__0_0.distcp"
-        data = bytearray(s3.read(shard))
-        data[len(data) // 2] ^= 0x01
-        s3.write(shard, bytes(data))
-        env, uri = s3.env(), root
-    else:
-        local = tmp_path / "ckpt"
-        s3.download(src, local)
-        shard = step_dir(local, 10) / "__0_0.distcp"
-        data = bytearray(shard.read_bytes())
-        data[len(data) // 2] ^= 0x01
-        shard.write_bytes(bytes(data))
-        env, uri = base_env(), f"file://{local}"
-    rc, recs, err = run(cmd(tiny_model, uri), env=env)
-    assert rc == 0, err
+def _assert_refused_and_fell_back(recs, refused_step: int, from_step: int) -> None:
     refused = by_event(recs, "checkpoint_refused")
-    assert [r["step"] for r in refused] == [10]
+    assert [r["step"] for r in refused] == [refused_step]
     assert "__0_0.distcp" in refused[0]["reason"] and "sha256" in refused[0]["reason"]
-    assert by_event(recs, "resume")[0]["from_step"] == 8
-    final = load_flat(s3.step_uri(root, TOTAL)) if where == "s3" else tensors(local, TOTAL)
-    assert_equal_to_reference(reference, final)
+    assert by_event(recs, "resume")[0]["from_step"] == from_step
+
+
+def test_a_flipped_byte_is_refused_and_the_run_falls_back(store_server, tiny_model, reference, interrupted):
+    srv = store_server
+    src, _ = interrupted
+    root = srv.new_prefix("flipped")
+    srv.copy(src, root)
+    shard = srv.step_uri(root, 10) + "/__0_0.distcp"
+    data = bytearray(srv.read(shard))
+    data[len(data) // 2] ^= 0x01
+    srv.write(shard, bytes(data))
+    rc, recs, err = run(cmd(tiny_model, root), env=srv.env())
+    assert rc == 0, err
+    _assert_refused_and_fell_back(recs, 10, 8)
+    assert_equal_to_reference(reference, load_flat(srv.step_uri(root, TOTAL)))
+
+
+def test_a_flipped_byte_on_file_is_refused_and_the_run_falls_back(tiny_model, reference, tmp_path):
+    import shutil
+
+    local = tmp_path / "ckpt"
+    shutil.copytree(reference.ckpt, local)
+    for step in (4, 8):  # fall back to 12 (refusing 16): the run trains 13..16 again
+        shutil.rmtree(step_dir(local, step))
+    shard = step_dir(local, TOTAL) / "__0_0.distcp"
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    shard.write_bytes(bytes(data))
+    rc, recs, err = run(cmd(tiny_model, f"file://{local}"), env=base_env())
+    assert rc == 0, err
+    _assert_refused_and_fell_back(recs, TOTAL, 12)
+    assert_equal_to_reference(reference, tensors(local, TOTAL))
 
 
 # ---- fencing --------------------------------------------------------------------------------------------
 
 @pytest.mark.slow
-def test_an_older_attempt_is_fenced_out_and_the_run_stays_consistent(s3, tiny_model, reference):
-    root = s3.new_prefix("fenced")
+def test_an_older_attempt_is_fenced_out_and_the_run_stays_consistent(store_server, tiny_model, reference):
+    srv = store_server
+    root = srv.new_prefix("fenced")
     old = subprocess.Popen(cmd(tiny_model, root), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                           env=s3.env(BATON_PAUSE_AFTER_STEP="6"), cwd=REPO)
+                           env=srv.env(BATON_PAUSE_AFTER_STEP="6"), cwd=REPO)
     lines = []
     assert old.stdout is not None
     for line in old.stdout:
@@ -343,7 +382,7 @@ def test_an_older_attempt_is_fenced_out_and_the_run_stays_consistent(s3, tiny_mo
         if line.startswith("{") and json.loads(line)["event"] == "step" and json.loads(line)["step"] == 6:
             break
     # The older process is paused after step 6 (step 4 committed). A newer attempt takes over and finishes.
-    rc, new_recs, err = run(cmd(tiny_model, root), env=s3.env())
+    rc, new_recs, err = run(cmd(tiny_model, root), env=srv.env())
     assert rc == 0, err
     assert new_recs[0]["attempt"] == 2 and by_event(new_recs, "resume")[0]["from_step"] == 4
     # The older one is told to stop: it tries to save step 6, and is refused.
@@ -353,18 +392,24 @@ def test_an_older_attempt_is_fenced_out_and_the_run_stays_consistent(s3, tiny_mo
     assert old.returncode == 1, old_err
     assert "attempt 1 may not commit step 6: attempt 2" in old_err and "Traceback" not in old_err
     assert [r["step"] for r in by_event(old_recs, "checkpoint")] == [4]
-    folders = s3.steps(root)
+    folders = srv.steps(root)
     assert 6 not in folders, "the fenced attempt wrote nothing"
     for step, names in folders.items():
         if "_COMMIT" in names:
-            commit = json.loads(s3.read(f"{s3.step_uri(root, step)}/_COMMIT"))
+            commit = json.loads(srv.read(f"{srv.step_uri(root, step)}/_COMMIT"))
             assert commit["attempt"] == 2 or step <= 4, (step, commit)
-    assert_equal_to_reference(reference, load_flat(s3.step_uri(root, TOTAL)))
+    assert_equal_to_reference(reference, load_flat(srv.step_uri(root, TOTAL)))
 
 
-@pytest.mark.parametrize("where", ["s3", "file"])
-def test_a_commit_is_fenced_when_a_newer_attempt_starts_during_the_upload(s3, tmp_path, monkeypatch, where):
-    root = s3.new_prefix("fence-commit") if where == "s3" else f"file://{tmp_path}/ckpt"
+def test_a_commit_is_fenced_when_a_newer_attempt_starts_during_the_upload(store_server, monkeypatch):
+    _fenced_during_the_upload(store_server.new_prefix("fence-commit"), monkeypatch)
+
+
+def test_a_commit_on_file_is_fenced_when_a_newer_attempt_starts_during_the_upload(tmp_path, monkeypatch):
+    _fenced_during_the_upload(f"file://{tmp_path}/ckpt", monkeypatch)
+
+
+def _fenced_during_the_upload(root: str, monkeypatch) -> None:
     old = Store(root, "run")
     attempt = old.claim_attempt({"who": "old"})
     old.save(1, tiny_state(1), {}, attempt)
@@ -386,43 +431,47 @@ def test_a_commit_is_fenced_when_a_newer_attempt_starts_during_the_upload(s3, tm
 # ---- faults ----------------------------------------------------------------------------------------------
 
 @pytest.mark.slow
-def test_a_run_under_injected_faults_ends_bit_identical(s3, s3_proxy, tiny_model, reference):
-    faults = s3_proxy.set_faults(every=3, kinds=("503", "reset", "500"), max_faults=30, delay_s=0.02)
-    root = s3.new_prefix("faulty")
-    rc, recs, err = run(cmd(tiny_model, root), env=s3.env(s3_proxy.url, BATON_S3_MAX_ATTEMPTS="8"))
+def test_a_run_under_injected_faults_ends_bit_identical(store_server, store_proxy, tiny_model, reference):
+    srv, proxy = store_server, store_proxy
+    faults = proxy.set_faults(every=3, kinds=("503", "reset", "500"), max_faults=30, delay_s=0.02)
+    root = srv.new_prefix("faulty")
+    rc, recs, err = run(cmd(tiny_model, root), env=srv.env(proxy.url, **{srv.max_attempts_var: "8"}))
     assert rc == 0, err
     assert len(faults.injected) == 30 and {k for k, *_ in faults.injected} == {"503", "reset", "500"}
-    assert any(m == "PUT" and "/step-" in p for _, m, p in faults.injected), "faults hit checkpoint uploads"
+    assert any(is_put(srv, "")(m, p, b) and "/step-" in srv.op(m, p, b)[1] for _, m, p, b in faults.injected), \
+        "faults hit checkpoint uploads"
     store = Store(root, recs[0]["run_id"])
     for step in store.committed_steps():  # nothing committed is broken
         store.verify_files(step, store.read_manifest(step))
-    assert_equal_to_reference(reference, load_flat(s3.step_uri(root, TOTAL)))
+    assert_equal_to_reference(reference, load_flat(srv.step_uri(root, TOTAL)))
 
 
-def test_a_store_that_keeps_failing_stops_the_run_cleanly(s3, s3_proxy, tiny_model):
-    s3_proxy.set_faults(every=1, kinds=("503",), max_faults=10_000,
-                        match=lambda method, path: method == "PUT" and "/step-" in path)
-    root = s3.new_prefix("failing")
-    rc, recs, err = run(cmd(tiny_model, root), env=s3.env(s3_proxy.url, BATON_S3_MAX_ATTEMPTS="2"))
+def test_a_store_that_keeps_failing_stops_the_run_cleanly(store_server, store_proxy, tiny_model):
+    srv, proxy = store_server, store_proxy
+    proxy.set_faults(every=1, kinds=("503",), max_faults=10_000,
+                        match=lambda m, p, b: is_put(srv, "")(m, p, b) and "/step-" in srv.op(m, p, b)[1])
+    root = srv.new_prefix("failing")
+    rc, recs, err = run(cmd(tiny_model, root), env=srv.env(proxy.url, **{srv.max_attempts_var: "2"}))
     assert rc == 1
     assert f"error: saving step 4 to {root}/runs/" in err and "Traceback" not in err, err
     assert not by_event(recs, "checkpoint")
-    assert not any("_COMMIT" in names for names in s3.steps(root).values())
+    assert not any("_COMMIT" in names for names in srv.steps(root).values())
 
 
-def test_a_failed_writer_thread_fails_the_save(s3, s3_proxy, tiny_model):
+def test_a_failed_writer_thread_fails_the_save(store_server, store_proxy, tiny_model):
     """checkpoint.io_threads=4 writes each rank's checkpoint as several files, on DCP's writer threads.
     One file's upload failing for good must fail the save (clean error, nothing committed), whichever
     thread wrote it: a failure on an extra thread reaches only threading.excepthook."""
-    s3_proxy.set_faults(every=1, kinds=("503",), max_faults=10_000,
-                        match=lambda method, path: method == "PUT" and "/step-00000004/__0_1.distcp" in path)
-    root = s3.new_prefix("thread-fails")
+    srv, proxy = store_server, store_proxy
+    proxy.set_faults(every=1, kinds=("503",), max_faults=10_000,
+                        match=is_put(srv, "/step-00000004/__0_1.distcp"))
+    root = srv.new_prefix("thread-fails")
     rc, recs, err = run(cmd(tiny_model, root, "checkpoint.io_threads=4"),
-                        env=s3.env(s3_proxy.url, BATON_S3_MAX_ATTEMPTS="2"))
+                        env=srv.env(proxy.url, **{srv.max_attempts_var: "2"}))
     assert rc == 1
     assert f"error: saving step 4 to {root}/runs/" in err and "Traceback" not in err, err
     assert not by_event(recs, "checkpoint")
-    assert not any("_COMMIT" in names for names in s3.steps(root).values())
+    assert not any("_COMMIT" in names for names in srv.steps(root).values())
 
 
 def test_a_save_whose_items_were_not_all_written_is_refused(tmp_path):
@@ -445,48 +494,48 @@ def test_a_save_whose_items_were_not_all_written_is_refused(tmp_path):
 
 # ---- bad input -------------------------------------------------------------------------------------------
 
-def _no_credentials(env: dict[str, str], tmp_path) -> dict[str, str]:
-    env = {k: v for k, v in env.items() if not k.startswith("AWS_")}
-    return env | {"AWS_EC2_METADATA_DISABLED": "true", "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none"),
-                  "AWS_CONFIG_FILE": str(tmp_path / "none"), "AWS_DEFAULT_REGION": "us-east-1"}
-
-
-def test_bad_storage_input_is_a_clear_error_at_startup(s3, monkeypatch, tmp_path):
-    missing = "s3://baton-no-such-bucket/x"
+def test_bad_storage_input_is_a_clear_error_at_startup(store_server, monkeypatch, tmp_path):
+    srv = store_server
+    missing = f"{srv.scheme}://baton-no-such-bucket/x"
     with pytest.raises(StorageError, match=f"{missing}/runs/run .*not found"):
         Store(missing, "run")
     with monkeypatch.context() as m:
-        m.setenv("BATON_S3_ENDPOINT", f"http://127.0.0.1:{free_port()}")
-        m.setenv("BATON_S3_MAX_ATTEMPTS", "1")
+        for k, v in srv.endpoint_env(f"http://127.0.0.1:{free_port()}").items():
+            m.setenv(k, v)
+        m.setenv(srv.max_attempts_var, "1")
         with pytest.raises(StorageError, match="endpoint unreachable"):
-            Store(s3.new_prefix("x"), "run")
+            Store(srv.new_prefix("x"), "run")
     with monkeypatch.context() as m:
-        for k, v in _no_credentials(dict(os.environ), tmp_path).items():
+        for k, v in srv.without_credentials(dict(os.environ), tmp_path).items():
             m.setenv(k, v)
         for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
             m.delenv(k, raising=False)
-        with pytest.raises(StorageError, match="no usable credentials"):
-            Store(s3.new_prefix("x"), "run")
+        with pytest.raises(StorageError, match="no usable credentials") as caught:
+            Store(srv.new_prefix("x"), "run")
+        assert srv.secret not in str(caught.value)
 
 
-def test_gs_without_gcsfs_is_a_clear_error():
-    try:
-        import gcsfs  # noqa: F401
-    except ImportError:
-        pass
-    else:
-        pytest.skip("gcsfs is installed: gs:// would try real credentials")
+def test_gs_without_gcsfs_is_a_clear_error(monkeypatch):
+    """What a gs:// run says where gcsfs is not installed (it is, here: its import is made to fail)."""
+    import sys
+
+    import trainer.storage
+
+    monkeypatch.setattr(trainer.storage, "_gcs_class", None)
+    for name in ("gcsfs", "gcsfs.core", "gcsfs.retry"):
+        monkeypatch.setitem(sys.modules, name, None)
     with pytest.raises(StorageError, match=r"gs://some-bucket/x.*gcsfs"):
         Store("gs://some-bucket/x", "run")
 
 
-def test_the_cli_exits_1_naming_the_uri_for_bad_storage(s3, tiny_model, tmp_path):
-    secret = s3.credentials.get("AWS_SECRET_ACCESS_KEY", "")
+def test_the_cli_exits_1_naming_the_uri_for_bad_storage(store_server, tiny_model, tmp_path):
+    srv = store_server
+    secret = srv.secret
     cases = {
-        "missing bucket": ("s3://baton-no-such-bucket/x", s3.env(), "not found"),
-        "unreachable endpoint": (s3.new_prefix("x"), s3.env(f"http://127.0.0.1:{free_port()}",
-                                                            BATON_S3_MAX_ATTEMPTS="1"), "endpoint unreachable"),
-        "no credentials": (s3.new_prefix("x"), _no_credentials(s3.env(), tmp_path), "no usable credentials"),
+        "missing bucket": (f"{srv.scheme}://baton-no-such-bucket/x", srv.env(), "not found"),
+        "unreachable endpoint": (srv.new_prefix("x"), srv.env(f"http://127.0.0.1:{free_port()}",
+                                                            **{srv.max_attempts_var: "1"}), "endpoint unreachable"),
+        "no credentials": (srv.new_prefix("x"), srv.without_credentials(srv.env(), tmp_path), "no usable credentials"),
     }
     procs = {name: subprocess.Popen(cmd(tiny_model, uri), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                     env=env, cwd=REPO)
@@ -495,7 +544,9 @@ def test_the_cli_exits_1_naming_the_uri_for_bad_storage(s3, tiny_model, tmp_path
         uri, _, why = cases[name]
         out, err = p.communicate(timeout=120)
         assert p.returncode == 1, (name, err)
-        assert f"error: listing checkpoints under {uri}/runs/" in err and why in err, (name, err)
+        # gcsfs resolves its credentials when the client is built, s3fs at the first request.
+        assert (f"error: listing checkpoints under {uri}/runs/" in err
+                or f"error: connecting to {uri} failed" in err) and why in err, (name, err)
         assert "Traceback" not in err and not by_event(records(out), "step"), name
         if secret:
             assert secret not in err and secret not in out, name
