@@ -4,7 +4,7 @@
 
 torchrun collapses a worker's exit 75 into 1, so this wrapper decides the code itself from the
 records that pass through it: a `preempt` record (rank 0 writes it only after the checkpoint
-committed) means 75, a `done` record with torchrun's 0 means 0, anything else 1, with two cases of a
+committed) or a `retry_later` record (trainer/faults.py) means 75, a `done` record with torchrun's 0 means 0, anything else 1, with two cases of a
 pod deleted at its edges: a SIGTERM that came before this attempt reported any step (while it started,
 imported or restored, maybe before a worker's handler existed) is 75, because the attempt trained nothing
 that a retry would replay and a commit is all or nothing; a SIGTERM after the `done` record (written
@@ -148,7 +148,8 @@ def main(argv: list[str] | None = None) -> int:
                 evidence.add(s)
             except Exception as e:  # noqa: BLE001 - evidence is a copy; losing a line must not end training
                 print(f"[steps.train] could not copy a record to the evidence: {e}", file=sys.stderr)
-            preempted |= rec.get("event") == "preempt"
+            # `retry_later`: the trainer ended retry-safe for another reason (trainer/faults.py)
+            preempted |= rec.get("event") in ("preempt", "retry_later")
             done |= rec.get("event") == "done"
             stepped |= rec.get("event") == "step"
     rc = child.wait()

@@ -76,6 +76,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 
 from trainer.ckpt_read import CorruptCheckpoint, SafeReader, VerifyingReader
+from trainer.faults import collective_timeout
 from trainer.records import log
 from trainer.storage import (
     StorageError,
@@ -563,7 +564,9 @@ class Store:
         # Created once, by every rank at the same save. dcp.async_save on the default group hangs
         # or mismatches while training uses it; its own gloo group does not.
         if self._group is None:
-            self._group = dist.new_group(backend="gloo") if dist.is_initialized() else False
+            # The same bound on a peer as every other collective (trainer/faults.py), not torch's 30 min.
+            self._group = (dist.new_group(backend="gloo", timeout=collective_timeout()) if dist.is_initialized()
+                           else False)
         return self._group or None
 
     def _start(self, step: int, state: dict[str, Any], manifest: dict[str, Any], attempt: int,

@@ -12,6 +12,7 @@ import math
 import os
 import time
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -24,7 +25,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.device_mesh import init_device_mesh
 
-from trainer import rng
+from trainer import faults, rng
 from trainer.checkpoint import (
     CorruptCheckpoint,
     FencedOut,
@@ -41,6 +42,7 @@ from trainer.model import build_empty_model, ensure_model, load_model, load_toke
 from trainer.notice import Attempt, Cadence, NoticeThread, NoticeWatcher
 from trainer.preemption import Preemption
 from trainer.records import Records, log
+from trainer.storage import StorageError
 
 EXIT_OK, EXIT_FAIL, EXIT_PREEMPTED = 0, 1, 75
 RESTORABLE = ("rng", "data", "optimizer", "scheduler")
@@ -64,19 +66,24 @@ def skipped_restores() -> set[str]:
     return items
 
 
-def init_distributed() -> tuple[int, int, torch.device]:
+def init_distributed(timeout: timedelta | None = None) -> tuple[int, int, torch.device]:
+    """The process group; `timeout` bounds every collective (faults.collective_timeout_s): a dead or
+    hung peer raises instead of holding the others for gloo's default 30 minutes."""
     cuda = torch.cuda.is_available()
+    kw = {} if timeout is None else {"timeout": timeout}
+    if timeout is not None:
+        faults.set_collective_timeout(timeout)
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         local = int(os.environ.get("LOCAL_RANK", "0"))
         if cuda:
             torch.cuda.set_device(local)
-        dist.init_process_group("cpu:gloo,cuda:nccl" if cuda else "gloo")
+        dist.init_process_group("cpu:gloo,cuda:nccl" if cuda else "gloo", **kw)
         device = torch.device("cuda", local) if cuda else torch.device("cpu")
     else:
         if cuda:
             torch.cuda.set_device(0)
         dist.init_process_group("cpu:gloo,cuda:nccl" if cuda else "gloo", store=dist.HashStore(),
-                                rank=0, world_size=1)
+                                rank=0, world_size=1, **kw)
         device = torch.device("cuda", 0) if cuda else torch.device("cpu")
     return dist.get_rank(), dist.get_world_size(), device
 
@@ -100,7 +107,8 @@ class Trainer:
         self.cfg, self.preempt = cfg, preempt
         self.skip = skipped_restores()
         self.swap_ranks = os.environ.get("BATON_SWAP_RANK_STATE") == "1"
-        self.rank, self.world, self.device = init_distributed()
+        self.rank, self.world, self.device = init_distributed(cfg.faults.collective_timeout())
+        self.save_failures = faults.SaveFailures(cfg.faults.max_failed_saves)
         self.preempt.device = torch.device("cpu")  # gloo carries the flag; under NCCL the cpu:gloo half does
         if cfg.deterministic:
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
@@ -319,6 +327,7 @@ class Trainer:
 
         def committed(res) -> None:  # a checkpoint.SaveResult, once the checkpoint is committed
             self.last_committed, self.last_checkpoint = res.step, res.path
+            self.save_failures.committed()
             self._after_save(res.blocking_ms if res.asynchronous else res.save_ms)
             self.emit("checkpoint", res.step, reason=reason, save_ms=round(res.save_ms, 1),
                       blocking_ms=round(res.blocking_ms, 1), bytes=res.bytes, path=res.path,
@@ -398,8 +407,27 @@ class Trainer:
                 self.preempt.received_at = time.monotonic()
                 return self.stop(self.boundary())
         elif due and self.last_committed != self.step:
-            self.save(self.boundary(), "periodic")
+            self.periodic_save(self.boundary())
         return None
+
+    def periodic_save(self, b: Boundary) -> None:
+        """A periodic save that may fail without ending the run (trainer/faults.py): every rank raises
+        the same StorageError (the commit is collective), so every rank goes on, or stops, together."""
+        try:
+            self.save(b, "periodic")
+        except StorageError as e:
+            self._save_failed(b.step, e)
+
+    def _save_failed(self, step: int, e: StorageError) -> None:
+        n, limit = self.save_failures.in_a_row + 1, self.save_failures.limit
+        ends = self.save_failures.failed()
+        log(f"periodic checkpoint of step {step} failed ({n} in a row, limit {limit}): {e}; "
+            + ("ending the run (75)" if ends else f"training on; the last committed step is {self.last_committed}"))
+        self.emit("checkpoint_failed", step, reason="periodic", error=str(e)[:500], in_a_row=n, limit=limit,
+                  checkpoint=self.last_checkpoint)
+        if ends:
+            raise faults.SavesFailing(f"{n} periodic checkpoints failed in a row (faults.max_failed_saves "
+                                      f"{limit}); the last committed step is {self.last_committed}")
 
     def _after_save(self, save_ms: float) -> None:
         """Feed the measured cost to the cadence and to the warning lead time."""
@@ -451,7 +479,10 @@ class Trainer:
         while self.step < cfg.total_steps:
             if self.store.pending is not None:  # waiting for staging or committing takes a while
                 self.preempt.invalidate()
-            self.store.step_boundary()  # the save in flight: commit it if every rank's upload is done
+            try:
+                self.store.step_boundary()  # the save in flight: commit it if every rank's upload is done
+            except StorageError as e:  # that async periodic save failed: nothing of it is committed
+                self._save_failed(self.step, e)
             b = self.boundary()
             t0 = time.perf_counter()
             loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)  # one host sync a step
@@ -494,7 +525,7 @@ class Trainer:
             if self.step == cfg.total_steps:
                 break
             if cfg.checkpoint.every_steps and self.step % cfg.checkpoint.every_steps == 0:
-                self.save(self.boundary(), "periodic")
+                self.periodic_save(self.boundary())
             if (code := self._on_boundary(warning, due)) is not None:
                 return code
             self._pause_for_test()
@@ -533,6 +564,12 @@ def train(cfg: Config, preempt: Preemption) -> int:
     except FencedOut as e:
         log(f"error: {e}")
         return EXIT_FAIL
+    except faults.SavesFailing as e:
+        # Retry-safe: the last commit stands and a retry resumes from it (the store may be back by then).
+        log(f"error: {e}; exiting {EXIT_PREEMPTED} (retry)")
+        trainer.emit("retry_later", trainer.step, reason="saves_failing", error=str(e), exit=EXIT_PREEMPTED,
+                     checkpoint=trainer.last_checkpoint)
+        return EXIT_PREEMPTED
     finally:
         if getattr(trainer, "notice", None):
             trainer.notice.stop()

@@ -1,0 +1,64 @@
+"""Loaded by every Python process that has tests/faultfs on its PYTHONPATH (site imports sitecustomize):
+registers the fsspec protocol ``faulty://``, the local filesystem with faults a test plants through
+``BATON_TEST_FAULTS`` (JSON), in the trainer and its torchrun workers alike, so the fault meets the
+trainer's real code path (DCP's fsspec writer, the manifest, _COMMIT) with nothing in trainer/ aware of it.
+
+    {"enospc_steps": [20, 30]}   every write under step-000000NN/ fails with ENOSPC (a full disk)
+
+Test-only; never on the image's path.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import re
+
+from fsspec import register_implementation
+from fsspec.implementations.local import LocalFileSystem
+
+
+def _faults() -> dict:
+    try:
+        return json.loads(os.environ.get("BATON_TEST_FAULTS", "") or "{}")
+    except ValueError:
+        return {}
+
+
+class FaultyFileSystem(LocalFileSystem):
+    protocol = ("faulty",)
+    root_marker = "/"
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("auto_mkdir", True)
+        super().__init__(*args, **kwargs)
+
+    @classmethod
+    def _strip_protocol(cls, path):
+        path = str(path)
+        if path.startswith("faulty://"):
+            path = path[len("faulty://"):]
+        return LocalFileSystem._strip_protocol(path)
+
+    def _check_write(self, path: str) -> None:
+        steps = _faults().get("enospc_steps") or []
+        m = re.search(r"/step-(\d{8})(/|$)", str(path))
+        if m and int(m.group(1)) in steps:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+
+    def _open(self, path, mode="rb", *args, **kwargs):
+        if any(c in mode for c in "wax+"):
+            self._check_write(path)
+        return super()._open(path, mode, *args, **kwargs)
+
+    def pipe_file(self, path, value, *args, **kwargs):
+        self._check_write(path)
+        return super().pipe_file(path, value, *args, **kwargs)
+
+    def put_file(self, lpath, rpath, *args, **kwargs):
+        self._check_write(rpath)
+        return super().put_file(lpath, rpath, *args, **kwargs)
+
+
+register_implementation("faulty", FaultyFileSystem, clobber=True)
