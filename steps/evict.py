@@ -248,6 +248,9 @@ def _evict_all(args: argparse.Namespace, pods, points: list[int], done_evictions
                     while not pods.gone(name) and time.monotonic() < deadline:
                         time.sleep(args.poll)
                     ev["ended"] = pods.ended(name)  # how the attempt ended: the verdict needs it
+                    # The wait for its end (a whole preemption save) is not time without a pod: the retry's
+                    # pod comes after it, and a loaded machine can take longer than the gone-timeout here.
+                    seen_alive = time.monotonic()
                     if args.out:
                         write_json(args.out, result)
                     break

@@ -258,3 +258,40 @@ def test_a_chaos_drill_passes_with_nothing_replayed_and_records_every_deletion(t
     ref = finals["reference"]
     for role in ("replay", "trial"):
         assert finals[role].keys() == ref.keys() and all(torch.equal(finals[role][k], ref[k]) for k in ref)
+
+
+def test_evict_does_not_give_up_on_a_trial_whose_preemption_save_outlasts_the_gone_timeout(tmp_path):
+    # Found by the soak on a loaded machine: the evicted attempt took 10 s to save and exit, evict counted
+    # that wait as time without a pod, and gave up in the instant before the retry's pod appeared.
+    out = str(tmp_path / "evictions.json")
+    _write_steps(tmp_path / "ev", 0, range(1, 7))
+
+    class SlowToEnd(FakePods):
+        def evict(self, name, how="evict"):
+            self.asked.append(name)
+            self.ends_at = time.monotonic() + 0.4  # the save and the exit: longer than the gone-timeout
+
+        def gone(self, name):
+            if name in self.run and time.monotonic() >= getattr(self, "ends_at", float("inf")):
+                self.run.discard(name)
+                self.retry_at = time.monotonic() + 0.1  # the retry's pod, a moment later
+            return name not in self.run
+
+        def _retry_comes(self):
+            if not self.run and not self.asked[1:] and time.monotonic() >= getattr(self, "retry_at", float("inf")):
+                self.run.add("trial-1")
+                _write_steps(tmp_path / "ev", 1, range(7, 12))
+
+        def running(self):
+            self._retry_comes()
+            return super().running()
+
+        def alive(self):
+            self._retry_comes()
+            return bool(self.run)
+
+    pods = SlowToEnd({"trial-0"})
+    result = {"points": [5, 10], "evictions": [], "planned": 2, "problem": None}
+    rc = evict_step._evict_all(_args(tmp_path, out), pods, [5, 10], result["evictions"], 0.3, result)
+    assert rc == 0 and result["problem"] is None
+    assert pods.asked == ["trial-0", "trial-1"]
