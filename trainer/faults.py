@@ -10,18 +10,29 @@ other:
   says so. Only `faults.max_failed_saves` failures in a row end the run, with a `retry_later` record
   and 75 (the store may come back; a retry resumes from the last commit);
 - every collective waits at most `faults.collective_timeout_s` for a peer (a dead or hung rank), so a pod
-  never waits on gloo's 30-minute default.
+  never waits on gloo's 30-minute default; a rank that finds its peer gone (a collective that timed out,
+  a connection the peer closed) writes a `retry_later` record (reason `peer_lost`) and exits 75: every
+  commit is collective and all-or-nothing, so nothing partial was committed, and a retry resumes from the
+  last commit.
+
+Test hook, never for real work: `BATON_TEST_HANG_AFTER_STEP=RANK:STEP` makes that rank hang for good after
+that step (it ignores SIGTERM too, as a rank stuck in a kernel or a deadlock does).
 """
 
 from __future__ import annotations
 
 import os
+import re
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import TypeVar
 
 from trainer.validation import require as _require
 
 MIN_COLLECTIVE_TIMEOUT_S = 5.0
+T = TypeVar("T")
 
 
 @dataclass
@@ -34,11 +45,16 @@ class FaultsConfig:
     barrier, broadcast and DCP's own collectives). 0: half of the grace (BATON_GRACE), at least 5 s, so
     that a dead or hung rank ends the pod well inside its grace. It must exceed the longest time one rank
     can spend alone between two collectives, such as writing its share of a checkpoint."""
+    read_retry_s: float = 60.0
+    """How long a resume retries a store that fails while a checkpoint is read (with backoff: 0.5 s,
+    doubling, at most 10 s apart) before the run ends with 75 (`retry_later`, `store_unreachable`). A
+    read error is never taken for corruption: the resume does not pass over a good checkpoint for it."""
 
     def __post_init__(self) -> None:
         _require(isinstance(self.max_failed_saves, int) and not isinstance(self.max_failed_saves, bool)
                  and self.max_failed_saves >= 1, "faults.max_failed_saves",
                  f"must be an integer >= 1, got {self.max_failed_saves!r}")
+        _require(self.read_retry_s >= 0, "faults.read_retry_s", f"must be >= 0, got {self.read_retry_s!r}")
         _require(self.collective_timeout_s == 0 or self.collective_timeout_s >= 1, "faults.collective_timeout_s",
                  f"must be 0 (half the grace) or >= 1 second, got {self.collective_timeout_s!r}")
 
@@ -52,6 +68,27 @@ class FaultsConfig:
             except ValueError:
                 grace_s = 30.0
         return timedelta(seconds=max(MIN_COLLECTIVE_TIMEOUT_S, grace_s / 2))
+
+
+class StoreUnreachable(RuntimeError):
+    """The store kept failing while a checkpoint was read, for `faults.read_retry_s`: end with 75."""
+
+
+def retry_reads(fn: Callable[[], T], budget_s: float, retry_on: type[BaseException],
+                say: Callable[[str], None]) -> T:
+    """`fn()`, again with backoff while it raises `retry_on`, for at most `budget_s` seconds in all."""
+    t0, wait = time.monotonic(), 0.5
+    while True:
+        try:
+            return fn()
+        except retry_on as e:
+            spent = time.monotonic() - t0
+            if spent + wait > budget_s:
+                raise StoreUnreachable(f"the store kept failing for {spent:.1f} s (faults.read_retry_s "
+                                       f"{budget_s:g}): {e}") from None
+            say(f"reading the checkpoint failed ({e}); again in {wait:g} s")
+            time.sleep(wait)
+            wait = min(wait * 2, 10.0)
 
 
 class SavesFailing(RuntimeError):
@@ -85,3 +122,26 @@ def set_collective_timeout(timeout: timedelta) -> None:
 def collective_timeout() -> timedelta | None:
     """The bound set for this process's collectives (None: torch's default)."""
     return _collective_timeout
+
+
+# What gloo (and torch's wrappers around it) raise when a peer is dead or hung: a collective that timed out,
+# or a connection the peer's end closed.
+_PEER_LOST = re.compile(r"timed out|timeout|connection closed by peer|connection reset|broken pipe|"
+                        r"ECONNRESET|EPIPE|peer.*(closed|died|lost)", re.IGNORECASE)
+
+
+def is_peer_failure(e: BaseException) -> bool:
+    """Whether `e` says a peer rank is gone or hung: a collective's own error, or a save's StorageError
+    that carries one (DCP's collectives inside a save). Ask only with several ranks."""
+    name = type(e).__name__
+    if name not in ("DistBackendError", "DistNetworkError", "RuntimeError", "StorageError", "CheckpointException"):
+        return False
+    return bool(_PEER_LOST.search(str(e)))
+
+
+def hang_for_test(rank: int, step: int) -> None:
+    """BATON_TEST_HANG_AFTER_STEP=RANK:STEP: hang this rank for good (see the module docstring)."""
+    spec = os.environ.get("BATON_TEST_HANG_AFTER_STEP", "")
+    if spec and spec == f"{rank}:{step}":
+        while True:
+            time.sleep(3600)

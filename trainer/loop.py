@@ -229,8 +229,11 @@ class Trainer:
             self.emit("checkpoint_refused", step, path=self.store.url(self.store.step_path(step)), reason=why)
 
         load_times = LoadTimes(listing=self.times.pop("listing_s"))
-        loaded = resolve_and_load(self.store, self.cfg.fingerprint, self._load_template, refused,
-                                  times=load_times, steps=self.committed)
+        # Every rank raises the same StorageError (the verdict is broadcast), so every rank retries together.
+        loaded = faults.retry_reads(
+            lambda: resolve_and_load(self.store, self.cfg.fingerprint, self._load_template, refused,
+                                     times=load_times, steps=self.committed),
+            self.cfg.faults.read_retry_s, StorageError, log)
         self.times.update(load_times.as_dict())
         t = time.perf_counter()
         if loaded is None:
@@ -510,6 +513,7 @@ class Trainer:
             self.sched.step()
             self.optim.zero_grad(set_to_none=True)
             self.step += 1
+            faults.hang_for_test(self.rank, self.step)
             loss_value, warning, due = self._boundary_flags(loss_sum)
             self.metrics = {"loss": loss_value}  # what keep-best retention ranks checkpoints by
             if data.epoch_done:
@@ -564,11 +568,22 @@ def train(cfg: Config, preempt: Preemption) -> int:
     except FencedOut as e:
         log(f"error: {e}")
         return EXIT_FAIL
-    except faults.SavesFailing as e:
+    except (faults.SavesFailing, faults.StoreUnreachable) as e:
         # Retry-safe: the last commit stands and a retry resumes from it (the store may be back by then).
         log(f"error: {e}; exiting {EXIT_PREEMPTED} (retry)")
-        trainer.emit("retry_later", trainer.step, reason="saves_failing", error=str(e), exit=EXIT_PREEMPTED,
-                     checkpoint=trainer.last_checkpoint)
+        reason = "saves_failing" if isinstance(e, faults.SavesFailing) else "store_unreachable"
+        trainer.emit("retry_later", getattr(trainer, "step", 0), reason=reason, error=str(e)[:500],
+                     exit=EXIT_PREEMPTED, checkpoint=trainer.last_checkpoint)
+        return EXIT_PREEMPTED
+    except Exception as e:
+        if getattr(trainer, "world", 1) < 2 or not faults.is_peer_failure(e):
+            raise
+        # A dead or hung peer (faults.collective_timeout_s bounds the wait): retry-safe, since every commit
+        # is collective and all-or-nothing. Any rank may be the survivor, so each writes its own record.
+        log(f"error: a peer rank is gone ({type(e).__name__}: {str(e).splitlines()[0][:300]}); exiting "
+            f"{EXIT_PREEMPTED} (retry from step {trainer.last_committed})")
+        trainer.rec.emit("retry_later", getattr(trainer, "step", 0), reason="peer_lost", error=str(e).splitlines()[0][:300],
+                         exit=EXIT_PREEMPTED, checkpoint=trainer.last_checkpoint)
         return EXIT_PREEMPTED
     finally:
         if getattr(trainer, "notice", None):

@@ -4,6 +4,8 @@ registers the fsspec protocol ``faulty://``, the local filesystem with faults a 
 trainer's real code path (DCP's fsspec writer, the manifest, _COMMIT) with nothing in trainer/ aware of it.
 
     {"enospc_steps": [20, 30]}   every write under step-000000NN/ fails with ENOSPC (a full disk)
+    {"read_errors": 3}           the first 3 opens for reading of any checkpoint file fail with EIO (a store
+                                 that answers 5xx for a while), counted per process; -1: every one fails
 
 Test-only; never on the image's path.
 """
@@ -47,10 +49,24 @@ class FaultyFileSystem(LocalFileSystem):
         if m and int(m.group(1)) in steps:
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
 
+    _reads_failed = 0
+
+    def _check_read(self, path: str) -> None:
+        budget = _faults().get("read_errors", 0)
+        if budget and re.search(r"/step-\d{8}/", str(path)) and (budget < 0 or FaultyFileSystem._reads_failed < budget):
+            FaultyFileSystem._reads_failed += 1
+            raise OSError(errno.EIO, "injected read error (BATON_TEST_FAULTS read_errors)", str(path))
+
     def _open(self, path, mode="rb", *args, **kwargs):
         if any(c in mode for c in "wax+"):
             self._check_write(path)
+        else:
+            self._check_read(path)
         return super()._open(path, mode, *args, **kwargs)
+
+    def cat_file(self, path, *args, **kwargs):
+        self._check_read(path)
+        return super().cat_file(path, *args, **kwargs)
 
     def pipe_file(self, path, value, *args, **kwargs):
         self._check_write(path)

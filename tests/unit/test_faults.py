@@ -120,3 +120,47 @@ def test_a_manifest_altered_after_its_commit_is_refused_and_the_resume_falls_bac
     assert [r["from_step"] for r in recs if r["event"] == "resume"] == [4]
     # The fall back replays 5 and 6 and ends where the reference ended, tensor for tensor.
     assert final_equal(root, reference, 10)
+
+
+@pytest.fixture
+def preempted_at_6(tiny_model, tmp_path):
+    """A run on faulty:// (no faults yet) preempted after step 6: steps 2, 4 and 6 committed."""
+    root = tmp_path / "ckpt"
+    cmd = trainer_cmd(tiny_model, f"faulty://{root}", *COMMON)
+    rc, recs, err = run_and_sigterm(cmd, at_step=6, env=fault_env())
+    assert rc == 75 and committed(root)[-1] == 6, err[-2000:]
+    return root, cmd
+
+
+@pytest.mark.slow
+def test_a_transient_read_error_is_retried_not_taken_for_corruption(preempted_at_6, reference):
+    root, cmd = preempted_at_6
+    rc, recs, err = run(cmd, env=fault_env(read_errors=3))
+    assert rc == 0, err[-3000:]
+    assert "injected read error" in err and "again in" in err
+    assert not [r for r in recs if r["event"] == "checkpoint_refused"]  # not passed over
+    assert [r["from_step"] for r in recs if r["event"] == "resume"] == [6]
+    assert final_equal(root, reference, 10)
+
+
+@pytest.mark.slow
+def test_a_store_that_stays_unreachable_ends_with_75_after_the_bound_and_passes_over_nothing(preempted_at_6,
+                                                                                            reference):
+    root, cmd = preempted_at_6
+    rc, recs, err = run([*cmd, "--set", "faults.read_retry_s=2"], env=fault_env(read_errors=-1))
+    assert rc == 75, err[-3000:]
+    stop = [r for r in recs if r["event"] == "retry_later"]
+    assert [(r["reason"], r["exit"]) for r in stop] == [("store_unreachable", 75)]
+    assert not [r for r in recs if r["event"] in ("checkpoint_refused", "resume", "step")]
+    assert committed(root)[-1] == 6  # the good checkpoint is still there, and the next start takes it
+    rc, recs, err = run(cmd, env=fault_env())
+    assert rc == 0 and [r["from_step"] for r in recs if r["event"] == "resume"] == [6], err[-3000:]
+    assert final_equal(root, reference, 10)
+
+
+@pytest.mark.slow
+def test_a_missing_bucket_is_still_1_at_once(tiny_model, tmp_path):
+    # Not a fault to wait out: the bucket (here a root whose parent is a file) cannot be written at all.
+    (tmp_path / "file").write_text("x")
+    rc, recs, err = run(trainer_cmd(tiny_model, f"file://{tmp_path / 'file' / 'ckpt'}", *COMMON))
+    assert rc == 1 and not [r for r in recs if r["event"] == "retry_later"], err[-2000:]
