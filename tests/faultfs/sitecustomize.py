@@ -4,6 +4,8 @@ registers the fsspec protocol ``faulty://``, the local filesystem with faults a 
 trainer's real code path (DCP's fsspec writer, the manifest, _COMMIT) with nothing in trainer/ aware of it.
 
     {"enospc_steps": [20, 30]}   every write under step-000000NN/ fails with ENOSPC (a full disk)
+    {"enospc_first": {"6": 1}}   only the first write under step-00000006/ fails with ENOSPC (per process): a
+                                 save that fails once, and the next save of that step succeeds
     {"read_errors": 3}           the first 3 opens for reading of any checkpoint file fail with EIO (a store
                                  that answers 5xx for a while), counted per process; -1: every one fails
 
@@ -43,10 +45,19 @@ class FaultyFileSystem(LocalFileSystem):
             path = path[len("faulty://"):]
         return LocalFileSystem._strip_protocol(path)
 
+    _first_failed: dict = {}
+
     def _check_write(self, path: str) -> None:
-        steps = _faults().get("enospc_steps") or []
+        faults = _faults()
         m = re.search(r"/step-(\d{8})(/|$)", str(path))
-        if m and int(m.group(1)) in steps:
+        if not m:
+            return
+        step = int(m.group(1))
+        if step in (faults.get("enospc_steps") or []):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+        first = int((faults.get("enospc_first") or {}).get(str(step), 0))
+        if FaultyFileSystem._first_failed.get(step, 0) < first:
+            FaultyFileSystem._first_failed[step] = FaultyFileSystem._first_failed.get(step, 0) + 1
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
 
     _reads_failed = 0

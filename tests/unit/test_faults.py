@@ -164,3 +164,23 @@ def test_a_missing_bucket_is_still_1_at_once(tiny_model, tmp_path):
     (tmp_path / "file").write_text("x")
     rc, recs, err = run(trainer_cmd(tiny_model, f"file://{tmp_path / 'file' / 'ckpt'}", *COMMON))
     assert rc == 1 and not [r for r in recs if r["event"] == "retry_later"], err[-2000:]
+
+
+@pytest.mark.slow
+def test_an_async_save_that_fails_as_sigterm_arrives_still_commits_the_preemption_save_and_exits_75(
+        tiny_model, tmp_path, reference):
+    # Step 6's async periodic save meets ENOSPC in the background; SIGTERM lands at that very step. The
+    # stop drains the failed save (reporting it), saves step 6 synchronously, commits it and exits 75.
+    # Planted bug this catches: a stop that lets the in-flight save's failure end the run (exit 1).
+    root = tmp_path / "ckpt"
+    cmd = trainer_cmd(tiny_model, f"faulty://{root}", *COMMON, "checkpoint.async_save=true")
+    rc, recs, err = run_and_sigterm(cmd, at_step=6, env=fault_env(enospc_first={"6": 1}))
+    assert rc == 75, err[-3000:]
+    assert "the checkpoint in flight failed" in err and "No space left on device" in err
+    pre = [r for r in recs if r["event"] == "preempt"]
+    assert [(r["step"], r["outcome"], r["exit"]) for r in pre] == [(6, "saved", 75)]
+    assert committed(root)[-1] == 6
+    rc, recs, err = run(trainer_cmd(tiny_model, f"faulty://{root}", *COMMON, "checkpoint.async_save=true"),
+                        env=fault_env())
+    assert rc == 0 and [r["from_step"] for r in recs if r["event"] == "resume"] == [6], err[-3000:]
+    assert final_equal(root, reference, 10)
