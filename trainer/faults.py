@@ -13,7 +13,10 @@ other:
   never waits on gloo's 30-minute default; a rank that finds its peer gone (a collective that timed out,
   a connection the peer closed) writes a `retry_later` record (reason `peer_lost`) and exits 75: every
   commit is collective and all-or-nothing, so nothing partial was committed, and a retry resumes from the
-  last commit.
+  last commit;
+- a final or preemption save that fails (after the store's retries) in a run whose store worked at the
+  start ends with 75 too (`store_failing`); a missing bucket, missing or refused credentials and a bad
+  config fail at the start (listing, attempt claim), with 1.
 
 Test hook, never for real work: `BATON_TEST_HANG_AFTER_STEP=RANK:STEP` makes that rank hang for good after
 that step (it ignores SIGTERM too, as a rank stuck in a kernel or a deadlock does).
@@ -89,6 +92,11 @@ def retry_reads(fn: Callable[[], T], budget_s: float, retry_on: type[BaseExcepti
             say(f"reading the checkpoint failed ({e}); again in {wait:g} s")
             time.sleep(wait)
             wait = min(wait * 2, 10.0)
+
+
+class StoreFailing(RuntimeError):
+    """A final or preemption save failed after the store's retries, in a run whose store worked at the
+    start: end with 75."""
 
 
 class SavesFailing(RuntimeError):

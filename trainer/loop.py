@@ -564,14 +564,21 @@ def train(cfg: Config, preempt: Preemption) -> int:
     try:
         trainer.build()
         trainer.resume()
-        return trainer.run()
+        try:
+            return trainer.run()
+        except StorageError as e:
+            # A store that worked at the start (listing, attempt claim, resume) and fails now, after the
+            # store's own retries, in a final or preemption save: nothing of that save is committed, the
+            # last commit stands, and a retry resumes from it. A bad bucket or credentials fail at the start.
+            raise faults.StoreFailing(str(e)) from None
     except FencedOut as e:
         log(f"error: {e}")
         return EXIT_FAIL
-    except (faults.SavesFailing, faults.StoreUnreachable) as e:
+    except (faults.SavesFailing, faults.StoreUnreachable, faults.StoreFailing) as e:
         # Retry-safe: the last commit stands and a retry resumes from it (the store may be back by then).
         log(f"error: {e}; exiting {EXIT_PREEMPTED} (retry)")
-        reason = "saves_failing" if isinstance(e, faults.SavesFailing) else "store_unreachable"
+        reason = {faults.SavesFailing: "saves_failing", faults.StoreUnreachable: "store_unreachable"}.get(
+            type(e), "store_failing")
         trainer.emit("retry_later", getattr(trainer, "step", 0), reason=reason, error=str(e)[:500],
                      exit=EXIT_PREEMPTED, checkpoint=trainer.last_checkpoint)
         return EXIT_PREEMPTED

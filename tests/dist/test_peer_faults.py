@@ -104,3 +104,32 @@ def test_a_rank_sigkilled_mid_step_ends_the_pod_with_75_and_the_retry_is_bit_ide
     assert rc == 0, err[-3000:]
     assert [r["from_step"] for r in recs if r["event"] == "resume"] == [4]
     assert equal_to(reference, root)
+
+
+def test_a_rank_sigkilled_mid_save_commits_nothing_ends_the_pod_with_75_and_the_retry_is_bit_identical(
+        tiny_model, reference, tmp_path):
+    from tests.unit.test_faults import fault_env
+
+    root = tmp_path / "ckpt"
+    cmd = entry_cmd(tiny_model, f"faulty://{root}", *SETS)
+    # Step 8's periodic save writes slowly (0.5 s a file): rank 1 is killed while both ranks write it.
+    env = {**fault_env(slow_writes={"8": 0.5}), "BATON_GRACE": "5"}
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
+    out = []
+    assert p.stdout is not None
+    for line in p.stdout:
+        out.append(line)
+        if line.startswith("{") and json.loads(line).get("event") == "step" and json.loads(line)["step"] == 8:
+            w = workers_of(p.pid)
+            time.sleep(0.2)  # inside the save: its first file takes 0.5 s
+            os.kill(w[1], signal.SIGKILL)
+    rc = p.wait(timeout=300)
+    recs, err = records("".join(out)), p.stderr.read()
+    assert rc == 75, err[-3000:]
+    assert any(r["event"] == "retry_later" and r["reason"] == "peer_lost" for r in recs)
+    assert not any(r["event"] == "checkpoint" and r["step"] == 8 for r in recs)
+    assert committed(root) == [4]  # step 8's files may be there, its _COMMIT is not
+    rc, recs, err = run_entry(cmd, env={**fault_env(), "BATON_GRACE": "20"})
+    assert rc == 0, err[-3000:]
+    assert [r["from_step"] for r in recs if r["event"] == "resume"] == [4]
+    assert equal_to(reference, root)

@@ -6,6 +6,7 @@ trainer's real code path (DCP's fsspec writer, the manifest, _COMMIT) with nothi
     {"enospc_steps": [20, 30]}   every write under step-000000NN/ fails with ENOSPC (a full disk)
     {"enospc_first": {"6": 1}}   only the first write under step-00000006/ fails with ENOSPC (per process): a
                                  save that fails once, and the next save of that step succeeds
+    {"slow_writes": {"8": 0.5}}  every write under step-00000008/ first waits 0.5 s (a test lands a kill mid-save)
     {"read_errors": 3}           the first 3 opens for reading of any checkpoint file fail with EIO (a store
                                  that answers 5xx for a while), counted per process; -1: every one fails
 
@@ -53,6 +54,11 @@ class FaultyFileSystem(LocalFileSystem):
         if not m:
             return
         step = int(m.group(1))
+        delay = float((faults.get("slow_writes") or {}).get(str(step), 0))
+        if delay:
+            import time
+
+            time.sleep(delay)
         if step in (faults.get("enospc_steps") or []):
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
         first = int((faults.get("enospc_first") or {}).get(str(step), 0))
