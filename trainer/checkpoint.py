@@ -82,6 +82,7 @@ from trainer.storage import (
     StorageError,
     create_only,
     create_only_supported,
+    describe,
     full_url,
     redact,
     retrying,
@@ -834,10 +835,18 @@ def _load_failure(e: BaseException) -> str:
     (DCP wraps every rank's failure in one CheckpointException)."""
     if isinstance(e, CorruptCheckpoint):
         return str(e)
+    inners = []
     for wrapped in (getattr(e, "failures", None) or {}).values():  # rank -> (exception, traceback)
         inner = wrapped[0] if isinstance(wrapped, tuple) else getattr(wrapped, "exc", None)
         if isinstance(inner, CorruptCheckpoint):
             return str(inner)
+        inners.append(inner)
+    # A store that failed while DCP read from it (an I/O error, a connection): not a reason to pass over
+    # this checkpoint. "storage:" makes the caller raise a StorageError, which the resume retries
+    # (trainer/faults.py). A missing file is the checkpoint's fault (its sizes were checked just before).
+    for err in (e, *inners):
+        if isinstance(err, (OSError, StorageError)) and not isinstance(err, FileNotFoundError):
+            return f"storage:reading a checkpoint failed: {describe(err)}"
     return f"load failed: {type(e).__name__}: {e}".splitlines()[0][:500]
 
 

@@ -78,13 +78,16 @@ class StoreUnreachable(RuntimeError):
 
 
 def retry_reads(fn: Callable[[], T], budget_s: float, retry_on: type[BaseException],
-                say: Callable[[str], None]) -> T:
-    """`fn()`, again with backoff while it raises `retry_on`, for at most `budget_s` seconds in all."""
+                say: Callable[[str], None], several_ranks: bool = False) -> T:
+    """`fn()`, again with backoff while it raises `retry_on`, for at most `budget_s` seconds in all. With
+    several ranks, an error that says a peer is gone is not retried (nothing would answer)."""
     t0, wait = time.monotonic(), 0.5
     while True:
         try:
             return fn()
         except retry_on as e:
+            if several_ranks and is_peer_failure(e):
+                raise
             spent = time.monotonic() - t0
             if spent + wait > budget_s:
                 raise StoreUnreachable(f"the store kept failing for {spent:.1f} s (faults.read_retry_s "

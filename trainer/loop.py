@@ -233,7 +233,7 @@ class Trainer:
         loaded = faults.retry_reads(
             lambda: resolve_and_load(self.store, self.cfg.fingerprint, self._load_template, refused,
                                      times=load_times, steps=self.committed),
-            self.cfg.faults.read_retry_s, StorageError, log)
+            self.cfg.faults.read_retry_s, StorageError, log, several_ranks=self.world > 1)
         self.times.update(load_times.as_dict())
         t = time.perf_counter()
         if loaded is None:

@@ -7,6 +7,7 @@ trainer's real code path (DCP's fsspec writer, the manifest, _COMMIT) with nothi
     {"enospc_first": {"6": 1}}   only the first write under step-00000006/ fails with ENOSPC (per process): a
                                  save that fails once, and the next save of that step succeeds
     {"slow_writes": {"8": 0.5}}  every write under step-00000008/ first waits 0.5 s (a test lands a kill mid-save)
+    {"read_errors": 3, "read_match": ".distcp"}   only paths holding read_match count (here DCP's data files)
     {"read_errors": 3}           the first 3 opens for reading of any checkpoint file fail with EIO (a store
                                  that answers 5xx for a while), counted per process; -1: every one fails
 
@@ -70,7 +71,7 @@ class FaultyFileSystem(LocalFileSystem):
 
     def _check_read(self, path: str) -> None:
         budget = _faults().get("read_errors", 0)
-        if budget and re.search(r"/step-\d{8}/", str(path)) and (budget < 0 or FaultyFileSystem._reads_failed < budget):
+        if budget and re.search(r"/step-\d{8}/", str(path)) and _faults().get("read_match", "") in str(path) and (budget < 0 or FaultyFileSystem._reads_failed < budget):
             FaultyFileSystem._reads_failed += 1
             raise OSError(errno.EIO, "injected read error (BATON_TEST_FAULTS read_errors)", str(path))
 

@@ -184,3 +184,16 @@ def test_an_async_save_that_fails_as_sigterm_arrives_still_commits_the_preemptio
                         env=fault_env())
     assert rc == 0 and [r["from_step"] for r in recs if r["event"] == "resume"] == [6], err[-3000:]
     assert final_equal(root, reference, 10)
+
+
+@pytest.mark.slow
+def test_a_read_error_inside_the_load_itself_is_retried_not_a_fall_back(preempted_at_6, reference):
+    # The manifest reads fine; DCP's own reads of the data files fail twice (EIO). Planted bug this
+    # catches: a load failure taken for corruption, which passes over step 6 and replays steps 5 and 6.
+    root, cmd = preempted_at_6
+    rc, recs, err = run(cmd, env=fault_env(read_errors=2, read_match=".distcp"))
+    assert rc == 0, err[-3000:]
+    assert "injected read error" in err
+    assert not [r for r in recs if r["event"] == "checkpoint_refused"]
+    assert [r["from_step"] for r in recs if r["event"] == "resume"] == [6]
+    assert final_equal(root, reference, 10)
