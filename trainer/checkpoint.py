@@ -76,7 +76,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 
 from trainer.ckpt_read import CorruptCheckpoint, SafeReader, VerifyingReader
-from trainer.faults import collective_timeout
+from trainer.faults import collective_timeout, is_peer_failure
 from trainer.records import log
 from trainer.storage import (
     StorageError,
@@ -845,6 +845,8 @@ def _load_failure(e: BaseException) -> str:
     # this checkpoint. "storage:" makes the caller raise a StorageError, which the resume retries
     # (trainer/faults.py). A missing file is the checkpoint's fault (its sizes were checked just before).
     for err in (e, *inners):
+        if _world() > 1 and err is not None and is_peer_failure(err):  # a rank died mid-restore: not the file's fault
+            return f"storage:a peer rank is gone: {type(err).__name__}: {err}".splitlines()[0][:500]
         if isinstance(err, (OSError, StorageError)) and not isinstance(err, FileNotFoundError):
             return f"storage:reading a checkpoint failed: {describe(err)}"
     return f"load failed: {type(e).__name__}: {e}".splitlines()[0][:500]

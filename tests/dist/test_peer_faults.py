@@ -133,3 +133,40 @@ def test_a_rank_sigkilled_mid_save_commits_nothing_ends_the_pod_with_75_and_the_
     assert rc == 0, err[-3000:]
     assert [r["from_step"] for r in recs if r["event"] == "resume"] == [4]
     assert equal_to(reference, root)
+
+
+def test_a_rank_sigkilled_mid_restore_ends_the_pod_with_75_and_the_retry_is_bit_identical(tiny_model, reference,
+                                                                                        tmp_path):
+    from tests.unit.test_faults import fault_env
+
+    root = tmp_path / "ckpt"
+    cmd = entry_cmd(tiny_model, f"faulty://{root}", *SETS)
+    # faulty:// needs tests/faultfs on the path of every process (fault_env), preempted after step 6 first.
+    cmd_env = fault_env()
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
+                         env={**cmd_env, "BATON_GRACE": "20", "BATON_PAUSE_AFTER_STEP": "6"})
+    out = []
+    assert p.stdout is not None
+    for line in p.stdout:
+        out.append(line)
+        if line.startswith("{") and json.loads(line).get("event") == "step" and json.loads(line)["step"] == 6:
+            os.kill(p.pid, signal.SIGTERM)
+    assert p.wait(timeout=300) == 75 and committed(root) == [4, 6]
+    # The resume reads step 6 slowly (1 s a file); rank 1 dies while both ranks restore it.
+    marker = tmp_path / "restoring"
+    env = {**fault_env(slow_reads={"6": 1.0}, marker=str(marker)), "BATON_GRACE": "5"}
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
+    deadline = time.monotonic() + 240
+    while not marker.exists() and p.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    w = workers_of(p.pid)
+    os.kill(w[1], signal.SIGKILL)
+    stdout, err = p.communicate(timeout=300)
+    recs = records(stdout)
+    assert p.returncode == 75, err[-3000:]
+    assert any(r["event"] == "retry_later" and r["reason"] == "peer_lost" for r in recs)
+    assert not any(r["event"] == "step" for r in recs) and committed(root) == [4, 6]
+    rc, recs, err = run_entry(cmd, env={**fault_env(), "BATON_GRACE": "20"})
+    assert rc == 0, err[-3000:]
+    assert [r["from_step"] for r in recs if r["event"] == "resume"] == [6]
+    assert equal_to(reference, root)

@@ -7,6 +7,8 @@ trainer's real code path (DCP's fsspec writer, the manifest, _COMMIT) with nothi
     {"enospc_first": {"6": 1}}   only the first write under step-00000006/ fails with ENOSPC (per process): a
                                  save that fails once, and the next save of that step succeeds
     {"slow_writes": {"8": 0.5}}  every write under step-00000008/ first waits 0.5 s (a test lands a kill mid-save)
+    {"slow_reads": {"6": 1.0}, "marker": PATH}   every read under step-00000006/ first waits 1 s; the first
+                                 such read creates the file PATH (a test lands a kill mid-restore)
     {"read_errors": 3, "read_match": ".distcp"}   only paths holding read_match count (here DCP's data files)
     {"read_errors": 3}           the first 3 opens for reading of any checkpoint file fail with EIO (a store
                                  that answers 5xx for a while), counted per process; -1: every one fails
@@ -70,6 +72,15 @@ class FaultyFileSystem(LocalFileSystem):
     _reads_failed = 0
 
     def _check_read(self, path: str) -> None:
+        m = re.search(r"/step-(\d{8})/", str(path))
+        delay = float((_faults().get("slow_reads") or {}).get(str(int(m.group(1))), 0)) if m else 0.0
+        if delay:
+            import time
+
+            marker = _faults().get("marker")
+            if marker and not os.path.exists(marker):
+                open(marker, "w").close()
+            time.sleep(delay)
         budget = _faults().get("read_errors", 0)
         if budget and re.search(r"/step-\d{8}/", str(path)) and _faults().get("read_match", "") in str(path) and (budget < 0 or FaultyFileSystem._reads_failed < budget):
             FaultyFileSystem._reads_failed += 1
