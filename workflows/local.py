@@ -48,6 +48,10 @@ Pod registry (how a sibling "evict" step ends a pod locally): the protocol is th
 ``steps/local_pods.py``; every pod gets ``BATON_LOCAL_PODS=<out_dir>/pods``. The grace is the pod's
 ``terminationGracePeriodSeconds`` (default 30). SIGKILL reaches the pod's whole process tree.
 
+Chaos (``run_workflow(..., chaos=Chaos(...))``, ``workflows/chaos.py``): the runner also deletes pods as the
+plan says, the way a registry ``delete`` request does, only where a retry would follow; what it deleted is
+in ``RunResult.chaos`` and ``<out_dir>/chaos.json``.
+
 Ctrl-C or SIGTERM to the runner: every pod group gets SIGTERM, then SIGKILL after 5 s (at once on a
 second signal); then ``KeyboardInterrupt`` (SIGINT) or ``SystemExit(143)`` (SIGTERM) propagates, after
 ``<out_dir>/nodes.json`` is written. (Signal handlers are installed only when called from the main thread.)
