@@ -5,8 +5,11 @@ way a GKE Spot node shutdown, a lost VM or a Kueue preemption does (--how).
     python -m steps.evict --evidence URI --total-steps T --evictions N --seed S [--jitter]
                           --workflow NAME [--task trial] [--how evict] [--out URI]
 
-The result (--out) is rewritten after every eviction, and a restarted evict (its own retry) resumes from
-it instead of evicting again. It is written on every exit, a failed one included, so verify and
+The result (--out) is rewritten before every eviction (the eviction, with its pod, as pending: `ended`
+null) and after it, and a restarted evict (its own retry) resumes from it instead of evicting again: a
+pending eviction is finished on the same pod (asking again to evict a pod being evicted is one eviction),
+or taken as done if that pod has already ended, so one planned point never evicts twice even when evict
+itself is deleted between its request and its record. It is written on every exit, a failed one included, so verify and
 compare can report what happened.
 
 Eviction points: the first 80% of the run is cut into N equal bands; by default each point is the end
@@ -182,10 +185,29 @@ def _resume(out: str | None, points: list[int]) -> list[dict]:
     return list(earlier["evictions"])
 
 
+def _finish_pending(args: argparse.Namespace, pods, ev: dict, deadline: float) -> None:
+    """An eviction an earlier attempt of this step requested (or was about to) but did not see end."""
+    name = ev["pod"]
+    if not pods.gone(name):
+        print(f"[evict] finishing the eviction of {name} (point {ev['point']}) that an earlier attempt began",
+              file=sys.stderr)
+        try:
+            pods.evict(name, ev.get("how", args.how))
+        except FileNotFoundError:
+            pass  # gone meanwhile
+        while not pods.gone(name) and time.monotonic() < deadline:
+            time.sleep(args.poll)
+    ev["ended"] = pods.ended(name)
+
+
 def _evict_all(args: argparse.Namespace, pods, points: list[int], done_evictions: list[dict],
                gone_timeout: float, result: dict) -> int:
-    last_attempt = done_evictions[-1]["attempt"] if done_evictions else -1
     deadline = time.monotonic() + args.timeout
+    if done_evictions and "ended" in done_evictions[-1] and done_evictions[-1]["ended"] is None:  # pending
+        _finish_pending(args, pods, done_evictions[-1], deadline)
+        if args.out:
+            write_json(args.out, result)
+    last_attempt = done_evictions[-1]["attempt"] if done_evictions else -1
     seen_alive = time.monotonic()
     for point in points[len(done_evictions):]:
         while True:
@@ -209,15 +231,26 @@ def _evict_all(args: argparse.Namespace, pods, points: list[int], done_evictions
             if step >= point and attempt > last_attempt:
                 name = pods.running()
                 if name:
-                    pods.evict(name, args.how)
                     ev = {"event": "evict", "point": point, "observed_step": step, "attempt": attempt,
-                          "pod": name, "how": args.how, "time": time.time()}
-                    say(ev)
+                          "pod": name, "how": args.how, "time": time.time(), "ended": None}
                     done_evictions.append(ev)
+                    if args.out:  # the intent first: a retry of this step finishes it, never repeats it
+                        write_json(args.out, result)
+                    try:
+                        pods.evict(name, args.how)
+                    except FileNotFoundError:  # the pod went between the look and the request
+                        done_evictions.pop()
+                        if args.out:
+                            write_json(args.out, result)
+                        continue
+                    say(ev)
                     last_attempt = attempt
                     while not pods.gone(name) and time.monotonic() < deadline:
                         time.sleep(args.poll)
                     ev["ended"] = pods.ended(name)  # how the attempt ended: the verdict needs it
+                    # The wait for its end (a whole preemption save) is not time without a pod: the retry's
+                    # pod comes after it, and a loaded machine can take longer than the gone-timeout here.
+                    seen_alive = time.monotonic()
                     if args.out:
                         write_json(args.out, result)
                     break

@@ -4,9 +4,11 @@ the evictions marked)."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
+from steps.evidence import put_atomic, write_local_atomic
 from trainer.storage import is_local, url_to_fs
 
 
@@ -80,19 +82,32 @@ def write_metrics(folder: Path, report: dict[str, Any]) -> None:
               "max_save_ms": max((p["save_ms"] for p in saved), default=-1),
               "min_grace_left_s": min((p["grace_left_s"] for p in report["preempt"]), default=-1)}
     for name, value in values.items():
-        (folder / name).write_text(f"{value}\n")
+        write_local_atomic(folder / name, f"{value}\n".encode())
 
 
 def write_report(out: Path, report: dict[str, Any], reference_records: list[dict[str, Any]],
                  trial_records: list[dict[str, Any]], copy_to: str | None = None) -> None:
+    """Write the report so that no attempt that is killed part-way (compare is retried: its pod can be
+    deleted) leaves a report.json that could be taken for the result: every file is written aside and
+    renamed over, and report.json, the one readers and the drill go by, comes last, here and in the
+    bucket (after report.md and loss.png there too; an object store's PUT is whole)."""
     out.mkdir(parents=True, exist_ok=True)
-    (out / "report.json").write_text(json.dumps(report, indent=1, sort_keys=True, default=str))
-    (out / "report.md").write_text(markdown(report))
-    plot(out / "loss.png", losses(reference_records), trial_records, [p["step"] for p in report["preempt"]])
+    # A report.json left by an earlier attempt of this pod would stand beside the new report.md: drop it first.
+    (out / "report.json").unlink(missing_ok=True)
+    write_local_atomic(out / "report.md", markdown(report).encode())
+    tmp_png = out / f".loss.{os.getpid()}.png"
+    plot(tmp_png, losses(reference_records), trial_records, [p["step"] for p in report["preempt"]])
+    os.replace(tmp_png, out / "loss.png")
     write_metrics(out / "metrics", report)
+    write_local_atomic(out / "report.json", json.dumps(report, indent=1, sort_keys=True, default=str).encode())
     if copy_to:
         fs, base = url_to_fs(copy_to)
         if is_local(fs):
             fs.makedirs(base, exist_ok=True)
-        for name in ("report.json", "report.md", "loss.png"):
-            fs.put_file(str(out / name), f"{base.rstrip('/')}/{name}")
+        base = base.rstrip("/")
+        try:
+            fs.rm(f"{base}/report.json")  # as above: never an old report.json beside new files
+        except FileNotFoundError:
+            pass
+        for name in ("report.md", "loss.png", "report.json"):
+            put_atomic(fs, out / name, f"{base}/{name}")

@@ -10,7 +10,11 @@ would (shlex) but never run through one. `--config` and each `--set` are appende
 
 torchrun collapses a worker's exit 75 into 1, so this wrapper decides the code itself from the
 records that pass through it: a `preempt` record (rank 0 writes it only after the checkpoint
-committed) means 75, a `done` record with torchrun's 0 means 0, anything else 1.
+committed) or a `retry_later` record (trainer/faults.py) means 75, a `done` record with torchrun's 0 means 0, anything else 1, with two cases of a
+pod deleted at its edges: a SIGTERM that came before this attempt reported any step (while it started,
+imported or restored, maybe before a worker's handler existed) is 75, because the attempt trained nothing
+that a retry would replay and a commit is all or nothing; a SIGTERM after the `done` record (written
+after the final commit) is 0, whatever torchrun returns after it.
 `--evidence URI` (or BATON_EVIDENCE_URI) also copies every record line to
 `URI/<name>.jsonl` as it happens, so the evidence outlives the pod.
 """
@@ -164,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     child = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, bufsize=1, env=env)
     if signalled.is_set():  # the SIGTERM came while torchrun was starting: pass it on now
         child.send_signal(signal.SIGTERM)
-    preempted = done = False
+    preempted = done = stepped = False
     assert child.stdout is not None
     for line in child.stdout:
         sys.stdout.write(line)
@@ -179,21 +183,23 @@ def main(argv: list[str] | None = None) -> int:
                 evidence.add(s)
             except Exception as e:  # noqa: BLE001 - evidence is a copy; losing a line must not end training
                 print(f"[steps.train] could not copy a record to the evidence: {e}", file=sys.stderr)
-            preempted |= rec.get("event") == "preempt"
+            # `retry_later`: the trainer ended retry-safe for another reason (trainer/faults.py)
+            preempted |= rec.get("event") in ("preempt", "retry_later")
             done |= rec.get("event") == "done"
+            stepped |= rec.get("event") == "step"
     rc = child.wait()
     try:
         evidence.flush()
     except Exception as e:  # noqa: BLE001
         print(f"[steps.train] could not write the evidence: {e}", file=sys.stderr)
-    if rc == 0 and done:
+    if done and (rc == 0 or signalled.is_set()):  # a SIGTERM after the final commit: torchrun's rc is its own
         code = EXIT_OK
-    elif preempted:
+    elif preempted or (signalled.is_set() and not stepped):
         code = EXIT_PREEMPTED
     else:
         code = EXIT_FAIL
     print(f"[steps.train] torchrun exited {rc}; preempt record: {preempted}, done record: {done}, "
-          f"signalled: {signalled.is_set()} -> exit {code}", file=sys.stderr)
+          f"signalled: {signalled.is_set()}, step records: {stepped} -> exit {code}", file=sys.stderr)
     return code
 
 

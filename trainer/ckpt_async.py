@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
+from trainer.faults import collective_timeout
 from trainer.storage import StorageError
 
 if TYPE_CHECKING:
@@ -133,5 +134,7 @@ class AsyncSaves:
         # Created once, by every rank at the same save. dcp.async_save on the default group hangs
         # or mismatches while training uses it; its own gloo group does not.
         if self._group is None:
-            self._group = dist.new_group(backend="gloo") if dist.is_initialized() else False
+            # The same bound on a peer as every other collective (trainer/faults.py), not torch's 30 min.
+            self._group = (dist.new_group(backend="gloo", timeout=collective_timeout()) if dist.is_initialized()
+                           else False)
         return self._group or None

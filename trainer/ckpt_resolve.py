@@ -16,8 +16,9 @@ from typing import Any
 import torch
 from torch.distributed.checkpoint.api import CheckpointException
 
-from trainer.checkpoint import CheckpointRefused, CorruptCheckpoint, Store, _rank, broadcast, gather
-from trainer.storage import StorageError
+from trainer.checkpoint import CheckpointRefused, CorruptCheckpoint, Store, _rank, _world, broadcast, gather
+from trainer.faults import is_peer_failure
+from trainer.storage import StorageError, describe
 
 
 def _staging_like(state: dict[str, Any]) -> dict[str, Any]:
@@ -31,10 +32,20 @@ def _load_failure(e: BaseException) -> str:
     (DCP wraps every rank's failure in one CheckpointException)."""
     if isinstance(e, CorruptCheckpoint):
         return str(e)
+    inners = []
     for wrapped in (getattr(e, "failures", None) or {}).values():  # rank -> (exception, traceback)
         inner = wrapped[0] if isinstance(wrapped, tuple) else getattr(wrapped, "exc", None)
         if isinstance(inner, CorruptCheckpoint):
             return str(inner)
+        inners.append(inner)
+    # A store that failed while DCP read from it (an I/O error, a connection): not a reason to pass over
+    # this checkpoint. "storage:" makes the caller raise a StorageError, which the resume retries
+    # (trainer/faults.py). A missing file is the checkpoint's fault (its sizes were checked just before).
+    for err in (e, *inners):
+        if _world() > 1 and err is not None and is_peer_failure(err):  # a rank died mid-restore: not the file's fault
+            return f"storage:a peer rank is gone: {type(err).__name__}: {err}".splitlines()[0][:500]
+        if isinstance(err, (OSError, StorageError)) and not isinstance(err, FileNotFoundError):
+            return f"storage:reading a checkpoint failed: {describe(err)}"
     return f"load failed: {type(e).__name__}: {e}".splitlines()[0][:500]
 
 

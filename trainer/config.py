@@ -17,6 +17,7 @@ from typing import Any
 
 import yaml
 
+from trainer.faults import FaultsConfig
 from trainer.notice import CadenceConfig, NoticeConfig
 from trainer.validation import ConfigError
 from trainer.validation import require as _require
@@ -164,6 +165,8 @@ class Config:
     """Preemption warnings: podinfo annotations and GCP's metadata server (trainer/notice.py)."""
     cadence: CadenceConfig = field(default_factory=CadenceConfig)
     """Wall-clock and Young/Daly checkpoint cadence beside checkpoint.every_steps (trainer/notice.py)."""
+    faults: FaultsConfig = field(default_factory=FaultsConfig)
+    """Failed periodic saves and the collective timeout (trainer/faults.py)."""
 
     def __post_init__(self) -> None:
         _require(bool(self.name), "name", "is required")

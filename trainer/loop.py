@@ -12,6 +12,7 @@ import math
 import os
 import time
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -24,7 +25,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.device_mesh import init_device_mesh
 
-from trainer import rng
+from trainer import faults, rng
 from trainer.checkpoint import (
     CorruptCheckpoint,
     FencedOut,
@@ -41,6 +42,7 @@ from trainer.noise import GradNoise
 from trainer.notice import Attempt, Cadence, NoticeThread, NoticeWatcher
 from trainer.preemption import Preemption
 from trainer.records import Records, log
+from trainer.storage import StorageError
 
 EXIT_OK, EXIT_FAIL, EXIT_PREEMPTED = 0, 1, 75
 RESTORABLE = ("rng", "data", "optimizer", "scheduler")
@@ -64,19 +66,24 @@ def skipped_restores() -> set[str]:
     return items
 
 
-def init_distributed() -> tuple[int, int, torch.device]:
+def init_distributed(timeout: timedelta | None = None) -> tuple[int, int, torch.device]:
+    """The process group; `timeout` bounds every collective (faults.collective_timeout_s): a dead or
+    hung peer raises instead of holding the others for gloo's default 30 minutes."""
     cuda = torch.cuda.is_available()
+    kw = {} if timeout is None else {"timeout": timeout}
+    if timeout is not None:
+        faults.set_collective_timeout(timeout)
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         local = int(os.environ.get("LOCAL_RANK", "0"))
         if cuda:
             torch.cuda.set_device(local)
-        dist.init_process_group("cpu:gloo,cuda:nccl" if cuda else "gloo")
+        dist.init_process_group("cpu:gloo,cuda:nccl" if cuda else "gloo", **kw)
         device = torch.device("cuda", local) if cuda else torch.device("cpu")
     else:
         if cuda:
             torch.cuda.set_device(0)
         dist.init_process_group("cpu:gloo,cuda:nccl" if cuda else "gloo", store=dist.HashStore(),
-                                rank=0, world_size=1)
+                                rank=0, world_size=1, **kw)
         device = torch.device("cuda", 0) if cuda else torch.device("cpu")
     return dist.get_rank(), dist.get_world_size(), device
 
@@ -100,7 +107,8 @@ class Trainer:
         self.cfg, self.preempt = cfg, preempt
         self.skip = skipped_restores()
         self.swap_ranks = os.environ.get("BATON_SWAP_RANK_STATE") == "1"
-        self.rank, self.world, self.device = init_distributed()
+        self.rank, self.world, self.device = init_distributed(cfg.faults.collective_timeout())
+        self.save_failures = faults.SaveFailures(cfg.faults.max_failed_saves)
         self.noise = GradNoise.from_env(self.rank)
         self.preempt.device = torch.device("cpu")  # gloo carries the flag; under NCCL the cpu:gloo half does
         if cfg.deterministic:
@@ -224,8 +232,11 @@ class Trainer:
             self.emit("checkpoint_refused", step, path=self.store.url(self.store.step_path(step)), reason=why)
 
         load_times = LoadTimes(listing=self.times.pop("listing_s"))
-        loaded = resolve_and_load(self.store, self.cfg.fingerprint, self._load_template, refused,
-                                  times=load_times, steps=self.committed)
+        # Every rank raises the same StorageError (the verdict is broadcast), so every rank retries together.
+        loaded = faults.retry_reads(
+            lambda: resolve_and_load(self.store, self.cfg.fingerprint, self._load_template, refused,
+                                     times=load_times, steps=self.committed),
+            self.cfg.faults.read_retry_s, StorageError, log, several_ranks=self.world > 1)
         self.times.update(load_times.as_dict())
         t = time.perf_counter()
         if loaded is None:
@@ -322,6 +333,7 @@ class Trainer:
 
         def committed(res) -> None:  # a checkpoint.SaveResult, once the checkpoint is committed
             self.last_committed, self.last_checkpoint = res.step, res.path
+            self.save_failures.committed()
             self._after_save(res.blocking_ms if res.asynchronous else res.save_ms)
             self.emit("checkpoint", res.step, reason=reason, save_ms=round(res.save_ms, 1),
                       blocking_ms=round(res.blocking_ms, 1), bytes=res.bytes, path=res.path,
@@ -401,8 +413,27 @@ class Trainer:
                 self.preempt.received_at = time.monotonic()
                 return self.stop(self.boundary())
         elif due and self.last_committed != self.step:
-            self.save(self.boundary(), "periodic")
+            self.periodic_save(self.boundary())
         return None
+
+    def periodic_save(self, b: Boundary) -> None:
+        """A periodic save that may fail without ending the run (trainer/faults.py): every rank raises
+        the same StorageError (the commit is collective), so every rank goes on, or stops, together."""
+        try:
+            self.save(b, "periodic")
+        except StorageError as e:
+            self._save_failed(b.step, e)
+
+    def _save_failed(self, step: int, e: StorageError) -> None:
+        n, limit = self.save_failures.in_a_row + 1, self.save_failures.limit
+        ends = self.save_failures.failed()
+        log(f"periodic checkpoint of step {step} failed ({n} in a row, limit {limit}): {e}; "
+            + ("ending the run (75)" if ends else f"training on; the last committed step is {self.last_committed}"))
+        self.emit("checkpoint_failed", step, reason="periodic", error=str(e)[:500], in_a_row=n, limit=limit,
+                  checkpoint=self.last_checkpoint)
+        if ends:
+            raise faults.SavesFailing(f"{n} periodic checkpoints failed in a row (faults.max_failed_saves "
+                                      f"{limit}); the last committed step is {self.last_committed}")
 
     def _after_save(self, save_ms: float) -> None:
         """Feed the measured cost to the cadence and to the warning lead time."""
@@ -454,7 +485,10 @@ class Trainer:
         while self.step < cfg.total_steps:
             if self.store.pending is not None:  # waiting for staging or committing takes a while
                 self.preempt.invalidate()
-            self.store.step_boundary()  # the save in flight: commit it if every rank's upload is done
+            try:
+                self.store.step_boundary()  # the save in flight: commit it if every rank's upload is done
+            except StorageError as e:  # that async periodic save failed: nothing of it is committed
+                self._save_failed(self.step, e)
             b = self.boundary()
             t0 = time.perf_counter()
             loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)  # one host sync a step
@@ -484,6 +518,7 @@ class Trainer:
             self.sched.step()
             self.optim.zero_grad(set_to_none=True)
             self.step += 1
+            faults.hang_for_test(self.rank, self.step)
             loss_value, warning, due = self._boundary_flags(loss_sum)
             self.metrics = {"loss": loss_value}  # what keep-best retention ranks checkpoints by
             if data.epoch_done:
@@ -499,7 +534,7 @@ class Trainer:
             if self.step == cfg.total_steps:
                 break
             if cfg.checkpoint.every_steps and self.step % cfg.checkpoint.every_steps == 0:
-                self.save(self.boundary(), "periodic")
+                self.periodic_save(self.boundary())
             if (code := self._on_boundary(warning, due)) is not None:
                 return code
             self._pause_for_test()
@@ -534,10 +569,34 @@ def train(cfg: Config, preempt: Preemption) -> int:
     try:
         trainer.build()
         trainer.resume()
-        return trainer.run()
+        try:
+            return trainer.run()
+        except StorageError as e:
+            # A store that worked at the start (listing, attempt claim, resume) and fails now, after the
+            # store's own retries, in a final or preemption save: nothing of that save is committed, the
+            # last commit stands, and a retry resumes from it. A bad bucket or credentials fail at the start.
+            raise faults.StoreFailing(str(e)) from None
     except FencedOut as e:
         log(f"error: {e}")
         return EXIT_FAIL
+    except (faults.SavesFailing, faults.StoreUnreachable, faults.StoreFailing) as e:
+        # Retry-safe: the last commit stands and a retry resumes from it (the store may be back by then).
+        log(f"error: {e}; exiting {EXIT_PREEMPTED} (retry)")
+        reason = {faults.SavesFailing: "saves_failing", faults.StoreUnreachable: "store_unreachable"}.get(
+            type(e), "store_failing")
+        trainer.emit("retry_later", getattr(trainer, "step", 0), reason=reason, error=str(e)[:500],
+                     exit=EXIT_PREEMPTED, checkpoint=trainer.last_checkpoint)
+        return EXIT_PREEMPTED
+    except Exception as e:
+        if getattr(trainer, "world", 1) < 2 or not faults.is_peer_failure(e):
+            raise
+        # A dead or hung peer (faults.collective_timeout_s bounds the wait): retry-safe, since every commit
+        # is collective and all-or-nothing. Any rank may be the survivor, so each writes its own record.
+        log(f"error: a peer rank is gone ({type(e).__name__}: {str(e).splitlines()[0][:300]}); exiting "
+            f"{EXIT_PREEMPTED} (retry from step {trainer.last_committed})")
+        trainer.rec.emit("retry_later", getattr(trainer, "step", 0), reason="peer_lost", error=str(e).splitlines()[0][:300],
+                         exit=EXIT_PREEMPTED, checkpoint=trainer.last_checkpoint)
+        return EXIT_PREEMPTED
     finally:
         if getattr(trainer, "notice", None):
             trainer.notice.stop()

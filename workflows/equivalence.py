@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import shutil
 import sys
 from pathlib import Path
@@ -56,18 +57,25 @@ ARTIFACT_REPOSITORY = ("artifact-repositories", "default-v1")
 # exit 75 is a trainer that saved in time, whatever the message; the messages are a kubelet's graceful node
 # shutdown (GKE Spot), a pod object gone before the controller saw its status (a deletion, an eviction, a
 # Kueue preemption), a VM lost without a graceful shutdown (exit -1), and a kubelet pressure eviction.
-# A crash (exit 1, "main: Error (exit code 1)") matches none of them and is never retried.
+# A crash (exit 1, "main: Error (exit code 1)") matches none of them and is never retried. Exit 143 is a pod
+# deleted in its first instants, before steps.train's SIGTERM handler existed: nothing was started, let alone
+# trained (steps.train itself answers 75 for a SIGTERM that came before any step, 0 for one after `done`).
 DISRUPTIONS = ("imminent node shutdown", "pod deleted", "neither main nor wait container completed successfully",
                "The node was low on resource")
-RETRY_EXPRESSION = f"asInt(lastRetry.exitCode) == 75 || lastRetry.message matches '{'|'.join(DISRUPTIONS)}'"
-# evict and verify: no trainer, so no exit 75; a SIGTERM they do not handle ends them with 143.
+RETRY_EXPRESSION = f"asInt(lastRetry.exitCode) == 75 || asInt(lastRetry.exitCode) == 143 || lastRetry.message matches '{'|'.join(DISRUPTIONS)}'"
+# evict, verify and compare: no trainer, so no exit 75; a SIGTERM they do not handle ends them with 143. Each is
+# idempotent: evict resumes its own record, verify rewrites verify.json whole, compare writes report.json last.
 HELPER_RETRY_EXPRESSION = f"asInt(lastRetry.exitCode) == 143 || lastRetry.message matches '{'|'.join(DISRUPTIONS)}'"
 HELPER_RETRY_LIMIT = "3"
 REPORT_DIR = "/tmp/baton-report/{{workflow.name}}"
 REPORT_FILES = ("report.json", "report.md", "loss.png")
 # Numbers that compare writes to <out>/metrics/<name>, exposed as Prometheus gauges (-1: not measured).
 # Published by compare, not by the trial's own metrics: Argo evaluates a template's metrics on every failed
-# attempt, where `{{retries}}` does not resolve (a MetricsError condition per eviction).
+# attempt, where `{{retries}}` does not resolve (a MetricsError condition per eviction). compare is retried
+# too (its pod can be preempted like any other), but its metrics use only its output parameters, which take
+# their default (-1) where the file is missing: a failed attempt sets the gauges to -1 (or, for a pod deleted
+# before Argo saw its outputs, adds one MetricsError condition), and the attempt that succeeds, evaluated last,
+# sets them to the drill's figures.
 COMPARE_METRICS = {
     "trial_retries": "Retries the last drill's trial took: one per attempt after its first",
     "preemptions": "Clean preemptions (committed saves, exit 75) of the last drill's trial",
@@ -106,9 +114,8 @@ def _define_dag() -> None:
 
     # Prometheus metrics (Argo prefixes `argo_workflows_`), gauges only: Argo may evaluate a finished node's
     # metrics on more than one path, which a gauge's Set survives and a counter would count twice. Only
-    # templates without a retryStrategy carry metrics (the DAG and compare), and they use only variables
-    # that resolve on every node: `{{status}}`, `{{duration}}` and compare's output parameters (which
-    # default to -1 when their file is missing).
+    # the DAG and compare carry metrics, and they use only variables that resolve on every node: `{{status}}`, `{{duration}}` and compare's output parameters (which
+    # default to -1 when their file is missing; compare is retried, see COMPARE_METRICS).
     done = "{{status}} == Succeeded"
     passed_help = "1 if the last equivalence drill passed (every step succeeded), 0 if it did not"
     common: dict[str, Any] = dict(image=p("image"), command=["python"], pod_spec_patch=GRACE_PATCH)
@@ -146,6 +153,7 @@ def _define_dag() -> None:
                  for f in REPORT_FILES]
         + [Parameter(name=name, value_from=m.ValueFrom(path=f"{REPORT_DIR}/metrics/{name}", default="-1"))
            for name in COMPARE_METRICS],
+        retry_strategy=helper_retry,
         metrics=[Gauge(name=f"baton_drill_{name}", value="{{outputs.parameters." + name + "}}", realtime=False,
                        help=help_) for name, help_ in COMPARE_METRICS.items()])
     with DAG(name="drill", metrics=[
@@ -238,14 +246,28 @@ def cmd_run(args: argparse.Namespace) -> int:
             raise SystemExit(f"error: {out} is not empty (use --force to clear it)")
         shutil.rmtree(out)
     out.mkdir(parents=True, exist_ok=True)
-    params = resolve_params(parse_params(args.param))
+    local, rest = _local_params(args.param)
+    chaos_n, chaos_seed = int(local.get("chaos", "0")), int(local.get("chaos_seed", random.SystemRandom().randrange(2**31)))
+    overrides = parse_params(rest)
+    if chaos_n and "retry_limit" not in overrides:  # room for every eviction and every chaos deletion, and more
+        evictions = int(values_of(overrides)["evictions"]) if values_of(overrides)["evictions"].isdigit() else 0
+        overrides["retry_limit"] = str(evictions + chaos_n + 5)
+    params = resolve_params(overrides)
     params.setdefault("bucket", f"file://{out}/bucket")
+    chaos = None
+    if chaos_n:
+        from workflows.chaos import Chaos
+
+        chaos = Chaos(chaos_n, chaos_seed, CHAOS_TASKS, step_tasks=TRAINING_TASKS,
+                      total_steps=int(values_of(params)["total_steps"]), long_tasks={"evict": 20.0})
+        print(f"chaos: {chaos_n} pod deletion(s), seed {chaos_seed} (-p chaos_seed={chaos_seed} repeats the plan)",
+              file=sys.stderr)
     spec = build_workflow().to_dict()
     set_queue_label(spec, values_of(params)["queue"])  # no local effect; the spec is what a cluster would get
     env = {"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     try:
-        result = run_workflow(spec, out / "argo", params, cwd=REPO, env=env, progress=sys.stderr)
+        result = run_workflow(spec, out / "argo", params, cwd=REPO, env=env, progress=sys.stderr, chaos=chaos)
     except UnsupportedSpec as e:
         raise SystemExit(f"error: {e}") from None
     by_artifact = {f.replace(".", "-"): f for f in REPORT_FILES}
@@ -261,11 +283,36 @@ def cmd_run(args: argparse.Namespace) -> int:
     report_path = out / "report.json"
     if report_path.exists():
         report = json.loads(report_path.read_text())
+        if result.chaos is not None:  # the runner's doing, not the workflow's: only this copy has it
+            report["chaos"] = result.chaos
+            report_path.write_text(json.dumps(report, indent=1, sort_keys=True, default=str))
         print(drill_summary(report))
     else:
         print(f"no report: the workflow ended {result.phase}; logs in {out / 'argo' / 'logs'}")
     print(f"workflow {result.phase}; report and logs in {out}")
     return 0 if result.phase == "Succeeded" else 1
+
+
+# `run` only: the local runner's own options, not workflow parameters (a cluster has its own chaos).
+LOCAL_PARAMETERS = {
+    "chaos": "pods to delete at random among every step of the drill, at random moments (workflows/chaos.py)",
+    "chaos_seed": "the seed of those choices (default: drawn, and printed and recorded in report.json)",
+}
+CHAOS_TASKS = ["reference", "reference-replay", "trial", "evict", "verify", "compare"]
+TRAINING_TASKS = frozenset({"reference", "reference-replay", "trial"})
+
+
+def _local_params(items: list[str]) -> tuple[dict[str, str], list[str]]:
+    local, rest = {}, []
+    for item in items:
+        name, sep, value = item.partition("=")
+        if sep and name in LOCAL_PARAMETERS:
+            if not value.isdigit():
+                raise SystemExit(f"error: -p {name} must be a non-negative integer, got {value!r}")
+            local[name] = value
+        else:
+            rest.append(item)
+    return local, rest
 
 
 def drill_summary(report: dict[str, Any]) -> str:
@@ -277,6 +324,14 @@ def drill_summary(report: dict[str, Any]) -> str:
     for pr in report.get("preempt", []):
         lines.append(f"  step {pr['step']}: save {pr['save_ms']} ms, grace left {pr['grace_left_s']} s, "
                      f"exit {pr['exit']}")
+    chaos = report.get("chaos")
+    if chaos:
+        lines.append(f"chaos: {chaos['deleted']} of {chaos['planned']} pod deletions (seed {chaos['seed']})")
+        for d in chaos["deletions"]:
+            where = f"step {d['at_step']}" if d["trigger"] == "step" else f"{d['value']:g} s after its start"
+            ended = d.get("ended") or {}
+            lines.append(f"  {d['task']} attempt {d['attempt']}: {where}, {ended.get('status')} "
+                         f"{ended.get('message')!r}" if d["outcome"] == "deleted" else f"  {d['task']}: missed")
     if report.get("problem"):
         lines.append(f"problem: {report['problem']}")
     for problem in report.get("verify_problems", []):
@@ -306,7 +361,9 @@ def main(argv: list[str] | None = None) -> int:
     r = sub.add_parser("run", help="run the rendered workflow on this machine")
     r.add_argument("--out", default="out/drill", help="folder for the report, logs and the local bucket")
     r.add_argument("--force", action="store_true", help="clear --out first if it is not empty")
-    r.add_argument("-p", "--param", action="append", default=[], metavar="NAME=VALUE")
+    r.add_argument("-p", "--param", action="append", default=[], metavar="NAME=VALUE",
+                   help="a workflow parameter, or one of the runner's own: chaos=N (delete N pods at random, "
+                        "workflows/chaos.py), chaos_seed=S")
     from workflows.argo import add_server_arguments
 
     s = sub.add_parser("submit", help="submit the workflow to an Argo server (see workflows/argo.py)")

@@ -48,6 +48,10 @@ Pod registry (how a sibling "evict" step ends a pod locally): the protocol is th
 ``steps/local_pods.py``; every pod gets ``BATON_LOCAL_PODS=<out_dir>/pods``. The grace is the pod's
 ``terminationGracePeriodSeconds`` (default 30). SIGKILL reaches the pod's whole process tree.
 
+Chaos (``run_workflow(..., chaos=Chaos(...))``, ``workflows/chaos.py``): the runner also deletes pods as the
+plan says, the way a registry ``delete`` request does, only where a retry would follow; what it deleted is
+in ``RunResult.chaos`` and ``<out_dir>/chaos.json``.
+
 Ctrl-C or SIGTERM to the runner: every pod group gets SIGTERM, then SIGKILL after 5 s (at once on a
 second signal); then ``KeyboardInterrupt`` (SIGINT) or ``SystemExit(143)`` (SIGTERM) propagates, after
 ``<out_dir>/nodes.json`` is written. (Signal handlers are installed only when called from the main thread.)
@@ -70,6 +74,7 @@ from typing import Any, TextIO
 from steps.local_pods import ENV as PODS_ENV
 from steps.local_pods import read_request, write_atomic
 from workflows import argo_expr
+from workflows.chaos import Chaos
 from workflows.local_spec import (  # noqa: F401  (ACCEPTED_WITHOUT_EFFECT, UnsupportedSpec: this module's API too)
     _POLICY_RETRIES,
     ACCEPTED_WITHOUT_EFFECT,
@@ -124,6 +129,7 @@ class RunResult:
     nodes: list[NodeResult]
     name: str = ""
     message: str = ""
+    chaos: dict[str, Any] | None = None  # the chaos deletions (workflows/chaos.py), when there were any
 
     def attempts(self, task: str) -> list[NodeResult]:
         return [n for n in self.nodes if n.task == task]
@@ -155,8 +161,10 @@ class _Pod:
 
 
 class _Runner:
-    def __init__(self, plan: _Plan, out_dir: Path, progress: TextIO | None, cwd: Path, env: dict[str, str]):
+    def __init__(self, plan: _Plan, out_dir: Path, progress: TextIO | None, cwd: Path, env: dict[str, str],
+                 chaos: Chaos | None = None):
         self.plan, self.out, self.progress, self.cwd = plan, out_dir, progress, cwd
+        self.chaos = chaos
         self.pods_dir = out_dir / "pods"
         self.base_env = {**os.environ, **env, PODS_ENV: str(self.pods_dir)}
         # pending -> running -> (retry -> running)* -> succeeded | failed | continued (failed, and its
@@ -204,6 +212,11 @@ class _Runner:
             for sig, h in handlers.items():
                 signal.signal(sig, h if h is not None else signal.SIG_DFL)
             self._write_nodes()
+            if self.chaos is not None:
+                for d in self.chaos.deletions:
+                    if d.outcome == "planned":
+                        d.outcome = "missed"
+                _write_atomic(self.out / "chaos.json", json.dumps(self.chaos.record(), indent=1))
         for name, st in self.state.items():
             if st == "pending":
                 self.say(f"{name} not run")
@@ -216,7 +229,8 @@ class _Runner:
             raise KeyboardInterrupt
         if self.signalled is not None:
             raise SystemExit(128 + self.signalled)
-        return RunResult(phase, self.nodes, self.plan.name, self.message if phase == "Failed" else "")
+        return RunResult(phase, self.nodes, self.plan.name, self.message if phase == "Failed" else "",
+                         self.chaos.record() if self.chaos is not None else None)
 
     def _startable(self) -> list[_Task]:
         if self.aborting:
@@ -281,6 +295,8 @@ class _Runner:
         self.running[task.name] = pod
         self._record(pod, "Running")
         self.say(f"{task.name} attempt {attempt} Running (pod {name}, pid {proc.pid})")
+        if self.chaos is not None and not self._chaos_may(task, attempt):
+            self.chaos.unavailable(task.name, self._chaos_open())
 
     def _record(self, pod: _Pod, phase: str, **extra: Any) -> None:
         _write_atomic(self.pods_dir / f"{pod.name}.json", json.dumps({
@@ -326,6 +342,14 @@ class _Runner:
                     self._end(pod, how)
                 elif now - pod.t0 > _or_inf(pod.task.deadline_s):
                     self._terminate(pod, "Failed", POD_DEADLINE, None)
+                elif self.chaos is not None and self._chaos_may(pod.task, pod.attempt):
+                    d = self.chaos.due(pod.task.name, now - pod.t0, pod.step)
+                    if d is not None:
+                        self.chaos.landed(d, pod.name, pod.attempt, now - self.t0, pod.step)
+                        at = f" at step {pod.step}" if pod.step is not None else f" {now - pod.t0:.2f}s after its start"
+                        self.say(f"chaos {d.index + 1}/{len(self.chaos.deletions)}: deleting {pod.task.name} "
+                                 f"attempt {pod.attempt}{at}")
+                        self._end(pod, "delete")
             if pod.kill_at is not None and (now >= pod.kill_at or self.hurry):
                 why = "second signal" if self.hurry else "grace over"
                 self.say(f"{pod.task.name} attempt {pod.attempt}: {why}, SIGKILL")
@@ -362,6 +386,8 @@ class _Runner:
                 node.status, node.message = "Error", f"failed to save outputs: {exc}"
         phase = "Succeeded" if node.status == "Succeeded" else "Failed"  # a Kubernetes pod phase
         self._record(pod, phase, exit_code=code, status=node.status)
+        if self.chaos is not None:
+            self.chaos.ended(pod.name, node.status, code, node.message)
         at = f" at step {pod.step}" if pod.step is not None else ""
         detail = at
         if node.status != "Succeeded":
@@ -370,6 +396,27 @@ class _Runner:
 
     def _after(self, task: _Task, node: NodeResult, line: str, may_retry: bool = True) -> None:
         self.nodes.append(node)
+        self._after_state(task, node, line, may_retry)
+        if self.chaos is not None and self.state[task.name] != "retry":  # done, for good
+            self.chaos.unavailable(task.name, self._chaos_open())
+
+    def _chaos_may(self, task: _Task, attempt: int) -> bool:
+        """Whether chaos may delete this attempt: only where a retry would follow (chaos tests that nothing
+        is lost, not the retry limit, which is configuration)."""
+        r = task.retry
+        return r is not None and (r.limit is None or attempt < r.limit)
+
+    def _chaos_open(self) -> list[str]:
+        """Tasks that can still take a chaos deletion: not finished, and their next attempt may be deleted."""
+        out = []
+        for name, st in self.state.items():
+            task = self.plan.tasks[name]
+            attempt = self.running[name].attempt if name in self.running else self.next_attempt[name]
+            if st in ("pending", "running", "retry") and self._chaos_may(task, attempt) and not self.aborting:
+                out.append(name)
+        return out
+
+    def _after_state(self, task: _Task, node: NodeResult, line: str, may_retry: bool) -> None:
         if node.status == "Succeeded":
             self.state[task.name] = "succeeded"
             self.say(line)
@@ -500,7 +547,12 @@ def _killpg(pgid: int, sig: int) -> None:
 
 def run_workflow(spec: dict, out_dir: Path, params: dict[str, str] | None = None, *,
                  progress: TextIO | None = sys.stderr, cwd: Path | None = None,
-                 env: dict[str, str] | None = None) -> RunResult:
-    """Validate ``spec`` (raising ``UnsupportedSpec`` before anything runs), then run it to the end."""
+                 env: dict[str, str] | None = None, chaos: Chaos | None = None) -> RunResult:
+    """Validate ``spec`` (raising ``UnsupportedSpec`` before anything runs), then run it to the end,
+    deleting pods as ``chaos`` plans (its tasks must be the spec's)."""
     plan = _plan(spec, params)
-    return _Runner(plan, Path(out_dir), progress, Path(cwd) if cwd else Path.cwd(), dict(env or {})).run()
+    if chaos is not None:
+        unknown = sorted(set(chaos.tasks) - set(plan.tasks))
+        if unknown:
+            raise UnsupportedSpec(f"chaos: no task named {', '.join(unknown)}")
+    return _Runner(plan, Path(out_dir), progress, Path(cwd) if cwd else Path.cwd(), dict(env or {}), chaos).run()

@@ -452,8 +452,12 @@ def test_a_store_that_keeps_failing_stops_the_run_cleanly(store_server, store_pr
                         match=lambda m, p, b: is_put(srv, "")(m, p, b) and "/step-" in srv.op(m, p, b)[1])
     root = srv.new_prefix("failing")
     rc, recs, err = run(cmd(tiny_model, root), env=srv.env(proxy.url, **{srv.max_attempts_var: "2"}))
-    assert rc == 1
-    assert f"error: saving step 4 to {root}/runs/" in err and "Traceback" not in err, err
+    # Each periodic save fails after its retries and training goes on; the third in a row ends the run
+    # with 75 (faults.max_failed_saves), which the drill's retry expression retries.
+    assert rc == 75, err
+    assert [r["step"] for r in by_event(recs, "checkpoint_failed")] == [4, 8, 12]
+    assert [r["reason"] for r in by_event(recs, "retry_later")] == ["saves_failing"]
+    assert f"saving step 4 to {root}/runs/" in err and "Traceback" not in err, err
     assert not by_event(recs, "checkpoint")
     assert not any("_COMMIT" in names for names in srv.steps(root).values())
 
@@ -468,10 +472,12 @@ def test_a_failed_writer_thread_fails_the_save(store_server, store_proxy, tiny_m
     root = srv.new_prefix("thread-fails")
     rc, recs, err = run(cmd(tiny_model, root, "checkpoint.io_threads=4"),
                         env=srv.env(proxy.url, **{srv.max_attempts_var: "2"}))
-    assert rc == 1
-    assert f"error: saving step 4 to {root}/runs/" in err and "Traceback" not in err, err
-    assert not by_event(recs, "checkpoint")
-    assert not any("_COMMIT" in names for names in srv.steps(root).values())
+    # The save of step 4 fails (nothing of it committed); training goes on and the later saves commit.
+    assert rc == 0, err
+    assert [r["step"] for r in by_event(recs, "checkpoint_failed")] == [4]
+    assert f"saving step 4 to {root}/runs/" in err and "Traceback" not in err, err
+    assert 4 not in [r["step"] for r in by_event(recs, "checkpoint")]
+    assert "_COMMIT" not in srv.steps(root).get(4, ())
 
 
 def test_a_save_whose_items_were_not_all_written_is_refused(tmp_path):

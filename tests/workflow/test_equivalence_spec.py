@@ -81,14 +81,20 @@ def test_every_step_that_can_meet_an_eviction_has_a_retry_strategy():
             assert rs == {"retryPolicy": "Always", "limit": "{{workflow.parameters.retry_limit}}",
                           "expression": eq.RETRY_EXPRESSION}
         assert eq.RETRY_EXPRESSION == (
-            "asInt(lastRetry.exitCode) == 75 || lastRetry.message matches 'imminent node shutdown|pod deleted|"
+            "asInt(lastRetry.exitCode) == 75 || asInt(lastRetry.exitCode) == 143 || lastRetry.message matches "
+            "'imminent node shutdown|pod deleted|"
             "neither main nor wait container completed successfully|The node was low on resource'")
-        for name in ("evict", "verify"):  # idempotent helpers (evict resumes from its own record)
+        for name in ("evict", "verify", "compare"):  # idempotent helpers (evict resumes from its own record)
             assert t[name]["retryStrategy"]["expression"] == eq.HELPER_RETRY_EXPRESSION
-        # compare carries metrics over its outputs: a retried attempt would evaluate them unresolved.
-        assert "retryStrategy" not in t["compare"]
-        for name, tmpl in t.items():  # no metrics where Argo would evaluate them on a failed attempt
-            assert not ("retryStrategy" in tmpl and tmpl.get("metrics")), name
+        # compare is retried (chaos deletes its pod too) and carries metrics: only over its output parameters,
+        # each with a default, so that a failed attempt resolves them (to -1) and the last attempt's win.
+        for metric in t["compare"]["metrics"]["prometheus"]:
+            assert "{{retries}}" not in json.dumps(metric)
+            name = metric["gauge"]["value"].removeprefix("{{outputs.parameters.").removesuffix("}}")
+            param = next(x for x in t["compare"]["outputs"]["parameters"] if x["name"] == name)
+            assert param["valueFrom"]["default"] == "-1"
+        for name, tmpl in t.items():  # no other metrics where Argo would evaluate them on a failed attempt
+            assert name == "compare" or not ("retryStrategy" in tmpl and tmpl.get("metrics")), name
 
 
 def test_trial_and_evict_continue_on_failure_so_that_the_report_is_still_written():
