@@ -91,3 +91,25 @@ def model_and_optim(t: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 def equal_count(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> tuple[int, int]:
     assert a.keys() == b.keys(), f"different keys: {sorted(a.keys() ^ b.keys())[:5]}"
     return sum(torch.equal(a[k], b[k]) for k in a), len(a)
+
+
+def workers_of(pid: int, cmd_contains: bytes | None = None) -> dict[int, int]:
+    """rank -> pid of the torchrun workers below `pid` (each runs in a session of its own), read from
+    /proc; with `cmd_contains`, only workers whose command line holds it."""
+    found, todo = {}, [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            kids = Path(f"/proc/{p}/task/{p}/children").read_text().split()
+        except OSError:
+            continue
+        for k in map(int, kids):
+            todo.append(k)
+            try:
+                env = dict(e.split("=", 1) for e in Path(f"/proc/{k}/environ").read_text().split("\0") if "=" in e)
+                cmdline = Path(f"/proc/{k}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if "TORCHELASTIC_RUN_ID" in env and "RANK" in env and (cmd_contains is None or cmd_contains in cmdline):
+                found[int(env["RANK"])] = k
+    return found

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import CORPUS, PY, REPO, base_env
+from tests.helpers import CORPUS, PY, REPO, base_env, workers_of
 from trainer.records import read_records
 
 pytestmark = pytest.mark.dist
@@ -31,33 +31,13 @@ def entry_cmd(model, bucket):
     return cmd
 
 
-def worker_pids(pid: int) -> dict[int, int]:
-    """rank -> pid of the torchrun workers below `pid`."""
-    found, todo = {}, [pid]
-    while todo:
-        p = todo.pop()
-        try:
-            kids = Path(f"/proc/{p}/task/{p}/children").read_text().split()
-        except OSError:
-            continue
-        for k in map(int, kids):
-            todo.append(k)
-            try:
-                env = dict(e.split("=", 1) for e in Path(f"/proc/{k}/environ").read_text().split("\0") if "=" in e)
-            except OSError:
-                continue
-            if "TORCHELASTIC_RUN_ID" in env and "RANK" in env:
-                found[int(env["RANK"])] = k
-    return found
-
-
 def watchdog(p: subprocess.Popen, timeout: float) -> threading.Timer:
     """SIGKILL the whole process group (steps.train, torchrun, the workers) if it outlives `timeout`:
     ranks that disagree on where to stop hang in a collective, and that must fail, not block."""
     def kill() -> None:
         if p.poll() is not None:
             return
-        workers = list(worker_pids(p.pid).values())  # torchrun starts each in a session of its own
+        workers = list(workers_of(p.pid).values())  # torchrun starts each in a session of its own
         os.killpg(p.pid, signal.SIGKILL)
         for pid in workers:
             with contextlib.suppress(ProcessLookupError):
@@ -90,7 +70,7 @@ def sigterm_one_worker(cmd, at_step, rank, timeout=300):
         recs = read_records(line)
         if recs and recs[0]["event"] == "step" and recs[0]["step"] == at_step:
             deadline = time.monotonic() + 20
-            while (pid := worker_pids(p.pid).get(rank)) is None and time.monotonic() < deadline:
+            while (pid := workers_of(p.pid).get(rank)) is None and time.monotonic() < deadline:
                 time.sleep(0.05)
             assert pid is not None, "worker not found"
             os.kill(pid, signal.SIGTERM)

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.helpers import workers_of as helpers_workers_of
 from tests.helpers import (
     CORPUS,
     PY,
@@ -32,32 +33,17 @@ DROPOUT = "model.dropout=0.1"
 TOTAL = 24  # 10 steps per epoch with 2 ranks: the resume crosses an epoch boundary
 
 
+def workers_of(pid: int) -> dict[int, int]:
+    """rank -> pid of the trainer's torchrun workers below `pid`."""
+    return helpers_workers_of(pid, b"trainer")
+
+
 def entry_cmd(model, ckpt, *sets, nproc=2):
     cmd = [PY, "-m", "steps.train", "--nproc", str(nproc), "--config", str(TINY_YAML)]
     for s in (f"model.path={model}", f"checkpoint.uri={ckpt}", f"data.uri={CORPUS}", f"total_steps={TOTAL}",
               DROPOUT, *sets):
         cmd += ["--set", s]
     return cmd
-
-
-def workers_of(pid: int) -> dict[int, int]:
-    """rank -> pid of the torchrun workers below `pid`."""
-    found, todo = {}, [pid]
-    while todo:
-        p = todo.pop()
-        try:
-            kids = Path(f"/proc/{p}/task/{p}/children").read_text().split()
-        except OSError:
-            continue
-        for k in map(int, kids):
-            todo.append(k)
-            try:
-                env = dict(e.split("=", 1) for e in Path(f"/proc/{k}/environ").read_text().split("\0") if "=" in e)
-            except OSError:
-                continue
-            if "TORCHELASTIC_RUN_ID" in env and "RANK" in env and b"trainer" in Path(f"/proc/{k}/cmdline").read_bytes():
-                found[int(env["RANK"])] = k
-    return found
 
 
 def run_entry(cmd, env=None, timeout=240):
