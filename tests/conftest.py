@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import contextlib
 import os
 
 import pytest
@@ -16,6 +17,20 @@ def tiny_model(tmp_path_factory):
     return build_tiny_qwen2(tmp_path_factory.mktemp("model") / "tiny-qwen2", read_documents(str(CORPUS)))
 
 
+@contextlib.contextmanager
+def _environment_restored(keys: tuple[str, ...]):
+    """These variables of this process's environment as they were, once the block ends."""
+    saved = {k: os.environ.get(k) for k in keys}
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 _S3_ENV = ("BATON_S3_ENDPOINT", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
            "AWS_DEFAULT_REGION")
 
@@ -28,19 +43,14 @@ def s3():
     (dummy keys for moto); `s3.env()` gives the same to a trainer subprocess."""
     from tests.s3server import S3Endpoint
 
-    saved = {k: os.environ.get(k) for k in _S3_ENV}
-    endpoint = S3Endpoint().start()
-    os.environ.update(endpoint.credentials)
-    os.environ["BATON_S3_ENDPOINT"] = endpoint.url
-    try:
-        yield endpoint
-    finally:
-        endpoint.stop()
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    with _environment_restored(_S3_ENV):
+        endpoint = S3Endpoint().start()
+        os.environ.update(endpoint.credentials)
+        os.environ["BATON_S3_ENDPOINT"] = endpoint.url
+        try:
+            yield endpoint
+        finally:
+            endpoint.stop()
 
 
 @pytest.fixture
@@ -67,20 +77,15 @@ def gcs():
     loopback port; `gcs.env()` gives the same to a subprocess."""
     from tests.gcsserver import GCSEndpoint, no_metadata_server
 
-    saved = {k: os.environ.get(k) for k in _GCS_ENV}
-    endpoint = GCSEndpoint().start()
-    for k in ("BATON_GCS_TOKEN", "BATON_GCS_HNS", "GOOGLE_APPLICATION_CREDENTIALS"):
-        os.environ.pop(k, None)
-    os.environ.update(no_metadata_server(), STORAGE_EMULATOR_HOST=endpoint.url)
-    try:
-        yield endpoint
-    finally:
-        endpoint.stop()
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    with _environment_restored(_GCS_ENV):
+        endpoint = GCSEndpoint().start()
+        for k in ("BATON_GCS_TOKEN", "BATON_GCS_HNS", "GOOGLE_APPLICATION_CREDENTIALS"):
+            os.environ.pop(k, None)
+        os.environ.update(no_metadata_server(), STORAGE_EMULATOR_HOST=endpoint.url)
+        try:
+            yield endpoint
+        finally:
+            endpoint.stop()
 
 
 @pytest.fixture(scope="module", params=["s3", "gs"])

@@ -27,7 +27,7 @@ import uuid
 from pathlib import Path
 from urllib.parse import parse_qs, quote, unquote, urlsplit
 
-from tests.s3server import free_port
+from tests.s3server import CheckpointLayout, free_port
 
 GCS_KEY_SECRET = "-----BEGIN PRIVATE KEY-----\nbaton-test-secret-key-material\n-----END PRIVATE KEY-----\n"
 
@@ -44,7 +44,7 @@ def no_metadata_server() -> dict[str, str]:
     return {"GCE_METADATA_HOST": dead, "GCE_METADATA_IP": dead, "NO_GCE_CHECK": "true"}
 
 
-class GCSEndpoint:
+class GCSEndpoint(CheckpointLayout):
     scheme = "gs"
     max_attempts_var = "BATON_GCS_MAX_ATTEMPTS"
 
@@ -155,19 +155,6 @@ class GCSEndpoint:
                                      headers={"Content-Type": "application/octet-stream"})
         with urllib.request.urlopen(req, timeout=30) as r:
             r.read()
-
-    def step_uri(self, root: str, step: int) -> str:
-        hits = {k.split("/step-")[0] for k in self.keys(root) if f"/step-{step:08d}/" in k}
-        assert len(hits) == 1, f"expected one step-{step:08d} under {root}, found {hits}"
-        return f"{root.rstrip('/')}/{hits.pop()}/step-{step:08d}"
-
-    def steps(self, root: str) -> dict[int, set[str]]:
-        out: dict[int, set[str]] = {}
-        for k in self.keys(root):
-            parts = k.split("/")
-            if len(parts) == 4 and parts[0] == "runs" and parts[2].startswith("step-"):
-                out.setdefault(int(parts[2].removeprefix("step-")), set()).add(parts[3])
-        return out
 
     # -- what a request through the proxy does --
     @staticmethod

@@ -47,7 +47,30 @@ def boto3_client(endpoint: str, env: dict[str, str]):
                         aws_session_token=env.get("AWS_SESSION_TOKEN"))
 
 
-class S3Endpoint:
+class CheckpointLayout:
+    """Where a trainer's checkpoints lie in a bucket, read through the endpoint's own `keys(root)`
+    (object keys under a root, relative to it): shared by S3Endpoint and tests/gcsserver.GCSEndpoint."""
+
+    def keys(self, uri: str) -> list[str]:
+        raise NotImplementedError
+
+    def step_uri(self, root: str, step: int) -> str:
+        """The one `runs/<run_id>/step-<step>` folder under a checkpoint root."""
+        hits = {k.split("/step-")[0] for k in self.keys(root) if f"/step-{step:08d}/" in k}
+        assert len(hits) == 1, f"expected one step-{step:08d} under {root}, found {hits}"
+        return f"{root.rstrip('/')}/{hits.pop()}/step-{step:08d}"
+
+    def steps(self, root: str) -> dict[int, set[str]]:
+        """step -> the file names in its folder, for every step folder under a root."""
+        out: dict[int, set[str]] = {}
+        for k in self.keys(root):
+            parts = k.split("/")
+            if len(parts) == 4 and parts[0] == "runs" and parts[2].startswith("step-"):
+                out.setdefault(int(parts[2].removeprefix("step-")), set()).add(parts[3])
+        return out
+
+
+class S3Endpoint(CheckpointLayout):
     """moto on loopback (stopped by `stop`), or the external endpoint named by `BATON_S3_ENDPOINT`."""
 
     scheme = "s3"
@@ -170,21 +193,6 @@ class S3Endpoint:
     def write(self, uri: str, data: bytes) -> None:
         bucket, key = self.split(uri)
         self.client().put_object(Bucket=bucket, Key=key, Body=data)
-
-    def step_uri(self, root: str, step: int) -> str:
-        """The one `runs/<run_id>/step-<step>` folder under a checkpoint root."""
-        hits = {k.split("/step-")[0] for k in self.keys(root) if f"/step-{step:08d}/" in k}
-        assert len(hits) == 1, f"expected one step-{step:08d} under {root}, found {hits}"
-        return f"{root.rstrip('/')}/{hits.pop()}/step-{step:08d}"
-
-    def steps(self, root: str) -> dict[int, set[str]]:
-        """step -> the file names in its folder, for every step folder under a root."""
-        out: dict[int, set[str]] = {}
-        for k in self.keys(root):
-            parts = k.split("/")
-            if len(parts) == 4 and parts[0] == "runs" and parts[2].startswith("step-"):
-                out.setdefault(int(parts[2].removeprefix("step-")), set()).add(parts[3])
-        return out
 
 
 @dataclass
