@@ -22,9 +22,16 @@ What it does, and why (transformers 5.24's loop, read from its source):
   "epoch") and rewrite the folder under its marker: the callback clears that.
 - `run(trainer)` resumes from the newest committed `checkpoint-N`, found numerically (never by a
   lexical sort), its files checked against the manifest; a torn or altered one is passed over (a
-  `checkpoint_refused` record). It exits 75 once the preemption checkpoint is committed, 0 when
-  training finished and its final checkpoint is committed, 1 otherwise (HF's own
-  `enable_jit_checkpoint` exits 0 after a SIGTERM, which a retry policy reads as success).
+  `checkpoint_refused` record), a read that fails (an I/O error, a store answering 5xx) is retried
+  for `faults.read_retry_s`, never taken for corruption.
+- Exit codes follow baton's rule (README, "Exit codes"; trainer/faults.py): 75 once the preemption
+  checkpoint is committed, 0 when training finished and its final checkpoint is committed, 1 when a
+  retry cannot help (HF's own `enable_jit_checkpoint` exits 0 after a SIGTERM, which a retry policy
+  reads as success). A periodic commit that fails after the store's retries does not end the run (a
+  `checkpoint_failed` record; the next save tries again); `faults.max_failed_saves` in a row, a failed
+  preemption or final commit, a store unreachable while resuming, or a peer rank gone end it with 75
+  and a `retry_later` record. The collective timeout is the Trainer's own (`ddp_timeout`): set it
+  from `faults.collective_timeout()` (the example job does), as HF's default is 30 minutes.
 - Records go to stdout in baton's JSON Lines schema (trainer/records.py): resume, step, checkpoint,
   checkpoint_refused, preempt, done. The callback makes the Trainer log every step, so that every
   step has a record with its loss.
@@ -51,9 +58,10 @@ import torch.distributed as dist
 from transformers import TrainerCallback
 
 from trainer.checkpoint import COMMIT
+from trainer.faults import FaultsConfig, SaveFailures, StoreUnreachable, is_peer_failure, retry_reads
 from trainer.preemption import Preemption
 from trainer.records import Records, log
-from trainer.storage import full_url, is_local, retrying, url_to_fs
+from trainer.storage import StorageError, full_url, is_local, retrying, storage_error, url_to_fs
 
 EXIT_OK, EXIT_FAIL, EXIT_PREEMPTED = 0, 1, 75
 CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
@@ -152,12 +160,18 @@ class HFStore:
 
     def fetch(self, step: int) -> str:
         """The checkpoint as a local folder the Trainer can resume from, its files checked against the
-        manifest. Raises TornCheckpoint."""
+        manifest. Raises TornCheckpoint for what is wrong with the checkpoint (a missing file, a bad
+        manifest, a size or sha256 that does not match), StorageError for a read that failed (an I/O
+        error, a store answering 5xx after its own retries): that one is worth retrying."""
         try:
             manifest = self.manifest(step)
             files = manifest["files"]
-        except (OSError, ValueError, KeyError) as e:
+        except FileNotFoundError:
+            raise TornCheckpoint(f"{COMMIT} is missing") from None
+        except (ValueError, KeyError, TypeError) as e:
             raise TornCheckpoint(f"unreadable {COMMIT}: {e}") from None
+        except Exception as e:
+            raise storage_error(self.url(step), "reading", e) from None
         local = os.path.join(self.local_dir, f"checkpoint-{step}")
         if not self.in_place:
             shutil.rmtree(local, ignore_errors=True)  # a stale local copy is never trusted
@@ -167,11 +181,17 @@ class HFStore:
                     self.fs.get_file(f"{self.base}/checkpoint-{step}/{n}", os.path.join(local, n))
                 except FileNotFoundError:
                     raise TornCheckpoint(f"{n} is missing") from None
+                except Exception as e:
+                    raise storage_error(self.url(step), f"reading {n} of", e) from None
         for n, meta in files.items():
             path = os.path.join(local, n)
             if not os.path.isfile(path):
                 raise TornCheckpoint(f"{n} is missing")
-            if os.path.getsize(path) != meta["size"] or _sha256(path) != meta["sha256"]:
+            try:
+                matches = os.path.getsize(path) == meta["size"] and _sha256(path) == meta["sha256"]
+            except OSError as e:
+                raise storage_error(self.url(step), f"reading {n} of", e) from None
+            if not matches:
                 raise TornCheckpoint(f"{n} does not match its size or sha256 in {COMMIT}")
         return local
 
@@ -216,12 +236,18 @@ class BatonCallback(TrainerCallback):
             fsspec URI (file://, s3://, gs://) that outlives the pod. None: `args.output_dir`.
         run_id: the `run_id` field of every record.
         keep_last: committed checkpoints kept under a `checkpoint_uri` other than `output_dir`.
+        faults: failed saves in a row that end the run, and how long a resume retries a failing read
+            (trainer/faults.py; `collective_timeout_s` is the Trainer's `ddp_timeout` here).
     """
 
-    def __init__(self, checkpoint_uri: str | None = None, run_id: str = "hf", keep_last: int = 3) -> None:
+    def __init__(self, checkpoint_uri: str | None = None, run_id: str = "hf", keep_last: int = 3,
+                 faults: FaultsConfig | None = None) -> None:
         self.preempt = Preemption()
         self.preempt.install()  # first: a SIGTERM during the rest of the set-up still ends in a clean 75
         self.checkpoint_uri, self.run_id, self.keep_last = checkpoint_uri, run_id, keep_last
+        self.faults = faults or FaultsConfig()
+        self.save_failures = SaveFailures(self.faults.max_failed_saves)
+        self.retry_reason: str | None = None  # set when the run must end with 75 for a fault (retry_later)
         self.store: HFStore | None = None
         self.rec = Records(run_id, 0, 0)
         self.rank, self.world = 0, 1
@@ -257,24 +283,38 @@ class BatonCallback(TrainerCallback):
             self.preempt.device = args.device  # the stop all-reduce runs on NCCL there
         attempt = self.store.claim_attempt() if self.rank == 0 else 0
         self.rec = Records(self.run_id, attempt, self.rank)
+        bound = self.faults.collective_timeout(self.preempt.grace).total_seconds()
+        if self.world > 1 and self.rank == 0 and args.ddp_timeout > bound:
+            log(f"warning: TrainingArguments.ddp_timeout is {args.ddp_timeout} s: a dead or hung rank keeps the "
+                f"others waiting that long; set it to {bound:g} s (faults.collective_timeout()) to end the pod "
+                f"inside its grace of {self.preempt.grace:g} s")
 
     def resume_checkpoint(self, args) -> str | None:
         """The local folder of the newest committed checkpoint that verifies (fetched from the bucket
         when it lives there), or None for a fresh start. Rank 0 chooses; every rank gets its answer."""
         self._setup(args)
         assert self.store is not None
-        chosen: list[Any] = [None, None]
+        chosen: list[Any] = [None, None, None]  # step, local folder, why the store could not be read
         if self.rank == 0:
-            for step in reversed(self.store.committed_steps()):
+            store = self.store
+            for step in reversed(store.committed_steps()):
                 try:
-                    chosen = [step, self.store.fetch(step)]
+                    # A failed read is retried, never taken for corruption: that would pass over a good
+                    # checkpoint and replay its steps.
+                    chosen = [step, retry_reads(lambda step=step: store.fetch(step), self.faults.read_retry_s,
+                                                StorageError, log), None]
                     break
                 except TornCheckpoint as e:
                     log(f"checkpoint-{step} refused: {e}")
-                    self.emit("checkpoint_refused", step, path=self.store.url(step), reason=str(e))
+                    self.emit("checkpoint_refused", step, path=store.url(step), reason=str(e))
+                except StoreUnreachable as e:
+                    chosen = [None, None, str(e)]
+                    break
         if self.world > 1:
             dist.broadcast_object_list(chosen, src=0)
-        step, local = chosen
+        step, local, unreachable = chosen
+        if unreachable:
+            raise StoreUnreachable(unreachable)
         if step is None:
             self.emit("resume", 0, from_step=0, fresh=True)
             return None
@@ -293,9 +333,18 @@ class BatonCallback(TrainerCallback):
         try:
             checkpoint = self.resume_checkpoint(trainer.args)
             trainer.train(resume_from_checkpoint=checkpoint)
-        except Exception:
+        except StoreUnreachable as e:
+            return self._retry_later("store_unreachable", getattr(trainer.state, "global_step", 0), str(e))
+        except Exception as e:
+            if self.world > 1 and is_peer_failure(e):
+                # A dead or hung peer (bounded by ddp_timeout): every commit waits for every rank and is
+                # all-or-nothing, so a retry resumes from the last one. Any rank may be the survivor.
+                return self._retry_later("peer_lost", trainer.state.global_step, str(e).splitlines()[0][:300],
+                                         every_rank=True)
             traceback.print_exc()
             return EXIT_FAIL
+        if self.retry_reason:
+            return EXIT_PREEMPTED  # its retry_later record is written
         step = trainer.state.global_step
         if self.stopping is not None and self.stopping < trainer.state.max_steps:
             return EXIT_PREEMPTED if self.last_committed == self.stopping else EXIT_FAIL
@@ -305,6 +354,16 @@ class BatonCallback(TrainerCallback):
             return EXIT_OK
         log(f"training ended at step {step} of {trainer.state.max_steps} without a committed final checkpoint")
         return EXIT_FAIL
+
+    def _retry_later(self, reason: str, step: int, error: str, every_rank: bool = False) -> int:
+        """End retry-safe (75) for a fault a retry can mend, with the `retry_later` record that tells
+        steps.train so (torchrun turns a worker's 75 into 1)."""
+        self.retry_reason = reason
+        log(f"error: {error}; exiting {EXIT_PREEMPTED} (retry from {self.last_checkpoint or 'the last commit'})")
+        if every_rank or self.rank == 0:
+            self.rec.emit("retry_later", step, reason=reason, error=error[:500], exit=EXIT_PREEMPTED,
+                          checkpoint=self.last_checkpoint)
+        return EXIT_PREEMPTED
 
     # -- the test hook --
     def _pause_for_test(self, step: int, micro: int = 0) -> None:
@@ -364,28 +423,57 @@ class BatonCallback(TrainerCallback):
     def on_save(self, args, state, control, **kwargs):
         step = state.global_step
         started = self.stop_decided_at if self.stopping == step else self.last_hook_at
+        reason = "final" if step >= state.max_steps else ("preempt" if self.stopping == step else "periodic")
         _barrier()  # HF has none before on_save: every rank's rng_state_<i>.pth is on disk after it
+        outcome: list[Any] = [None, None]  # rank 0's: the committed url, or why the commit failed
         if self.rank == 0:
             assert self.store is not None
-            url, size = self.store.commit(step, self.world, device=args.device.type)
-            save_ms = (time.perf_counter() - started) * 1000
-            self.last_committed, self.last_checkpoint = step, url
-            reason = "final" if step >= state.max_steps else ("preempt" if self.stopping == step else "periodic")
-            self.emit("checkpoint", step, reason=reason, save_ms=round(save_ms, 1), blocking_ms=round(save_ms, 1),
-                      asynchronous=False, bytes=size, path=url)
-            if self.stopping == step and step < state.max_steps:
-                self.emit("preempt", step, signal=self.preempt.signal_name, save_ms=round(save_ms, 1),
-                          grace_left_s=round(self.preempt.grace_left(), 2), grace_s=self.preempt.grace,
-                          exit=EXIT_PREEMPTED, checkpoint=url, already_committed=False, outcome="saved",
-                          warning=False)
+            try:
+                url, size = self.store.commit(step, self.world, device=args.device.type)
+            except StorageError as e:  # after the store's own retries: nothing of this step is committed
+                outcome = [None, str(e)[:500]]
             else:
-                self.store.retain(self.keep_last)
+                outcome = [url, None]
+                save_ms = (time.perf_counter() - started) * 1000
+                self.emit("checkpoint", step, reason=reason, save_ms=round(save_ms, 1),
+                          blocking_ms=round(save_ms, 1), asynchronous=False, bytes=size, path=url)
+                if reason == "preempt":
+                    self.emit("preempt", step, signal=self.preempt.signal_name, save_ms=round(save_ms, 1),
+                              grace_left_s=round(self.preempt.grace_left(), 2), grace_s=self.preempt.grace,
+                              exit=EXIT_PREEMPTED, checkpoint=url, already_committed=False, outcome="saved",
+                              warning=False)
+                else:
+                    self.store.retain(self.keep_last)
+        # Every rank learns the outcome, so all go on or stop together; and no rank leaves before rank 0
+        # has committed and written its record: a launcher that sees one rank exit signals the others,
+        # and the record is what says the stop was clean.
+        if self.world > 1:
+            dist.broadcast_object_list(outcome, src=0)
+        url, error = outcome
+        if error is None:
+            self.last_committed, self.last_checkpoint = step, url
+            self.save_failures.committed()
         else:
-            self.last_committed = step
-        # No rank leaves before rank 0 has committed and written its record: a launcher that sees one
-        # rank exit signals the others, and the record is what says the stop was clean.
-        _barrier()
+            self._save_failed(step, reason, error, control)
         return control
+
+    def _save_failed(self, step: int, reason: str, error: str, control) -> None:
+        """A commit that failed: a periodic one lets training go on until `faults.max_failed_saves` fail in
+        a row; a failed preemption or final commit ends the run. Either end is 75: the last commit stands."""
+        if reason == "periodic":
+            n, limit = self.save_failures.in_a_row + 1, self.save_failures.limit
+            ends = self.save_failures.failed()
+            log(f"periodic checkpoint of step {step} failed ({n} in a row, limit {limit}): {error}; "
+                + ("ending the run (75)" if ends else f"training on; the last committed step is {self.last_committed}"))
+            self.emit("checkpoint_failed", step, reason="periodic", error=error, in_a_row=n, limit=limit,
+                      checkpoint=self.last_checkpoint)
+            if not ends:
+                return
+            self._retry_later("saves_failing", step, f"{n} periodic checkpoints failed in a row "
+                              f"(faults.max_failed_saves {limit}); the last committed step is {self.last_committed}")
+        else:
+            self._retry_later("store_failing", step, f"the {reason} checkpoint of step {step} failed: {error}")
+        control.should_training_stop = True
 
     def on_epoch_end(self, args, state, control, **kwargs):
         if self.last_committed == state.global_step:

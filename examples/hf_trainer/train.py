@@ -22,6 +22,7 @@ visible to `verify`. This is the drill's negative control for HF.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import shutil
 import sys
@@ -56,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     if not stock:
         baton = BatonCallback(checkpoint_uri=cfg.checkpoint.uri, run_id=cfg.run_id,  # baton (2/3)
-                              keep_last=cfg.checkpoint.keep_last)
+                              keep_last=cfg.checkpoint.keep_last, faults=cfg.faults)
 
     import torch
     from torch.utils.data import Dataset
@@ -102,6 +103,8 @@ def main(argv: list[str] | None = None) -> int:
         logging_steps=1, report_to="none", disable_tqdm=True, use_cpu=cpu,
         ddp_backend="gloo" if cpu and int(os.environ.get("WORLD_SIZE", "1")) > 1 else None,
         ddp_find_unused_parameters=False, dataloader_num_workers=cfg.data.num_workers,
+        # A dead or hung rank ends the pod inside its grace, not after HF's default of 30 minutes.
+        ddp_timeout=math.ceil(cfg.faults.collective_timeout().total_seconds()),
     )
     if stock:
         from trainer.hf import StepRecords

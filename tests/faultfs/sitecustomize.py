@@ -13,6 +13,8 @@ trainer's real code path (DCP's fsspec writer, the manifest, _COMMIT) with nothi
     {"read_errors": 3}           the first 3 opens for reading of any checkpoint file fail with EIO (a store
                                  that answers 5xx for a while), counted per process; -1: every one fails
 
+A step's folder is baton's `step-000000NN/` or the HF callback's `checkpoint-N/` (trainer/hf.py).
+
 Test-only; never on the image's path.
 """
 
@@ -34,6 +36,17 @@ def _faults() -> dict:
         return {}
 
 
+_STEP_DIR = re.compile(r"/(?:step-(\d{8})|checkpoint-(\d+))(/|$)")
+
+
+def _step_of(path: str, inside: bool = False) -> int | None:
+    """The step of the checkpoint folder `path` is in (or is, unless `inside`), else None."""
+    m = _STEP_DIR.search(str(path))
+    if not m or (inside and m.group(3) != "/"):
+        return None
+    return int(m.group(1) or m.group(2))
+
+
 class FaultyFileSystem(LocalFileSystem):
     protocol = ("faulty",)
     root_marker = "/"
@@ -53,10 +66,9 @@ class FaultyFileSystem(LocalFileSystem):
 
     def _check_write(self, path: str) -> None:
         faults = _faults()
-        m = re.search(r"/step-(\d{8})(/|$)", str(path))
-        if not m:
+        step = _step_of(path)
+        if step is None:
             return
-        step = int(m.group(1))
         delay = float((faults.get("slow_writes") or {}).get(str(step), 0))
         if delay:
             import time
@@ -72,8 +84,8 @@ class FaultyFileSystem(LocalFileSystem):
     _reads_failed = 0
 
     def _check_read(self, path: str) -> None:
-        m = re.search(r"/step-(\d{8})/", str(path))
-        delay = float((_faults().get("slow_reads") or {}).get(str(int(m.group(1))), 0)) if m else 0.0
+        step = _step_of(path, inside=True)
+        delay = float((_faults().get("slow_reads") or {}).get(str(step), 0)) if step is not None else 0.0
         if delay:
             import time
 
@@ -82,7 +94,7 @@ class FaultyFileSystem(LocalFileSystem):
                 open(marker, "w").close()
             time.sleep(delay)
         budget = _faults().get("read_errors", 0)
-        if budget and re.search(r"/step-\d{8}/", str(path)) and _faults().get("read_match", "") in str(path) and (budget < 0 or FaultyFileSystem._reads_failed < budget):
+        if budget and step is not None and _faults().get("read_match", "") in str(path) and (budget < 0 or FaultyFileSystem._reads_failed < budget):
             FaultyFileSystem._reads_failed += 1
             raise OSError(errno.EIO, "injected read error (BATON_TEST_FAULTS read_errors)", str(path))
 
@@ -96,6 +108,10 @@ class FaultyFileSystem(LocalFileSystem):
     def cat_file(self, path, *args, **kwargs):
         self._check_read(path)
         return super().cat_file(path, *args, **kwargs)
+
+    def get_file(self, rpath, lpath, *args, **kwargs):
+        self._check_read(rpath)
+        return super().get_file(rpath, lpath, *args, **kwargs)
 
     def pipe_file(self, path, value, *args, **kwargs):
         self._check_write(path)

@@ -259,3 +259,51 @@ def test_a_users_script_under_steps_train_on_s3_exits_75_and_resumes_from_the_bu
     assert res["from_step"] == 3 and res["checkpoint"] == f"{root}/checkpoint-3" and res["attempt"] == 2
     assert steps_of(recs) == [4, 5, 6, 7, 8] and recs[-1]["event"] == "done"
     assert "checkpoint-8/_COMMIT" in s3.keys(root)
+
+
+# ---- faults: baton's exit-code rule (trainer/faults.py) ----------------------------------------------------
+
+def fault_env(**faults) -> dict[str, str]:
+    env = base_env(BATON_TEST_FAULTS=json.dumps(faults))
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO / "tests" / "faultfs"), env["PYTHONPATH"]])
+    return env
+
+
+def test_failing_saves_go_on_then_end_with_75_a_store_down_at_resume_passes_over_nothing_and_the_end_is_exact(
+        tmp_path, tiny_model, reference):
+    from steps.hf_checkpoint import compare_flat
+
+    root = tmp_path / "bucket"
+    cmd = hf_cmd(tiny_model, f"faulty://{root}", "checkpoint.every_steps=3", "faults.max_failed_saves=2")
+    # 1. A full disk at 6 and 9: the run goes on after the first failure, the second in a row ends it with 75.
+    rc, recs, err = run(cmd, env=fault_env(enospc_steps=[6, 9]))
+    assert rc == 75, err[-3000:]
+    failed = [(r["step"], r["in_a_row"], r["limit"]) for r in recs if r["event"] == "checkpoint_failed"]
+    assert failed == [(6, 1, 2), (9, 2, 2)]
+    assert "No space left on device" in err
+    (later,) = [r for r in recs if r["event"] == "retry_later"]
+    assert (later["reason"], later["exit"], later["checkpoint"]) == ("saves_failing", 75, f"faulty://{root}/checkpoint-3")
+    assert steps_of(recs) == list(range(1, 10))
+    assert sorted(p.parent.name for p in root.glob("checkpoint-*/_COMMIT")) == ["checkpoint-3"]
+
+    # 2. The store fails every read while resuming: retried for faults.read_retry_s, then 75; checkpoint-3
+    # is not passed over for a fresh start (that would replay its steps).
+    rc, recs, err = run(cmd + ["--set", "faults.read_retry_s=1"], env=fault_env(read_errors=-1))
+    assert rc == 75, err[-3000:]
+    assert [r["reason"] for r in recs if r["event"] == "retry_later"] == ["store_unreachable"]
+    assert not [r for r in recs if r["event"] in ("checkpoint_refused", "resume", "step")]
+    assert "reading the checkpoint failed" in err
+
+    # 3. Two failed reads, then the store answers: the resume retries and takes checkpoint-3 itself.
+    rc, recs, err = run(cmd, env=fault_env(read_errors=2))
+    assert rc == 0, err[-3000:]
+    assert err.count("reading the checkpoint failed") == 2
+    assert [r["from_step"] for r in recs if r["event"] == "resume"] == [3]
+    assert not [r for r in recs if r["event"] == "checkpoint_refused"]
+    assert steps_of(recs) == list(range(4, TOTAL + 1)) and recs[-1]["event"] == "done"
+    _, (ref, _) = final(reference)
+    tri_step, (tri, _) = final(f"file://{root}")
+    _, differing = compare_flat(ref, tri)
+    # All equal but the cadence the reference was saved with (every 5 steps), which trainer_state records.
+    assert tri_step == TOTAL and differing == ["trainer_state.save_steps"]
+    assert sum(isinstance(v, torch.Tensor) for v in tri.values()) > 100  # compare_flat: torch.equal on each
