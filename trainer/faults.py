@@ -18,8 +18,10 @@ other:
   start ends with 75 too (`store_failing`); a missing bucket, missing or refused credentials and a bad
   config fail at the start (listing, attempt claim), with 1.
 
-Test hook, never for real work: `BATON_TEST_HANG_AFTER_STEP=RANK:STEP` makes that rank hang for good after
-that step (it ignores SIGTERM too, as a rank stuck in a kernel or a deadlock does).
+Test hooks, never for real work: `BATON_TEST_HANG_AFTER_STEP=RANK:STEP` makes that rank hang for good after
+that step (it ignores SIGTERM too, as a rank stuck in a kernel or a deadlock does);
+`BATON_TEST_DISAGREE_AFTER_STEP=RANK:STEP` makes that rank decide alone to stop after that step, as a
+broken collective stop would, while its peers train on: the ranks then wait in different collectives.
 """
 
 from __future__ import annotations
@@ -156,3 +158,9 @@ def hang_for_test(rank: int, step: int) -> None:
     if spec and spec == f"{rank}:{step}":
         while True:
             time.sleep(3600)
+
+
+def disagrees_for_test(rank: int, step: int) -> bool:
+    """BATON_TEST_DISAGREE_AFTER_STEP=RANK:STEP: whether this rank stops alone here (module docstring)."""
+    spec = os.environ.get("BATON_TEST_DISAGREE_AFTER_STEP", "")
+    return bool(spec) and spec == f"{rank}:{step}"

@@ -327,7 +327,8 @@ class BatonCallback(TrainerCallback):
 
     def run(self, trainer) -> int:
         """`trainer.train()` from the newest committed checkpoint; the process's exit code: 0 finished
-        and committed, 75 preempted and committed, 1 anything else."""
+        and committed, 75 preempted and committed or ended by a fault a retry can mend (a `retry_later`
+        record), 1 anything else."""
         if self not in trainer.callback_handler.callbacks:
             trainer.add_callback(self)
         try:

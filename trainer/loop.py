@@ -395,7 +395,7 @@ class Trainer:
             return loss_sum.item(), pending, due
         flags = torch.tensor([loss_sum.item(), int(pending), int(due), int(self.preempt.local)], dtype=torch.float64)
         dist.all_reduce(flags, op=dist.ReduceOp.SUM)
-        self.preempt.decided(bool(flags[3] > 0))
+        self.preempt.decided(bool(flags[3] > 0) or faults.disagrees_for_test(self.rank, self.step))
         return flags[0].item() / self.world, bool(flags[1] > 0), bool(flags[2] > 0)
 
     def _on_boundary(self, pending: bool, due: bool) -> int | None:

@@ -1,5 +1,6 @@
 """A dead or hung rank never hangs the pod (trainer/faults.py): two gloo ranks under torchrun, through
-the pod's PID 1 (steps.train). A rank that hangs for good, and a rank SIGKILLed (an OOM kill) mid-step:
+the pod's PID 1 (steps.train). A rank that hangs for good, ranks that disagree on the stop (one saves
+alone while the other trains on), and a rank SIGKILLed (an OOM kill) mid-step, mid-save, mid-restore:
 each time the pod exits with 75, nothing after the last commit is committed, and the retry resumes from
 that commit and ends bit-identical to an uninterrupted 2-rank run. A hang that the collective timeout
 did not bound would fail by pytest's own per-test timeout (pytest-timeout) and the subprocess timeout."""
@@ -56,6 +57,28 @@ def test_a_hung_rank_ends_the_pod_with_75_within_the_collective_timeout_and_the_
     assert lost and {r["reason"] for r in lost} == {"peer_lost"} and lost[0]["exit"] == 75
     assert max(r["step"] for r in recs if r["event"] == "step") == 5  # step 6's record needs rank 1 too
     assert committed(root) == [4]  # nothing after the last commit, nothing partial
+    rc, recs, err = run_entry(cmd)
+    assert rc == 0, err[-3000:]
+    assert [r["from_step"] for r in recs if r["event"] == "resume"] == [4]
+    assert equal_to(reference, root)
+
+
+def test_ranks_that_disagree_on_the_stop_end_the_pod_within_the_bound_commit_nothing_and_the_retry_is_exact(
+        tiny_model, reference, tmp_path):
+    # The bug that once left the 2-rank tests waiting on gloo's 30 minutes: rank 1 decides alone to stop
+    # after step 6 and goes to save, while rank 0 trains on. Each waits in a collective the other never
+    # joins, until the collective timeout (5 s) ends it; the save of rank 1 alone can commit nothing.
+    root = tmp_path / "ckpt"
+    cmd = entry_cmd(tiny_model, root, *SETS)
+    env = base_env(BATON_GRACE="5", BATON_TEST_DISAGREE_AFTER_STEP="1:6")
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
+    recs = records(p.stdout)
+    assert p.returncode == 75, p.stderr[-3000:]
+    assert {r["reason"] for r in recs if r["event"] == "retry_later"} == {"peer_lost"}
+    assert "preempted (peer) at step 6" in p.stderr  # rank 1 went to save alone
+    assert p.stderr.count("error: a peer rank is gone") == 2  # both ranks timed out, neither waited on
+    assert not any(r["event"] in ("preempt", "done") for r in recs)
+    assert committed(root) == [4]
     rc, recs, err = run_entry(cmd)
     assert rc == 0, err[-3000:]
     assert [r["from_step"] for r in recs if r["event"] == "resume"] == [4]
