@@ -13,9 +13,14 @@ itself is deleted between its request and its record. It is written on every exi
 compare can report what happened.
 
 Eviction points: the first 80% of the run is cut into N equal bands; by default each point is the end
-of its band (evenly spaced), with --jitter it is drawn uniformly inside its band under the seed. No
-point lies past 80% of the run, every point is a distinct step, and the trial must make progress in
-a new attempt after each eviction before the next one, so each eviction has work behind it.
+of its band (evenly spaced), with --jitter true it is drawn uniformly inside its band under the seed.
+--jitter edges draws the same way, then puts the first point at step 1 and the second at a checkpoint
+step (a multiple of --every-steps inside its band, drawn under the seed), the edges a soak must reach.
+No point lies past 80% of the run, every point is a distinct step, and the trial must make progress in
+a new attempt after each eviction before the next one, so each eviction has work behind it. A point on
+a checkpoint step is evicted as soon as its step record is seen (polled every 10 ms): the periodic save
+follows that record, so the signal can land inside the save (the trial's `preempt` record says where it
+landed: `during`).
 """
 
 from __future__ import annotations
@@ -35,8 +40,16 @@ from steps.local_pods import HOW, LocalPods
 MAX_FRACTION = 0.8
 
 
-def eviction_points(total_steps: int, evictions: int, seed: int = 0, jitter: bool = False) -> list[int]:
-    """The steps after which the trial is evicted: sorted, distinct, in [1, 0.8*total_steps]."""
+JITTER_MODES = ("false", "true", "edges")
+
+
+def eviction_points(total_steps: int, evictions: int, seed: int = 0, jitter: bool | str = False,
+                    every_steps: int = 0) -> list[int]:
+    """The steps after which the trial is evicted: sorted, distinct, in [1, 0.8*total_steps]. `jitter`:
+    False/"false", True/"true" or "edges" (the module docstring)."""
+    mode = str(jitter).lower()
+    if mode not in JITTER_MODES:
+        raise ValueError(f"jitter must be one of {', '.join(JITTER_MODES)}, got {jitter!r}")
     if total_steps < 2:
         raise ValueError(f"total_steps must be >= 2, got {total_steps}")
     if evictions < 0:
@@ -49,7 +62,14 @@ def eviction_points(total_steps: int, evictions: int, seed: int = 0, jitter: boo
     rng = random.Random(seed)
     points = []
     for lo, hi in zip(edges, edges[1:], strict=False):
-        points.append(rng.randint(lo + 1, hi) if jitter else hi)
+        points.append(rng.randint(lo + 1, hi) if mode != "false" else hi)
+    if mode == "edges" and points:
+        points[0] = 1
+        if len(points) > 1 and every_steps > 0:
+            lo, hi = edges[1] + 1, edges[2]
+            on_checkpoint = [k for k in range(lo, hi + 1) if k % every_steps == 0]
+            if on_checkpoint:
+                points[1] = rng.choice(on_checkpoint)
     return points
 
 
@@ -134,7 +154,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--total-steps", type=int, required=True)
     ap.add_argument("--evictions", type=int, required=True)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--jitter", default="false", help="true: jitter points inside their bands")
+    ap.add_argument("--jitter", default="false", choices=JITTER_MODES,
+                    help="true: jitter points inside their bands; edges: that, with step 1 and a checkpoint step")
+    ap.add_argument("--every-steps", type=int, default=0,
+                    help="the trial's periodic checkpoint interval (checkpoint steps: --jitter edges, fast polling)")
     ap.add_argument("--workflow", default="", help="the workflow's name (to find its pods)")
     ap.add_argument("--task", default="trial")
     ap.add_argument("--out", help="where to write the evictions as JSON")
@@ -149,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
                          "on a cluster, 10 s locally, where a retry's pod appears at once")
     args = ap.parse_args(argv)
     try:
-        points = eviction_points(args.total_steps, args.evictions, args.seed, args.jitter.lower() == "true")
+        points = eviction_points(args.total_steps, args.evictions, args.seed, args.jitter, args.every_steps)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
@@ -210,6 +233,8 @@ def _evict_all(args: argparse.Namespace, pods, points: list[int], done_evictions
     last_attempt = done_evictions[-1]["attempt"] if done_evictions else -1
     seen_alive = time.monotonic()
     for point in points[len(done_evictions):]:
+        # On a checkpoint step, evict as soon as the record is there: inside the save that follows it.
+        poll = min(args.poll, 0.01) if args.every_steps and point % args.every_steps == 0 else args.poll
         while True:
             now = time.monotonic()
             if now > deadline:
@@ -254,7 +279,7 @@ def _evict_all(args: argparse.Namespace, pods, points: list[int], done_evictions
                     if args.out:
                         write_json(args.out, result)
                     break
-            time.sleep(args.poll)
+            time.sleep(poll)
         if done:
             print(f"[evict] the trial finished before point {point}", file=sys.stderr)
             break

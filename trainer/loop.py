@@ -317,6 +317,13 @@ class Trainer:
         return groups
 
     def save(self, b: Boundary, reason: str) -> float:
+        before, self.preempt.phase = self.preempt.phase, "save"
+        try:
+            return self._save(b, reason)
+        finally:
+            self.preempt.phase = before
+
+    def _save(self, b: Boundary, reason: str) -> float:
         self.preempt.invalidate()  # a save takes a while: the next stop check asks the ranks again
         ck = self.cfg.checkpoint
         pending = self.store.pending
@@ -379,7 +386,7 @@ class Trainer:
         self.emit("preempt", b.step, signal=signal_name, save_ms=round(save_ms, 1),
                   grace_left_s=round(self.preempt.grace_left(), 2), grace_s=self.preempt.grace, exit=EXIT_PREEMPTED,
                   checkpoint=self.last_checkpoint, already_committed=outcome == "already_committed",
-                  outcome=outcome, warning=self.warned)
+                  outcome=outcome, warning=self.warned, during=self.preempt.during)
         # No rank leaves before rank 0 has written the record: a launcher that sees one rank exit
         # signals the others, and the record is what says the stop was clean.
         dist.barrier()
@@ -568,7 +575,9 @@ def train(cfg: Config, preempt: Preemption) -> int:
     trainer = Trainer(cfg, preempt)
     try:
         trainer.build()
+        preempt.phase = "restore"
         trainer.resume()
+        preempt.phase = "step"
         try:
             return trainer.run()
         except StorageError as e:

@@ -39,6 +39,10 @@ class Preemption:
         self.device = torch.device("cpu")
         self._installed = False
         self._decided: bool | None = None
+        # What this process was doing (set by the trainer: start, restore, step, save), and what it was
+        # doing when the signal came: the `preempt` record's `during`.
+        self.phase = "start"
+        self.during: str | None = None
 
     def install(self) -> None:
         if os.environ.get("BATON_DISABLE_SIGTERM_HANDLER") == "1":
@@ -50,6 +54,7 @@ class Preemption:
         if self.signal_name is None:
             self.signal_name = signal.Signals(signum).name
             self.received_at = time.monotonic()
+            self.during = self.phase
 
     @property
     def local(self) -> bool:

@@ -134,7 +134,8 @@ def _define_dag() -> None:
     evict = Container(name="evict", image=p("image"), command=["python"],
                       args=["-m", "steps.evict", "--evidence", f"{EVIDENCE}/trial",
                             "--total-steps", p("total_steps"), "--evictions", p("evictions"),
-                            "--seed", p("seed"), "--jitter", p("jitter"), "--workflow", "{{workflow.name}}",
+                            "--seed", p("seed"), "--jitter", p("jitter"), "--every-steps", p("every_steps"),
+                            "--workflow", "{{workflow.name}}",
                             "--how", p("eviction"), "--out", f"{ROOT}/evictions.json"],
                       retry_strategy=helper_retry)
     verify = Container(name="verify", image=p("image"), command=["python"],

@@ -17,7 +17,8 @@ PARAMETERS: dict[str, tuple[str, str]] = {
     "evictions": ("3", "evictions of the trial"),
     "retry_limit": ("8", "retries of each training step; must exceed evictions (the CLI sets evictions + 5)"),
     "seed": ("0", "training seed, and the seed of the eviction jitter"),
-    "jitter": ("false", "true: eviction points jittered inside their bands"),
+    "jitter": ("false", "true: eviction points jittered inside their bands; edges: that, with the first at step 1 "
+                        "and the second at a checkpoint step (a soak's edges)"),
     "dropout": ("0.1", "attention dropout, so that a lost RNG state cannot hide"),
     "every_steps": ("10", "periodic checkpoint interval, in steps"),
     "grace": ("30", "seconds between SIGTERM and SIGKILL: pod grace, BATON_GRACE, torchrun --shutdown-timeout"),
@@ -82,8 +83,10 @@ def resolve_params(overrides: dict[str, str], cluster: bool = False) -> dict[str
         raise SystemExit(f"error: parameter queue: {values['queue']!r} is not a valid Kubernetes label value "
                          "(at most 63 characters: letters, digits, '-', '_' and '.', beginning and ending with a "
                          "letter or digit); it becomes the pods' kueue.x-k8s.io/queue-name label")
-    from steps.evict import eviction_points
+    from steps.evict import JITTER_MODES, eviction_points
 
+    if values["jitter"] not in JITTER_MODES:
+        raise SystemExit(f"error: parameter jitter must be one of {', '.join(JITTER_MODES)}, got {values['jitter']!r}")
     try:
         eviction_points(int(values["total_steps"]), int(values["evictions"]))
     except ValueError as e:

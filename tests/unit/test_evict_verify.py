@@ -33,6 +33,21 @@ def test_jitter_actually_moves_points():
     assert len(draws) > 5
 
 
+@pytest.mark.parametrize("seed", range(10))
+def test_edges_put_step_1_and_a_checkpoint_step_in_the_plan(seed):
+    total, n, every = 200, 20, 10
+    pts = eviction_points(total, n, seed=seed, jitter="edges", every_steps=every)
+    jittered = eviction_points(total, n, seed=seed, jitter=True)
+    assert pts[0] == 1 and pts[1] % every == 0 and pts[2:] == jittered[2:]
+    for p, (lo, hi) in zip(pts, bands(total, n), strict=True):
+        assert lo <= p <= hi
+    assert len(set(pts)) == n and pts == sorted(pts)
+    # Without a checkpoint step inside the second band, that point stays where the jitter drew it.
+    assert eviction_points(200, 20, seed=seed, jitter="edges", every_steps=50)[1] == jittered[1]
+    with pytest.raises(ValueError, match="jitter must be one of"):
+        eviction_points(total, n, jitter="sometimes")
+
+
 @pytest.mark.parametrize("total, n, msg", [(40, 33, "do not fit"), (1, 0, "total_steps"), (40, -1, ">= 0")])
 def test_impossible_plans_are_refused(total, n, msg):
     with pytest.raises(ValueError, match=msg):
