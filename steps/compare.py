@@ -4,8 +4,9 @@
                             --evictions URI --total-steps T --out DIR [--report-uri URI]
 
 Tier 1 (CPU, gloo): every model and optimizer tensor of the trial equals the reference's (torch.equal).
-Tier 2 (CUDA): the floor is the largest difference between the reference and its replay (the run's own
-nondeterminism), and the trial may differ from the reference by no more than that floor.
+Tier 2 (CUDA, or `deterministic: false`): the floor is the L2 distance between the reference and its
+replay (the run's own nondeterminism), and the trial's L2 distance to the reference may be at most
+1.5x that floor (steps/judge.py). HF `checkpoint-N/` roots are judged the same way, over every entry.
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ def compare(reference: str, replay: str, trial: str, total_steps: int | None = N
     from steps.hf_checkpoint import compare_hf, is_hf_root
 
     if is_hf_root(reference):
-        return compare_hf(reference, replay, trial, total_steps)
+        return compare_hf(reference, replay, trial, total_steps, tier)
     try:
         ref_url, ref_m = final_checkpoint(reference)
         rep_url, rep_m = final_checkpoint(replay)

@@ -197,9 +197,16 @@ def compare_flat(a: dict[str, Any], b: dict[str, Any]) -> tuple[float, list[str]
     return worst, differing
 
 
-def compare_hf(reference: str, replay: str, trial: str, total_steps: int | None = None) -> dict[str, Any]:
-    """`compare`'s result for three roots of HF checkpoints: every entry of the trial's final
-    checkpoint against the reference's (torch.equal; == for strings), the floor from the replay."""
+def compare_hf(reference: str, replay: str, trial: str, total_steps: int | None = None,
+               tier: str = "auto") -> dict[str, Any]:
+    """`compare`'s result for three roots of HF checkpoints, judged as DCP checkpoints are
+    (steps/judge.py): Tier 1, every entry of the trial's final checkpoint equal to the reference's
+    (torch.equal); Tier 2, the L2 distance over every tensor entry within `FLOOR_SLACK` times the
+    reference-replay floor. Entries that are not tensors (strings, None) must be equal, or under Tier 2
+    differ between the reference and its replay too. An entry on one side only always fails.
+    `tier`: 1, 2 or auto (1 for a trial on a CPU)."""
+    from steps.judge import judge
+
     base: dict[str, Any] = {"format": "hf-checkpoint", "tier": 1, "tensors": 0, "max_abs_diff": float("inf"),
                             "floor": 0.0, "differing": [], "equivalent": False}
     finals = {}
@@ -218,13 +225,30 @@ def compare_hf(reference: str, replay: str, trial: str, total_steps: int | None 
         except BadCheckpoint as e:
             return {**base, "problem": f"{role}: {e}"}
     (ref, parts), (rep, _), (tri, _) = loaded["reference"], loaded["replay"], loaded["trial"]
-    floor, floor_keys = compare_flat(ref, rep)
-    diff, differing = compare_flat(ref, tri)
-    tier = 1 if finals["trial"][1].get("device", "cpu") == "cpu" else 2
+    if tier == "auto":
+        level = 1 if finals["trial"][1].get("device", "cpu") == "cpu" else 2
+    elif tier in ("1", "2"):
+        level = int(tier)
+    else:
+        raise ValueError(f"--tier must be 1, 2 or auto, got {tier!r}")
+
+    def comparable(k: str) -> bool:
+        return all(isinstance(d.get(k), torch.Tensor) and d[k].shape == ref[k].shape and d[k].dtype == ref[k].dtype
+                   for d in (rep, tri))
+
+    tensor_keys = sorted(k for k in ref if isinstance(ref[k], torch.Tensor) and comparable(k))
+    rest = sorted((ref.keys() | tri.keys()) - set(tensor_keys))
+    _, rest_differing = compare_flat({k: ref[k] for k in rest if k in ref}, {k: tri[k] for k in rest if k in tri})
+    _, rest_floor = compare_flat({k: ref[k] for k in rest if k in ref}, {k: rep[k] for k in rest if k in rep})
+    structural = [k for k in rest_differing if k not in ref or k not in tri or isinstance(ref[k], torch.Tensor)]
+    rest_ok = not rest_differing if level == 1 else (not structural and set(rest_differing) <= set(rest_floor))
+    verdict = judge(ref, rep, tri, tensor_keys, level)
+    differing = rest_differing + verdict["differing"]
     return {
-        **base, "tier": tier, "tensors": len(ref), "equal_tensors": len(ref) - len([k for k in differing if k in ref]),
-        "max_abs_diff": diff, "floor": floor, "floor_differing": len(floor_keys), "differing": differing[:20],
-        "equivalent": (not differing) if tier == 1 else (diff <= floor and set(differing) <= set(floor_keys)),
+        **base, **verdict, "tensors": len(ref), "equal_tensors": len(ref) - len(ref.keys() & set(differing)),
+        "differing": differing[:20],
+        "max_abs_diff": float("inf") if structural else verdict["max_abs_diff"],
+        "equivalent": verdict["equivalent"] and rest_ok,
         "parts": parts, "steps_compared": {"reference": steps["reference"], "trial": steps["trial"]},
         "checkpoints": {role: url for role, (url, _) in finals.items()},
     }

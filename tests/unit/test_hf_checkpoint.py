@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -113,3 +114,48 @@ def test_compare_hf_finds_the_newest_committed_by_number_and_reports_without_cra
         p.unlink()
     r = compare(*roots, total_steps=10)
     assert r["equivalent"] is False and r["problem"].startswith("trial: no committed checkpoint-N")
+
+
+def test_compare_hf_tier_2_judges_by_the_l2_floor_and_still_catches_a_skipped_rng_restore(tmp_path):
+    """Tier 2 on HF roots is steps/judge.py's rule: reference, replay and a correct trial differ by
+    independent draws of the same small noise (a reduction order), and pass; the same trial with another
+    RNG state (a resume that skipped it) fails by orders of magnitude; so does an entry only the trial
+    has."""
+    from steps.compare import compare
+
+    def noisy(role: str, seed: int) -> None:
+        folder = hf_checkpoint(tmp_path / role, 10)
+        g = torch.Generator().manual_seed(seed)
+        model = {"lm_head.weight": torch.randn(8, 4, generator=torch.Generator().manual_seed(0)),
+                 "model.norm.weight": torch.ones(4)}
+        model = {k: v * (1 + 1e-3 * torch.randn(v.shape, generator=g)) for k, v in model.items()}
+        save_file(model, str(folder / "model.safetensors"))
+        commit(folder, 10)
+
+    for role, seed in (("ref", 1), ("rep", 2), ("tri", 3)):
+        noisy(role, seed)
+    roots = [f"file://{tmp_path}/{r}" for r in ("ref", "rep", "tri")]
+    assert compare(*roots, total_steps=10)["equivalent"] is False  # auto on a CPU: Tier 1, and the noise is real
+    r = compare(*roots, total_steps=10, tier="2")
+    assert r["tier"] == 2 and r["equivalent"] is True and 0 < r["diff_over_floor"] < 1.5, r
+    # The planted bug: the trial resumed without its RNG state.
+    folder = tmp_path / "tri" / "checkpoint-10"
+    torch.save({"python": random.Random(1).getstate(), "numpy": np.random.RandomState(0).get_state(),
+                "cpu": torch.Generator().manual_seed(0).get_state()}, folder / "rng_state.pth")
+    commit(folder, 10)
+    bad = compare(*roots, total_steps=10, tier="2")
+    assert bad["equivalent"] is False and bad["diff_over_floor"] > 1e6
+    assert "rng.rng_state.pth.python.1" in bad["differing"]
+    # An entry only the trial has (here a string) fails Tier 2 too, whatever the tensors' distance.
+    for role in ("rep", "tri"):
+        shutil.rmtree(tmp_path / role)
+    noisy("rep", 2)
+    noisy("tri", 3)
+    folder = tmp_path / "tri" / "checkpoint-10"
+    state = json.loads((folder / "trainer_state.json").read_text())
+    state["stateful_callbacks"] = "changed"
+    (folder / "trainer_state.json").write_text(json.dumps(state))
+    commit(folder, 10)
+    r = compare(*roots, total_steps=10, tier="2")
+    assert r["equivalent"] is False and r["diff_over_floor"] < 1.5  # the tensors pass, the string fails it
+    assert r["differing"][0] == "trainer_state.stateful_callbacks"
