@@ -1,6 +1,6 @@
-"""PID 1 of a training container: launches torchrun, forwards SIGTERM, reports 0 / 75 / 1.
+"""PID 1 of a training container: launches the ranks, forwards SIGTERM, reports 0 / 75 / 1.
 
-    python -m steps.train --nproc N --config FILE [--set KEY=VALUE ...] [--evidence URI]
+    python -m steps.train --nproc N --config FILE [--set KEY=VALUE ...] [--evidence URI] [--launcher L]
     python -m steps.train --nproc N --trainer hf --config FILE [--set ...]         the HF Trainer example
     python -m steps.train --nproc N --trainer "my_train.py --lr 3e-4" [--config FILE] [--set ...]
 
@@ -17,6 +17,13 @@ that a retry would replay and a commit is all or nothing; a SIGTERM after the `d
 after the final commit) is 0, whatever torchrun returns after it.
 `--evidence URI` (or BATON_EVIDENCE_URI) also copies every record line to
 `URI/<name>.jsonl` as it happens, so the evidence outlives the pod.
+
+`--launcher`: `torchrun`, or `direct` (one rank only: the program is this process's child, with the
+environment torchrun would give rank 0 of 1: RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE,
+MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RUN_ID). `auto` (default): direct for one rank, else torchrun.
+torchrun's own start costs about 1.4 s of every restart before the program runs (docs/results.md); with
+one rank it adds nothing the contract needs: this wrapper already forwards SIGTERM, and SIGKILLs the
+child `--shutdown-timeout` seconds after it, as torchrun does.
 """
 
 from __future__ import annotations
@@ -119,6 +126,35 @@ def program(trainer: str) -> list[str]:
 HF_EXAMPLE = "examples/hf_trainer/train.py"
 
 
+def torchrun(nproc: int, shutdown: list[str]) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+            "--max-restarts=0", *shutdown]
+
+
+def rank0_of_1_env() -> dict[str, str]:
+    """What torchrun --standalone gives rank 0 of 1 (a free loopback port for the rendezvous)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1", "GROUP_RANK": "0",
+            "ROLE_RANK": "0", "ROLE_WORLD_SIZE": "1", "GROUP_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port), "TORCHELASTIC_RUN_ID": uuid.uuid4().hex}
+
+
+def kill_after(child: subprocess.Popen, seconds: float) -> None:
+    """SIGKILL `child` if it still runs `seconds` from now: torchrun's --shutdown-timeout, for a direct launch."""
+    def kill() -> None:
+        if child.poll() is None:
+            print(f"[steps.train] the rank outlived its {seconds:g} s of grace: SIGKILL", file=sys.stderr)
+            child.kill()
+
+    t = threading.Timer(seconds, kill)
+    t.daemon = True
+    t.start()
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m steps.train", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -133,44 +169,57 @@ def main(argv: list[str] | None = None) -> int:
                     help="torchrun's --shutdown-timeout and the workers' BATON_GRACE (default: BATON_GRACE or 30)")
     ap.add_argument("--name", default=os.environ.get("BATON_POD_NAME") or f"attempt-{uuid.uuid4().hex[:8]}",
                     help="name of this attempt's evidence file")
+    ap.add_argument("--launcher", default="auto", choices=("auto", "torchrun", "direct"),
+                    help="auto (default): direct for one rank, torchrun for more")
     args = ap.parse_args(argv)
     if args.nproc < 1:
         ap.error("--nproc must be >= 1")
+    direct = args.launcher == "direct" or (args.launcher == "auto" and args.nproc == 1)
+    if direct and args.nproc != 1:
+        ap.error("--launcher direct runs one rank: use torchrun for --nproc > 1")
 
     signalled = threading.Event()
     child: subprocess.Popen | None = None
+    g = args.shutdown_timeout if args.shutdown_timeout is not None else grace()
 
     def forward(signum: int, _frame) -> None:
+        first = not signalled.is_set()
         signalled.set()
         if child is not None and child.poll() is None:
             child.send_signal(signum)
+            if direct and first:
+                kill_after(child, g)
 
     signal.signal(signal.SIGTERM, forward)
-    g = args.shutdown_timeout if args.shutdown_timeout is not None else grace()
-    if torchrun_has_shutdown_timeout():
-        shutdown = [f"--shutdown-timeout={max(1, int(g))}"]
+    launch_env: dict[str, str] = {}
+    if direct:
+        launcher = [sys.executable]
+        launch_env = rank0_of_1_env()
+    elif torchrun_has_shutdown_timeout():
+        launcher = torchrun(args.nproc, [f"--shutdown-timeout={max(1, int(g))}"])
     else:  # an older torchrun SIGKILLs its workers 30 s after its SIGTERM: they must budget for that
-        shutdown = []
+        launcher = torchrun(args.nproc, [])
         if g > TORCHRUN_FIXED_SHUTDOWN_S:
             print(f"[steps.train] this torch's torchrun has no --shutdown-timeout and kills workers "
                   f"{TORCHRUN_FIXED_SHUTDOWN_S} s after a SIGTERM: the workers' grace is {TORCHRUN_FIXED_SHUTDOWN_S} s, "
                   f"not {g:g} s", file=sys.stderr)
             g = TORCHRUN_FIXED_SHUTDOWN_S
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.nproc}",
-           "--max-restarts=0", *shutdown, *program(args.trainer)]
+    cmd = [*launcher, *program(args.trainer)]
     if args.config:
         cmd += ["--config", args.config]
     for o in args.overrides:
         cmd += ["--set", o]
     evidence = Evidence(args.evidence, args.name)
     # One grace for the whole pod: the workers budget against what torchrun allows them.
-    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"), BATON_GRACE=str(g))
+    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"), BATON_GRACE=str(g), **launch_env)
     # glibc's mmap threshold fixed at 1 MiB unless set: freed staging and load buffers go back to the OS
     # instead of staying on the heap (an async save's peak: 1.29 -> 1.06 checkpoints, docs/results.md).
     env.setdefault("MALLOC_MMAP_THRESHOLD_", str(MMAP_THRESHOLD))
     child = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, bufsize=1, env=env)
-    if signalled.is_set():  # the SIGTERM came while torchrun was starting: pass it on now
+    if signalled.is_set():  # the SIGTERM came while the launcher was starting: pass it on now
         child.send_signal(signal.SIGTERM)
+        if direct:
+            kill_after(child, g)
     preempted = done = stepped = False
     assert child.stdout is not None
     for line in child.stdout:
@@ -195,13 +244,13 @@ def main(argv: list[str] | None = None) -> int:
         evidence.flush()
     except Exception as e:  # noqa: BLE001
         print(f"[steps.train] could not write the evidence: {e}", file=sys.stderr)
-    if done and (rc == 0 or signalled.is_set()):  # a SIGTERM after the final commit: torchrun's rc is its own
+    if done and (rc == 0 or signalled.is_set()):  # a SIGTERM after the final commit: the launcher's rc is its own
         code = EXIT_OK
     elif preempted or (signalled.is_set() and not stepped):
         code = EXIT_PREEMPTED
     else:
         code = EXIT_FAIL
-    print(f"[steps.train] torchrun exited {rc}; preempt record: {preempted}, done record: {done}, "
+    print(f"[steps.train] {'the rank' if direct else 'torchrun'} exited {rc}; preempt record: {preempted}, done record: {done}, "
           f"signalled: {signalled.is_set()}, step records: {stepped} -> exit {code}", file=sys.stderr)
     return code
 

@@ -1,0 +1,54 @@
+"""steps.train's launchers: one rank runs as the wrapper's own child (`--launcher direct`, the default for
+one rank), with the environment torchrun gives rank 0 of 1; SIGTERM is forwarded to it, and a rank that
+outlives `--shutdown-timeout` is SIGKILLed, as torchrun does. Real processes, real signals."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+
+import pytest
+
+from tests.helpers import PY, REPO, base_env
+
+# A rank that says who it is, then ignores SIGTERM (only SIGKILL ends it).
+RANK = ("import json, os, signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+        "print(json.dumps({'event': 'hello', 'pid': os.getpid(), 'ppid': os.getppid(), 'env': {k: os.environ.get(k) for k in "
+        "('RANK', 'LOCAL_RANK', 'WORLD_SIZE', 'LOCAL_WORLD_SIZE', 'MASTER_ADDR', 'MASTER_PORT', "
+        "'TORCHELASTIC_RUN_ID')}}), flush=True); time.sleep(120)")
+
+
+@pytest.mark.parametrize("launcher", ["auto", "torchrun"])
+def test_one_rank_runs_directly_with_torchruns_environment_and_is_killed_after_the_grace(launcher, tmp_path):
+    script = tmp_path / "rank.py"
+    script.write_text(RANK)
+    cmd = [PY, "-m", "steps.train", "--nproc", "1", "--launcher", launcher, "--shutdown-timeout", "2",
+           "--trainer", str(script)]
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=base_env(), cwd=REPO)
+    assert p.stdout is not None
+    line = p.stdout.readline()
+    while line and not line.startswith("{"):
+        line = p.stdout.readline()
+    assert line, p.communicate(timeout=60)[1][-2000:]
+    hello = json.loads(line)
+    p.send_signal(signal.SIGTERM)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 75, err[-2000:]  # signalled before any step: nothing a retry would replay
+    env = hello["env"]
+    assert (env["RANK"], env["LOCAL_RANK"], env["WORLD_SIZE"], env["LOCAL_WORLD_SIZE"]) == ("0", "0", "1", "1")
+    assert env["MASTER_ADDR"] and int(env["MASTER_PORT"]) > 0 and env["TORCHELASTIC_RUN_ID"]
+    if launcher == "auto":
+        assert hello["ppid"] == p.pid  # no torchrun in between
+        assert "the rank outlived its 2 s of grace: SIGKILL" in err and "the rank exited -9" in err
+    else:  # the control: torchrun sits between the wrapper and the rank, and kills it itself
+        assert hello["ppid"] != p.pid and "torchrun exited" in err
+    with pytest.raises(ProcessLookupError):  # the rank is gone (it ignored SIGTERM: SIGKILL took it)
+        os.kill(hello["pid"], 0)
+
+
+def test_direct_refuses_several_ranks():
+    p = subprocess.run([PY, "-m", "steps.train", "--nproc", "2", "--launcher", "direct", "--trainer", "-c pass"],
+                       capture_output=True, text=True, env=base_env(), cwd=REPO, timeout=60)
+    assert p.returncode == 2 and "--launcher direct runs one rank" in p.stderr
