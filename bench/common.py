@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -104,9 +105,28 @@ def timed_until(
                 break
     finally:
         if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
+            kill_tree(p.pid)
         rc = p.wait()
     return hit, recs, rc
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL `pid`'s process group and every descendant: torchrun starts each worker in a session of
+    its own, which a process-group kill does not reach."""
+    found, todo = [], [pid]
+    while todo:
+        q = todo.pop()
+        try:
+            kids = [int(k) for k in Path(f"/proc/{q}/task/{q}/children").read_text().split()]
+        except OSError:
+            kids = []
+        found += kids
+        todo += kids
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGKILL)
+    for k in found:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(k, signal.SIGKILL)
 
 
 def run_records(

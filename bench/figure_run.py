@@ -70,6 +70,14 @@ def resume_figure(r: dict[str, Any]) -> Figure:
                 "`EpochSampler`, which slices the epoch's permutation tensor once per batch (microseconds "
                 "each); HF walks a list of indices. Both are small next to the restart itself."
             )
+    direct, torchrun = r.get(f"baton-direct@{k0}_s"), r.get(f"baton-torchrun@{k0}_s")
+    if direct is not None and torchrun is not None:
+        f.rows.append((f"resume: spawn to first step at K={k0} through `steps.train --nproc 1`, `--launcher direct` "
+                       "(the default for one rank) vs `torchrun`", fmt_s(direct), fmt_s(torchrun),
+                       fmt_x(direct / torchrun)))
+        f.text += (f" Through the pod's PID 1 (`steps.train`), torchrun's own start and teardown cost "
+                   f"{torchrun - direct:.2f} s of a one-rank restart at K={k0} ({direct:.2f} s direct vs "
+                   f"{torchrun:.2f} s with torchrun): one rank now runs as the wrapper's own child.")
     ph = r.get(f"baton@{k0}_phases")
     if ph:
         order = ["startup_s", "init_s", "build_s", "listing_s", "manifest_s", "load_verify_s", "restore_s"]

@@ -9,6 +9,8 @@ steps, the same way for both K (so the only difference between the restarts is t
 - HF: one real step and a checkpoint (`checkpoint-1`), copied to `checkpoint-K` with `global_step`
   set to K in trainer_state.json; `resume_from_checkpoint` then skips K batches of the epoch.
 Each restart is a fresh process, killed after its first step; sides and K interleaved, `reps` each.
+The launch: baton's restart at the small K once more through the pod's PID 1, `steps.train --nproc 1`,
+with `--launcher direct` (the default for one rank) and `--launcher torchrun`: torchrun's own cost.
 
     python -m bench.resume --result FILE [--reps 3] [--quick]
 """
@@ -110,17 +112,22 @@ def main() -> None:
     log("checkpoints at each K are in place")
 
     def cmd(side: str, k: int) -> list[str]:
-        if side == "baton":
-            c = [PY, "-m", "trainer", "--config", str(CONFIG)]
+        if side.startswith("baton"):
+            launch = ["-m", "trainer"]
+            if side != "baton":  # baton-direct, baton-torchrun: through steps.train
+                launch = ["-m", "steps.train", "--nproc", "1", "--launcher", side.removeprefix("baton-")]
+            c = [PY, *launch, "--config", str(CONFIG)]
             for s in baton_sets(model, corpus, root / f"baton-{k}", total):
                 c += ["--set", s]
             return c
         return hf_cmd(model, corpus, root / "hf", total, "--resume", str(root / "hf" / f"checkpoint-{k}"))
 
     names = [f"{side}@{k}" for side in ("baton", "hf") for k in ks]
+    names += [f"baton-{launcher}@{ks[0]}" for launcher in ("direct", "torchrun")]
     runs: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
     for rep, name in interleaved(args.reps, names):
         side, k = name.split("@")
+        # Over the same checkpoint again: the restart that reaches its first step is killed before it saves.
         secs, recs, _ = timed_until(cmd(side, int(k)), lambda r: r.get("event") == "step")
         first = next((r["step"] for r in recs if r.get("event") == "step"), None)
         if first != int(k) + 1:

@@ -19,16 +19,9 @@ import time
 import torch
 import torch.distributed as dist
 
-DEFAULT_GRACE_S = 30.0
+from trainer.grace import DEFAULT_GRACE_S, grace_seconds
 
-
-def grace_seconds() -> float:
-    """`BATON_GRACE`: the seconds this process budgets against between SIGTERM and SIGKILL."""
-    raw = os.environ.get("BATON_GRACE", "")
-    try:
-        return float(raw) if raw else DEFAULT_GRACE_S
-    except ValueError:
-        raise ValueError(f"BATON_GRACE must be a number of seconds, got {raw!r}") from None
+__all__ = ["DEFAULT_GRACE_S", "Preemption", "grace_seconds"]
 
 
 class Preemption:
