@@ -93,7 +93,7 @@ class FakePods:
 
 
 def _args(tmp_path, out):
-    return type("A", (), dict(evidence=str(tmp_path / "ev"), timeout=30.0, poll=0.01, how="evict", task="trial",
+    return type("A", (), dict(evidence=str(tmp_path / "ev"), timeout=30.0, poll=0.01, every_steps=0, how="evict", task="trial",
                               out=out))()
 
 
