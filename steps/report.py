@@ -59,9 +59,10 @@ def markdown(report: dict[str, Any]) -> str:
              + (f"; compared: {', '.join(f'{k} {n}' for k, n in sorted(report['parts'].items()))}"
                 if report.get("parts") else ""),
              *([f"- verdict: {report['verdict']}"] if report.get("verdict") else []), "",
-             "| step | save ms | grace left s | exit | outcome |", "|---:|---:|---:|---:|---|"]
+             "| step | save ms | grace left s | exit | outcome | signal during |", "|---:|---:|---:|---:|---|---|"]
     for p in report["preempt"]:
-        lines.append(f"| {p['step']} | {p['save_ms']} | {p['grace_left_s']} | {p['exit']} | {p['outcome']} |")
+        lines.append(f"| {p['step']} | {p['save_ms']} | {p['grace_left_s']} | {p['exit']} | {p['outcome']} | "
+                     f"{p.get('during') or '-'} |")
     if report.get("problem"):
         lines.append(f"\n- problem: {report['problem']}")
     for problem in report.get("verify_problems", []):

@@ -72,7 +72,8 @@ def verify(records: list[dict[str, Any]], total_steps: int, evictions: int | Non
         "total": len(steps), "distinct": len(counts), "replayed": replayed, "missing": missing[:50],
         "resumed_from": resumed_from, "preemptions": len(preempts),
         "preempt": [{"step": p["step"], "save_ms": p.get("save_ms"), "grace_left_s": p.get("grace_left_s"),
-                     "exit": p.get("exit"), "outcome": p.get("outcome"), "attempt": p["attempt"]}
+                     "exit": p.get("exit"), "outcome": p.get("outcome"), "attempt": p["attempt"],
+                     "during": p.get("during")}
                     for p in preempts],
         "attempts": len({r["attempt"] for r in records if "attempt" in r}),
         "trial_outcome": outcome,

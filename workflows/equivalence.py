@@ -324,7 +324,7 @@ def drill_summary(report: dict[str, Any]) -> str:
              f"preemptions {s['preemptions']}"]
     for pr in report.get("preempt", []):
         lines.append(f"  step {pr['step']}: save {pr['save_ms']} ms, grace left {pr['grace_left_s']} s, "
-                     f"exit {pr['exit']}")
+                     f"exit {pr['exit']}" + (f", signal during {pr['during']}" if pr.get("during") else ""))
     chaos = report.get("chaos")
     if chaos:
         lines.append(f"chaos: {chaos['deleted']} of {chaos['planned']} pod deletions (seed {chaos['seed']})")
