@@ -17,10 +17,10 @@ of its band (evenly spaced), with --jitter true it is drawn uniformly inside its
 --jitter edges draws the same way, then puts the first point at step 1 and the second at a checkpoint
 step (a multiple of --every-steps inside its band, drawn under the seed), the edges a soak must reach.
 No point lies past 80% of the run, every point is a distinct step, and the trial must make progress in
-a new attempt after each eviction before the next one, so each eviction has work behind it. A point on
-a checkpoint step is evicted as soon as its step record is seen (polled every 10 ms): the periodic save
-follows that record, so the signal can land inside the save (the trial's `preempt` record says where it
-landed: `during`).
+a new attempt after each eviction before the next one, so each eviction has work behind it. Step 1 and
+a point on a checkpoint step are evicted as soon as the step record is seen (polled every 10 ms): the
+periodic save follows that record, so the signal can land inside the save (the trial's `preempt` record
+says where it landed: `during`).
 """
 
 from __future__ import annotations
@@ -233,8 +233,10 @@ def _evict_all(args: argparse.Namespace, pods, points: list[int], done_evictions
     last_attempt = done_evictions[-1]["attempt"] if done_evictions else -1
     seen_alive = time.monotonic()
     for point in points[len(done_evictions):]:
-        # On a checkpoint step, evict as soon as the record is there: inside the save that follows it.
-        poll = min(args.poll, 0.01) if args.every_steps and point % args.every_steps == 0 else args.poll
+        # At an edge (step 1, a checkpoint step) evict as soon as the record is there: before step 2, or
+        # inside the save that follows a checkpoint step's record.
+        edge = point == 1 or (args.every_steps and point % args.every_steps == 0)
+        poll = min(args.poll, 0.01) if edge else args.poll
         while True:
             now = time.monotonic()
             if now > deadline:

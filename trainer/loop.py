@@ -231,6 +231,9 @@ class Trainer:
             log(f"checkpoint step {step} refused: {why}; falling back")
             self.emit("checkpoint_refused", step, path=self.store.url(self.store.step_path(step)), reason=why)
 
+        if self.committed:  # what it is about to load: lets a watcher (the drill's chaos) act mid-restore
+            self.emit("restore", self.committed[0], committed=len(self.committed),
+                      path=self.store.url(self.store.step_path(self.committed[0])))
         load_times = LoadTimes(listing=self.times.pop("listing_s"))
         # Every rank raises the same StorageError (the verdict is broadcast), so every rank retries together.
         loaded = faults.retry_reads(

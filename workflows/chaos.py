@@ -4,9 +4,10 @@ moments, under a seed (``run -p chaos=N``, ``-p chaos_seed=S``).
 Each deletion is drawn up front from the seed: a task, uniformly among the tasks given, and a moment:
 
 - for a task whose pods write step records (the training steps), either a step (the pod is deleted as soon
-  as it has reported that step: mid-training, a checkpoint step or not) or, one time in four, a delay after
-  the pod's start drawn in [0, ``startup_s``] (before its SIGTERM handler exists, while it imports, while it
-  restores a checkpoint);
+  as it has reported that step: mid-training, a checkpoint step or not) or, one time in four, at its start:
+  half of those at a delay after the pod's start drawn in [0, ``startup_s``] (before its SIGTERM handler
+  exists, while it imports), half as soon as the pod reports that it restores a checkpoint (its ``restore``
+  record, written just before the load; a pod with nothing to restore takes it at its first step instead);
 - for any other task, a delay after the pod's start drawn in [0, ``delay_s``].
 
 A deletion that finds no pod of its task running waits for the next one; a task whose next attempt would be
@@ -33,7 +34,8 @@ class Deletion:
 
     index: int
     task: str
-    trigger: str  # "step": at the first step record >= value; "after_s": value seconds after the pod started
+    trigger: str  # "step": at the first step record >= value; "after_s": value seconds after the pod started;
+    # "restore": when the pod reports its restore record (or its first step, if it had nothing to restore)
     value: float
     moved_from: list[str] = field(default_factory=list)  # tasks that finished before it landed
     # Filled when it lands: the pod, its attempt, when (seconds since the workflow started), its step.
@@ -62,23 +64,29 @@ class Chaos:
         self.deletions = [self._draw(i, self.rng.choice(self.tasks)) for i in range(n)]
 
     def _draw(self, index: int, task: str) -> Deletion:
-        if task in self.step_tasks and self.total_steps and self.total_steps > 1 \
-                and self.rng.random() >= STARTUP_FRACTION:
+        r = self.rng.random() if task in self.step_tasks and self.total_steps and self.total_steps > 1 else None
+        if r is not None and r >= STARTUP_FRACTION:
             return Deletion(index, task, "step", self.rng.randint(1, self.total_steps - 1))
         bound = self.startup_s if task in self.step_tasks else self.long_tasks.get(task, self.delay_s)
-        return Deletion(index, task, "after_s", round(self.rng.uniform(0.0, bound), 3))
+        delay = round(self.rng.uniform(0.0, bound), 3)  # drawn either way: one plan per seed
+        if r is not None and r < STARTUP_FRACTION / 2:
+            return Deletion(index, task, "restore", 0.0)
+        return Deletion(index, task, "after_s", delay)
 
     def armed(self, task: str) -> Deletion | None:
         """The first deletion still waiting for a pod of ``task``."""
         return next((d for d in self.deletions if d.outcome == "planned" and d.task == task), None)
 
-    def due(self, task: str, age_s: float, step: int | None) -> Deletion | None:
-        """The deletion to carry out now on ``task``'s running pod (``age_s`` old, at ``step``), if any."""
+    def due(self, task: str, age_s: float, step: int | None, restoring: bool = False) -> Deletion | None:
+        """The deletion to carry out now on ``task``'s running pod (``age_s`` old, at ``step``, ``restoring``
+        a checkpoint), if any."""
         d = self.armed(task)
         if d is None:
             return None
         if d.trigger == "step":
             return d if step is not None and step >= d.value else None
+        if d.trigger == "restore":
+            return d if restoring or step is not None else None
         return d if age_s >= d.value else None
 
     def landed(self, d: Deletion, pod: str, attempt: int, at_s: float, step: int | None) -> None:

@@ -329,7 +329,11 @@ def drill_summary(report: dict[str, Any]) -> str:
     if chaos:
         lines.append(f"chaos: {chaos['deleted']} of {chaos['planned']} pod deletions (seed {chaos['seed']})")
         for d in chaos["deletions"]:
-            where = f"step {d['at_step']}" if d["trigger"] == "step" else f"{d['value']:g} s after its start"
+            if d["trigger"] == "restore":
+                where = ("as it restored a checkpoint" if d.get("at_step") is None
+                         else f"step {d['at_step']} (it had nothing to restore)")
+            else:
+                where = f"step {d['at_step']}" if d["trigger"] == "step" else f"{d['value']:g} s after its start"
             ended = d.get("ended") or {}
             lines.append(f"  {d['task']} attempt {d['attempt']}: {where}, {ended.get('status')} "
                          f"{ended.get('message')!r}" if d["outcome"] == "deleted" else f"  {d['task']}: missed")

@@ -156,6 +156,7 @@ class _Pod:
     kill_at: float | None = None
     partial: bytes = b""
     step: int | None = None
+    restoring: bool = False  # between its `restore` record and its `resume` record
     total: int | None = None
     shown_step: int | None = None
 
@@ -343,10 +344,11 @@ class _Runner:
                 elif now - pod.t0 > _or_inf(pod.task.deadline_s):
                     self._terminate(pod, "Failed", POD_DEADLINE, None)
                 elif self.chaos is not None and self._chaos_may(pod.task, pod.attempt):
-                    d = self.chaos.due(pod.task.name, now - pod.t0, pod.step)
+                    d = self.chaos.due(pod.task.name, now - pod.t0, pod.step, pod.restoring)
                     if d is not None:
                         self.chaos.landed(d, pod.name, pod.attempt, now - self.t0, pod.step)
-                        at = f" at step {pod.step}" if pod.step is not None else f" {now - pod.t0:.2f}s after its start"
+                        at = (f" at step {pod.step}" if pod.step is not None else " as it restores a checkpoint"
+                              if d.trigger == "restore" else f" {now - pod.t0:.2f}s after its start")
                         self.say(f"chaos {d.index + 1}/{len(self.chaos.deletions)}: deleting {pod.task.name} "
                                  f"attempt {pod.attempt}{at}")
                         self._end(pod, "delete")
@@ -504,8 +506,11 @@ class _Runner:
             if isinstance(rec.get("total_steps"), int):
                 pod.total = rec["total_steps"]
             if rec.get("event") == "step" and isinstance(rec.get("step"), int):
-                pod.step = rec["step"]
+                pod.step, pod.restoring = rec["step"], False
+            elif rec.get("event") == "restore":
+                pod.restoring = True
             elif rec.get("event") == "resume" and isinstance(rec.get("from_step"), int):
+                pod.restoring = False
                 self.say(f"{pod.task.name} attempt {pod.attempt} resumed from step {rec['from_step']}")
         now = time.monotonic()
         last = self.last_step_line.get(pod.task.name, -1e9)

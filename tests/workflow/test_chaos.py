@@ -38,7 +38,16 @@ def test_the_plan_is_a_function_of_the_seed_and_draws_steps_and_startups():
             assert 0 <= d.value <= (20.0 if d.task == "evict" else 4.0 if d.task in TRAINING_TASKS else 2.0)
     many = Chaos(400, 1, CHAOS_TASKS, TRAINING_TASKS, 200)
     assert {d.task for d in many.deletions} == set(CHAOS_TASKS)
-    assert {d.trigger for d in many.deletions if d.task == "trial"} == {"step", "after_s"}
+    assert {d.trigger for d in many.deletions if d.task == "trial"} == {"step", "after_s", "restore"}
+    assert {d.trigger for d in many.deletions if d.task not in TRAINING_TASKS} == {"after_s"}
+
+
+def test_a_restore_deletion_lands_while_the_pod_restores_or_at_its_first_step():
+    ch = Chaos(1, 0, ["a"], {"a"}, 50)
+    ch.deletions[0].trigger, ch.deletions[0].value = "restore", 0.0
+    assert ch.due("a", 100.0, None) is None  # not by age: only the restore record (or a step) arms it
+    assert ch.due("a", 0.1, None, restoring=True) is ch.deletions[0]
+    assert ch.due("a", 0.1, 3) is ch.deletions[0]  # a fresh pod has nothing to restore: its first step
 
 
 def test_a_deletion_waits_for_its_moment_moves_when_its_task_is_done_and_is_missed_when_none_is_left():
