@@ -109,6 +109,23 @@ def test_resume_across_an_epoch_boundary(tiny_model, reference, tmp_path, at_ste
     assert equal == total
 
 
+def test_sigterm_right_after_step_1_saves_step_1_and_resumes_exactly(tiny_model, reference, tmp_path):
+    # The first edge of a run: one optimizer step taken, the warmup's first learning rate, one batch in.
+    _, ref_steps, ref_t = reference
+    ckpt = tmp_path / "trial"
+    rc, recs, err = run_and_sigterm(trainer_cmd(tiny_model, ckpt, DROPOUT), at_step=1)
+    assert rc == 75, err
+    (pre,) = [r for r in recs if r["event"] == "preempt"]
+    assert (pre["step"], pre["outcome"], pre["during"]) == (1, "saved", "step")
+    rc, recs, err = run(trainer_cmd(tiny_model, ckpt, DROPOUT))
+    assert rc == 0, err
+    steps = {r["step"]: r for r in recs if r["event"] == "step"}
+    assert min(steps) == 2 and steps[2]["batch_sha"] == ref_steps[2]["batch_sha"]
+    assert steps[2]["lr"] == ref_steps[2]["lr"]
+    equal, total = equal_count(ref_t, tensors(ckpt, TOTAL))
+    assert equal == total
+
+
 def test_sigterm_between_micro_batches_abandons_the_partial_step(tiny_model, reference, tmp_path):
     """grad_accum 2: the signal lands after the first micro-batch of step 18 (its dropout has drawn from
     the RNG, its loader has moved). The stop saves step 17 as it was at that boundary."""
