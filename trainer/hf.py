@@ -444,7 +444,10 @@ class BatonCallback(TrainerCallback):
                               exit=EXIT_PREEMPTED, checkpoint=url, already_committed=False, outcome="saved",
                               warning=False)
                 else:
-                    self.store.retain(self.keep_last)
+                    try:
+                        self.store.retain(self.keep_last)
+                    except StorageError as e:  # the commit stands; an old checkpoint stays a while longer
+                        log(f"warning: retention after checkpoint-{step} failed: {e}")
         # Every rank learns the outcome, so all go on or stop together; and no rank leaves before rank 0
         # has committed and written its record: a launcher that sees one rank exit signals the others,
         # and the record is what says the stop was clean.
