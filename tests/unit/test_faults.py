@@ -129,7 +129,6 @@ def preempted_at_6(tiny_model, tmp_path):
     cmd = trainer_cmd(tiny_model, f"faulty://{root}", *COMMON)
     rc, recs, err = run_and_sigterm(cmd, at_step=6, env=fault_env())
     assert rc == 75 and committed(root)[-1] == 6, err[-2000:]
-    assert [r["during"] for r in recs if r["event"] == "preempt"] == ["step"]
     return root, cmd
 
 
