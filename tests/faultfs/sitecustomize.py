@@ -6,7 +6,8 @@ trainer's real code path (DCP's fsspec writer, the manifest, _COMMIT) with nothi
     {"enospc_steps": [20, 30]}   every write under step-000000NN/ fails with ENOSPC (a full disk)
     {"enospc_first": {"6": 1}}   only the first write under step-00000006/ fails with ENOSPC (per process): a
                                  save that fails once, and the next save of that step succeeds
-    {"slow_writes": {"8": 0.5}}  every write under step-00000008/ first waits 0.5 s (a test lands a kill mid-save)
+    {"slow_writes": {"8": 0.5}, "marker": PATH}  every write under step-00000008/ first waits 0.5 s; the first
+                                 such write creates the file PATH, if given (a test lands a kill mid-save)
     {"slow_reads": {"6": 1.0}, "marker": PATH}   every read under step-00000006/ first waits 1 s; the first
                                  such read creates the file PATH (a test lands a kill mid-restore)
     {"read_errors": 3, "read_match": ".distcp"}   only paths holding read_match count (here DCP's data files)
@@ -73,6 +74,9 @@ class FaultyFileSystem(LocalFileSystem):
         if delay:
             import time
 
+            marker = faults.get("marker")
+            if marker and not os.path.exists(marker):
+                open(marker, "w").close()
             time.sleep(delay)
         if step in (faults.get("enospc_steps") or []):
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))

@@ -224,11 +224,18 @@ def test_sigterms_inside_a_restore_and_inside_a_save_lose_nothing_and_the_record
     (pre,) = [r for r in recs if r["event"] == "preempt"]
     assert (pre["step"], pre["during"], pre["outcome"]) == (6, "restore", "already_committed")
     assert not [r for r in recs if r["event"] == "step"] and committed(root)[-1] == 6
-    # 2. Inside a save: step 8's periodic save writes slowly, the signal comes with step 8's record (the
-    # save follows it). The save completes and commits; the stop finds step 8 committed: 75.
-    rc, recs, err = run_and_sigterm(cmd, at_step=8, env=fault_env(slow_writes={"8": 0.3}) | {
-        "BATON_PAUSE_AFTER_STEP": "999"})
-    assert rc == 75, err[-3000:]
+    # 2. Inside a save: step 8's periodic save writes slowly, the signal comes as its first file is
+    # written. The save completes and commits; the stop finds step 8 committed: 75.
+    marker = tmp_path / "saving"
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
+                         env=fault_env(slow_writes={"8": 0.3}, marker=str(marker)))
+    deadline = time.monotonic() + 120
+    while not marker.exists() and p.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    p.send_signal(signal.SIGTERM)
+    out, err = p.communicate(timeout=300)
+    assert p.returncode == 75, err[-3000:]
+    recs = records(out)
     (pre,) = [r for r in recs if r["event"] == "preempt"]
     assert (pre["step"], pre["during"], pre["outcome"]) == (8, "save", "already_committed")
     assert committed(root)[-1] == 8
