@@ -199,43 +199,41 @@ def test_a_read_error_inside_the_load_itself_is_retried_not_a_fall_back(preempte
     assert final_equal(root, reference, 10)
 
 
-@pytest.mark.slow
-def test_sigterms_inside_a_restore_and_inside_a_save_lose_nothing_and_the_record_says_where_they_landed(
-        preempted_at_6, reference, tmp_path):
+def sigterm_on_marker(cmd: list[str], env: dict[str, str], marker: Path) -> tuple[int, list[dict], str]:
+    """Run `cmd`; SIGTERM it as soon as `marker` exists (faultfs creates it at the first slowed read or
+    write), and collect everything."""
     import signal
     import subprocess
     import time
 
     from tests.helpers import records
 
-    root, cmd = preempted_at_6
-    # 1. Inside the restore: step 6's files read slowly, the signal comes as the first one is read. The
-    # restore completes, step 6 is already committed, nothing is trained: 75.
-    marker = tmp_path / "restoring"
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
-                         env=fault_env(slow_reads={"6": 0.3}, marker=str(marker)))
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO, env=env)
     deadline = time.monotonic() + 120
     while not marker.exists() and p.poll() is None and time.monotonic() < deadline:
         time.sleep(0.01)
     p.send_signal(signal.SIGTERM)
     out, err = p.communicate(timeout=300)
-    assert p.returncode == 75, err[-3000:]
-    recs = records(out)
+    return p.returncode, records(out), err
+
+
+@pytest.mark.slow
+def test_sigterms_inside_a_restore_and_inside_a_save_lose_nothing_and_the_record_says_where_they_landed(
+        preempted_at_6, reference, tmp_path):
+    root, cmd = preempted_at_6
+    # 1. Inside the restore: step 6's files read slowly, the signal comes as the first one is read. The
+    # restore completes, step 6 is already committed, nothing is trained: 75.
+    marker = tmp_path / "restoring"
+    rc, recs, err = sigterm_on_marker(cmd, fault_env(slow_reads={"6": 0.3}, marker=str(marker)), marker)
+    assert rc == 75, err[-3000:]
     (pre,) = [r for r in recs if r["event"] == "preempt"]
     assert (pre["step"], pre["during"], pre["outcome"]) == (6, "restore", "already_committed")
     assert not [r for r in recs if r["event"] == "step"] and committed(root)[-1] == 6
     # 2. Inside a save: step 8's periodic save writes slowly, the signal comes as its first file is
     # written. The save completes and commits; the stop finds step 8 committed: 75.
     marker = tmp_path / "saving"
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
-                         env=fault_env(slow_writes={"8": 0.3}, marker=str(marker)))
-    deadline = time.monotonic() + 120
-    while not marker.exists() and p.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.01)
-    p.send_signal(signal.SIGTERM)
-    out, err = p.communicate(timeout=300)
-    assert p.returncode == 75, err[-3000:]
-    recs = records(out)
+    rc, recs, err = sigterm_on_marker(cmd, fault_env(slow_writes={"8": 0.3}, marker=str(marker)), marker)
+    assert rc == 75, err[-3000:]
     (pre,) = [r for r in recs if r["event"] == "preempt"]
     assert (pre["step"], pre["during"], pre["outcome"]) == (8, "save", "already_committed")
     assert committed(root)[-1] == 8
