@@ -21,7 +21,7 @@ after the final commit) is 0, whatever torchrun returns after it.
 `--launcher`: `torchrun`, or `direct` (one rank only: the program is this process's child, with the
 environment torchrun would give rank 0 of 1: RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE,
 MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RUN_ID). `auto` (default): direct for one rank, else torchrun.
-torchrun's own start costs about 1.4 s of every restart before the program runs (docs/results.md); with
+torchrun's own start and teardown cost 3.3 s of a one-rank restart here (docs/results.md, figure 3); with
 one rank it adds nothing the contract needs: this wrapper already forwards SIGTERM, and SIGKILLs the
 child `--shutdown-timeout` seconds after it, as torchrun does.
 """
