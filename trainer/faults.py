@@ -26,6 +26,7 @@ broken collective stop would, while its peers train on: the ranks then wait in d
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import time
@@ -152,9 +153,15 @@ def is_peer_failure(e: BaseException) -> bool:
     return bool(_PEER_LOST.search(str(e)))
 
 
+@functools.cache
+def _test_hook(name: str) -> str:
+    """A test hook's value, read once: these are asked at every step boundary."""
+    return os.environ.get(name, "")
+
+
 def hang_for_test(rank: int, step: int) -> None:
     """BATON_TEST_HANG_AFTER_STEP=RANK:STEP: hang this rank for good (see the module docstring)."""
-    spec = os.environ.get("BATON_TEST_HANG_AFTER_STEP", "")
+    spec = _test_hook("BATON_TEST_HANG_AFTER_STEP")
     if spec and spec == f"{rank}:{step}":
         while True:
             time.sleep(3600)
@@ -162,5 +169,5 @@ def hang_for_test(rank: int, step: int) -> None:
 
 def disagrees_for_test(rank: int, step: int) -> bool:
     """BATON_TEST_DISAGREE_AFTER_STEP=RANK:STEP: whether this rank stops alone here (module docstring)."""
-    spec = os.environ.get("BATON_TEST_DISAGREE_AFTER_STEP", "")
+    spec = _test_hook("BATON_TEST_DISAGREE_AFTER_STEP")
     return bool(spec) and spec == f"{rank}:{step}"
