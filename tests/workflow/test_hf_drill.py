@@ -5,6 +5,7 @@ example without the callback) that must fail with a report that says why."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 
 import pytest
@@ -54,8 +55,14 @@ def test_hf_negative_control_without_the_callback_fails_and_says_why(tmp_path):
     assert "no committed checkpoint" in report["problem"] and report["problem"].startswith("trial:")
     verdict = report["verdict"]
     assert verdict.startswith("NOT preemption-safe: 1 of 1 evictions ended without a preempt record")
-    assert "died on SIGTERM" in verdict and "its last save was step 10" in verdict
-    assert "no attempt came after it" in verdict
+    assert "died on SIGTERM" in verdict and "no attempt came after it" in verdict
+    # Where the signal landed depends on how fast evict saw step 16 (the stock script trains on meanwhile):
+    # the verdict must name the step reached, the last (uncommitted) save on the 10-step cadence, and the
+    # steps between them as lost.
+    m = re.search(r"attempt 1 reached step (\d+), its last save was step (\d+) .*\((\d+) step\(s\) lost\)", verdict)
+    assert m, verdict
+    reached, saved, lost = map(int, m.groups())
+    assert reached >= 16 and saved % 10 == 0 and 10 <= saved <= reached and lost == reached - saved
     assert any("died on SIGTERM" in x for x in report["verify_problems"])
     assert "verdict: NOT preemption-safe" in (out / "report.md").read_text()
     assert "drill FAILED" in p.stdout and "verdict: NOT preemption-safe" in p.stdout
