@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from steps.evidence import read_evidence, read_json
-from steps.judge import judge
+from steps.judge import judge, resolve_tier
 from steps.report import write_report
 from trainer.checkpoint import COMMIT, load_flat
 from trainer.storage import full_url, url_to_fs
@@ -43,16 +43,6 @@ def final_checkpoint(root: str) -> tuple[str, dict[str, Any]]:
 
 def compared_keys(t: dict[str, torch.Tensor]) -> list[str]:
     return sorted(k for k in t if k.startswith(("model.", "optim.", "optim_lr")))
-
-
-def resolve_tier(tier: str, manifest: dict[str, Any]) -> int:
-    """auto: Tier 1 only where the run promised bit-identity (a CPU, deterministic kernels)."""
-    if tier in ("1", "2"):
-        return int(tier)
-    if tier != "auto":
-        raise ValueError(f"--tier must be 1, 2 or auto, got {tier!r}")
-    deterministic = manifest.get("config", {}).get("deterministic", True)
-    return 1 if manifest.get("device", "cpu") == "cpu" and deterministic else 2
 
 
 def compare(reference: str, replay: str, trial: str, total_steps: int | None = None,

@@ -205,7 +205,7 @@ def compare_hf(reference: str, replay: str, trial: str, total_steps: int | None 
     reference-replay floor. Entries that are not tensors (strings, None) must be equal, or under Tier 2
     differ between the reference and its replay too. An entry on one side only always fails.
     `tier`: 1, 2 or auto (1 for a trial on a CPU)."""
-    from steps.judge import judge
+    from steps.judge import judge, resolve_tier
 
     base: dict[str, Any] = {"format": "hf-checkpoint", "tier": 1, "tensors": 0, "max_abs_diff": float("inf"),
                             "floor": 0.0, "differing": [], "equivalent": False}
@@ -225,12 +225,7 @@ def compare_hf(reference: str, replay: str, trial: str, total_steps: int | None 
         except BadCheckpoint as e:
             return {**base, "problem": f"{role}: {e}"}
     (ref, parts), (rep, _), (tri, _) = loaded["reference"], loaded["replay"], loaded["trial"]
-    if tier == "auto":
-        level = 1 if finals["trial"][1].get("device", "cpu") == "cpu" else 2
-    elif tier in ("1", "2"):
-        level = int(tier)
-    else:
-        raise ValueError(f"--tier must be 1, 2 or auto, got {tier!r}")
+    level = resolve_tier(tier, finals["trial"][1])
 
     def comparable(k: str) -> bool:
         return all(isinstance(d.get(k), torch.Tensor) and d[k].shape == ref[k].shape and d[k].dtype == ref[k].dtype

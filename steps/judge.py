@@ -67,3 +67,14 @@ def judge(ref: dict[str, torch.Tensor], rep: dict[str, torch.Tensor], tri: dict[
         "l2_diff": trial["l2"], "floor_l2": floor["l2"], "diff_over_floor": ratio,
         "floor_slack": FLOOR_SLACK if tier == 2 else None,
     }
+
+
+def resolve_tier(tier: str, manifest: dict[str, Any]) -> int:
+    """`tier` 1 or 2 as given; auto: Tier 1 only where the trial's run promised bit-identity (its manifest
+    says a CPU, and a config with deterministic kernels or none: HF's manifest has no config)."""
+    if tier in ("1", "2"):
+        return int(tier)
+    if tier != "auto":
+        raise ValueError(f"--tier must be 1, 2 or auto, got {tier!r}")
+    deterministic = manifest.get("config", {}).get("deterministic", True)
+    return 1 if manifest.get("device", "cpu") == "cpu" and deterministic else 2

@@ -19,9 +19,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from trainer.grace import DEFAULT_GRACE_S, grace_seconds
-
-__all__ = ["DEFAULT_GRACE_S", "Preemption", "grace_seconds"]
+from trainer.grace import grace_seconds
 
 
 class Preemption:

@@ -35,6 +35,25 @@ def equal_to(reference, root) -> bool:
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+def ends_with_peer_lost(cmd, env) -> tuple[list[dict], str]:
+    """Run the pod to its end: exit 75, and every `retry_later` record says `peer_lost`. Returns the
+    records and stderr."""
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
+    recs = records(p.stdout)
+    assert p.returncode == 75, p.stderr[-3000:]
+    lost = [r for r in recs if r["event"] == "retry_later"]
+    assert lost and {(r["reason"], r["exit"]) for r in lost} == {("peer_lost", 75)}
+    return recs, p.stderr
+
+
+def retry_is_exact(cmd, reference, root, from_step: int, env=None) -> None:
+    """The retry runs to the end, resumes from `from_step`, and ends equal to the uninterrupted run."""
+    rc, recs, err = run_entry(cmd, env=env)
+    assert rc == 0, err[-3000:]
+    assert [r["from_step"] for r in recs if r["event"] == "resume"] == [from_step]
+    assert equal_to(reference, root)
+
+
 @pytest.fixture(scope="module")
 def reference(tiny_model, tmp_path_factory):
     root = tmp_path_factory.mktemp("ref-peer")
@@ -49,18 +68,10 @@ def test_a_hung_rank_ends_the_pod_with_75_within_the_collective_timeout_and_the_
     cmd = entry_cmd(tiny_model, root, *SETS)
     # Rank 1 hangs after step 6, ignoring SIGTERM: rank 0 waits 5 s in the step's collective, not 30 min;
     # torchrun then SIGKILLs the hung worker after its shutdown timeout (the grace, 5 s here).
-    env = base_env(BATON_GRACE="5", BATON_TEST_HANG_AFTER_STEP="1:6")
-    p = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
-    recs = records(p.stdout)
-    assert p.returncode == 75, p.stderr[-3000:]
-    lost = [r for r in recs if r["event"] == "retry_later"]
-    assert lost and {r["reason"] for r in lost} == {"peer_lost"} and lost[0]["exit"] == 75
+    recs, _ = ends_with_peer_lost(cmd, base_env(BATON_GRACE="5", BATON_TEST_HANG_AFTER_STEP="1:6"))
     assert max(r["step"] for r in recs if r["event"] == "step") == 5  # step 6's record needs rank 1 too
     assert committed(root) == [4]  # nothing after the last commit, nothing partial
-    rc, recs, err = run_entry(cmd)
-    assert rc == 0, err[-3000:]
-    assert [r["from_step"] for r in recs if r["event"] == "resume"] == [4]
-    assert equal_to(reference, root)
+    retry_is_exact(cmd, reference, root, 4)
 
 
 def test_ranks_that_disagree_on_the_stop_end_the_pod_within_the_bound_commit_nothing_and_the_retry_is_exact(
@@ -70,19 +81,12 @@ def test_ranks_that_disagree_on_the_stop_end_the_pod_within_the_bound_commit_not
     # joins, until the collective timeout (5 s) ends it; the save of rank 1 alone can commit nothing.
     root = tmp_path / "ckpt"
     cmd = entry_cmd(tiny_model, root, *SETS)
-    env = base_env(BATON_GRACE="5", BATON_TEST_DISAGREE_AFTER_STEP="1:6")
-    p = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
-    recs = records(p.stdout)
-    assert p.returncode == 75, p.stderr[-3000:]
-    assert {r["reason"] for r in recs if r["event"] == "retry_later"} == {"peer_lost"}
-    assert "preempted (peer) at step 6" in p.stderr  # rank 1 went to save alone
-    assert p.stderr.count("error: a peer rank is gone") == 2  # both ranks timed out, neither waited on
+    recs, err = ends_with_peer_lost(cmd, base_env(BATON_GRACE="5", BATON_TEST_DISAGREE_AFTER_STEP="1:6"))
+    assert "preempted (peer) at step 6" in err  # rank 1 went to save alone
+    assert err.count("error: a peer rank is gone") == 2  # both ranks timed out, neither waited on
     assert not any(r["event"] in ("preempt", "done") for r in recs)
     assert committed(root) == [4]
-    rc, recs, err = run_entry(cmd)
-    assert rc == 0, err[-3000:]
-    assert [r["from_step"] for r in recs if r["event"] == "resume"] == [4]
-    assert equal_to(reference, root)
+    retry_is_exact(cmd, reference, root, 4)
 
 
 def test_planted_no_collective_timeout_leaves_the_hang_to_the_outer_timeouts(tiny_model, tmp_path):
@@ -123,10 +127,7 @@ def test_a_rank_sigkilled_mid_step_ends_the_pod_with_75_and_the_retry_is_bit_ide
     assert rc == 75, err[-3000:]
     assert any(r["event"] == "retry_later" and r["reason"] == "peer_lost" for r in recs)
     assert committed(root) == [4]
-    rc, recs, err = run_entry(cmd)
-    assert rc == 0, err[-3000:]
-    assert [r["from_step"] for r in recs if r["event"] == "resume"] == [4]
-    assert equal_to(reference, root)
+    retry_is_exact(cmd, reference, root, 4)
 
 
 def test_a_rank_sigkilled_mid_save_commits_nothing_ends_the_pod_with_75_and_the_retry_is_bit_identical(
@@ -152,10 +153,7 @@ def test_a_rank_sigkilled_mid_save_commits_nothing_ends_the_pod_with_75_and_the_
     assert any(r["event"] == "retry_later" and r["reason"] == "peer_lost" for r in recs)
     assert not any(r["event"] == "checkpoint" and r["step"] == 8 for r in recs)
     assert committed(root) == [4]  # step 8's files may be there, its _COMMIT is not
-    rc, recs, err = run_entry(cmd, env={**fault_env(), "BATON_GRACE": "20"})
-    assert rc == 0, err[-3000:]
-    assert [r["from_step"] for r in recs if r["event"] == "resume"] == [4]
-    assert equal_to(reference, root)
+    retry_is_exact(cmd, reference, root, 4, env={**fault_env(), "BATON_GRACE": "20"})
 
 
 def test_a_rank_sigkilled_mid_restore_ends_the_pod_with_75_and_the_retry_is_bit_identical(tiny_model, reference,
@@ -189,7 +187,4 @@ def test_a_rank_sigkilled_mid_restore_ends_the_pod_with_75_and_the_retry_is_bit_
     assert p.returncode == 75, err[-3000:]
     assert any(r["event"] == "retry_later" and r["reason"] == "peer_lost" for r in recs)
     assert not any(r["event"] == "step" for r in recs) and committed(root) == [4, 6]
-    rc, recs, err = run_entry(cmd, env={**fault_env(), "BATON_GRACE": "20"})
-    assert rc == 0, err[-3000:]
-    assert [r["from_step"] for r in recs if r["event"] == "resume"] == [6]
-    assert equal_to(reference, root)
+    retry_is_exact(cmd, reference, root, 6, env={**fault_env(), "BATON_GRACE": "20"})
