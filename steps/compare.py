@@ -105,15 +105,21 @@ def verdict_of(report: dict[str, Any], evictions: dict[str, Any], trial_records:
     """One sentence on whether the trial's job is preemption-safe, and if not, why."""
     happened = len(evictions.get("evictions", []))
     clean = report["steps"]["preemptions"]
-    if happened and clean < happened:
+    met = report.get("evictions_met")
+    # Evictions that met no preemption save: from verify's classification, which leaves out those that
+    # reached a trainer after it finished (missed); without it, every eviction short of a preempt record.
+    lost = met["lost"] if met else max(0, happened - clean)
+    if lost:
         detail = "; ".join(
             f"attempt {x['attempt']} reached step {x['reached']}, its last save was step {x['last_save']} "
             + (f"and the next attempt resumed from {x['resumed_from']}" if x["resumed_from"] is not None
                else "and no attempt came after it") + f" ({x['lost']} step(s) lost)"
             for x in lost_steps(trial_records))
-        return (f"NOT preemption-safe: {happened - clean} of {happened} evictions ended without a preempt record "
+        return (f"NOT preemption-safe: {lost} of {happened} evictions ended without a preempt record "
                 f"(the trial died on SIGTERM without committing the step it had reached); "
                 f"{report['steps']['replayed']} step(s) replayed" + (f"; {detail}" if detail else ""))
+    if report["equivalent"] and not report.get("verify_problems") and report.get("inconclusive"):
+        return "INCONCLUSIVE (the trainer is not blamed): " + "; ".join(report["inconclusive"])
     if not report["passed"]:
         return "NOT certified: " + "; ".join([*report.get("verify_problems", []),
                                               *([report["problem"]] if report.get("problem") else []),
@@ -148,9 +154,10 @@ def main(argv: list[str] | None = None) -> int:
     evictions = read_json(args.evictions) if args.evictions else {}
     steps = {k: verify[k] for k in ("total", "distinct", "replayed", "resumed_from", "preemptions")}
     report = {**result, "steps": steps, "verify_passed": verify["passed"], "verify_problems": verify["problems"],
-              "preempt": verify["preempt"], "evictions": evictions, "total_steps": args.total_steps,
+              "preempt": verify["preempt"], "evictions": evictions,
+              "inconclusive": verify.get("inconclusive", []), "evictions_met": verify.get("evictions_met"), "total_steps": args.total_steps,
               "trial_outcome": verify.get("trial_outcome"), "trial_retries": max(verify["attempts"] - 1, 0)}
-    report["passed"] = bool(result["equivalent"] and verify["passed"])
+    report["passed"] = bool(result["equivalent"] and verify["passed"] and not report["inconclusive"])
     ev_root = args.evidence.rstrip("/")
     trial_records = read_evidence(f"{ev_root}/trial")
     report["verdict"] = verdict_of(report, evictions, trial_records)

@@ -20,7 +20,10 @@ No point lies past 80% of the run, every point is a distinct step, and the trial
 a new attempt after each eviction before the next one, so each eviction has work behind it. Step 1 and
 a point on a checkpoint step are evicted as soon as the step record is seen (polled every 10 ms): the
 periodic save follows that record, so the signal can land inside the save (the trial's `preempt` record
-says where it landed: `during`).
+says where it landed: `during`). A trial whose measured step rate predicts that it finishes within
+FINISH_GUARD_S seconds is evicted at once, before its point (the record says `early`): a signal that
+reaches a finished trainer says nothing about it (verify calls such an eviction missed, and the drill
+inconclusive).
 """
 
 from __future__ import annotations
@@ -38,6 +41,10 @@ from steps.local_pods import ENV as LOCAL_PODS_ENV
 from steps.local_pods import HOW, LocalPods
 
 MAX_FRACTION = 0.8
+# A trainer predicted to finish within this many seconds (from its measured step rate) is evicted at
+# once, before its point: the signal takes a while to reach it (evidence, the request, the forwarding),
+# and one that lands after `done` says nothing about the trainer (verify calls it missed).
+FINISH_GUARD_S = 1.0
 
 
 JITTER_MODES = ("false", "true", "edges")
@@ -142,6 +149,15 @@ def latest(records: list[dict]) -> tuple[int, int, bool]:
     return step, attempt, done
 
 
+def step_rate(records: list[dict], attempt: int, last: int = 20) -> float | None:
+    """Steps per second of `attempt`, from the times of its newest `last` step records (None: too few)."""
+    times = sorted((r["step"], r["time"]) for r in records
+                   if r.get("event") == "step" and r.get("attempt") == attempt and "time" in r)[-last:]
+    if len(times) < 3 or times[-1][1] <= times[0][1]:
+        return None
+    return (times[-1][0] - times[0][0]) / (times[-1][1] - times[0][1])
+
+
 def say(event: dict) -> None:
     sys.stdout.write(json.dumps(event) + "\n")
     sys.stdout.flush()
@@ -243,7 +259,8 @@ def _evict_all(args: argparse.Namespace, pods, points: list[int], done_evictions
                 result["problem"] = f"timed out waiting for step {point}"
                 print(f"error: {result['problem']}", file=sys.stderr)
                 return 1
-            step, attempt, done = latest(read_evidence(args.evidence))
+            records = read_evidence(args.evidence)
+            step, attempt, done = latest(records)
             if done:
                 break
             if pods.alive():
@@ -254,12 +271,17 @@ def _evict_all(args: argparse.Namespace, pods, points: list[int], done_evictions
                 print(f"error: {result['problem']}; {len(done_evictions)} of {len(points)} evictions done",
                       file=sys.stderr)
                 return 1
-            # Work behind each eviction: a newer attempt must have trained since the last one.
-            if step >= point and attempt > last_attempt:
+            # Work behind each eviction: a newer attempt must have trained since the last one. A trainer
+            # about to finish is evicted now rather than at its point (FINISH_GUARD_S).
+            rate = step_rate(records, attempt) if step < point else None
+            finishing = rate is not None and (args.total_steps - step) / rate < FINISH_GUARD_S
+            if (step >= point or finishing) and attempt > last_attempt:
                 name = pods.running()
                 if name:
                     ev = {"event": "evict", "point": point, "observed_step": step, "attempt": attempt,
-                          "pod": name, "how": args.how, "time": time.time(), "ended": None}
+                          "pod": name, "how": args.how, "time": time.time(), "ended": None,
+                          **({"early": f"{rate:.0f} steps/s: predicted to finish within {FINISH_GUARD_S:g} s"}
+                             if step < point else {})}
                     done_evictions.append(ev)
                     if args.out:  # the intent first: a retry of this step finishes it, never repeats it
                         write_json(args.out, result)

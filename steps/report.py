@@ -47,7 +47,8 @@ def plot(path: Path, reference: dict[int, float], trial: list[dict[str, Any]], p
 
 def markdown(report: dict[str, Any]) -> str:
     s = report["steps"]
-    verdict = "PASS" if report["passed"] else "FAIL"
+    verdict = "PASS" if report["passed"] else (
+        "INCONCLUSIVE" if str(report.get("verdict", "")).startswith("INCONCLUSIVE") else "FAIL")
     lines = [f"# baton equivalence drill: {verdict}", "",
              f"- tier {report['tier']}: {report.get('equal_tensors', 0)}/{report['tensors']} "
              f"{'model and optimizer tensors' if report.get('format', 'dcp') == 'dcp' else 'entries'} equal; "
@@ -67,6 +68,8 @@ def markdown(report: dict[str, Any]) -> str:
         lines.append(f"\n- problem: {report['problem']}")
     for problem in report.get("verify_problems", []):
         lines.append(f"\n- problem: {problem}")
+    for reason in report.get("inconclusive", []):
+        lines.append(f"\n- inconclusive: {reason}")
     if report.get("differing"):
         lines.append(f"\nDiffering tensors (first 20): {', '.join(report['differing'])}")
     lines.append("\n![loss](loss.png)\n")

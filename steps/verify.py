@@ -3,7 +3,10 @@
     python -m steps.verify --evidence URI --total-steps T [--out URI]
 
 Passes when every step 1..T has exactly one step record (0 replayed, none missing), each resume
-started from the step of the preemption before it, and the run finished. Exit 0 or 1.
+started from the step of the preemption before it, every eviction met a running trainer that saved
+(a `preempt` record), and the run finished. An eviction that reached the trial after it had finished,
+or planned evictions that never happened because it finished first, make the result inconclusive,
+never a failure of the trainer. Exit 0 or 1.
 """
 
 from __future__ import annotations
@@ -35,15 +38,41 @@ def trial_outcome(records: list[dict[str, Any]], eviction_list: list[dict[str, A
     return "failed", "the trial ended without finishing and without an eviction to blame"
 
 
+def classify_evictions(records: list[dict[str, Any]], eviction_list: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each eviction with what it met: `landed` (the evicted attempt wrote a `preempt` or `retry_later`
+    record: it saved or ended retry-safe), `missed` (the signal reached a trainer that had already
+    finished: the attempt wrote `done`, or its pod ended with exit 0; it says nothing about the
+    trainer), or `lost` (neither: the attempt died without committing the step it reached)."""
+    by_attempt: dict[int, set[str]] = {}
+    for r in records:
+        by_attempt.setdefault(r.get("attempt", 0), set()).add(str(r.get("event")))
+    out = []
+    for ev in eviction_list:
+        events = by_attempt.get(ev.get("attempt"), set())
+        ended = ev.get("ended") or {}
+        if events & {"preempt", "retry_later"}:
+            met = "landed"
+        elif "done" in events or ended.get("exit_code") == 0:
+            met = "missed"
+        else:
+            met = "lost"
+        out.append({**ev, "met": met})
+    return out
+
+
 def verify(records: list[dict[str, Any]], total_steps: int, evictions: int | None = None,
            planned: int | None = None, eviction_list: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The trial's evidence against its evictions. `problems` are the trainer's failures; `inconclusive`
+    says why the drill could not judge it (an eviction that reached it after it finished, or planned
+    evictions that never happened because it finished first): that is never the trainer's fault."""
     steps = [r["step"] for r in records if r.get("event") == "step"]
     counts = Counter(steps)
     resumes = sorted((r for r in records if r.get("event") == "resume"), key=lambda r: (r["attempt"], r["time"]))
     preempts = sorted((r for r in records if r.get("event") == "preempt"), key=lambda r: (r["attempt"], r["time"]))
     resumed_from = [r["from_step"] for r in resumes if not r.get("fresh")]
     missing = sorted(set(range(1, total_steps + 1)) - set(counts))
-    problems = []
+    problems: list[str] = []
+    inconclusive: list[str] = []
     outcome, why = trial_outcome(records, eviction_list or [])
     replayed = len(steps) - len(counts)
     if replayed:
@@ -54,11 +83,25 @@ def verify(records: list[dict[str, Any]], total_steps: int, evictions: int | Non
         problems.append(why)
     elif outcome != "finished":
         problems.append("no done record: the trial did not finish")
+    met = classify_evictions(records, eviction_list) if eviction_list is not None else None
+    missed = [e for e in met or [] if e["met"] == "missed"]
+    if missed:
+        inconclusive.append(
+            f"{len(missed)} eviction(s) reached the trial after it had finished (planned at step "
+            f"{', '.join(str(e.get('point')) for e in missed)}; the trial outran them): they say nothing about "
+            "the trainer; run more total_steps or fewer evictions")
     if planned is not None and evictions is not None and evictions < planned:
-        problems.append(f"{evictions} of {planned} planned evictions happened: " + (
-            "the trial finished first (more total_steps, or fewer evictions)" if outcome == "finished"
-            else "the trial ended first"))
-    if evictions is not None and len(preempts) < evictions:
+        if outcome == "finished":
+            inconclusive.append(f"{evictions} of {planned} planned evictions happened: the trial finished first "
+                                "(run more total_steps or fewer evictions)")
+        else:
+            problems.append(f"{evictions} of {planned} planned evictions happened: the trial ended first")
+    lost = [e for e in met if e["met"] == "lost"] if met is not None else None
+    if lost is not None and lost and outcome != "died_on_sigterm":
+        problems.append(f"{len(lost)} eviction(s) ended an attempt without a preempt record (at step "
+                        f"{', '.join(str(e.get('observed_step')) for e in lost)}): an evicted attempt died without "
+                        "committing its step")
+    elif lost is None and evictions is not None and len(preempts) < evictions:
         problems.append(f"{evictions} evictions but {len(preempts)} clean preemptions: "
                         "an evicted attempt died without committing its step")
     # Each attempt after a preemption must resume exactly where that preemption saved.
@@ -77,7 +120,9 @@ def verify(records: list[dict[str, Any]], total_steps: int, evictions: int | Non
                     for p in preempts],
         "attempts": len({r["attempt"] for r in records if "attempt" in r}),
         "trial_outcome": outcome,
-        "passed": not problems, "problems": problems,
+        "evictions_met": {k: sum(1 for e in met if e["met"] == k) for k in ("landed", "missed", "lost")}
+        if met is not None else None,
+        "passed": not problems and not inconclusive, "problems": problems, "inconclusive": inconclusive,
     }
 
 
@@ -90,6 +135,7 @@ def summary(v: dict[str, Any]) -> str:
         lines.append(f"  step {p['step']}: save {p['save_ms']} ms, grace left {p['grace_left_s']} s, "
                      f"exit {p['exit']} ({p['outcome']})")
     lines += [f"problem: {x}" for x in v["problems"]]
+    lines += [f"inconclusive: {x}" for x in v.get("inconclusive", [])]
     return "\n".join(lines)
 
 

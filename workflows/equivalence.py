@@ -351,7 +351,10 @@ def drill_summary(report: dict[str, Any]) -> str:
     else:
         lines.append(f"tier 2: max |diff| {report['max_abs_diff']:.3g} against a floor of {report['floor']:.3g}: "
                      + ("within the floor" if report["equivalent"] else "ABOVE the floor"))
-    lines.append("drill PASSED" if report.get("passed") else "drill FAILED")
+    for reason in report.get("inconclusive", []):
+        lines.append(f"inconclusive: {reason}")
+    lines.append("drill PASSED" if report.get("passed") else
+                 "drill INCONCLUSIVE" if report.get("verdict", "").startswith("INCONCLUSIVE") else "drill FAILED")
     return "\n".join(lines)
 
 

@@ -176,3 +176,88 @@ def test_evict_writes_its_record_even_when_it_gives_up_and_resumes_from_it(tmp_p
     record = json.loads(out.read_text())
     assert record["evictions"] == [earlier]  # resumed, not redone: no second eviction at point 4
     assert "failed for good" in record["problem"]
+
+
+def _evicted(attempt, point, exit_code, message=""):
+    return {"event": "evict", "point": point, "observed_step": point, "attempt": attempt, "pod": f"wf-trial-{attempt}",
+            "ended": {"phase": "Succeeded" if exit_code == 0 else "Failed", "exit_code": exit_code,
+                      "message": message}}
+
+
+def test_an_eviction_that_reaches_a_finished_trainer_is_missed_and_inconclusive_never_the_trainers_fault():
+    # Two evictions landed (attempts 1 and 2 saved); the third reached attempt 3 after its `done`: exit 0.
+    recs = _clean_run(total=10, stops=(3, 7))
+    evictions = [_evicted(1, 3, 75), _evicted(2, 7, 75), _evicted(3, 8, 0)]
+    v = verify(recs, 10, evictions=3, planned=3, eviction_list=evictions)
+    assert v["problems"] == [], "the trainer did nothing wrong"
+    assert v["passed"] is False and v["evictions_met"] == {"landed": 2, "missed": 1, "lost": 0}
+    assert "reached the trial after it had finished" in v["inconclusive"][0]
+    assert "run more total_steps" in v["inconclusive"][0]
+    # Control: the same eviction with no `done` behind it and no preempt record is the trainer's failure.
+    broken = [r for r in recs if not (r["event"] == "done")] + [_rec("step", s, 4) for s in range(8, 11)]
+    broken.append(_rec("done", 10, 4))
+    lost = [_evicted(1, 3, 75), _evicted(2, 7, 75), _evicted(3, 8, 1, "main: Error (exit code 1)")]
+    v = verify(broken, 10, evictions=3, planned=3, eviction_list=lost)
+    assert v["evictions_met"]["lost"] == 1
+    assert any("died without committing its step" in p for p in v["problems"]), v
+
+
+def test_planned_evictions_that_never_happened_because_the_trial_finished_are_inconclusive():
+    v = verify(_clean_run(total=10, stops=(3,)), 10, evictions=1, planned=3,
+               eviction_list=[_evicted(1, 3, 75)])
+    assert v["problems"] == [] and "1 of 3 planned evictions happened" in v["inconclusive"][0]
+    # A trial that did not finish is another matter: that is a problem.
+    recs = [r for r in _clean_run(total=10, stops=(3,)) if r["event"] != "done"]
+    v = verify(recs, 10, evictions=1, planned=3, eviction_list=[_evicted(1, 3, 75)])
+    assert any("the trial ended first" in p for p in v["problems"])
+
+
+def test_compare_calls_a_missed_eviction_inconclusive_and_a_lost_one_not_preemption_safe():
+    from steps.compare import verdict_of
+
+    base = {"equivalent": True, "passed": False, "verify_problems": [], "steps": {"preemptions": 2, "replayed": 0},
+            "evictions_met": {"landed": 2, "missed": 1, "lost": 0},
+            "inconclusive": ["1 eviction(s) reached the trial after it had finished"]}
+    assert verdict_of(base, {"evictions": [{}, {}, {}]}, _clean_run()).startswith("INCONCLUSIVE")
+    broken = {**base, "inconclusive": [], "verify_problems": ["an evicted attempt died without committing its step"],
+              "evictions_met": {"landed": 2, "missed": 0, "lost": 1}}
+    assert verdict_of(broken, {"evictions": [{}, {}, {}]}, _clean_run()).startswith("NOT preemption-safe")
+
+
+def test_step_rate_comes_from_the_newest_attempt_and_needs_three_records():
+    from steps.evict import step_rate
+
+    recs = [{"event": "step", "step": s, "attempt": 2, "time": 100 + s / 50} for s in range(10, 20)]
+    recs += [{"event": "step", "step": s, "attempt": 1, "time": 10 + s} for s in range(1, 10)]
+    assert step_rate(recs, 2) == pytest.approx(50)
+    assert step_rate(recs, 1) == pytest.approx(1)
+    assert step_rate(recs[:2], 2) is None
+
+
+def test_evict_fires_before_its_point_at_a_trainer_about_to_finish(tmp_path, monkeypatch):
+    """A trial at step 5 of 40 that trains 100 steps a second finishes in 0.35 s, long before the point
+    (step 32) could be seen and signalled: evict asks for the eviction now. Control: the same trial at
+    1 step a second is left alone until its point (the run times out instead)."""
+    import json
+
+    from steps import evict
+
+    def run(seconds_per_step, out):
+        pods, evidence = tmp_path / f"pods-{out}", tmp_path / f"evidence-{out}"
+        pods.mkdir()
+        evidence.mkdir()
+        (pods / "wf-trial-0.json").write_text(json.dumps({"name": "wf-trial-0", "workflow": "wf", "task": "trial",
+                                                          "phase": "Running"}))
+        lines = [json.dumps({"event": "step", "step": s, "attempt": 1, "time": 1000 + s * seconds_per_step})
+                 for s in range(1, 6)]
+        (evidence / "wf-trial-0.jsonl").write_text("\n".join(lines) + "\n")
+        monkeypatch.setenv("BATON_LOCAL_PODS", str(pods))
+        rc = evict.main(["--evidence", str(evidence), "--total-steps", "40", "--evictions", "1", "--workflow", "wf",
+                         "--poll", "0.02", "--timeout", "1", "--gone-timeout", "5", "--out", str(tmp_path / out)])
+        return rc, (pods / "wf-trial-0.delete").exists(), json.loads((tmp_path / out).read_text())
+
+    rc, requested, record = run(0.01, "fast.json")
+    assert requested and record["evictions"][0]["observed_step"] == 5 and record["points"] == [32]
+    assert "predicted to finish" in record["evictions"][0]["early"]
+    rc, requested, record = run(1.0, "slow.json")
+    assert rc == 1 and not requested and record["evictions"] == []

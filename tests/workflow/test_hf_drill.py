@@ -24,23 +24,35 @@ def drill(out, *params):
 
 def test_hf_drill_passes_with_three_evictions_and_bit_identical_hf_checkpoints(tmp_path):
     out = tmp_path / "drill"
-    p = drill(out, "total_steps=40", "evictions=3")
-    assert p.returncode == 0, p.stdout + p.stderr[-3000:]
+    # The example trains tens of steps a second: an eviction can still reach a trial that has just finished
+    # (evict fires early at a trainer about to finish, but cannot outrun a loaded machine). Such an eviction
+    # is "missed": the drill is then inconclusive, and must not blame the trainer. Either way every landed
+    # eviction was a clean preemption and the checkpoints are bit-identical.
+    p = drill(out, "total_steps=80", "evictions=3")
     report = json.loads((out / "report.json").read_text())
-    assert report["passed"] is True and report["format"] == "hf-checkpoint"
-    assert report["equivalent"] is True and report["tier"] == 1 and report["max_abs_diff"] == 0.0
+    met = report["evictions_met"]
+    assert met["lost"] == 0 and met["landed"] >= 1, report["verdict"]
+    assert report["equivalent"] is True and report["format"] == "hf-checkpoint"
+    assert report["tier"] == 1 and report["max_abs_diff"] == 0.0
     assert report["floor"] == 0.0 and report["tensors"] > 200 and report["differing"] == []
     assert {"model", "optimizer", "scheduler", "rng", "trainer_state"} <= report["parts"].keys()
     s = report["steps"]
-    assert (s["total"], s["distinct"], s["replayed"], s["preemptions"]) == (40, 40, 0, 3)
-    assert report["verdict"].startswith("preemption-safe")
+    assert (s["total"], s["distinct"], s["replayed"], s["preemptions"]) == (80, 80, 0, met["landed"])
+    assert report["verify_problems"] == [] and "NOT" not in report["verdict"]
+    if met["landed"] == 3:
+        assert p.returncode == 0, p.stdout + p.stderr[-3000:]
+        assert report["passed"] is True and report["verdict"].startswith("preemption-safe")
+        assert "bit-identical: " in p.stdout and "drill PASSED" in p.stdout
+    else:  # an eviction the trial outran
+        assert p.returncode == 1 and report["passed"] is False and met["missed"] == 3 - met["landed"]
+        assert report["verdict"].startswith("INCONCLUSIVE (the trainer is not blamed)")
+        assert "drill INCONCLUSIVE" in p.stdout
     # The trial's final checkpoint is an HF folder with _COMMIT, under <bucket>/<prefix>/<workflow>/trial/.
     trial = report["checkpoints"]["trial"]
-    assert trial.endswith("/trial/checkpoint-40") and "/drills/baton-equivalence-" in trial
+    assert trial.endswith("/trial/checkpoint-80") and "/drills/baton-equivalence-" in trial
     assert (out / "bucket" / trial.split("/bucket/", 1)[1] / "_COMMIT").is_file()
     md = (out / "report.md").read_text()
     assert "checkpoint format hf-checkpoint; compared: " in md and "rng " in md
-    assert "bit-identical: " in p.stdout and "drill PASSED" in p.stdout
 
 
 def test_hf_negative_control_without_the_callback_fails_and_says_why(tmp_path):
