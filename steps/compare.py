@@ -21,24 +21,13 @@ import torch
 from steps.evidence import read_evidence, read_json
 from steps.judge import judge, resolve_tier
 from steps.report import write_report
-from trainer.checkpoint import COMMIT, load_flat
-from trainer.storage import full_url, url_to_fs
+from trainer.checkpoint import CorruptCheckpoint, final_committed, load_flat
 
 
 def final_checkpoint(root: str) -> tuple[str, dict[str, Any]]:
-    """The newest committed checkpoint under a checkpoint root (one run inside), and its manifest."""
-    import json
-
-    fs, base = url_to_fs(root)
-    fs.invalidate_cache()
-    commits = fs.glob(f"{base.rstrip('/')}/runs/*/step-*/{COMMIT}")
-    if not commits:
-        raise FileNotFoundError(f"no committed checkpoint under {root}")
-    newest = max(commits, key=lambda p: int(p.rstrip("/").split("/")[-2].removeprefix("step-")))
-    folder = newest.rsplit("/", 1)[0]
-    with fs.open(f"{folder}/manifest.json", "r") as f:
-        manifest = json.loads(f.read())
-    return full_url(fs, folder), manifest
+    """The newest committed checkpoint under a checkpoint root (one run inside), and its manifest,
+    checked against its _COMMIT (trainer.checkpoint.final_committed)."""
+    return final_committed(root)
 
 
 def compared_keys(t: dict[str, torch.Tensor]) -> list[str]:
@@ -54,14 +43,16 @@ def compare(reference: str, replay: str, trial: str, total_steps: int | None = N
 
     if is_hf_root(reference):
         return compare_hf(reference, replay, trial, total_steps, tier)
-    try:
-        ref_url, ref_m = final_checkpoint(reference)
-        rep_url, rep_m = final_checkpoint(replay)
-        tri_url, tri_m = final_checkpoint(trial)
-    except FileNotFoundError as e:  # a verdict, not a crash: the report says which run has none
-        return {"equivalent": False, "format": "dcp", "tier": 1, "tensors": 0, "max_abs_diff": float("inf"),
-                "floor": 0.0, "differing": [], "problem": str(e)}
-    ref, rep, tri = load_flat(ref_url), load_flat(rep_url), load_flat(tri_url)
+    finals, flats = {}, {}
+    for role, root in (("reference", reference), ("replay", replay), ("trial", trial)):
+        try:
+            finals[role] = final_checkpoint(root)
+            flats[role] = load_flat(finals[role][0], finals[role][1]["files"])
+        except (FileNotFoundError, CorruptCheckpoint) as e:  # a verdict, not a crash: the report says which run
+            return {"equivalent": False, "format": "dcp", "tier": 1, "tensors": 0, "max_abs_diff": float("inf"),
+                    "floor": 0.0, "differing": [], "problem": f"{role}: {e}"}
+    (ref_url, ref_m), (rep_url, rep_m), (tri_url, tri_m) = finals["reference"], finals["replay"], finals["trial"]
+    ref, rep, tri = flats["reference"], flats["replay"], flats["trial"]
     keys = compared_keys(ref)
     steps = {"reference": ref_m["step"], "replay": rep_m["step"], "trial": tri_m["step"]}
     if total_steps is not None and set(steps.values()) != {total_steps}:

@@ -19,16 +19,14 @@ import hashlib
 import io
 import json
 import pickle
-import re
 from typing import Any
 
 import numpy as np
 import torch
 
-from trainer.checkpoint import COMMIT
+from trainer.ckpt_layout import COMMIT, CorruptCheckpoint, hf_step_of, parse_hf_commit
 from trainer.storage import full_url, url_to_fs
 
-CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
 SKIPPED = ("training_args.bin",)
 # Paths and wall-clock values in trainer_state.json that say where or when, not what was computed.
 TRAINER_STATE_SKIPPED = ("best_model_checkpoint", "trial_name", "trial_params")
@@ -49,10 +47,11 @@ def committed_checkpoints(root: str) -> list[tuple[int, str]]:
     fs.invalidate_cache()
     base = base.rstrip("/")
     try:
-        names = [p.rstrip("/").rsplit("/", 1)[-1] for p in fs.ls(base, detail=False)]
+        entries = fs.ls(base, detail=True)
     except FileNotFoundError:
         return []
-    steps = sorted(int(m.group(1)) for n in names if (m := CHECKPOINT_RE.match(n)))
+    steps = sorted(step for e in entries if e.get("type") == "directory" and not e.get("islink")
+                   and (step := hf_step_of(e["name"].rstrip("/").rsplit("/", 1)[-1])) is not None)
     return [(s, full_url(fs, f"{base}/checkpoint-{s}")) for s in steps if fs.exists(f"{base}/checkpoint-{s}/{COMMIT}")]
 
 
@@ -64,7 +63,7 @@ def is_hf_root(root: str) -> bool:
         names = [p.rstrip("/").rsplit("/", 1)[-1] for p in fs.ls(base.rstrip("/"), detail=False)]
     except FileNotFoundError:
         return False
-    return any(CHECKPOINT_RE.match(n) for n in names) and "runs" not in names
+    return any(hf_step_of(n) is not None for n in names) and "runs" not in names
 
 
 def final_hf_checkpoint(root: str) -> tuple[str, dict[str, Any]]:
@@ -74,8 +73,12 @@ def final_hf_checkpoint(root: str) -> tuple[str, dict[str, Any]]:
         raise FileNotFoundError(f"no committed checkpoint-N (with {COMMIT}) under {root}")
     step, url = found[-1]
     fs, path = url_to_fs(url)
-    with fs.open(f"{path}/{COMMIT}", "r") as f:
-        manifest = json.loads(f.read())
+    with fs.open(f"{path}/{COMMIT}", "rb") as f:
+        text = f.read()
+    try:
+        manifest = parse_hf_commit(text, step)
+    except CorruptCheckpoint as e:
+        raise BadCheckpoint(f"{url}: {e}") from None
     manifest.setdefault("step", step)
     return url, manifest
 
@@ -131,10 +134,12 @@ def load_hf_checkpoint(url: str) -> tuple[dict[str, Any], dict[str, int]]:
     fs, path = url_to_fs(url)
     path = path.rstrip("/")
     try:
-        with fs.open(f"{path}/{COMMIT}", "r") as f:
-            files = json.loads(f.read())["files"]
-    except (OSError, ValueError, KeyError) as e:
+        with fs.open(f"{path}/{COMMIT}", "rb") as f:
+            files = parse_hf_commit(f.read(), hf_step_of(path.rsplit("/", 1)[-1]) or 0)["files"]
+    except OSError as e:
         raise BadCheckpoint(f"{url}: unreadable {COMMIT}: {e}") from None
+    except CorruptCheckpoint as e:
+        raise BadCheckpoint(f"{url}: {e}") from None
     flat: dict[str, Any] = {}
     parts: dict[str, int] = {}
     for name in sorted(files):
@@ -213,7 +218,7 @@ def compare_hf(reference: str, replay: str, trial: str, total_steps: int | None 
     for role, root in (("reference", reference), ("replay", replay), ("trial", trial)):
         try:
             finals[role] = final_hf_checkpoint(root)
-        except FileNotFoundError as e:
+        except (FileNotFoundError, BadCheckpoint) as e:
             return {**base, "problem": f"{role}: {e}"}
     steps = {role: m["step"] for role, (_, m) in finals.items()}
     if total_steps is not None and set(steps.values()) != {total_steps}:

@@ -18,7 +18,11 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     # The handler goes in before the slow imports: a SIGTERM during start-up still ends in a clean 75.
     preempt = Preemption()
-    preempt.install()
+    try:
+        preempt.install()
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     ap = argparse.ArgumentParser(prog="python -m trainer", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", required=True, help="YAML config file")

@@ -60,7 +60,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import math
 import os
 import threading
 import time
@@ -80,7 +79,18 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 
 from trainer.ckpt_async import AsyncSaves, _reusable  # noqa: F401 - _reusable: tests import it from here
-from trainer.ckpt_read import CorruptCheckpoint, SafeReader, VerifyingReader
+from trainer.ckpt_layout import (
+    COMMIT,
+    MANIFEST,
+    CorruptCheckpoint,
+    finite_metric,
+    parse_commit,
+    parse_manifest,
+    plain_name,
+    step_name,
+    step_of,
+)
+from trainer.ckpt_read import SafeReader, VerifyingReader
 from trainer.records import log
 from trainer.storage import (
     StorageError,
@@ -94,8 +104,6 @@ from trainer.storage import (
     url_to_fs,
 )
 
-COMMIT = "_COMMIT"
-MANIFEST = "manifest.json"
 _HASH_CHUNK = 8 << 20
 
 
@@ -185,11 +193,6 @@ def _sha256(fs, path: str) -> str:
 
 def _name(p: str) -> str:
     return p.rstrip("/").split("/")[-1]
-
-
-def _step_of(name: str) -> int | None:
-    digits = name.removeprefix("step-")
-    return int(digits) if name.startswith("step-") and digits.isdigit() else None
 
 
 def _sharing(fs, io: Any) -> Any:
@@ -313,7 +316,7 @@ class Store(AsyncSaves):
             self.check()
 
     def step_path(self, step: int) -> str:
-        return f"{self.run_path}/step-{step:08d}"
+        return f"{self.run_path}/{step_name(step)}"
 
     def url(self, path: str) -> str:
         return full_url(self.fs, path)
@@ -354,7 +357,7 @@ class Store(AsyncSaves):
         for p in found:
             parts = p.rstrip("/").split("/")
             if len(parts) >= 2 and parts[-1] == COMMIT and parts[-3:-2] == [_name(self.run_path)]:
-                step = _step_of(parts[-2])
+                step = step_of(parts[-2])
                 if step is not None:
                     steps.append(step)
         return sorted(set(steps), reverse=True)
@@ -589,19 +592,23 @@ class Store(AsyncSaves):
 
     # -- verify and load --
     def read_manifest(self, step: int) -> dict[str, Any]:
+        """The manifest of committed `step`, checked against the checksum in its _COMMIT and against
+        its schema (trainer/ckpt_layout.py): CorruptCheckpoint for anything malformed, StorageError
+        only for a read that failed."""
         path = self.step_path(step)
         try:
-            with self.fs.open(f"{path}/{COMMIT}", "r") as f:
-                commit = json.loads(f.read())
-            with self.fs.open(f"{path}/{MANIFEST}", "r") as f:
+            with self.fs.open(f"{path}/{COMMIT}", "rb") as f:
+                commit_text = f.read()
+            with self.fs.open(f"{path}/{MANIFEST}", "rb") as f:
                 text = f.read()
-        except (FileNotFoundError, json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise CorruptCheckpoint(f"commit or manifest unreadable: {e}") from e
+        except FileNotFoundError as e:
+            raise CorruptCheckpoint(f"commit or manifest missing: {e}") from e
         except Exception as e:
             raise storage_error(self.url(path), "reading the manifest of", e) from None
-        if hashlib.sha256(text.encode()).hexdigest() != commit.get("manifest_sha256"):
+        commit = parse_commit(commit_text, step)
+        if hashlib.sha256(text).hexdigest() != commit["manifest_sha256"]:
             raise CorruptCheckpoint("manifest.json does not match the checksum in _COMMIT")
-        return json.loads(text)
+        return parse_manifest(text, step)
 
     def verify_files(self, step: int, manifest: dict[str, Any], hash_files: bool = True,
                      names: list[str] | None = None) -> None:
@@ -609,9 +616,7 @@ class Store(AsyncSaves):
         `hash_files`, its sha256 (a full read). A resume checks sizes only here (a stat each) and the
         hashes while it loads (`load_verified`); `names` limits the check to those files."""
         path = self.step_path(step)
-        files = manifest.get("files") or {}
-        if ".metadata" not in files:
-            raise CorruptCheckpoint("manifest lists no .metadata")
+        files = manifest["files"]  # parse_manifest checked its shape: plain names, sizes, sha256
 
         def check(name: str) -> None:
             want, full = files[name], f"{path}/{name}"
@@ -627,9 +632,10 @@ class Store(AsyncSaves):
 
         self._each_file(check, sorted(names if names is not None else files))
 
-    def shapes(self, step: int) -> dict[str, tuple[int, ...]]:
-        """Saved tensor shapes by flattened key, read from .metadata (safely)."""
-        md = self._reader(step).read_metadata()
+    def shapes(self, step: int, manifest: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+        """Saved tensor shapes by flattened key, read from .metadata: its bytes checked against the
+        manifest's sha256 before anything is unpickled, and then only under the allowlist."""
+        md = self._reader(step, manifest).read_metadata()
         return {k: tuple(v.size) for k, v in md.state_dict_metadata.items() if hasattr(v, "size")}
 
     def load_verified(self, step: int, manifest: dict[str, Any], state: dict[str, Any]) -> set[str]:
@@ -638,13 +644,14 @@ class Store(AsyncSaves):
         been copied into `state`: pass a staging state, never the live tensors. Returns the files this
         rank hashed (the caller checks that the ranks together hashed every file)."""
         assert_tensors_only(state)
-        reader = _sharing(self.fs, VerifyingReader(self.url(self.step_path(step)), manifest.get("files") or {},
+        reader = _sharing(self.fs, VerifyingReader(self.url(self.step_path(step)), manifest["files"],
                                                    threads=self.io_threads, **storage_options(self.root_uri)))
         dcp.load(state, storage_reader=reader)
         return reader.hashed
 
-    def _reader(self, step: int) -> SafeReader:
-        return _sharing(self.fs, SafeReader(self.url(self.step_path(step)), **storage_options(self.root_uri)))
+    def _reader(self, step: int, manifest: dict[str, Any]) -> SafeReader:
+        return _sharing(self.fs, VerifyingReader(self.url(self.step_path(step)), manifest["files"],
+                                                 **storage_options(self.root_uri)))
 
     # -- retention --
     def _delete(self, path: str) -> None:
@@ -663,10 +670,7 @@ class Store(AsyncSaves):
                 self._manifests[step] = self.read_manifest(step)
             except (CorruptCheckpoint, StorageError):
                 return None
-        value = (self._manifests[step].get("metrics") or {}).get(name)
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
-            return float(value)
-        return None
+        return finite_metric((self._manifests[step].get("metrics") or {}).get(name))
 
     def best_step(self, name: str, steps: list[int]) -> int | None:
         """The step with the lowest `name` among `steps` (the newest of equals); None if none has it."""
@@ -694,13 +698,17 @@ class Store(AsyncSaves):
                     deleted.append(step)
             with self._io("listing"):
                 try:
-                    entries = self.fs.ls(self.run_path, detail=False)
+                    entries = self.fs.ls(self.run_path, detail=True)
                 except FileNotFoundError:
                     entries = []
-            for p in entries:
-                s = _step_of(_name(p))
+            for e in entries:
+                # Only real step folders: never a symlink (a deletion through it would reach outside
+                # the run), never a name that is not step- and 8 ASCII digits.
+                if e.get("islink") or e.get("type") != "directory":
+                    continue
+                s = step_of(_name(e["name"]))
                 if s is not None and s < newest and s not in committed:
-                    self._delete(p)
+                    self._delete(e["name"])
                     deleted.append(s)
         except StorageError as e:
             # Best effort: the new checkpoint is committed, and the next commit retries the rest.
@@ -742,15 +750,74 @@ def local_path(uri: str) -> str | None:
     return None
 
 
-def load_flat(url: str) -> dict[str, torch.Tensor]:
-    """Every tensor of a checkpoint, full (unsharded), by flattened key. No process group needed."""
+def run_ids(root_uri: str) -> list[str]:
+    """The runs under a checkpoint root (`<root>/runs/<run_id>/`), sorted; names that are not plain
+    file names, and symlinks, are left out."""
+    fs, root = url_to_fs(root_uri)
+    fs.invalidate_cache()
+    try:
+        entries = fs.ls(f"{root.rstrip('/')}/runs", detail=True)
+    except FileNotFoundError:
+        return []
+    out = []
+    for e in entries:
+        name = _name(e["name"])
+        try:
+            plain_name(name, "the listing")
+        except CorruptCheckpoint:
+            continue
+        if e.get("type") == "directory" and not e.get("islink"):
+            out.append(name)
+    return sorted(out)
+
+
+def final_committed(root_uri: str) -> tuple[str, dict[str, Any]]:
+    """(url, manifest) of the newest committed checkpoint of any run under `root_uri`, its manifest
+    checked against its _COMMIT and its schema. FileNotFoundError when there is none; CorruptCheckpoint
+    when the newest one is malformed."""
+    newest: tuple[int, Store] | None = None
+    for run_id in run_ids(root_uri):
+        store = Store(root_uri, run_id, check=False)
+        steps = store.committed_steps()
+        if steps and (newest is None or steps[0] > newest[0]):
+            newest = (steps[0], store)
+    if newest is None:
+        raise FileNotFoundError(f"no committed checkpoint under {redact(root_uri)}")
+    step, store = newest
+    return store.url(store.step_path(step)), store.read_manifest(step)
+
+
+def load_flat(url: str, files: dict[str, dict[str, Any]] | None = None) -> dict[str, torch.Tensor]:
+    """Every tensor of a checkpoint, full (unsharded), by flattened key. No process group needed.
+
+    With `files` (its manifest's), `.metadata` is checked against its sha256 before it is unpickled and
+    every file is hashed while it is read (CorruptCheckpoint on a mismatch); without (a bare DCP folder),
+    `.metadata` is still unpickled only under the allowlist."""
     # The same private pair that torch's own dcp_to_torch_save uses: the public load() skips an empty dict.
     from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
     state: dict[str, Any] = {}
-    _load_state_dict(state, storage_reader=SafeReader(url, **storage_options(url)),
-                     planner=_EmptyStateDictLoadPlanner(), no_dist=True)
+    reader = VerifyingReader(url, files, **storage_options(url)) if files is not None else \
+        SafeReader(url, **storage_options(url))
+    # Checked (sha256 first, then the allowlist) here, where its refusal is a CorruptCheckpoint: DCP reports a
+    # failure to read .metadata only as text inside an AssertionError.
+    reader.read_metadata()
+    try:
+        _load_state_dict(state, storage_reader=reader, planner=_EmptyStateDictLoadPlanner(), no_dist=True)
+    except CheckpointException as e:
+        from trainer.ckpt_resolve import corrupt_reason
+
+        reason = corrupt_reason(e)
+        if reason is None:
+            raise
+        raise CorruptCheckpoint(reason) from None
+    if files is not None:
+        unread = sorted(set(files) - reader.hashed)
+        fs, path = url_to_fs(url)
+        for name in unread:  # a file no item was read from still has to be what the manifest says
+            if _sha256(fs, f"{path.rstrip('/')}/{name}") != files[name]["sha256"]:
+                raise CorruptCheckpoint(f"{name} fails its sha256 checksum")
     flat: dict[str, torch.Tensor] = {}
 
     def walk(prefix: str, node: Any) -> None:

@@ -30,29 +30,25 @@ from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem
 from torch.futures import Future
 
+from trainer.ckpt_layout import CorruptCheckpoint, plain_name
+
 _HASH_CHUNK = 8 << 20
-
-
-class CorruptCheckpoint(RuntimeError):
-    """Torn, truncated or altered: refused, and the loader falls back to the previous one."""
 
 
 # ---- .metadata without arbitrary unpickling ---------------------------------------------------------
 
+# Exactly what a DCP `.metadata` of tensors holds (read off real ones, torch 2.11-2.13): its dataclasses,
+# the memory-format enum, torch.Size and dtypes, and `_get_layout` (a lookup of torch's layouts by name).
+# No callable that reaches attributes or modules (getattr, pathlib's classes): with those, a chain of
+# allowed names gets from a class to its module's globals and on to os.system.
 _ALLOWED_GLOBALS = {
     ("torch.distributed.checkpoint.metadata", n) for n in (
         "Metadata", "TensorStorageMetadata", "ChunkStorageMetadata", "TensorProperties", "MetadataIndex",
         "StorageMeta", "_MEM_FORMAT_ENCODING", "BytesStorageMetadata")
 } | {
     ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
-    ("torch.distributed.checkpoint.filesystem", "_StoragePrefix"),
-    ("torch.distributed.checkpoint.planner", "WriteItemType"),
-    ("torch.distributed.checkpoint._extension", "ExtensionRegistry"),
     ("torch.serialization", "_get_layout"),
-    ("torch", "Size"), ("torch", "device"), ("torch", "layout"), ("torch", "memory_format"),
-    ("torch", "strided"), ("torch", "contiguous_format"),
-    ("collections", "OrderedDict"), ("builtins", "getattr"), ("builtins", "set"), ("builtins", "frozenset"),
-    ("pathlib", "PosixPath"),
+    ("torch", "Size"),
 } | {("torch", n) for n in ("float32", "float64", "float16", "bfloat16", "int64", "int32", "int16",
                             "int8", "uint8", "bool", "complex64", "complex128")}
 
@@ -81,11 +77,32 @@ class SafeReader(FsspecReader):
         except CorruptCheckpoint:
             raise
         except Exception as e:
-            raise CorruptCheckpoint(f".metadata does not parse: {e}") from e
+            raise CorruptCheckpoint(f".metadata does not parse: {str(e)[:200]}") from None
+        _check_shape(metadata)
         if getattr(metadata, "storage_meta", None) is None:
             metadata.storage_meta = StorageMeta()
         metadata.storage_meta.load_id = self.load_id
         return metadata
+
+
+def _check_shape(md: Any) -> None:
+    """The unpickled .metadata has the types DCP's reader goes on to use, and every file it points at is
+    a plain name inside the checkpoint folder (a relative_path of `../x` would read outside it)."""
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
+    from torch.distributed.checkpoint.metadata import Metadata
+
+    if not isinstance(md, Metadata) or not isinstance(md.state_dict_metadata, dict):
+        raise CorruptCheckpoint(".metadata does not hold DCP metadata")
+    storage = md.storage_data if md.storage_data is not None else {}
+    if not isinstance(storage, dict):
+        raise CorruptCheckpoint(".metadata's storage_data is not a mapping")
+    for info in storage.values():
+        if not isinstance(info, _StorageInfo):
+            raise CorruptCheckpoint(".metadata's storage_data holds something other than file locations")
+        plain_name(info.relative_path, ".metadata")
+        for n in (info.offset, info.length):
+            if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+                raise CorruptCheckpoint(".metadata holds a file offset or length that is not a count")
 
 
 # ---- hashing while loading ------------------------------------------------------------------------------
@@ -103,9 +120,9 @@ class VerifyingReader(SafeReader):
 
     def _check_metadata(self, raw: bytes) -> None:
         want = self.files.get(".metadata")
-        if want is None:
+        if not isinstance(want, dict):
             raise CorruptCheckpoint("manifest lists no .metadata")
-        if len(raw) != want["size"] or hashlib.sha256(raw).hexdigest() != want["sha256"]:
+        if len(raw) != want.get("size") or hashlib.sha256(raw).hexdigest() != want.get("sha256"):
             raise CorruptCheckpoint(".metadata fails its sha256 checksum")
         self.hashed.add(".metadata")
 

@@ -27,6 +27,17 @@ def _staging_like(state: dict[str, Any]) -> dict[str, Any]:
     return {k: _staging_like(v) if isinstance(v, dict) else torch.empty_like(v) for k, v in state.items()}
 
 
+def corrupt_reason(e: BaseException) -> str | None:
+    """The message of a CorruptCheckpoint, raised directly or by a rank inside DCP's CheckpointException."""
+    if isinstance(e, CorruptCheckpoint):
+        return str(e)
+    for wrapped in (getattr(e, "failures", None) or {}).values():  # rank -> (exception, traceback)
+        inner = wrapped[0] if isinstance(wrapped, tuple) else getattr(wrapped, "exc", None)
+        if isinstance(inner, CorruptCheckpoint):
+            return str(inner)
+    return None
+
+
 def _load_failure(e: BaseException) -> str:
     """The reason to record for a failed load: a CorruptCheckpoint's own message when a rank raised one
     (DCP wraps every rank's failure in one CheckpointException)."""
@@ -82,14 +93,16 @@ class LoadTimes:
 
 def resolve_and_load(store: Store, fingerprint: str, build_state: Callable[[int, dict], dict],
                      on_refused: Callable[[int, str], None], times: LoadTimes | None = None,
-                     steps: list[int] | None = None) -> tuple[int, dict, dict] | None:
+                     steps: list[int] | None = None,
+                     check_staged: Callable[[int, dict], str | None] | None = None) -> tuple[int, dict, dict] | None:
     """Load the newest complete, intact checkpoint; fall back past torn or corrupt ones.
 
     `steps`: the committed steps, newest first, when the caller has listed them (same on every rank).
     `build_state(step, manifest)` returns the tensor-only state to load (the live tensors may be in
     it): the load goes into a staging copy of it, hashing every file while reading it, and the staging
-    copy is returned only once every file has matched its sha256 on every rank, so no tensor of a
-    refused checkpoint reaches the live state. Returns (step, manifest, staged state), or None when no
+    copy is returned only once every file has matched its sha256 on every rank and `check_staged(step,
+    staged)` (the caller's check of what the copy holds, the same on every rank) returned None, so no
+    tensor of a refused checkpoint reaches the live state. Returns (step, manifest, staged state), or None when no
     usable checkpoint exists. Raises CheckpointRefused for a checkpoint of another run (a different
     fingerprint): that is a mistake to stop on, not to skip. A store that fails (after retries) while
     being read raises StorageError: a network fault is not a reason to pass over a good checkpoint.
@@ -107,7 +120,9 @@ def resolve_and_load(store: Store, fingerprint: str, build_state: Callable[[int,
         if _rank() == 0:
             try:
                 manifest = store.read_manifest(step)
-                if manifest.get("fingerprint") != fingerprint:
+                if "fingerprint" not in manifest:
+                    verdict = "manifest.json has no fingerprint"
+                elif manifest["fingerprint"] != fingerprint:
                     verdict = (f"foreign:{store.url(store.step_path(step))} has fingerprint "
                                f"{str(manifest.get('fingerprint'))[:12]}, this run has {fingerprint[:12]}")
                 else:
@@ -129,6 +144,8 @@ def resolve_and_load(store: Store, fingerprint: str, build_state: Callable[[int,
                 state = _staging_like(build_state(step, manifest))
                 hashed = store.load_verified(step, manifest, state)
                 verdict = _all_hashed(store, step, manifest, hashed)
+                if verdict is None and check_staged is not None:
+                    verdict = check_staged(step, state)
             except (Exception, CheckpointException) as e:  # DCP raises it on every rank together
                 verdict = _load_failure(e)
             times.load += time.perf_counter() - t

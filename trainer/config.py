@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -218,6 +219,7 @@ def _check_type(value: Any, tp: Any, key: str) -> Any:
     if tp is float:
         _require(isinstance(value, (int, float)) and not isinstance(value, bool), key,
                  f"must be a number, got {value!r}")
+        _require(math.isfinite(value), key, f"must be a finite number, got {value!r}")
         return float(value)
     if tp is str:
         _require(isinstance(value, str), key, f"must be a string, got {value!r}")
@@ -234,7 +236,7 @@ def _check_type(value: Any, tp: Any, key: str) -> Any:
 def _build(cls: type, raw: Any, prefix: str) -> Any:
     where = prefix or "the top level"
     if not isinstance(raw, dict):
-        raise ConfigError(f"config key '{where}': must be a mapping, got {raw!r}")
+        raise ConfigError(f"config key '{where}': must be a mapping, got {repr(raw)[:80]}")
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
     for k in raw:
@@ -288,9 +290,13 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
         if not p.is_file():
             raise ConfigError(f"config file {str(p)!r} does not exist")
         try:
-            raw = yaml.safe_load(p.read_text()) or {}
+            raw = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
+        except UnicodeDecodeError:
+            raise ConfigError(f"config file {str(p)!r} is not text (not UTF-8): is it the right file?") from None
+        except OSError as e:
+            raise ConfigError(f"config file {str(p)!r} cannot be read: {e.strerror or e}") from None
         except yaml.YAMLError as e:
-            raise ConfigError(f"config file {str(p)!r} is not valid YAML: {e}") from None
+            raise ConfigError(f"config file {str(p)!r} is not valid YAML: {str(e)[:300]}") from None
     apply_overrides(raw, overrides or [])
     return _build(Config, raw, "")
 

@@ -23,17 +23,26 @@ from torch.utils.data import Dataset, Sampler
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from trainer.config import ConfigError, DataConfig
-from trainer.storage import storage_options
+from trainer.storage import redact, storage_error, storage_options
 
 
 def read_documents(uri: str, text_field: str = "text") -> list[str]:
     """Documents of a corpus: JSONL (one object a line, `text_field` holds the text) or plain text
     (documents separated by blank lines)."""
+    shown = redact(uri)
     try:
         with fsspec.open(uri, "rt", encoding="utf-8", **storage_options(uri)) as f:
             content = f.read()
     except FileNotFoundError:
-        raise ConfigError(f"config key 'data.uri': {uri!r} does not exist") from None
+        raise ConfigError(f"config key 'data.uri': {shown!r} does not exist") from None
+    except IsADirectoryError:
+        raise ConfigError(f"config key 'data.uri': {shown!r} is a directory, not a corpus file") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"config key 'data.uri': {shown!r} is not UTF-8 text (.txt or .jsonl)") from None
+    except ConfigError:
+        raise
+    except Exception as e:  # an unreachable endpoint, a missing bucket, refused credentials
+        raise storage_error(uri, "config key 'data.uri': reading", e) from None
     if uri.endswith(".jsonl"):
         docs = []
         for n, line in enumerate(content.splitlines(), 1):
@@ -42,14 +51,14 @@ def read_documents(uri: str, text_field: str = "text") -> list[str]:
             try:
                 obj = json.loads(line)
             except json.JSONDecodeError as e:
-                raise ConfigError(f"config key 'data.uri': {uri} line {n} is not JSON ({e})") from None
+                raise ConfigError(f"config key 'data.uri': {shown} line {n} is not JSON ({e})") from None
             if not isinstance(obj, dict) or not isinstance(obj.get(text_field), str):
-                raise ConfigError(f"config key 'data.text_field': {uri} line {n} has no string field {text_field!r}")
+                raise ConfigError(f"config key 'data.text_field': {shown} line {n} has no string field {text_field!r}")
             docs.append(obj[text_field])
     else:
         docs = [d.strip() for d in content.split("\n\n") if d.strip()]
     if not docs:
-        raise ConfigError(f"config key 'data.uri': {uri!r} holds no documents")
+        raise ConfigError(f"config key 'data.uri': {shown!r} holds no documents")
     return docs
 
 

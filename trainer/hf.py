@@ -46,7 +46,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import shutil
 import time
 import traceback
@@ -57,14 +56,13 @@ import torch
 import torch.distributed as dist
 from transformers import TrainerCallback
 
-from trainer.checkpoint import COMMIT
+from trainer.ckpt_layout import COMMIT, CorruptCheckpoint, hf_step_of, parse_hf_commit
 from trainer.faults import FaultsConfig, SaveFailures, StoreUnreachable, is_peer_failure, retry_reads
 from trainer.preemption import Preemption
 from trainer.records import Records, log
 from trainer.storage import StorageError, full_url, is_local, retrying, storage_error, url_to_fs
 
 EXIT_OK, EXIT_FAIL, EXIT_PREEMPTED = 0, 1, 75
-CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
 # Left out of the manifest and the mirror: it pickles 9 transformers/accelerate classes, holds no
 # state that a resume needs (the script builds its own TrainingArguments), and cannot be loaded safely.
 SKIPPED_FILES = ("training_args.bin",)
@@ -100,13 +98,15 @@ class HFStore:
         return full_url(self.fs, f"{self.base}/checkpoint-{step}")
 
     def committed_steps(self) -> list[int]:
-        """Steps with a `_COMMIT`, ascending: one listing of the root, the markers checked per folder."""
+        """Steps with a `_COMMIT`, ascending: one listing of the root, the markers checked per folder.
+        Only folders named `checkpoint-` and ASCII digits count, and never a symlink."""
         self.fs.invalidate_cache()
         try:
-            names = [p.rstrip("/").rsplit("/", 1)[-1] for p in self.fs.ls(self.base, detail=False)]
+            entries = self.fs.ls(self.base, detail=True)
         except FileNotFoundError:
             return []
-        steps = sorted(int(m.group(1)) for n in names if (m := CHECKPOINT_RE.match(n)))
+        steps = sorted(step for e in entries if e.get("type") == "directory" and not e.get("islink")
+                       and (step := hf_step_of(e["name"].rstrip("/").rsplit("/", 1)[-1])) is not None)
         return [s for s in steps if self.fs.exists(f"{self.base}/checkpoint-{s}/{COMMIT}")]
 
     # -- commit --
@@ -148,15 +148,17 @@ class HFStore:
         short leaves a folder that is passed over, never one that looks complete."""
         if self.in_place or keep_last <= 0:
             return  # in place, HF's own save_total_limit rotates
-        for step in self.committed_steps()[:-keep_last]:
+        for step in self.committed_steps()[:-keep_last]:  # real checkpoint-N folders only, never a symlink
             folder = f"{self.base}/checkpoint-{step}"
             retrying(lambda folder=folder: self.fs.rm(f"{folder}/{COMMIT}"), self.url(step), "delete")
             retrying(lambda folder=folder: self.fs.rm(folder, recursive=True), self.url(step), "delete")
 
     # -- resume --
     def manifest(self, step: int) -> dict[str, Any]:
-        with self.fs.open(f"{self.base}/checkpoint-{step}/{COMMIT}", "r") as f:
-            return json.loads(f.read())
+        """The `_COMMIT` of `step`, checked against its schema: CorruptCheckpoint when malformed (names
+        that are not plain file names included)."""
+        with self.fs.open(f"{self.base}/checkpoint-{step}/{COMMIT}", "rb") as f:
+            return parse_hf_commit(f.read(), step)
 
     def fetch(self, step: int) -> str:
         """The checkpoint as a local folder the Trainer can resume from, its files checked against the
@@ -168,13 +170,20 @@ class HFStore:
             files = manifest["files"]
         except FileNotFoundError:
             raise TornCheckpoint(f"{COMMIT} is missing") from None
-        except (ValueError, KeyError, TypeError) as e:
-            raise TornCheckpoint(f"unreadable {COMMIT}: {e}") from None
+        except CorruptCheckpoint as e:
+            raise TornCheckpoint(str(e)) from None
         except Exception as e:
             raise storage_error(self.url(step), "reading", e) from None
         local = os.path.join(self.local_dir, f"checkpoint-{step}")
-        if not self.in_place:
-            shutil.rmtree(local, ignore_errors=True)  # a stale local copy is never trusted
+        if self.in_place:
+            # Committed in place: only the manifest's files may be loaded. A file beside them that the
+            # commit does not list (an optional scaler.pt of another save) is removed, never used.
+            for name in os.listdir(local):
+                if name != COMMIT and name not in files:
+                    log(f"checkpoint-{step}: removing {name!r}, which its {COMMIT} does not list")
+                    _remove(os.path.join(local, name))
+        else:
+            _remove(local)  # a stale local copy is never trusted
             os.makedirs(local)
             for n in files:
                 try:
@@ -193,6 +202,9 @@ class HFStore:
                 raise storage_error(self.url(step), f"reading {n} of", e) from None
             if not matches:
                 raise TornCheckpoint(f"{n} does not match its size or sha256 in {COMMIT}")
+        for n in files:
+            if n.endswith((".pt", ".pth", ".bin")):
+                _loads_safely(os.path.join(local, n))
         return local
 
     def claim_attempt(self) -> int:
@@ -208,6 +220,28 @@ class HFStore:
         with self.fs.open(f"{folder}/{n:08d}-{uuid.uuid4().hex[:8]}.json", "w") as f:
             f.write(json.dumps({"attempt": n, "time": time.time(), "pid": os.getpid()}))
         return n
+
+
+def _remove(path: str) -> None:
+    """A file, a folder or a symlink (the link itself, never what it points to)."""
+    if os.path.islink(path) or os.path.isfile(path):
+        os.unlink(path)
+    elif os.path.isdir(path):
+        shutil.rmtree(path)
+
+
+def _loads_safely(path: str) -> None:
+    """A `.pt`/`.pth` the Trainer will `torch.load` must load under `weights_only` with the globals HF
+    allows (its RNG file holds numpy arrays); mapped, not read. The Trainer loads them that way too, but
+    a refusal there would end the run: here it is a refused checkpoint, and the resume falls back."""
+    from transformers.trainer_pt_utils import safe_globals
+
+    try:
+        with safe_globals():
+            torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as e:  # noqa: BLE001 - every refusal of the safe unpickler, and torn archives
+        raise TornCheckpoint(f"{os.path.basename(path)} cannot be loaded safely: "
+                             f"{str(e).splitlines()[0][:200] if str(e) else type(e).__name__}") from None
 
 
 def _pause_points() -> set[tuple[int, int]]:

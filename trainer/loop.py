@@ -24,6 +24,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import DTensor
 
 from trainer import faults, rng
 from trainer.checkpoint import (
@@ -42,7 +43,7 @@ from trainer.noise import GradNoise
 from trainer.notice import Attempt, Cadence, NoticeThread, NoticeWatcher
 from trainer.preemption import Preemption
 from trainer.records import Records, log
-from trainer.storage import StorageError
+from trainer.storage import StorageError, describe
 
 EXIT_OK, EXIT_FAIL, EXIT_PREEMPTED = 0, 1, 75
 RESTORABLE = ("rng", "data", "optimizer", "scheduler")
@@ -201,15 +202,19 @@ class Trainer:
     def _load_template(self, step: int, manifest: dict) -> dict[str, Any]:
         # Rank 0 reads the shapes and every rank gets the same answer, failure included: ranks that
         # disagreed here would enter dcp.load's collectives out of step.
-        shapes = None
+        answer: tuple[str, Any] = ("ok", None)
         if self.rank == 0:
             try:
-                shapes = self.store.shapes(step)
-            except Exception as e:  # noqa: BLE001 - carried to every rank, raised there
-                shapes = f"{type(e).__name__}: {e}"
-        shapes = broadcast(shapes)
-        if isinstance(shapes, str):
+                answer = ("ok", self.store.shapes(step, manifest))
+            except CorruptCheckpoint as e:
+                answer = ("corrupt", str(e))
+            except Exception as e:  # noqa: BLE001 - a read that failed: carried to every rank, retried there
+                answer = ("storage", describe(e))
+        kind, shapes = broadcast(answer)
+        if kind == "corrupt":
             raise CorruptCheckpoint(f"cannot read .metadata: {shapes}")
+        if kind == "storage":
+            raise StorageError(f"reading the .metadata of step {step} failed: {shapes}")
         same_world = manifest.get("world_size") == self.world
         src = (self.world - 1 - self.rank) if self.swap_ranks else self.rank
         template = self.state(self.boundary())
@@ -221,9 +226,19 @@ class Trainer:
         if same_world:
             # The generators the checkpoint holds, not the ones this process has: a CPU checkpoint
             # resumed on a GPU has no `cuda` state (restore() then leaves CUDA's seeded stream alone).
-            template[f"rng.rank{src}"] = {k: torch.empty(shapes[f"rng.rank{src}.{k}"], dtype=v.dtype)
+            stored = sum(f["size"] for f in manifest["files"].values())
+
+            def empty(key: str, dtype: torch.dtype) -> torch.Tensor:
+                shape = shapes.get(key)
+                if shape is None:
+                    raise CorruptCheckpoint(f"the checkpoint holds no {key}")
+                if math.prod(shape) * dtype.itemsize > stored:  # a shape no file could hold
+                    raise CorruptCheckpoint(f".metadata gives {key} the shape {shape}, larger than the checkpoint")
+                return torch.empty(shape, dtype=dtype)
+
+            template[f"rng.rank{src}"] = {k: empty(f"rng.rank{src}.{k}", v.dtype)
                                           for k, v in rng.capture().items() if f"rng.rank{src}.{k}" in shapes}
-            template[f"loader.rank{src}"] = torch.empty(shapes[f"loader.rank{src}"], dtype=torch.uint8)
+            template[f"loader.rank{src}"] = empty(f"loader.rank{src}", torch.uint8)
         return template
 
     def resume(self) -> None:
@@ -238,7 +253,7 @@ class Trainer:
         # Every rank raises the same StorageError (the verdict is broadcast), so every rank retries together.
         loaded = faults.retry_reads(
             lambda: resolve_and_load(self.store, self.cfg.fingerprint, self._load_template, refused,
-                                     times=load_times, steps=self.committed),
+                                     times=load_times, steps=self.committed, check_staged=_progress_matches),
             self.cfg.faults.read_retry_s, StorageError, log, several_ranks=self.world > 1)
         self.times.update(load_times.as_dict())
         t = time.perf_counter()
@@ -263,9 +278,7 @@ class Trainer:
             last_epoch, step_count = st["sched"].tolist()
             self.sched.last_epoch, self.sched._step_count = last_epoch, step_count
             self.sched._last_lr = [g["lr"] for g in self.optim.param_groups]
-        p_step, epoch, start, yielded = st["progress"].tolist()
-        if p_step != step:
-            raise CorruptCheckpoint(f"checkpoint step-{step:08d} holds progress for step {p_step}")
+        _, epoch, start, yielded = st["progress"].tolist()  # its step was checked on the staging copy
         self.step = step
         src = (self.world - 1 - self.rank) if self.swap_ranks else self.rank
         if "data" not in self.skip:
@@ -395,18 +408,28 @@ class Trainer:
         dist.barrier()
         return EXIT_PREEMPTED
 
-    def _boundary_flags(self, loss_sum: torch.Tensor) -> tuple[float, bool, bool]:
-        """One collective a step boundary (world > 1): the mean loss, and the OR over the ranks of the
-        preemption warning, the wall-clock cadence and the stop flag (the latter answers the next
-        micro-batch's stop check unless something slow happens first). Returns (loss, warning, due)."""
+    def _boundary_flags(self, loss_sum: torch.Tensor, grad_norm: torch.Tensor | None
+                        ) -> tuple[float, float | None, bool, bool]:
+        """One host sync a step, and one collective at world > 1: the mean loss, the global gradient
+        norm (when clipping computed one), and the OR over the ranks of the preemption warning, the
+        wall-clock cadence and the stop flag (the latter answers the next micro-batch's stop check unless
+        something slow happens first). Returns (loss, grad_norm, warning, due)."""
         pending = bool(self.notice and self.notice.pending())
         due = self.rank == 0 and self.cadence.due(time.time(), self.last_save_at)
+        # Under FSDP2 the norm is a DTensor whose local value is this rank's shards' norm: the ranks'
+        # squares add up to the global norm's square (and a NaN or inf anywhere stays one).
+        local_norm = grad_norm.to_local() if isinstance(grad_norm, DTensor) else grad_norm
+        parts = [loss_sum] if local_norm is None else [loss_sum, local_norm.double().square()]
+        values = torch.stack(parts).tolist()  # the host sync
+        norm_sq = values[1] if local_norm is not None else None
         if self.world == 1:
-            return loss_sum.item(), pending, due
-        flags = torch.tensor([loss_sum.item(), int(pending), int(due), int(self.preempt.local)], dtype=torch.float64)
+            return values[0], None if norm_sq is None else math.sqrt(norm_sq), pending, due
+        flags = torch.tensor([values[0], norm_sq or 0.0, int(pending), int(due), int(self.preempt.local)],
+                             dtype=torch.float64)
         dist.all_reduce(flags, op=dist.ReduceOp.SUM)
-        self.preempt.decided(bool(flags[3] > 0) or faults.disagrees_for_test(self.rank, self.step))
-        return flags[0].item() / self.world, bool(flags[1] > 0), bool(flags[2] > 0)
+        self.preempt.decided(bool(flags[4] > 0) or faults.disagrees_for_test(self.rank, self.step))
+        norm = None if norm_sq is None else math.sqrt(flags[1].item())
+        return flags[0].item() / self.world, norm, bool(flags[2] > 0), bool(flags[3] > 0)
 
     def _on_boundary(self, pending: bool, due: bool) -> int | None:
         """Warnings and the wall-clock cadence, decided together for all ranks at a step boundary
@@ -521,15 +544,17 @@ class Trainer:
                     self.noise.perturb(self.model, self.step, m)
                 loss_sum += loss.detach().double()
             self.store.before_update()  # an async save's staging copy must be done before the update
+            grad_norm = None
             if cfg.optim.grad_clip > 0:
-                torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.optim.grad_clip)
+                grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.optim.grad_clip)
             lr = self.optim.param_groups[0]["lr"]
             self.optim.step()
             self.sched.step()
             self.optim.zero_grad(set_to_none=True)
             self.step += 1
             faults.hang_for_test(self.rank, self.step)
-            loss_value, warning, due = self._boundary_flags(loss_sum)
+            loss_value, norm, warning, due = self._boundary_flags(loss_sum, grad_norm)
+            _require_finite(self.step, loss=loss_value, grad_norm=norm, lr=lr)  # the same on every rank
             self.metrics = {"loss": loss_value}  # what keep-best retention ranks checkpoints by
             if data.epoch_done:
                 data.next_epoch()
@@ -553,6 +578,28 @@ class Trainer:
         self.emit("done", self.step, total_steps=cfg.total_steps, checkpoint=self.last_checkpoint)
         log(f"done: {cfg.total_steps} steps, final checkpoint {self.last_checkpoint}")
         return EXIT_OK
+
+
+class NonFinite(RuntimeError):
+    """A loss, gradient norm or learning rate that is NaN or infinite: the run is garbage from here on.
+    It ends with 1 (a retry would compute the same) and nothing of this step is saved."""
+
+
+def _require_finite(step: int, **values: float | None) -> None:
+    bad = [f"{name} {value}" for name, value in values.items() if value is not None and not math.isfinite(value)]
+    if bad:
+        raise NonFinite(f"step {step}: {', '.join(bad)} is not finite; stopping without saving it "
+                        "(the last committed checkpoint stands); check optim.lr, the data and the model")
+
+
+def _progress_matches(step: int, staged: dict[str, Any]) -> str | None:
+    """A staged checkpoint whose saved progress is not its folder's step (a copy of step 8 named
+    step-00000099) is refused before it reaches the model: the loader falls back."""
+    progress = staged.get("progress")
+    if not isinstance(progress, torch.Tensor) or progress.numel() != 4:
+        return "the checkpoint holds no progress record"
+    saved = int(progress[0])
+    return None if saved == step else f"the folder is step {step} but the checkpoint holds progress for step {saved}"
 
 
 def process_start() -> float:
@@ -588,8 +635,11 @@ def train(cfg: Config, preempt: Preemption) -> int:
             # store's own retries, in a final or preemption save: nothing of that save is committed, the
             # last commit stands, and a retry resumes from it. A bad bucket or credentials fail at the start.
             raise faults.StoreFailing(str(e)) from None
-    except FencedOut as e:
+    except (FencedOut, NonFinite) as e:
         log(f"error: {e}")
+        if isinstance(e, NonFinite):
+            trainer.emit("failed", getattr(trainer, "step", 0), reason="non_finite", error=str(e),
+                         checkpoint=trainer.last_checkpoint)
         return EXIT_FAIL
     except (faults.SavesFailing, faults.StoreUnreachable, faults.StoreFailing) as e:
         # Retry-safe: the last commit stands and a retry resumes from it (the store may be back by then).

@@ -22,6 +22,18 @@ import torch.distributed as dist
 from trainer.grace import grace_seconds
 
 
+def sigterm_handler_disabled() -> bool:
+    """`BATON_DISABLE_SIGTERM_HANDLER`: 1 or true (the drill's negative control), 0, false or unset.
+    Any other value is refused (ValueError): a control asked for in a spelling that went unread would
+    quietly run as a normal trial, and pass."""
+    raw = os.environ.get("BATON_DISABLE_SIGTERM_HANDLER", "").strip().lower()
+    if raw in ("", "0", "false"):
+        return False
+    if raw in ("1", "true"):
+        return True
+    raise ValueError(f"BATON_DISABLE_SIGTERM_HANDLER must be 1, true, 0 or false, got {raw!r}")
+
+
 class Preemption:
     def __init__(self) -> None:
         self.signal_name: str | None = None
@@ -36,7 +48,7 @@ class Preemption:
         self.during: str | None = None
 
     def install(self) -> None:
-        if os.environ.get("BATON_DISABLE_SIGTERM_HANDLER") == "1":
+        if sigterm_handler_disabled():
             return  # the drill's negative control: a trainer that dies on SIGTERM
         signal.signal(signal.SIGTERM, self._on_signal)
         self._installed = True

@@ -7,6 +7,7 @@ Human-readable logs go to stderr through `log`.
 from __future__ import annotations
 
 import json
+import math
 import sys
 import time
 from typing import Any
@@ -17,11 +18,27 @@ class Records:
         self.run_id, self.attempt, self.rank = run_id, attempt, rank
 
     def emit(self, event: str, step: int, **fields: Any) -> dict[str, Any]:
-        rec = {"event": event, "run_id": self.run_id, "attempt": self.attempt, "rank": self.rank,
-               "time": round(time.time(), 3), "step": step, **fields}
-        sys.stdout.write(json.dumps(rec) + "\n")
+        rec = _finite({"event": event, "run_id": self.run_id, "attempt": self.attempt, "rank": self.rank,
+                       "time": round(time.time(), 3), "step": step, **fields})
+        sys.stdout.write(json.dumps(rec, allow_nan=False) + "\n")
         sys.stdout.flush()
         return rec
+
+
+def _finite(value: Any) -> Any:
+    """`value` with every NaN or infinite float replaced by its name as a string ("nan", "inf"), so a
+    record is always valid JSON, which has no such numbers; and credentials in URLs redacted."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, str) and "@" in value:  # a URL with user:secret@ in it
+        from trainer.storage import redact
+
+        return redact(value)
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
 
 
 def log(msg: str) -> None:

@@ -391,19 +391,11 @@ def _param(wf: dict[str, Any], name: str) -> str | None:
 
 
 def committed_steps(root: str, role: str) -> dict[str, list[int]]:
-    """run_id -> committed steps, newest first, under `<root>/<role>/runs/*/step-*/_COMMIT` (one glob)."""
-    from trainer.storage import url_to_fs
+    """run_id -> committed steps, newest first, under `<root>/<role>` (the checkpoint store's own listing)."""
+    from trainer.checkpoint import Store, run_ids
 
-    fs, base = url_to_fs(f"{root}/{role}")
-    fs.invalidate_cache()
-    runs: dict[str, list[int]] = {}
-    for path in fs.glob(f"{base.rstrip('/')}/runs/*/step-*/_COMMIT"):
-        parts = path.rstrip("/").split("/")
-        try:
-            runs.setdefault(parts[-3], []).append(int(parts[-2].removeprefix("step-")))
-        except (IndexError, ValueError):
-            continue
-    return {run: sorted(steps, reverse=True) for run, steps in runs.items()}
+    runs = {run: Store(f"{root}/{role}", run, check=False).committed_steps() for run in run_ids(f"{root}/{role}")}
+    return {run: steps for run, steps in runs.items() if steps}
 
 
 def store_lines(wf: dict[str, Any]) -> tuple[list[str], bool]:

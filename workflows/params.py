@@ -7,6 +7,7 @@ here runs before anything is run or submitted, and names the parameter it refuse
 
 from __future__ import annotations
 
+import math
 import re
 
 # name -> (default, description). The order is the order users see in the Argo UI; the overlays patch
@@ -41,6 +42,13 @@ _LABEL_VALUE = re.compile(r"(?:[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?
 EVICTION_MODES = ("evict", "delete", "node-shutdown", "lost-vm", "kueue")
 CLUSTER_EVICTION_MODES = ("evict",)  # what steps.evict can do through the Kubernetes API
 _INTEGERS = ("total_steps", "evictions", "retry_limit", "seed", "grace", "ranks", "every_steps")
+# The lower bounds the steps themselves would enforce inside the pod (steps.train --nproc, the grace,
+# eviction_points): refused here, before anything runs or is submitted.
+_AT_LEAST = {"ranks": 1, "grace": 1, "total_steps": 2}
+# Booleans, normalised to "1"/"0" (BATON_DISABLE_SIGTERM_HANDLER is read as exactly that): a negative
+# control asked for as "true" must not quietly run as a normal trial.
+_BOOLEANS = ("disable_sigterm_handler",)
+_BOOLEAN_VALUES = {"1": "1", "true": "1", "0": "0", "false": "0"}
 
 
 def parse_params(items: list[str]) -> dict[str, str]:
@@ -69,6 +77,21 @@ def resolve_params(overrides: dict[str, str], cluster: bool = False) -> dict[str
     for k in _INTEGERS:
         if not re.fullmatch(r"[0-9]+", values[k]):
             raise SystemExit(f"error: parameter {k} must be a non-negative integer, got {values[k]!r}")
+    for k, least in _AT_LEAST.items():
+        if int(values[k]) < least:
+            raise SystemExit(f"error: parameter {k} must be at least {least}, got {values[k]}")
+    for k in _BOOLEANS:
+        flag = _BOOLEAN_VALUES.get(values[k].strip().lower())
+        if flag is None:
+            raise SystemExit(f"error: parameter {k} must be true, false, 1 or 0, got {values[k]!r}")
+        if k in params or values[k] != flag:
+            params[k] = values[k] = flag  # what the pod reads: "1" or "0", never a spelling it would not
+    try:
+        dropout = float(values["dropout"])
+    except ValueError:
+        raise SystemExit(f"error: parameter dropout must be a number in [0, 1), got {values['dropout']!r}") from None
+    if not (math.isfinite(dropout) and 0.0 <= dropout < 1.0):  # model.dropout's own rule (trainer/config.py)
+        raise SystemExit(f"error: parameter dropout must be a number in [0, 1), got {values['dropout']!r}")
     if "retry_limit" not in params:
         params["retry_limit"] = str(int(values["evictions"]) + 5)
         values["retry_limit"] = params["retry_limit"]

@@ -42,7 +42,13 @@ def parse_args(argv: list[str] | None):
 
 
 def main(argv: list[str] | None = None) -> int:
-    stock = os.environ.get("BATON_DISABLE_SIGTERM_HANDLER") == "1"
+    from trainer.preemption import sigterm_handler_disabled
+
+    try:
+        stock = sigterm_handler_disabled()
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     baton = None
     if not stock:
         from trainer.hf import BatonCallback  # baton (1/3)

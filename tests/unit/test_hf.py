@@ -138,7 +138,8 @@ def fake_checkpoint(local: Path, step: int, size: int = 64) -> Path:
     folder = local / f"checkpoint-{step}"
     folder.mkdir(parents=True)
     (folder / "model.safetensors").write_bytes(os.urandom(size))
-    (folder / "optimizer.pt").write_bytes(os.urandom(size))
+    # A real torch file: a resume loads it (weights_only) before it hands the folder to the Trainer.
+    torch.save({"state": {0: {"exp_avg": torch.randn(size)}}}, folder / "optimizer.pt")
     (folder / "training_args.bin").write_bytes(b"pickled, never mirrored")
     return folder
 
@@ -188,7 +189,9 @@ def test_in_place_commit_and_save_total_limit_1_is_refused(tmp_path):
     assert store.in_place
     fake_checkpoint(tmp_path, 3)
     url, size = store.commit(3, world_size=1)
-    assert url == f"file://{tmp_path}/checkpoint-3" and size == 128
+    files = ("model.safetensors", "optimizer.pt")
+    assert url == f"file://{tmp_path}/checkpoint-3" and size == sum((tmp_path / "checkpoint-3" / f).stat().st_size
+                                                                    for f in files)
     assert (tmp_path / "checkpoint-3" / COMMIT).is_file() and store.committed_steps() == [3]
     cb = BatonCallback()
     try:

@@ -129,6 +129,12 @@ def test_no_step_runs_a_shell():
     ({"eviction": "drain"}, "eviction must be one of evict, delete"),
     ({"evictions": "5", "retry_limit": "5"}, "must exceed evictions"),
     ({"evictions": "50", "total_steps": "40"}, "do not fit"),
+    ({"ranks": "0"}, "ranks must be at least 1"),
+    ({"grace": "0"}, "grace must be at least 1"),
+    ({"dropout": "abc"}, r"dropout must be a number in \[0, 1\)"),
+    ({"dropout": "1.5"}, r"dropout must be a number in \[0, 1\)"),
+    ({"dropout": "nan"}, r"dropout must be a number in \[0, 1\)"),
+    ({"disable_sigterm_handler": "yes"}, "must be true, false, 1 or 0"),
 ])
 def test_bad_parameters_are_refused_before_anything_runs(params, message):
     with pytest.raises(SystemExit, match=message):
@@ -145,3 +151,20 @@ def test_retry_limit_follows_evictions():
     assert eq.resolve_params({"evictions": "20"})["retry_limit"] == "25"
     with pytest.raises(SystemExit, match="unknown parameter"):
         eq.parse_params(["evictionz=3"])
+
+
+@pytest.mark.parametrize("given, pod_reads", [("true", "1"), ("TRUE", "1"), ("1", "1"), ("false", "0"), ("0", "0")])
+def test_a_negative_control_asked_for_is_what_the_pod_reads(given, pod_reads):
+    """`true` used to reach the pod as `true`, which only `1` switched on: the control ran as a normal
+    trial and passed. The value is normalised before render, run and submit."""
+    params = eq.resolve_params({"disable_sigterm_handler": given})
+    assert params["disable_sigterm_handler"] == pod_reads
+    rendered = eq.with_params(eq.rendered()[0], params)
+    (prm,) = [p for p in rendered["spec"]["arguments"]["parameters"] if p["name"] == "disable_sigterm_handler"]
+    assert prm["value"] == pod_reads
+
+
+def test_the_render_command_refuses_a_bad_parameter_with_one_line(capsys):
+    with pytest.raises(SystemExit) as e:
+        eq.main(["render", "-p", "ranks=0"])
+    assert "ranks must be at least 1" in str(e.value)
