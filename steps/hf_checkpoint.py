@@ -204,15 +204,16 @@ def compare_flat(a: dict[str, Any], b: dict[str, Any]) -> tuple[float, list[str]
 
 def compare_hf(reference: str, replay: str, trial: str, total_steps: int | None = None,
                tier: str = "auto") -> dict[str, Any]:
-    """`compare`'s result for three roots of HF checkpoints, judged as DCP checkpoints are
-    (steps/judge.py): Tier 1, every entry of the trial's final checkpoint equal to the reference's
-    (torch.equal); Tier 2, the L2 distance over every tensor entry within `FLOOR_SLACK` times the
-    reference-replay floor. Entries that are not tensors (strings, None) must be equal, or under Tier 2
-    differ between the reference and its replay too. An entry on one side only always fails.
-    `tier`: 1, 2 or auto (1 for a trial on a CPU)."""
+    """`compare`'s result for three roots of HF checkpoints, judged as DCP checkpoints are, over every
+    entry (steps/judge.py): Tier 1, every entry of the trial's final checkpoint equal to the reference's;
+    Tier 2, the model's and the optimizer moments' floating tensors within `FLOOR_SLACK` times the
+    reference-replay floor, every other entry (RNG, scheduler, counters, trainer_state) exactly equal
+    among the three but for the fields kernels change (`EXCLUDED_AT_TIER_2`). An entry on one side only
+    always fails. `tier`: 1, 2 or auto (1 for a trial on a CPU)."""
     from steps.judge import judge, resolve_tier
 
-    base: dict[str, Any] = {"format": "hf-checkpoint", "tier": 1, "tensors": 0, "max_abs_diff": float("inf"),
+    base: dict[str, Any] = {"format": "hf-checkpoint", "tier": int(tier) if tier in ("1", "2") else 1,
+                            "tensors": 0, "max_abs_diff": float("inf"),
                             "floor": 0.0, "differing": [], "equivalent": False}
     finals = {}
     for role, root in (("reference", reference), ("replay", replay), ("trial", trial)):
@@ -230,25 +231,9 @@ def compare_hf(reference: str, replay: str, trial: str, total_steps: int | None 
         except BadCheckpoint as e:
             return {**base, "problem": f"{role}: {e}"}
     (ref, parts), (rep, _), (tri, _) = loaded["reference"], loaded["replay"], loaded["trial"]
-    level = resolve_tier(tier, finals["trial"][1])
-
-    def comparable(k: str) -> bool:
-        return all(isinstance(d.get(k), torch.Tensor) and d[k].shape == ref[k].shape and d[k].dtype == ref[k].dtype
-                   for d in (rep, tri))
-
-    tensor_keys = sorted(k for k in ref if isinstance(ref[k], torch.Tensor) and comparable(k))
-    rest = sorted((ref.keys() | tri.keys()) - set(tensor_keys))
-    _, rest_differing = compare_flat({k: ref[k] for k in rest if k in ref}, {k: tri[k] for k in rest if k in tri})
-    _, rest_floor = compare_flat({k: ref[k] for k in rest if k in ref}, {k: rep[k] for k in rest if k in rep})
-    structural = [k for k in rest_differing if k not in ref or k not in tri or isinstance(ref[k], torch.Tensor)]
-    rest_ok = not rest_differing if level == 1 else (not structural and set(rest_differing) <= set(rest_floor))
-    verdict = judge(ref, rep, tri, tensor_keys, level)
-    differing = rest_differing + verdict["differing"]
+    verdict = judge(ref, rep, tri, None, resolve_tier(tier, finals["trial"][1]))
     return {
-        **base, **verdict, "tensors": len(ref), "equal_tensors": len(ref) - len(ref.keys() & set(differing)),
-        "differing": differing[:20],
-        "max_abs_diff": float("inf") if structural else verdict["max_abs_diff"],
-        "equivalent": verdict["equivalent"] and rest_ok,
-        "parts": parts, "steps_compared": {"reference": steps["reference"], "trial": steps["trial"]},
+        **base, **verdict, "parts": parts,
+        "steps_compared": {"reference": steps["reference"], "trial": steps["trial"]},
         "checkpoints": {role: url for role, (url, _) in finals.items()},
     }

@@ -45,25 +45,98 @@ def plot(path: Path, reference: dict[int, float], trial: list[dict[str, Any]], p
     plt.close(fig)
 
 
+def _equal_trajectory(traj: dict[str, Any]) -> str:
+    return f"equal step by step (batch, RNG, lr) over {traj.get('steps_compared')} steps, replay equal too"
+
+
+def summary(report: dict[str, Any]) -> str:
+    """The drill's result in a few lines (what `run` prints, and report.md's opening): the counts, each
+    preemption, the chaos, the trajectory, the problems, the verdict."""
+    s = report["steps"]
+    lines = [f"step records {s['total']} total, {s['distinct']} distinct",
+             f"resumed from {s['resumed_from']}",
+             f"replayed {s['replayed']} steps",
+             f"preemptions {s['preemptions']}"]
+    for pr in report.get("preempt", []):
+        lines.append(f"  step {pr['step']}: save {pr['save_ms']} ms, grace left {pr['grace_left_s']} s, "
+                     f"exit {pr['exit']}" + (f", signal during {pr['during']}" if pr.get("during") else ""))
+    chaos = report.get("chaos")
+    if chaos:
+        lines.append(f"chaos: {chaos['deleted']} of {chaos['planned']} pod deletions (seed {chaos['seed']})")
+        for d in chaos["deletions"]:
+            if d["trigger"] == "restore":
+                where = ("as it restored a checkpoint" if d.get("at_step") is None
+                         else f"step {d['at_step']} (it had nothing to restore)")
+            else:
+                where = f"step {d['at_step']}" if d["trigger"] == "step" else f"{d['value']:g} s after its start"
+            ended = d.get("ended") or {}
+            lines.append(f"  {d['task']} attempt {d['attempt']}: {where}, {ended.get('status')} "
+                         f"{ended.get('message')!r}" if d["outcome"] == "deleted" else f"  {d['task']}: missed")
+    traj = report.get("trajectory") or {}
+    if traj:
+        lines.append(f"trajectory: {traj.get('finding') or _equal_trajectory(traj)}")
+    for row in report.get("components", []):
+        if row["differing"]:
+            lines.append(f"  {row['component']}: {row['differing']} of {row['entries']} differ"
+                         + (f", {row['l2_share']:.0%} of the L2" if row["l2_share"] else ""))
+    for clause in report.get("contract", []):
+        lines.append(f"contract: {clause}")
+    if report.get("problem"):
+        lines.append(f"problem: {report['problem']}")
+    for problem in report.get("verify_problems", []):
+        lines.append(f"problem: {problem}")
+    if report.get("verdict"):
+        lines.append(f"verdict: {report['verdict']}")
+    if report["tier"] == 1:
+        unit = "tensors" if report.get("format", "dcp") == "dcp" else "entries (tensors and values)"
+        lines.append(f"bit-identical: {report['tensors']} {unit}" if report["equivalent"] else
+                     f"NOT bit-identical: {report.get('equal_tensors', 0)}/{report['tensors']} entries equal, "
+                     f"max |diff| {report['max_abs_diff']:.3g}")
+    else:
+        lines.append(f"tier 2: max |diff| {report['max_abs_diff']:.3g} against a floor of {report['floor']:.3g}: "
+                     + ("within the floor" if report["equivalent"] else "ABOVE the floor"))
+    for reason in report.get("inconclusive", []):
+        lines.append(f"inconclusive: {reason}")
+    lines.append("drill PASSED" if report.get("passed") else
+                 "drill INCONCLUSIVE" if report.get("verdict", "").startswith("INCONCLUSIVE") else "drill FAILED")
+    return "\n".join(lines)
+
+
 def markdown(report: dict[str, Any]) -> str:
     s = report["steps"]
     verdict = "PASS" if report["passed"] else (
         "INCONCLUSIVE" if str(report.get("verdict", "")).startswith("INCONCLUSIVE") else "FAIL")
+    traj = report.get("trajectory") or {}
     lines = [f"# baton equivalence drill: {verdict}", "",
+             *([f"- verdict: {report['verdict']}"] if report.get("verdict") else []),
              f"- tier {report['tier']}: {report.get('equal_tensors', 0)}/{report['tensors']} "
-             f"{'model and optimizer tensors' if report.get('format', 'dcp') == 'dcp' else 'entries'} equal; "
-             f"max |diff| {report['max_abs_diff']:.3g}; floor {report['floor']:.3g}",
+             f"{'checkpoint entries' if report.get('format', 'dcp') == 'dcp' else 'entries'} equal; "
+             f"max |diff| {report['max_abs_diff']:.3g}; floor {report['floor']:.3g}"
+             + (f"; L2 {report['l2_diff']:.3g} against a floor of {report['floor_l2']:.3g} "
+                f"({report['diff_over_floor']:.3g}x, slack {report['floor_slack']})" if report["tier"] == 2
+                and "l2_diff" in report else ""),
+             *([f"- trajectory: {traj.get('finding') or _equal_trajectory(traj)}"] if traj else []),
+             *([f"- the reference and its replay already differ in {report['floor_differing']} entries"]
+               if report["tier"] == 1 and report.get("floor_differing") else []),
              f"- step records {s['total']} total, {s['distinct']} distinct; replayed {s['replayed']}",
              f"- resumed from {s['resumed_from']}; preemptions {s['preemptions']}; "
              f"trial retries {report.get('trial_retries', '?')}; trial {report.get('trial_outcome') or '?'}",
              f"- checkpoint format {report.get('format', 'dcp')}"
              + (f"; compared: {', '.join(f'{k} {n}' for k, n in sorted(report['parts'].items()))}"
-                if report.get("parts") else ""),
-             *([f"- verdict: {report['verdict']}"] if report.get("verdict") else []), "",
-             "| step | save ms | grace left s | exit | outcome | signal during |", "|---:|---:|---:|---:|---|---|"]
+                if report.get("parts") else ""), ""]
+    if report.get("components"):
+        lines += ["| component | entries | differ | share of the L2 | differ in the floor |", "|---|---:|---:|---:|---:|"]
+        floor = {r["component"]: r["differing"] for r in report.get("floor_components", [])}
+        for r in report["components"]:
+            lines.append(f"| {r['component']} | {r['entries']} | {r['differing']} | {r['l2_share']:.1%} | "
+                         f"{floor.get(r['component'], 0)} |")
+        lines.append("")
+    lines += ["| step | save ms | grace left s | exit | outcome | signal during |", "|---:|---:|---:|---:|---|---|"]
     for p in report["preempt"]:
         lines.append(f"| {p['step']} | {p['save_ms']} | {p['grace_left_s']} | {p['exit']} | {p['outcome']} | "
                      f"{p.get('during') or '-'} |")
+    for clause in report.get("contract", []):
+        lines.append(f"\n- contract: {clause}")
     if report.get("problem"):
         lines.append(f"\n- problem: {report['problem']}")
     for problem in report.get("verify_problems", []):
@@ -71,7 +144,10 @@ def markdown(report: dict[str, Any]) -> str:
     for reason in report.get("inconclusive", []):
         lines.append(f"\n- inconclusive: {reason}")
     if report.get("differing"):
-        lines.append(f"\nDiffering tensors (first 20): {', '.join(report['differing'])}")
+        lines.append(f"\nDiffering entries ({report.get('differing_count', len(report['differing']))}; "
+                     f"the first 20, the telling ones first): {', '.join(report['differing'])}")
+    if report.get("excluded"):
+        lines.append("\nLeft out at Tier 2 (kernels or timing change them): " + "; ".join(report["excluded"]))
     lines.append("\n![loss](loss.png)\n")
     return "\n".join(lines)
 

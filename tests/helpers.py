@@ -113,3 +113,15 @@ def workers_of(pid: int, cmd_contains: bytes | None = None) -> dict[int, int]:
             if "TORCHELASTIC_RUN_ID" in env and "RANK" in env and (cmd_contains is None or cmd_contains in cmdline):
                 found[int(env["RANK"])] = k
     return found
+
+
+def judged(roots: dict[str, Path | str], recs: dict[str, list[dict]], total: int, tier: int) -> dict:
+    """steps.compare's judgment of a reference, replay and trial (checkpoint roots and their records),
+    as the drill's compare step makes it, without evictions (a test's own SIGTERM stopped the trial)."""
+    from steps.compare import compare
+    from steps.verdict import assemble
+    from steps.verify import verify
+
+    urls = {role: str(root) if "://" in str(root) else f"file://{root}" for role, root in roots.items()}
+    result = compare(urls["reference"], urls["replay"], urls["trial"], total, str(tier))
+    return assemble(result, verify(recs["trial"], total), {}, recs, total)

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import shutil
 import time
@@ -56,8 +57,11 @@ import torch
 import torch.distributed as dist
 from transformers import TrainerCallback
 
+from trainer import trajectory
 from trainer.ckpt_layout import COMMIT, CorruptCheckpoint, hf_step_of, parse_hf_commit
+from trainer.config import Config
 from trainer.faults import FaultsConfig, SaveFailures, StoreUnreachable, is_peer_failure, retry_reads
+from trainer.hf_rng import PrefetchRng
 from trainer.preemption import Preemption
 from trainer.records import Records, log
 from trainer.storage import StorageError, full_url, is_local, retrying, storage_error, url_to_fs
@@ -66,6 +70,26 @@ EXIT_OK, EXIT_FAIL, EXIT_PREEMPTED = 0, 1, 75
 # Left out of the manifest and the mirror: it pickles 9 transformers/accelerate classes, holds no
 # state that a resume needs (the script builds its own TrainingArguments), and cannot be loaded safely.
 SKIPPED_FILES = ("training_args.bin",)
+
+
+def baton_args(argv: list[str] | None = None, description: str | None = None) -> Config:
+    """The arguments every trainer under the drill gets, parsed: `--config FILE` and any number of `--set
+    dotted.key=value` (baton's config schema, trainer/config.py: `seed`, `total_steps`, `model.dropout`,
+    `checkpoint.uri`, `checkpoint.every_steps`, ...). A bad config is one line on stderr and exit 1."""
+    import argparse
+    import sys
+
+    from trainer.config import ConfigError, load_config
+
+    ap = argparse.ArgumentParser(description=description)
+    ap.add_argument("--config", required=True, help="YAML config in baton's schema")
+    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    args = ap.parse_args(argv)
+    try:
+        return load_config(args.config, args.overrides)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(1) from None
 
 
 class TornCheckpoint(Exception):
@@ -238,7 +262,12 @@ def _loads_safely(path: str) -> None:
 
     try:
         with safe_globals():
-            torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+            try:
+                torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+            except RuntimeError as e:
+                if "mmap can only be used" not in str(e):
+                    raise
+                torch.load(path, map_location="cpu", weights_only=True)  # the legacy format: read it whole
     except Exception as e:  # noqa: BLE001 - every refusal of the safe unpickler, and torn archives
         raise TornCheckpoint(f"{os.path.basename(path)} cannot be loaded safely: "
                              f"{str(e).splitlines()[0][:200] if str(e) else type(e).__name__}") from None
@@ -260,6 +289,49 @@ def _world() -> tuple[int, int]:
 def _barrier() -> None:
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         dist.barrier()
+
+
+class InputDigest:
+    """The inputs of one step's micro-batches as one signed 64-bit digest, computed where they are (a
+    weighted sum of each tensor's values with fixed pseudo-random int64 weights, wrapping: exact and
+    order-sensitive on any device, so no device-to-host copy per micro-batch), and whether every raw
+    loss of the step was finite. `take()` reads both once a step."""
+
+    def __init__(self) -> None:
+        self._weights: dict[tuple[int, str], torch.Tensor] = {}
+        self._acc: torch.Tensor | None = None
+        self._finite: torch.Tensor | None = None
+
+    def _w(self, n: int, device: torch.device) -> torch.Tensor:
+        key = (n, str(device))
+        if key not in self._weights:
+            g = torch.Generator().manual_seed(0x6261746F6E)  # private: the training's RNG is never touched
+            self._weights[key] = torch.randint(-(2**62), 2**62, (n,), generator=g, dtype=torch.int64).to(device)
+        return self._weights[key]
+
+    def on_forward(self, module, args, kwargs):
+        if not module.training:
+            return None
+        tensors = [("", a) for a in args if isinstance(a, torch.Tensor)]
+        tensors += sorted((k, v) for k, v in kwargs.items() if isinstance(v, torch.Tensor))
+        for _, t in tensors:
+            flat = t.detach().reshape(-1).to(torch.int64) if not t.is_floating_point() else \
+                t.detach().reshape(-1).double().view(torch.int64)
+            d = (flat * self._w(flat.numel(), flat.device)).sum() + flat.numel()
+            self._acc = d if self._acc is None else self._acc * 1_000_003 + d
+        return None
+
+    def on_output(self, module, args, output):
+        loss = getattr(output, "loss", None)
+        if module.training and isinstance(loss, torch.Tensor):
+            ok = torch.isfinite(loss.detach()).all()
+            self._finite = ok if self._finite is None else self._finite & ok
+        return None
+
+    def take(self) -> tuple[int, bool]:
+        acc, finite = self._acc, self._finite
+        self._acc = self._finite = None
+        return (int(acc.item()) if acc is not None else 0), (bool(finite.item()) if finite is not None else True)
 
 
 class BatonCallback(TrainerCallback):
@@ -294,6 +366,11 @@ class BatonCallback(TrainerCallback):
         self.micro = 0
         self.pauses = _pause_points()
         self.finished = False
+        self.failed: str | None = None  # why the run must end with 1 (a loss that is not finite)
+        self.inputs = InputDigest()
+        self.prefetch: PrefetchRng | None = None
+        self.rng_at_step_begin = 0
+        self._hooked = False
 
     # -- records --
     def emit(self, event: str, step: int, **fields: Any) -> None:
@@ -367,6 +444,9 @@ class BatonCallback(TrainerCallback):
             trainer.add_callback(self)
         try:
             checkpoint = self.resume_checkpoint(trainer.args)
+            if trainer.args.dataloader_num_workers == 0:  # the collator runs here, where its RNG can be kept
+                self.prefetch = PrefetchRng(self.rank)
+                self.prefetch.install(trainer, checkpoint)
             trainer.train(resume_from_checkpoint=checkpoint)
         except StoreUnreachable as e:
             return self._retry_later("store_unreachable", getattr(trainer.state, "global_step", 0), str(e))
@@ -380,6 +460,8 @@ class BatonCallback(TrainerCallback):
             return EXIT_FAIL
         if self.retry_reason:
             return EXIT_PREEMPTED  # its retry_later record is written
+        if self.failed:
+            return EXIT_FAIL
         step = trainer.state.global_step
         if self.stopping is not None and self.stopping < trainer.state.max_steps:
             return EXIT_PREEMPTED if self.last_committed == self.stopping else EXIT_FAIL
@@ -401,12 +483,12 @@ class BatonCallback(TrainerCallback):
         return EXIT_PREEMPTED
 
     # -- the test hook --
-    def _pause_for_test(self, step: int, micro: int = 0) -> None:
+    def _pause_for_test(self, step: int, micro: int = 0) -> bool:
         """`BATON_PAUSE_AFTER_STEP=K[,K:m]`: wait (at most 120 s) after step K's record, or after m
         micro-batches of step K+1, until a signal arrives, so a test lands it on an exact point. The
         ranks leave together (one all-reduce a poll). A test hook, never for real work."""
         if (step, micro) not in self.pauses:
-            return
+            return False
         log(f"paused after step {step}" + (f", {micro} micro-batch(es) into the next" if micro else ""))
         deadline = time.monotonic() + 120
         while True:
@@ -415,15 +497,22 @@ class BatonCallback(TrainerCallback):
             if self.world > 1:
                 dist.all_reduce(flag, op=dist.ReduceOp.MAX)
             if flag.item():
-                return
+                return True
             time.sleep(0.01)
 
     # -- TrainerCallback hooks --
-    def on_train_begin(self, args, state, control, **kwargs):
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
         self._setup(args)
+        if model is not None and not self._hooked:
+            # Every micro-batch's inputs, and whether the raw loss (before HF's logging_nan_inf_filter
+            # replaces a non-finite one) stayed finite: read once a step, in on_log.
+            model.register_forward_pre_hook(self.inputs.on_forward, with_kwargs=True)
+            model.register_forward_hook(self.inputs.on_output)
+            self._hooked = True
 
     def on_step_begin(self, args, state, control, **kwargs):
         self.micro = 0
+        self.rng_at_step_begin = trajectory.rng_digest()  # the state this step starts from
 
     def on_substep_end(self, args, state, control, **kwargs):
         # A signal here does not stop the step: it completes, then saves (see the module docstring).
@@ -442,11 +531,31 @@ class BatonCallback(TrainerCallback):
         if self.pending_step != state.global_step or "loss" not in logs:
             return control  # an evaluation's or the summary's logs
         step, self.pending_step = state.global_step, None
+        # The step's one collective: every rank logs every step, so every rank is here.
+        batch, loss_finite = self.inputs.take()
+        rows = self._gather([int(self.preempt.local), int(not loss_finite), batch, self.rng_at_step_begin])
+        bad = [f"{k} {v}" for k, v in (("loss", logs["loss"]), ("grad_norm", logs.get("grad_norm")),
+                                       ("learning_rate", logs.get("learning_rate")))
+               if isinstance(v, (int, float)) and not math.isfinite(v)]
+        if any(r[1] for r in rows):
+            bad.insert(0, "the raw loss (before logging_nan_inf_filter)")
+        if bad:
+            self.failed = (f"step {step}: {', '.join(bad)} is not finite; stopping without saving it (the last "
+                           f"committed checkpoint stands)")
+            log(f"error: {self.failed}")
+            self.emit("failed", step, reason="non_finite", error=self.failed, checkpoint=self.last_checkpoint)
+            control.should_save = False
+            control.should_training_stop = True
+            return control
         self.emit("step", step, loss=logs["loss"], lr=logs.get("learning_rate"), grad_norm=logs.get("grad_norm"),
-                  epoch=state.epoch)
-        self._pause_for_test(step)
-        # The collective decision: every rank logs every step, so every rank is here.
-        if self.preempt.should_stop() and self.stopping is None:
+                  epoch=state.epoch, batch_sha=trajectory.combine(r[2] for r in rows),
+                  rng_sha=trajectory.combine(r[3] for r in rows))
+        stop = any(r[0] for r in rows)
+        if self._pause_for_test(step):
+            stop = self.preempt.should_stop()  # a signal came during the test's pause
+        elif stop and self.preempt.signal_name is None:
+            self.preempt.decided(True)  # another rank was signalled: this one stops as "peer"
+        if stop and self.stopping is None:
             self.stopping, self.stop_decided_at = step, time.perf_counter()
             log(f"preempted ({self.preempt.signal_name}) at step {step}: saving, "
                 f"{self.preempt.grace_left():.1f}s of grace left")
@@ -455,10 +564,21 @@ class BatonCallback(TrainerCallback):
         self.last_hook_at = time.perf_counter()
         return control
 
+    def _gather(self, mine: list[int]) -> list[list[int]]:
+        """Every rank's `mine`, in rank order: one SUM all-reduce in which each rank fills its own row."""
+        if self.world == 1:
+            return [mine]
+        table = torch.zeros((self.world, len(mine)), dtype=torch.int64, device=self.preempt.device)
+        table[self.rank] = torch.tensor(mine, dtype=torch.int64, device=self.preempt.device)
+        dist.all_reduce(table, op=dist.ReduceOp.SUM)
+        return table.tolist()
+
     def on_save(self, args, state, control, **kwargs):
         step = state.global_step
         started = self.stop_decided_at if self.stopping == step else self.last_hook_at
         reason = "final" if step >= state.max_steps else ("preempt" if self.stopping == step else "periodic")
+        if self.prefetch is not None:  # this rank's RNG before the batch it collated ahead (trainer/hf_rng.py)
+            self.prefetch.save(os.path.join(args.output_dir, f"checkpoint-{step}"))
         _barrier()  # HF has none before on_save: every rank's rng_state_<i>.pth is on disk after it
         outcome: list[Any] = [None, None]  # rank 0's: the committed url, or why the commit failed
         if self.rank == 0:

@@ -26,7 +26,7 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor
 
-from trainer import faults, rng
+from trainer import faults, rng, trajectory
 from trainer.checkpoint import (
     CorruptCheckpoint,
     FencedOut,
@@ -408,12 +408,14 @@ class Trainer:
         dist.barrier()
         return EXIT_PREEMPTED
 
-    def _boundary_flags(self, loss_sum: torch.Tensor, grad_norm: torch.Tensor | None
-                        ) -> tuple[float, float | None, bool, bool]:
-        """One host sync a step, and one collective at world > 1: the mean loss, the global gradient
-        norm (when clipping computed one), and the OR over the ranks of the preemption warning, the
-        wall-clock cadence and the stop flag (the latter answers the next micro-batch's stop check unless
-        something slow happens first). Returns (loss, grad_norm, warning, due)."""
+    def _boundary_flags(self, loss_sum: torch.Tensor, grad_norm: torch.Tensor | None, batch: int, rng_state: int
+                        ) -> tuple[float, float | None, bool, bool, str, str]:
+        """One host sync a step, and one collective at world > 1, which every rank's numbers travel in:
+        the loss, the gradient norm (when clipping computed one), the preemption warning, the wall-clock
+        cadence, the stop flag, and the digests of the step's inputs and starting RNG state. Each rank
+        fills its own row of a SUM all-reduce (an all-gather in rank order, exact for floats as their
+        bits). Returns (mean loss, global grad norm, any warning, cadence due, batch_sha, rng_sha); the
+        stop flag answers the next micro-batch's stop check unless something slow happens first."""
         pending = bool(self.notice and self.notice.pending())
         due = self.rank == 0 and self.cadence.due(time.time(), self.last_save_at)
         # Under FSDP2 the norm is a DTensor whose local value is this rank's shards' norm: the ranks'
@@ -421,15 +423,20 @@ class Trainer:
         local_norm = grad_norm.to_local() if isinstance(grad_norm, DTensor) else grad_norm
         parts = [loss_sum] if local_norm is None else [loss_sum, local_norm.double().square()]
         values = torch.stack(parts).tolist()  # the host sync
-        norm_sq = values[1] if local_norm is not None else None
+        mine = [trajectory.f64_bits(values[0]), trajectory.f64_bits(values[1] if len(values) > 1 else 0.0),
+                int(pending), int(due), int(self.preempt.local), batch, rng_state]
         if self.world == 1:
-            return values[0], None if norm_sq is None else math.sqrt(norm_sq), pending, due
-        flags = torch.tensor([values[0], norm_sq or 0.0, int(pending), int(due), int(self.preempt.local)],
-                             dtype=torch.float64)
-        dist.all_reduce(flags, op=dist.ReduceOp.SUM)
-        self.preempt.decided(bool(flags[4] > 0) or faults.disagrees_for_test(self.rank, self.step))
-        norm = None if norm_sq is None else math.sqrt(flags[1].item())
-        return flags[0].item() / self.world, norm, bool(flags[2] > 0), bool(flags[3] > 0)
+            rows = [mine]
+        else:
+            table = torch.zeros((self.world, len(mine)), dtype=torch.int64)
+            table[self.rank] = torch.tensor(mine, dtype=torch.int64)
+            dist.all_reduce(table, op=dist.ReduceOp.SUM)
+            rows = table.tolist()
+            self.preempt.decided(any(r[4] for r in rows) or faults.disagrees_for_test(self.rank, self.step))
+        loss = sum(trajectory.bits_f64(r[0]) for r in rows) / self.world
+        norm = None if local_norm is None else math.sqrt(sum(trajectory.bits_f64(r[1]) for r in rows))
+        return (loss, norm, any(r[2] for r in rows), any(r[3] for r in rows),
+                trajectory.combine(r[5] for r in rows), trajectory.combine(r[6] for r in rows))
 
     def _on_boundary(self, pending: bool, due: bool) -> int | None:
         """Warnings and the wall-clock cadence, decided together for all ranks at a step boundary
@@ -525,7 +532,7 @@ class Trainer:
             b = self.boundary()
             t0 = time.perf_counter()
             loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)  # one host sync a step
-            digest = []
+            batches = []
             for m in range(accum):
                 if m:
                     self._pause_for_test(micro=m)
@@ -533,8 +540,7 @@ class Trainer:
                     self.optim.zero_grad(set_to_none=True)
                     return self.stop(b)
                 cpu_batch = data.next_batch()
-                if self.rank == 0:
-                    digest.append(cpu_batch)  # hashed on the host copy: no device-to-host sync
+                batches.append(cpu_batch)  # hashed on the host copy: no device-to-host sync
                 batch = cpu_batch.to(self.device)
                 if self.world > 1:  # FSDP2's; at world size 1 the model is not wrapped
                     self.model.set_requires_gradient_sync(m == accum - 1)
@@ -553,7 +559,8 @@ class Trainer:
             self.optim.zero_grad(set_to_none=True)
             self.step += 1
             faults.hang_for_test(self.rank, self.step)
-            loss_value, norm, warning, due = self._boundary_flags(loss_sum, grad_norm)
+            loss_value, norm, warning, due, batch_sha, rng_sha = self._boundary_flags(
+                loss_sum, grad_norm, trajectory.batch_digest(batches), trajectory.rng_digest(b.rng))
             _require_finite(self.step, loss=loss_value, grad_norm=norm, lr=lr)  # the same on every rank
             self.metrics = {"loss": loss_value}  # what keep-best retention ranks checkpoints by
             if data.epoch_done:
@@ -563,7 +570,7 @@ class Trainer:
             if self.first_step_pending:  # the restart's last phase: process start to its first step done
                 since, self.first_step_pending = {"since_process_start_s": round(time.time() - process_start(), 3)}, False
             self.emit("step", self.step, loss=loss_value, lr=lr, tokens_per_s=round(tokens_per_step / dt, 1),
-                      epoch=b.epoch, batch_sha=_batch_sha(digest), **since)
+                      epoch=b.epoch, batch_sha=batch_sha, rng_sha=rng_sha, **since)
             if self.rank == 0 and (self.step % cfg.log_every == 0 or self.step == cfg.total_steps):
                 log(f"step {self.step}/{cfg.total_steps} loss {loss_value:.4f} lr {lr:.2e} epoch {b.epoch}")
             if self.step == cfg.total_steps:
@@ -610,15 +617,6 @@ def process_start() -> float:
         return btime + ticks / os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError, IndexError, StopIteration):
         return time.time()
-
-
-def _batch_sha(batches: list[torch.Tensor]) -> str:
-    import hashlib
-
-    h = hashlib.sha256()
-    for t in batches:
-        h.update(t.cpu().contiguous().numpy().tobytes())
-    return h.hexdigest()[:16]
 
 
 def train(cfg: Config, preempt: Preemption) -> int:

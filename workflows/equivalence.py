@@ -164,13 +164,15 @@ def _define_dag() -> None:
             Gauge(name="baton_drill_seconds", value="{{duration}}", realtime=False,
                   help="Wall time of the last equivalence drill, from its first step to its last")]):
         # Plain `dependencies`, not `depends` expressions: the simplest semantics, and the one the local
-        # runner implements. The trial and evict continue on failure, so that verify and compare still
-        # write a report when the trial dies for good (the negative control); compare, the only leaf,
-        # then fails and with it the drill (Argo decides a DAG's phase by its leaves).
-        train(name="reference", arguments={"role": "reference"})
-        train(name="reference-replay", arguments={"role": "replay"})
-        trial(name="trial", continue_on=m.ContinueOn(failed=True, error=True))
-        evict(name="evict", continue_on=m.ContinueOn(failed=True, error=True))
+        # runner implements. Every training task and evict continue on failure, so that verify and
+        # compare still write a report when one dies for good (the negative control, or a trainer that
+        # breaks the contract: the report names the role and the clause); compare, the only leaf, then
+        # fails and with it the drill (Argo decides a DAG's phase by its leaves).
+        keep_going = m.ContinueOn(failed=True, error=True)
+        train(name="reference", arguments={"role": "reference"}, continue_on=keep_going)
+        train(name="reference-replay", arguments={"role": "replay"}, continue_on=keep_going)
+        trial(name="trial", continue_on=keep_going)
+        evict(name="evict", continue_on=keep_going)
         verify(name="verify", dependencies=["trial", "evict"])
         compare(name="compare", dependencies=["reference", "reference-replay", "verify"])
 
@@ -317,45 +319,9 @@ def _local_params(items: list[str]) -> tuple[dict[str, str], list[str]]:
 
 
 def drill_summary(report: dict[str, Any]) -> str:
-    s = report["steps"]
-    lines = [f"step records {s['total']} total, {s['distinct']} distinct",
-             f"resumed from {s['resumed_from']}",
-             f"replayed {s['replayed']} steps",
-             f"preemptions {s['preemptions']}"]
-    for pr in report.get("preempt", []):
-        lines.append(f"  step {pr['step']}: save {pr['save_ms']} ms, grace left {pr['grace_left_s']} s, "
-                     f"exit {pr['exit']}" + (f", signal during {pr['during']}" if pr.get("during") else ""))
-    chaos = report.get("chaos")
-    if chaos:
-        lines.append(f"chaos: {chaos['deleted']} of {chaos['planned']} pod deletions (seed {chaos['seed']})")
-        for d in chaos["deletions"]:
-            if d["trigger"] == "restore":
-                where = ("as it restored a checkpoint" if d.get("at_step") is None
-                         else f"step {d['at_step']} (it had nothing to restore)")
-            else:
-                where = f"step {d['at_step']}" if d["trigger"] == "step" else f"{d['value']:g} s after its start"
-            ended = d.get("ended") or {}
-            lines.append(f"  {d['task']} attempt {d['attempt']}: {where}, {ended.get('status')} "
-                         f"{ended.get('message')!r}" if d["outcome"] == "deleted" else f"  {d['task']}: missed")
-    if report.get("problem"):
-        lines.append(f"problem: {report['problem']}")
-    for problem in report.get("verify_problems", []):
-        lines.append(f"problem: {problem}")
-    if report.get("verdict"):
-        lines.append(f"verdict: {report['verdict']}")
-    if report["tier"] == 1:
-        unit = "tensors" if report.get("format", "dcp") == "dcp" else "entries (tensors and values)"
-        lines.append(f"bit-identical: {report['tensors']} {unit}" if report["equivalent"] else
-                     f"NOT bit-identical: {report.get('equal_tensors', 0)}/{report['tensors']} tensors equal, "
-                     f"max |diff| {report['max_abs_diff']:.3g}")
-    else:
-        lines.append(f"tier 2: max |diff| {report['max_abs_diff']:.3g} against a floor of {report['floor']:.3g}: "
-                     + ("within the floor" if report["equivalent"] else "ABOVE the floor"))
-    for reason in report.get("inconclusive", []):
-        lines.append(f"inconclusive: {reason}")
-    lines.append("drill PASSED" if report.get("passed") else
-                 "drill INCONCLUSIVE" if report.get("verdict", "").startswith("INCONCLUSIVE") else "drill FAILED")
-    return "\n".join(lines)
+    from steps.report import summary
+
+    return summary(report)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -15,6 +15,7 @@ import pytest
 from tests.helpers import (
     base_env,
     equal_count,
+    judged,
     model_and_optim,
     run,
     run_and_sigterm,
@@ -81,14 +82,57 @@ def test_resume_is_bit_identical_to_the_uninterrupted_run(tiny_model, reference,
     assert len(model_and_optim(ref_t)) >= 100
 
 
+def _records_of(steps: dict[int, dict]) -> list[dict]:
+    """The reference's records, from its step records (the fixture keeps those): a fresh start, every step, done."""
+    attempt = next(iter(steps.values()))["attempt"]
+    return [{"event": "resume", "step": 0, "attempt": attempt, "from_step": 0, "fresh": True}, *steps.values(),
+            {"event": "done", "step": TOTAL, "attempt": attempt}]
+
+
+@pytest.fixture(scope="module")
+def replay(tiny_model, tmp_path_factory):
+    """A second uninterrupted run: the drill's reference-replay, for steps.compare's judgment."""
+    ckpt = tmp_path_factory.mktemp("replay")
+    rc, recs, err = run(trainer_cmd(tiny_model, ckpt, DROPOUT))
+    assert rc == 0, err
+    return ckpt, recs
+
+
+# What the drill's verdict must name for each skipped restore (steps/verdict.py): the trajectory finds the
+# RNG, the data order and the schedule at the first step after the resume (14; the scheduler's lr was
+# restored with the optimizer's param groups, so its own state shows one step later); the optimizer's
+# moments leave the trajectory equal and show in the checkpoints.
+SKIPPED_CAUSE = {"rng": "step 14: RNG differs (RNG not restored)",
+                 "data": "step 14: batch differs (data order not restored)",
+                 "scheduler": "step 15: lr differs (scheduler not restored)",
+                 "optimizer": "final checkpoints differ: optimizer"}
+
+
 @pytest.mark.parametrize("component", ["rng", "data", "optimizer", "scheduler"])
-def test_negative_control_skipping_one_restore_breaks_equivalence(tiny_model, reference, interrupted, tmp_path,
-                                                                  component):
-    _, _, ref_t = reference
-    _resume(tiny_model, interrupted[0], tmp_path / "trial", env=base_env(BATON_SKIP_RESTORE=component))
+def test_negative_control_skipping_one_restore_breaks_equivalence(tiny_model, reference, replay, interrupted,
+                                                                  tmp_path, component):
+    ref_ckpt, ref_steps, ref_t = reference
+    recs = _resume(tiny_model, interrupted[0], tmp_path / "trial", env=base_env(BATON_SKIP_RESTORE=component))
     trial_t = model_and_optim(tensors(tmp_path / "trial", TOTAL))
     equal, total = equal_count(model_and_optim(ref_t), trial_t)
     assert equal < total, f"skipping the {component} restore went unnoticed"
+    ref_recs = _records_of(ref_steps)
+    report = judged({"reference": ref_ckpt, "replay": replay[0], "trial": tmp_path / "trial"},
+                    {"reference": ref_recs, "replay": replay[1], "trial": interrupted[1] + recs}, TOTAL, tier=1)
+    assert not report["passed"] and SKIPPED_CAUSE[component] in report["verdict"], report["verdict"]
+
+
+def test_the_correct_resume_is_certified_by_the_drills_judgment(tiny_model, reference, replay, interrupted, tmp_path):
+    """The positive control of the judgment above: the same judgment, every entry of every component
+    (model, optimizer, scheduler, RNG, data position) equal, the trajectory equal step by step."""
+    ref_ckpt, ref_steps, _ = reference
+    recs = _resume(tiny_model, interrupted[0], tmp_path / "trial")
+    ref_recs = _records_of(ref_steps)
+    report = judged({"reference": ref_ckpt, "replay": replay[0], "trial": tmp_path / "trial"},
+                    {"reference": ref_recs, "replay": replay[1], "trial": interrupted[1] + recs}, TOTAL, tier=1)
+    assert report["passed"], report["verdict"]
+    assert {c["component"] for c in report["components"]} == {"model", "optimizer", "scheduler", "rng", "data"}
+    assert report["equal_tensors"] == report["tensors"] > 100 and report["trajectory"]["steps_compared"] == TOTAL
 
 
 @pytest.mark.parametrize("at_step", [20, 21], ids=["last-step-of-epoch-0", "first-step-of-epoch-1"])

@@ -1,0 +1,147 @@
+"""The drill's verdict: one sentence that says whether the trial's job is preemption-safe, and if not,
+what broke, from everything the drill gathered: the checkpoint comparison (steps/judge.py), the
+trajectory (steps/trajectory.py), the trial's records (steps/verify.py) and the roles' contract.
+
+The first finding that explains a failure wins, in this order: a role that broke the contract (no step
+records, no resume record, no `done`, no committed checkpoint), an eviction the trial did not survive, a
+trainer whose every start differs (not certifiable), the first step where the trial left the reference's
+trajectory, a Tier 2 judgment without a trajectory, final checkpoints that differ (grouped by component),
+the rest of verify's problems. An eviction that reached a finished trainer makes the drill inconclusive,
+never a failure of the trainer.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from steps import trajectory
+from steps.judge import component_of
+
+ROLES = ("reference", "replay", "trial")
+
+
+def lost_steps(trial_records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per attempt that ended without a preempt or done record: the last step it reached, its last save
+    (a checkpoint record, else where it resumed), where the next attempt resumed (None: no next one),
+    and the steps lost: trained, then gone with the process."""
+    by_attempt: dict[int, list[dict[str, Any]]] = {}
+    for r in trial_records:
+        by_attempt.setdefault(r.get("attempt", 0), []).append(r)
+    out = []
+    attempts = sorted(by_attempt)
+    for i, a in enumerate(attempts):
+        recs = by_attempt[a]
+        if any(r.get("event") in ("preempt", "done") for r in recs):
+            continue
+        reached = max((r["step"] for r in recs if r.get("event") == "step"), default=0)
+        start = next((r["from_step"] for r in recs if r.get("event") == "resume"), 0)
+        saved = max([start, *(r["step"] for r in recs if r.get("event") == "checkpoint")])
+        nxt = attempts[i + 1] if i + 1 < len(attempts) else None
+        resumed = next((r["from_step"] for r in by_attempt[nxt] if r.get("event") == "resume"), 0) if nxt else None
+        out.append({"attempt": a, "reached": reached, "last_save": saved, "resumed_from": resumed,
+                    "lost": max(0, reached - (saved if resumed is None else resumed))})
+    return out
+
+
+def contract_breaks(records: dict[str, list[dict[str, Any]]], result: dict[str, Any]) -> list[str]:
+    """Each clause of "the contract, for any trainer" (README) that a role broke, as a sentence naming the
+    role: its records are what the drill judges, and a role without them cannot be judged at all."""
+    out = []
+    for role in ROLES:
+        recs = records.get(role, [])
+        steps = [r for r in recs if r.get("event") == "step"]
+        if not steps:
+            out.append(f"the {role} wrote no step records (an HF script: is BatonCallback attached and "
+                       "baton.run(trainer) called? see the role's log)")
+            continue
+        stepped = sorted({r.get("attempt", 0) for r in steps})
+        resumed = {r.get("attempt", 0) for r in recs if r.get("event") == "resume"}
+        if set(stepped) - resumed:
+            out.append(f"the {role} trained without a resume record in attempt(s) "
+                       f"{sorted(set(stepped) - resumed)} (an HF script: is baton.run(trainer) called instead "
+                       "of trainer.train()?)")
+        if role != "trial" and not any(r.get("event") == "done" for r in recs):  # the trial's is verify's
+            out.append(f"the {role} did not finish (no done record)")
+    problem = str(result.get("problem") or "")
+    for role in ROLES:
+        if problem.startswith(f"{role}:"):
+            out.append(f"the {role}'s final checkpoint cannot be judged: {problem.removeprefix(role + ':').strip()}")
+    return out
+
+
+def _checkpoints_differ(report: dict[str, Any]) -> str:
+    rows = [c for c in report.get("components", []) if c["differing"]]
+    if not rows:
+        return "final checkpoints differ"
+    if report.get("differing"):  # the component of the most telling entry first (an exact one: a counter, an RNG)
+        lead = component_of(report["differing"][0])
+        rows.sort(key=lambda c: c["component"] != lead)
+    parts = [f"{c['component']} {c['differing']} of {c['entries']}"
+             + (f" ({c['l2_share']:.0%} of the L2)" if c["l2_share"] else "") for c in rows]
+    first = report.get("differing", [])[:3]
+    return (f"final checkpoints differ: {'; '.join(parts)}"
+            + (f"; first: {', '.join(first)}" if first else ""))
+
+
+def verdict_of(report: dict[str, Any], evictions: dict[str, Any], trial_records: list[dict[str, Any]]) -> str:
+    """One sentence on whether the trial's job is preemption-safe, and if not, why."""
+    happened = len(evictions.get("evictions", []))
+    clean = report["steps"]["preemptions"]
+    if report.get("contract"):
+        return "NOT certified: " + "; ".join(report["contract"])
+    met = report.get("evictions_met")
+    # Evictions that met no preemption save: from verify's classification, which leaves out those that
+    # reached a trainer after it finished (missed); without it, every eviction short of a preempt record.
+    lost = met["lost"] if met else max(0, happened - clean)
+    if lost:
+        detail = "; ".join(
+            f"attempt {x['attempt']} reached step {x['reached']}, its last save was step {x['last_save']} "
+            + (f"and the next attempt resumed from {x['resumed_from']}" if x["resumed_from"] is not None
+               else "and no attempt came after it") + f" ({x['lost']} step(s) lost)"
+            for x in lost_steps(trial_records))
+        return (f"NOT preemption-safe: {lost} of {happened} evictions ended without a preempt record "
+                f"(the trial died on SIGTERM without committing the step it had reached); "
+                f"{report['steps']['replayed']} step(s) replayed" + (f"; {detail}" if detail else ""))
+    traj = report.get("trajectory") or {}
+    if traj.get("replay"):
+        return f"NOT certifiable: {traj['finding'].removeprefix('not certifiable: ')}"
+    if traj.get("trial"):
+        return f"NOT preemption-safe: {traj['finding']}"
+    if report.get("tier") == 2 and traj and not traj.get("recorded"):
+        return f"NOT certifiable at Tier 2: {traj['finding']}"
+    if report.get("tier") == 1 and report.get("floor_differing"):
+        return (f"NOT certifiable at Tier 1: the reference and its replay, two uninterrupted runs, already "
+                f"differ in {report['floor_differing']} entries (this run is not deterministic here: use Tier 2)")
+    if report.get("tier") == 2 and report.get("replay_exact_differing"):
+        return ("NOT certifiable: the reference and its replay differ in entries kernels cannot change: "
+                f"{', '.join(report['replay_exact_differing'][:3])} (the trainer is nondeterministic across starts)")
+    if not report["equivalent"] and not report.get("problem"):
+        return f"NOT preemption-safe: {_checkpoints_differ(report)}"
+    if report["equivalent"] and not report.get("verify_problems") and report.get("inconclusive"):
+        return "INCONCLUSIVE (the trainer is not blamed): " + "; ".join(report["inconclusive"])
+    if not report["passed"]:
+        return "NOT certified: " + "; ".join([*report.get("verify_problems", []),
+                                              *([report["problem"]] if report.get("problem") else [])])
+    return (f"preemption-safe in this drill: {clean} eviction(s), each saved and resumed, 0 steps replayed, "
+            f"the trajectory and the final checkpoints ({report.get('format', 'dcp')}, tier {report['tier']}) equal")
+
+
+def assemble(result: dict[str, Any], verify: dict[str, Any], evictions: dict[str, Any],
+             records: dict[str, list[dict[str, Any]]], total_steps: int) -> dict[str, Any]:
+    """report.json: the comparison, verify's counts, the trajectory, the contract, and the verdict."""
+    steps = {k: verify[k] for k in ("total", "distinct", "replayed", "resumed_from", "preemptions")}
+    report = {**result, "steps": steps, "verify_passed": verify["passed"], "verify_problems": verify["problems"],
+              "preempt": verify["preempt"], "evictions": evictions, "total_steps": total_steps,
+              "inconclusive": verify.get("inconclusive", []), "evictions_met": verify.get("evictions_met"),
+              "trial_outcome": verify.get("trial_outcome"), "trial_retries": max(verify["attempts"] - 1, 0),
+              "trajectory": trajectory.check(records.get("reference", []), records.get("replay", []),
+                                             records.get("trial", [])),
+              "contract": contract_breaks(records, result)}
+    traj = report["trajectory"]
+    trajectory_ok = not traj["replay"] and not traj["trial"] and (traj["recorded"] or result["tier"] == 1)
+    certifiable = not (result["tier"] == 1 and result.get("floor_differing")) and not result.get(
+        "replay_exact_differing")
+    report["passed"] = bool(result["equivalent"] and verify["passed"] and not report["inconclusive"]
+                            and trajectory_ok and certifiable and not report["contract"])
+    report["verdict"] = verdict_of(report, evictions, records.get("trial", []))
+    return report
