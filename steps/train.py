@@ -118,12 +118,15 @@ def program(trainer: str) -> list[str]:
         argv = shlex.split(trainer)
     except ValueError as e:
         raise SystemExit(f"error: --trainer {trainer!r}: {e}") from None
+    if argv and Path(argv[0]).name in PYTHONS:  # 'python my_train.py': the launcher is Python already
+        argv = argv[1:]
     if not argv:
         raise SystemExit("error: --trainer is empty: baton, hf, or a script with its arguments")
     return argv
 
 
 HF_EXAMPLE = "examples/hf_trainer/train.py"
+PYTHONS = ("python", "python3", Path(sys.executable).name)
 
 
 def torchrun(nproc: int, shutdown: list[str]) -> list[str]:
@@ -195,6 +198,10 @@ def main(argv: list[str] | None = None) -> int:
     if direct:
         launcher = [sys.executable]
         launch_env = rank0_of_1_env()
+        if args.trainer != "baton":
+            # A Hugging Face script given RANK and WORLD_SIZE runs as "distributed" and wraps its model in
+            # DDP even at one rank. Without them it is a single process; the run id still names its launch.
+            launch_env = {"TORCHELASTIC_RUN_ID": launch_env["TORCHELASTIC_RUN_ID"]}
     elif torchrun_has_shutdown_timeout():
         launcher = torchrun(args.nproc, [f"--shutdown-timeout={max(1, int(g))}"])
     else:  # an older torchrun SIGKILLs its workers 30 s after its SIGTERM: they must budget for that

@@ -2,8 +2,8 @@
 what broke, from everything the drill gathered: the checkpoint comparison (steps/judge.py), the
 trajectory (steps/trajectory.py), the trial's records (steps/verify.py) and the roles' contract.
 
-The first finding that explains a failure wins, in this order: a role that broke the contract (no step
-records, no resume record, no `done`, no committed checkpoint), an eviction the trial did not survive, a
+The first finding that explains a failure wins, in this order: an eviction the trial did not survive, a
+role that broke the contract (no step records, no resume record, no `done`, no committed checkpoint), a
 trainer whose every start differs (not certifiable), the first step where the trial left the reference's
 trajectory, a Tier 2 judgment without a trajectory, final checkpoints that differ (grouped by component),
 the rest of verify's problems. An eviction that reached a finished trainer makes the drill inconclusive,
@@ -87,8 +87,6 @@ def verdict_of(report: dict[str, Any], evictions: dict[str, Any], trial_records:
     """One sentence on whether the trial's job is preemption-safe, and if not, why."""
     happened = len(evictions.get("evictions", []))
     clean = report["steps"]["preemptions"]
-    if report.get("contract"):
-        return "NOT certified: " + "; ".join(report["contract"])
     met = report.get("evictions_met")
     # Evictions that met no preemption save: from verify's classification, which leaves out those that
     # reached a trainer after it finished (missed); without it, every eviction short of a preempt record.
@@ -102,6 +100,8 @@ def verdict_of(report: dict[str, Any], evictions: dict[str, Any], trial_records:
         return (f"NOT preemption-safe: {lost} of {happened} evictions ended without a preempt record "
                 f"(the trial died on SIGTERM without committing the step it had reached); "
                 f"{report['steps']['replayed']} step(s) replayed" + (f"; {detail}" if detail else ""))
+    if report.get("contract"):
+        return "NOT certified: " + "; ".join(report["contract"])
     traj = report.get("trajectory") or {}
     if traj.get("replay"):
         return f"NOT certifiable: {traj['finding'].removeprefix('not certifiable: ')}"

@@ -147,7 +147,7 @@ def _define_dag() -> None:
         name="compare", image=p("image"), command=["python"],
         args=["-m", "steps.compare", "--reference", f"{ROOT}/reference", "--replay", f"{ROOT}/replay",
               "--trial", f"{ROOT}/trial", "--evidence", EVIDENCE, "--verify", f"{ROOT}/verify.json",
-              "--evictions", f"{ROOT}/evictions.json", "--total-steps", p("total_steps"),
+              "--evictions", f"{ROOT}/evictions.json", "--total-steps", p("total_steps"), "--tier", p("tier"),
               "--out", REPORT_DIR, "--report-uri", f"{ROOT}/report"],
         # Not archived: the Argo UI shows report.md and loss.png as they are.
         outputs=[Artifact(name=f.replace(".", "-"), path=f"{REPORT_DIR}/{f}", archive=NoneArchiveStrategy())
@@ -252,6 +252,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     local, rest = _local_params(args.param)
     chaos_n, chaos_seed = int(local.get("chaos", "0")), int(local.get("chaos_seed", random.SystemRandom().randrange(2**31)))
     overrides = parse_params(rest)
+    if "trainer" in overrides:
+        overrides["trainer"] = script_from_here(overrides["trainer"], Path.cwd())
     if chaos_n and "retry_limit" not in overrides:  # room for every eviction and every chaos deletion, and more
         evictions = int(values_of(overrides)["evictions"]) if values_of(overrides)["evictions"].isdigit() else 0
         overrides["retry_limit"] = str(evictions + chaos_n + 5)
@@ -294,6 +296,25 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"no report: the workflow ended {result.phase}; logs in {out / 'argo' / 'logs'}")
     print(f"workflow {result.phase}; report and logs in {out}")
     return 0 if result.phase == "Succeeded" else 1
+
+
+def script_from_here(trainer: str, cwd: Path) -> str:
+    """`-p trainer='my_train.py ARGS'` as the caller means it: a relative script path that exists from the
+    caller's folder is made absolute (the local pods run in baton's root). `baton`, `hf`, `-m module` and
+    paths that do not exist here are left as they are (on a cluster the path is the image's)."""
+    import shlex
+
+    if trainer in ("baton", "hf"):
+        return trainer
+    try:
+        argv = shlex.split(trainer)
+    except ValueError:
+        return trainer  # steps.train refuses it, with the reason
+    i = 1 if argv and Path(argv[0]).name in ("python", "python3") else 0
+    if len(argv) > i and not argv[i].startswith("-") and not Path(argv[i]).is_absolute() and (cwd / argv[i]).is_file():
+        argv[i] = str((cwd / argv[i]).resolve())
+        return shlex.join(argv)
+    return trainer
 
 
 # `run` only: the local runner's own options, not workflow parameters (a cluster has its own chaos).

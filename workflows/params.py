@@ -35,6 +35,9 @@ PARAMETERS: dict[str, tuple[str, str]] = {
                   "(spec.podMetadata, written when the workflow is rendered or submitted)"),
     "trainer": ("baton", "what reference, replay and trial run: baton, hf (examples/hf_trainer/train.py), "
                 "or 'SCRIPT ARGS...' (split by steps.train, never by a shell); it gets --config and the --set keys"),
+    "tier": ("auto", "how compare judges the final checkpoints: 1 (every entry equal), 2 (model and optimizer "
+             "floats within the measured floor, the rest equal), auto (1 on a CPU with deterministic kernels, "
+             "else 2); the trajectory is checked exactly at every tier"),
 }
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 # A Kubernetes label value: at most 63 characters, alphanumerics with - _ . inside.
@@ -49,6 +52,7 @@ _AT_LEAST = {"ranks": 1, "grace": 1, "total_steps": 2}
 # control asked for as "true" must not quietly run as a normal trial.
 _BOOLEANS = ("disable_sigterm_handler",)
 _BOOLEAN_VALUES = {"1": "1", "true": "1", "0": "0", "false": "0"}
+TIERS = ("auto", "1", "2")
 
 
 def parse_params(items: list[str]) -> dict[str, str]:
@@ -86,6 +90,8 @@ def resolve_params(overrides: dict[str, str], cluster: bool = False) -> dict[str
             raise SystemExit(f"error: parameter {k} must be true, false, 1 or 0, got {values[k]!r}")
         if k in params or values[k] != flag:
             params[k] = values[k] = flag  # what the pod reads: "1" or "0", never a spelling it would not
+    if values["tier"] not in TIERS:
+        raise SystemExit(f"error: parameter tier must be one of {', '.join(TIERS)}, got {values['tier']!r}")
     try:
         dropout = float(values["dropout"])
     except ValueError:

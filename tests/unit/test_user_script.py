@@ -1,0 +1,61 @@
+"""A user's own HF script under the drill, with no friction: `python x.py` and `-m pkg.mod` as given, a
+relative path found from where the user stands, `baton_args()` instead of argparse boilerplate, no DDP
+at one rank, and baton's package found even beside a user's own `trainer.py`."""
+
+from __future__ import annotations
+
+import subprocess
+import textwrap
+
+from tests.helpers import CORPUS, PY, REPO, base_env, records
+
+
+def test_python_and_module_forms_of_the_trainer_parameter():
+    from steps.train import program
+
+    assert program("python my_train.py --lr 3e-4") == ["my_train.py", "--lr", "3e-4"]
+    assert program("python3 -m mypkg.train") == ["-m", "mypkg.train"]
+    assert program("my_train.py") == ["my_train.py"]
+
+
+def test_a_relative_script_is_found_from_the_callers_folder(tmp_path):
+    from workflows.equivalence import script_from_here
+
+    (tmp_path / "jobs").mkdir()
+    (tmp_path / "jobs" / "my_train.py").write_text("")
+    here = tmp_path / "jobs"
+    assert script_from_here("my_train.py --note 'a b'", here) == f"{here / 'my_train.py'} --note 'a b'"
+    assert script_from_here("python my_train.py", here) == f"python {here / 'my_train.py'}"
+    for as_is in ("baton", "hf", "-m pkg.train", "not_here.py", "/abs/train.py"):
+        assert script_from_here(as_is, here) == as_is
+
+
+def test_a_users_script_beside_its_own_trainer_py_runs_one_rank_without_ddp(tmp_path, tiny_model):
+    """The script imports baton.hf, parses its arguments with baton_args(), and sits beside a trainer.py
+    of the user's (which must not shadow baton's package). Run by steps.train at one rank, its model is
+    not wrapped in DistributedDataParallel."""
+    (tmp_path / "trainer.py").write_text('raise SystemExit("the user\'s own trainer.py was imported")\n')
+    script = tmp_path / "my_train.py"
+    script.write_text(textwrap.dedent('''
+        import os, runpy, sys
+        from baton.hf import baton_args
+        cfg = baton_args()  # what the drill passes: --config and --set
+        import transformers
+        train = transformers.Trainer.train
+        def wrapped(self, *a, **k):
+            out = train(self, *a, **k)
+            print(f"wrapped as {type(self.model_wrapped).__name__}", file=sys.stderr)
+            return out
+        transformers.Trainer.train = wrapped
+        sys.argv = [sys.argv[0], *sys.argv[1:]]
+        runpy.run_path(os.path.join(os.environ["BATON_REPO"], "examples/hf_trainer/train.py"), run_name="__main__")
+    '''))
+    cmd = [PY, "-m", "steps.train", "--nproc", "1", "--trainer", f"python {script}", "--config",
+           str(REPO / "examples/hf_trainer/config.yaml")]
+    for s in (f"model.path={tiny_model}", f"checkpoint.uri={tmp_path / 'ckpt'}", f"data.uri={CORPUS}", "total_steps=2"):
+        cmd += ["--set", s]
+    p = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, env=base_env(BATON_REPO=str(REPO)),
+                       timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "wrapped as Qwen2ForCausalLM" in p.stderr, p.stderr[-2000:]
+    assert [r["event"] for r in records(p.stdout)][-1] == "done"
