@@ -34,6 +34,7 @@ from bench.common import (
     write_result,
 )
 from bench.models import tiny_model
+from trainer.checkpoint import hf_step_name
 
 TOTAL, AT = 40, 25
 
@@ -122,18 +123,18 @@ def hf_side(root: Path, model: Path) -> dict[str, Any]:
         on_record=sigterm_on_save,
     )
     control = root / "hf-control"
-    shutil.copytree(trial / f"checkpoint-{AT}", control / f"checkpoint-{AT}")
-    (control / f"checkpoint-{AT}" / "rng_state.pth").unlink()
-    rc2, recs2 = run_records(hf_cmd(model, trial, "--resume", str(trial / f"checkpoint-{AT}")), env=env)
+    shutil.copytree(trial / hf_step_name(AT), control / hf_step_name(AT))
+    (control / hf_step_name(AT) / "rng_state.pth").unlink()
+    rc2, recs2 = run_records(hf_cmd(model, trial, "--resume", str(trial / hf_step_name(AT))), env=env)
     first = next((r["step"] for r in recs2 if r["event"] == "step"), None)
     log(f"HF trial: SIGTERM after checkpoint-{AT} -> exit {rc1}; resumed, first step {first} -> exit {rc2}")
-    run_records(hf_cmd(model, control, "--resume", str(control / f"checkpoint-{AT}")), env=env)
-    a = hf_tensors(ref / f"checkpoint-{TOTAL}")
+    run_records(hf_cmd(model, control, "--resume", str(control / hf_step_name(AT))), env=env)
+    a = hf_tensors(ref / hf_step_name(TOTAL))
     return {
         "exits": [rc, rc1, rc2],
         "resumed_from": (first or 1) - 1,
-        **compare(a, hf_tensors(trial / f"checkpoint-{TOTAL}")),
-        "control": compare(a, hf_tensors(control / f"checkpoint-{TOTAL}")),
+        **compare(a, hf_tensors(trial / hf_step_name(TOTAL))),
+        "control": compare(a, hf_tensors(control / hf_step_name(TOTAL))),
     }
 
 

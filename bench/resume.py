@@ -36,6 +36,7 @@ from bench.common import (
     write_result,
 )
 from bench.models import resume_corpus, tiny_model
+from trainer.checkpoint import hf_step_name
 
 SEQ = 16
 CONFIG = REPO / "trainer" / "configs" / "tiny.yaml"
@@ -85,7 +86,7 @@ def hf_fabricate(model: Path, corpus: Path, out: Path, total: int, ks: list[int]
     if rc != 0:
         raise RuntimeError(f"HF peer failed to write checkpoint-1 (exit {rc})")
     for k in ks:
-        dst = out / f"checkpoint-{k}"
+        dst = out / hf_step_name(k)
         shutil.copytree(out / "checkpoint-1", dst)
         state_file = dst / "trainer_state.json"
         state = json.loads(state_file.read_text())
@@ -120,7 +121,7 @@ def main() -> None:
             for s in baton_sets(model, corpus, root / f"baton-{k}", total):
                 c += ["--set", s]
             return c
-        return hf_cmd(model, corpus, root / "hf", total, "--resume", str(root / "hf" / f"checkpoint-{k}"))
+        return hf_cmd(model, corpus, root / "hf", total, "--resume", str(root / "hf" / hf_step_name(k)))
 
     names = [f"{side}@{k}" for side in ("baton", "hf") for k in ks]
     names += [f"baton-{launcher}@{ks[0]}" for launcher in ("direct", "torchrun")]

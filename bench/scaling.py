@@ -104,7 +104,7 @@ def main() -> None:
     import torch.distributed.checkpoint as dcp
 
     from trainer.checkpoint import Store
-    from trainer.ckpt_resolve import resolve_and_load
+    from trainer.checkpoint.resolve import resolve_and_load
 
     root = WORK / "scaling"
     shutil.rmtree(root, ignore_errors=True)

@@ -475,9 +475,11 @@ def run_drill(args: argparse.Namespace, dp: Phase, result: dict[str, Any], out: 
     if d.get("passed") is False and not dp.error:
         dp.error = f"the drill failed (see drill{suffix}-report.md)"
     if not args.keep_checkpoints:  # GBs each; the evidence, the verdict and the logs stay
-        for role_root in drill_out.glob("bucket/*/*/*"):
-            if role_root.name in ("reference", "replay", "trial") and role_root.is_dir():
-                shutil.rmtree(role_root, ignore_errors=True)
+        from workflows.params import ROLES, local_drills, role_root
+
+        for drill in local_drills(drill_out / "bucket"):
+            for role in ROLES:
+                shutil.rmtree(role_root(str(drill), role), ignore_errors=True)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -39,12 +39,16 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 def drill_evidence(drill_out: Path) -> dict[str, list[dict[str, Any]]]:
     """Every role's records, from the evidence the drill copied into its local bucket."""
+    from workflows.params import ROLES, evidence_root, local_drills
+
     roles: dict[str, list[dict[str, Any]]] = {}
-    for folder in sorted(drill_out.glob("bucket/*/*/evidence/*")):
-        recs = []
-        for f in sorted(folder.glob("*.jsonl")):
-            recs += read_jsonl(f)
-        roles.setdefault(folder.name, []).extend(recs)
+    for drill in local_drills(drill_out / "bucket"):
+        for role in ROLES:
+            recs = []
+            for f in sorted(Path(evidence_root(str(drill), role)).glob("*.jsonl")):
+                recs += read_jsonl(f)
+            if recs:
+                roles.setdefault(role, []).extend(recs)
     return roles
 
 

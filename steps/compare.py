@@ -1,4 +1,4 @@
-"""Compare the final checkpoints tensor by tensor, and write the drill's report.
+"""Compare the final checkpoints entry by entry, and write the drill's report.
 
     python -m steps.compare --reference URI --replay URI --trial URI --evidence URI --verify URI
                             --evictions URI --total-steps T --out DIR [--report-uri URI]
@@ -22,13 +22,14 @@ from steps.evidence import read_evidence, read_json
 from steps.judge import judge, resolve_tier
 from steps.report import write_report
 from steps.verdict import assemble, verdict_of  # noqa: F401 - verdict_of: compare's API before steps/verdict.py
-from trainer.checkpoint import CorruptCheckpoint, final_committed, load_flat
+from trainer.checkpoint import CorruptCheckpoint, open_root
+from trainer.checkpoint.hf_read import BadCheckpoint
 
 
 def final_checkpoint(root: str) -> tuple[str, dict[str, Any]]:
-    """The newest committed checkpoint under a checkpoint root (one run inside), and its manifest,
-    checked against its _COMMIT (trainer.checkpoint.final_committed)."""
-    return final_committed(root)
+    """The newest committed checkpoint under a checkpoint root of either format, and its manifest,
+    checked against its commit marker (trainer.checkpoint.open_root)."""
+    return open_root(root).final()
 
 
 def compared_keys(t: dict[str, torch.Tensor]) -> list[str]:
@@ -38,37 +39,30 @@ def compared_keys(t: dict[str, torch.Tensor]) -> list[str]:
 
 def compare(reference: str, replay: str, trial: str, total_steps: int | None = None,
             tier: str = "auto") -> dict[str, Any]:
-    """Either checkpoint format, told apart by the reference's layout: baton's DCP (`runs/`) or HF
-    `checkpoint-N/` folders (steps/hf_checkpoint.py). `tier`: 1, 2, or auto (1 when the trial ran on a
-    CPU with deterministic kernels, else 2; steps/judge.py)."""
-    from steps.hf_checkpoint import compare_hf, is_hf_root
-
-    if is_hf_root(reference):
-        return compare_hf(reference, replay, trial, total_steps, tier)
-    finals, flats = {}, {}
-    for role, root in (("reference", reference), ("replay", replay), ("trial", trial)):
+    """The three final checkpoints judged entry by entry (steps/judge.py), in either format, told apart by
+    the reference's layout (trainer.checkpoint.open_root): baton's DCP (`runs/`) or HF `checkpoint-N/`.
+    `tier`: 1, 2, or auto (1 when the trial ran on a CPU with deterministic kernels, else 2). A role
+    without a usable final checkpoint is a `problem` naming it, not an exception."""
+    kind = type(open_root(reference))  # the reference's format for all three: a trial may have no checkpoint yet
+    fmt = kind.format
+    base: dict[str, Any] = {"equivalent": False, "format": fmt, "tier": int(tier) if tier in ("1", "2") else 1,
+                            "tensors": 0, "max_abs_diff": float("inf"), "floor": 0.0, "differing": []}
+    finals, flats, parts = {}, {}, {}
+    for role, uri in (("reference", reference), ("replay", replay), ("trial", trial)):
+        root = kind(uri)
         try:
-            finals[role] = final_checkpoint(root)
-            flats[role] = load_flat(finals[role][0], finals[role][1]["files"])
-        except (FileNotFoundError, CorruptCheckpoint) as e:  # a verdict, not a crash: the report says which run
-            return {"equivalent": False, "format": "dcp", "tier": int(tier) if tier in ("1", "2") else 1,
-                    "tensors": 0, "max_abs_diff": float("inf"),
-                    "floor": 0.0, "differing": [], "problem": f"{role}: {e}"}
-    (ref_url, ref_m), (rep_url, rep_m), (tri_url, tri_m) = finals["reference"], finals["replay"], finals["trial"]
-    ref, rep, tri = flats["reference"], flats["replay"], flats["trial"]
-    keys = sorted(ref)  # every entry: model, optimizer, scheduler, RNG, data position (steps/judge.py)
-    steps = {"reference": ref_m["step"], "replay": rep_m["step"], "trial": tri_m["step"]}
+            finals[role] = root.final()
+            flats[role], parts[role] = root.load(*finals[role])
+        except (FileNotFoundError, CorruptCheckpoint, BadCheckpoint) as e:
+            return {**base, "problem": f"{role}: {e}"}
+    steps = {role: m["step"] for role, (_, m) in finals.items()}
     if total_steps is not None and set(steps.values()) != {total_steps}:
-        return {"equivalent": False, "tier": 1, "tensors": len(keys), "max_abs_diff": float("inf"), "floor": 0.0,
-                "differing": [], "problem": f"final checkpoints are not all at step {total_steps}: {steps}"}
-    missing = sorted(set(keys) - set(tri))
-    if missing:
-        return {"equivalent": False, "tier": 1, "tensors": len(keys), "max_abs_diff": float("inf"), "floor": 0.0,
-                "differing": missing[:20], "problem": f"trial checkpoint lacks {len(missing)} tensors"}
+        return {**base, "problem": f"final checkpoints are not all at step {total_steps}: {steps}"}
+    verdict = judge(flats["reference"], flats["replay"], flats["trial"], None, resolve_tier(tier, finals["trial"][1]))
     return {
-        **judge(ref, rep, tri, keys, resolve_tier(tier, tri_m)), "format": "dcp",
-        "steps_compared": {"reference": ref_m["step"], "trial": tri_m["step"]},
-        "checkpoints": {"reference": ref_url, "replay": rep_url, "trial": tri_url},
+        **base, **verdict, "parts": parts["reference"],
+        "steps_compared": {"reference": steps["reference"], "trial": steps["trial"]},
+        "checkpoints": {role: url for role, (url, _) in finals.items()},
     }
 
 

@@ -1,179 +1,20 @@
-"""Reading Hugging Face Trainer `checkpoint-N/` folders safely, for `compare`.
-
-Nothing from the bucket is unpickled into code: model weights come from safetensors; the optimizer,
-the scheduler and the RNG state are loaded with `torch.load(weights_only=True)` (the RNG file holds
-numpy arrays, so numpy's array reconstruction, `ndarray`, `dtype` and the uint32 dtype class are
-allowed: the list `transformers.trainer_pt_utils.safe_globals()` allows, rebuilt here so that
-compare does not import transformers); JSON files are parsed as JSON. `training_args.bin` is left
-out: it pickles transformers/accelerate classes and holds no tensors.
-
-Every value becomes an entry of one flat mapping, named by its part and path (`model.<name>`,
-`optimizer.state.0.exp_avg`, `scheduler.last_epoch`, `rng.rng_state.pth.cpu`, `trainer_state.global_step`):
-tensors as they are, numbers and lists of numbers as tensors, strings and None as they are. Before
-anything is read, each file is checked against the size and sha256 that `_COMMIT` lists.
-"""
+"""`compare` on Hugging Face Trainer roots: the three final `checkpoint-N/` folders, read safely
+(trainer/checkpoint/hf_read.py) and judged by steps/judge.py, as DCP checkpoints are."""
 
 from __future__ import annotations
 
-import hashlib
-import io
-import json
-import pickle
 from typing import Any
 
-import numpy as np
 import torch
 
-from trainer.ckpt_layout import COMMIT, CorruptCheckpoint, hf_step_of, parse_hf_commit
-from trainer.storage import full_url, url_to_fs
-
-SKIPPED = ("training_args.bin",)
-# Paths and wall-clock values in trainer_state.json that say where or when, not what was computed.
-TRAINER_STATE_SKIPPED = ("best_model_checkpoint", "trial_name", "trial_params")
-
-
-class BadCheckpoint(Exception):
-    """A checkpoint whose files do not match its manifest, or that cannot be read safely."""
-
-
-def numpy_safe_globals() -> list[Any]:
-    np_core = np._core if hasattr(np, "_core") else np.core
-    return [np_core.multiarray._reconstruct, np.ndarray, np.dtype, type(np.dtype(np.uint32))]
-
-
-def committed_checkpoints(root: str) -> list[tuple[int, str]]:
-    """(step, url) of every `checkpoint-N/` under `root` with a `_COMMIT`, ascending by N as a number."""
-    fs, base = url_to_fs(root)
-    fs.invalidate_cache()
-    base = base.rstrip("/")
-    try:
-        entries = fs.ls(base, detail=True)
-    except FileNotFoundError:
-        return []
-    steps = sorted(step for e in entries if e.get("type") == "directory" and not e.get("islink")
-                   and (step := hf_step_of(e["name"].rstrip("/").rsplit("/", 1)[-1])) is not None)
-    return [(s, full_url(fs, f"{base}/checkpoint-{s}")) for s in steps if fs.exists(f"{base}/checkpoint-{s}/{COMMIT}")]
-
-
-def is_hf_root(root: str) -> bool:
-    """Whether `root` holds HF `checkpoint-N/` folders (committed or not) rather than baton's `runs/`."""
-    fs, base = url_to_fs(root)
-    fs.invalidate_cache()
-    try:
-        names = [p.rstrip("/").rsplit("/", 1)[-1] for p in fs.ls(base.rstrip("/"), detail=False)]
-    except FileNotFoundError:
-        return False
-    return any(hf_step_of(n) is not None for n in names) and "runs" not in names
-
-
-def final_hf_checkpoint(root: str) -> tuple[str, dict[str, Any]]:
-    """The newest committed checkpoint under `root` and its manifest (the `_COMMIT` body)."""
-    found = committed_checkpoints(root)
-    if not found:
-        raise FileNotFoundError(f"no committed checkpoint-N (with {COMMIT}) under {root}")
-    step, url = found[-1]
-    fs, path = url_to_fs(url)
-    with fs.open(f"{path}/{COMMIT}", "rb") as f:
-        text = f.read()
-    try:
-        manifest = parse_hf_commit(text, step)
-    except CorruptCheckpoint as e:
-        raise BadCheckpoint(f"{url}: {e}") from None
-    manifest.setdefault("step", step)
-    return url, manifest
-
-
-def _flatten(prefix: str, value: Any, out: dict[str, Any]) -> None:
-    if isinstance(value, torch.Tensor):
-        out[prefix] = value
-    elif isinstance(value, np.ndarray):
-        out[prefix] = torch.from_numpy(value.copy())
-    elif isinstance(value, dict):
-        for k, v in value.items():
-            _flatten(f"{prefix}.{k}", v, out)
-    elif isinstance(value, (list, tuple)):
-        if value and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
-            dtype = torch.float64 if any(isinstance(v, float) for v in value) else torch.int64
-            out[prefix] = torch.tensor(value, dtype=dtype)
-        else:
-            for i, v in enumerate(value):
-                _flatten(f"{prefix}.{i}", v, out)
-    elif isinstance(value, bool):
-        out[prefix] = torch.tensor(value)
-    elif isinstance(value, int):
-        out[prefix] = torch.tensor(value, dtype=torch.int64)
-    elif isinstance(value, float):
-        out[prefix] = torch.tensor(value, dtype=torch.float64)
-    else:  # str, None: compared by equality
-        out[prefix] = value
-
-
-def _part(name: str) -> str | None:
-    if name.endswith(".safetensors"):
-        return "model"
-    if name == "optimizer.pt":
-        return "optimizer"
-    if name == "scheduler.pt":
-        return "scheduler"
-    if name.startswith("rng_state") and name.endswith(".pth"):
-        return "rng"
-    if name == "trainer_state.json":
-        return "trainer_state"
-    if name.endswith(".json"):
-        return "config"
-    if name.endswith((".pt", ".pth")):
-        return "other"
-    return None
-
-
-def load_hf_checkpoint(url: str) -> tuple[dict[str, Any], dict[str, int]]:
-    """Every value of a committed HF checkpoint as one flat mapping, and how many entries each part
-    holds. Raises BadCheckpoint if a file does not match the manifest or cannot be loaded safely."""
-    from safetensors.torch import load as load_safetensors
-
-    fs, path = url_to_fs(url)
-    path = path.rstrip("/")
-    try:
-        with fs.open(f"{path}/{COMMIT}", "rb") as f:
-            files = parse_hf_commit(f.read(), hf_step_of(path.rsplit("/", 1)[-1]) or 0)["files"]
-    except OSError as e:
-        raise BadCheckpoint(f"{url}: unreadable {COMMIT}: {e}") from None
-    except CorruptCheckpoint as e:
-        raise BadCheckpoint(f"{url}: {e}") from None
-    flat: dict[str, Any] = {}
-    parts: dict[str, int] = {}
-    for name in sorted(files):
-        if name in SKIPPED:
-            continue
-        with fs.open(f"{path}/{name}", "rb") as f:
-            data = f.read()
-        meta = files[name]
-        if len(data) != meta["size"] or hashlib.sha256(data).hexdigest() != meta["sha256"]:
-            raise BadCheckpoint(f"{url}/{name} does not match its size or sha256 in {COMMIT}")
-        part = _part(name)
-        before = len(flat)
-        try:
-            if part == "model":
-                for k, v in load_safetensors(data).items():
-                    flat[f"model.{k}"] = v
-            elif part in ("optimizer", "scheduler", "rng", "other"):
-                with torch.serialization.safe_globals(numpy_safe_globals()):
-                    obj = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
-                _flatten(part if part != "rng" and part != "other" else f"{part}.{name}", obj, flat)
-            elif part == "trainer_state":
-                state = json.loads(data)
-                for k in TRAINER_STATE_SKIPPED:
-                    state.pop(k, None)
-                _flatten("trainer_state", state, flat)
-            elif part == "config":
-                _flatten(f"config.{name}", json.loads(data), flat)
-            else:
-                flat[f"file.{name}"] = hashlib.sha256(data).hexdigest()
-                part = "file"
-        except (pickle.UnpicklingError, RuntimeError, ValueError, TypeError, EOFError) as e:  # weights_only refusals
-            raise BadCheckpoint(f"{url}/{name} cannot be loaded safely: {str(e).splitlines()[0][:300]}") from None
-        parts[part] = parts.get(part, 0) + len(flat) - before
-    return flat, parts
+from trainer.checkpoint.hf_read import (  # noqa: F401 - the reading API, where tests and tools look for it
+    BadCheckpoint,
+    committed_checkpoints,
+    final_hf_checkpoint,
+    is_hf_root,
+    load_hf_checkpoint,
+    numpy_safe_globals,
+)
 
 
 def compare_flat(a: dict[str, Any], b: dict[str, Any]) -> tuple[float, list[str]]:
@@ -204,36 +45,8 @@ def compare_flat(a: dict[str, Any], b: dict[str, Any]) -> tuple[float, list[str]
 
 def compare_hf(reference: str, replay: str, trial: str, total_steps: int | None = None,
                tier: str = "auto") -> dict[str, Any]:
-    """`compare`'s result for three roots of HF checkpoints, judged as DCP checkpoints are, over every
-    entry (steps/judge.py): Tier 1, every entry of the trial's final checkpoint equal to the reference's;
-    Tier 2, the model's and the optimizer moments' floating tensors within `FLOOR_SLACK` times the
-    reference-replay floor, every other entry (RNG, scheduler, counters, trainer_state) exactly equal
-    among the three but for the fields kernels change (`EXCLUDED_AT_TIER_2`). An entry on one side only
-    always fails. `tier`: 1, 2 or auto (1 for a trial on a CPU)."""
-    from steps.judge import judge, resolve_tier
+    """`compare` for three roots of HF checkpoints: every entry judged as DCP checkpoints are
+    (steps/judge.py; Tier 2 leaves out the fields kernels change, `EXCLUDED_AT_TIER_2`)."""
+    from steps.compare import compare
 
-    base: dict[str, Any] = {"format": "hf-checkpoint", "tier": int(tier) if tier in ("1", "2") else 1,
-                            "tensors": 0, "max_abs_diff": float("inf"),
-                            "floor": 0.0, "differing": [], "equivalent": False}
-    finals = {}
-    for role, root in (("reference", reference), ("replay", replay), ("trial", trial)):
-        try:
-            finals[role] = final_hf_checkpoint(root)
-        except (FileNotFoundError, BadCheckpoint) as e:
-            return {**base, "problem": f"{role}: {e}"}
-    steps = {role: m["step"] for role, (_, m) in finals.items()}
-    if total_steps is not None and set(steps.values()) != {total_steps}:
-        return {**base, "problem": f"final checkpoints are not all at step {total_steps}: {steps}"}
-    loaded = {}
-    for role, (url, _) in finals.items():
-        try:
-            loaded[role] = load_hf_checkpoint(url)
-        except BadCheckpoint as e:
-            return {**base, "problem": f"{role}: {e}"}
-    (ref, parts), (rep, _), (tri, _) = loaded["reference"], loaded["replay"], loaded["trial"]
-    verdict = judge(ref, rep, tri, None, resolve_tier(tier, finals["trial"][1]))
-    return {
-        **base, **verdict, "parts": parts,
-        "steps_compared": {"reference": steps["reference"], "trial": steps["trial"]},
-        "checkpoints": {role: url for role, (url, _) in finals.items()},
-    }
+    return compare(reference, replay, trial, total_steps, tier)

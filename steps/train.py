@@ -39,7 +39,7 @@ import time
 import uuid
 from pathlib import Path
 
-EXIT_OK, EXIT_FAIL, EXIT_PREEMPTED = 0, 1, 75
+from trainer.exits import EXIT_FAIL, EXIT_OK, EXIT_PREEMPTED
 
 
 class Evidence:

@@ -17,6 +17,7 @@ REPO = Path(__file__).resolve().parent.parent
 PY = sys.executable
 TINY_YAML = REPO / "trainer" / "configs" / "tiny.yaml"
 CORPUS = REPO / "trainer" / "assets" / "tiny_corpus.txt"
+FAULTFS = REPO / "tests" / "faultfs"
 
 
 def trainer_cmd(model_dir: Path | str, ckpt: Path | str, *sets: str, config: Path | str = TINY_YAML) -> list[str]:
@@ -30,7 +31,10 @@ def trainer_cmd(model_dir: Path | str, ckpt: Path | str, *sets: str, config: Pat
 def base_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("BATON_")}
     # Prepended, not replaced: packages installed with `pip --target` (gpu/device.sh) stay importable.
-    env.update(OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")])))
+    # tests/faultfs: its sitecustomize installs the trainer's test seams (BATON_PAUSE_AFTER_STEP, ...) and
+    # the faulty:// store, from outside the trainer.
+    env.update(OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), str(FAULTFS),
+                                                                            env.get("PYTHONPATH")])))
     env.update(extra)
     return env
 

@@ -18,8 +18,9 @@ from typing import Any
 
 import yaml
 
+from trainer.cadence import CadenceConfig
 from trainer.faults import FaultsConfig
-from trainer.notice import CadenceConfig, NoticeConfig
+from trainer.notice import NoticeConfig
 from trainer.validation import ConfigError
 from trainer.validation import require as _require
 
@@ -165,7 +166,7 @@ class Config:
     notice: NoticeConfig = field(default_factory=NoticeConfig)
     """Preemption warnings: podinfo annotations and GCP's metadata server (trainer/notice.py)."""
     cadence: CadenceConfig = field(default_factory=CadenceConfig)
-    """Wall-clock and Young/Daly checkpoint cadence beside checkpoint.every_steps (trainer/notice.py)."""
+    """Wall-clock and Young/Daly checkpoint cadence beside checkpoint.every_steps (trainer/cadence.py)."""
     faults: FaultsConfig = field(default_factory=FaultsConfig)
     """Failed periodic saves and the collective timeout (trainer/faults.py)."""
 

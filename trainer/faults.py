@@ -18,16 +18,11 @@ other:
   start ends with 75 too (`store_failing`); a missing bucket, missing or refused credentials and a bad
   config fail at the start (listing, attempt claim), with 1.
 
-Test hooks, never for real work: `BATON_TEST_HANG_AFTER_STEP=RANK:STEP` makes that rank hang for good after
-that step (it ignores SIGTERM too, as a rank stuck in a kernel or a deadlock does);
-`BATON_TEST_DISAGREE_AFTER_STEP=RANK:STEP` makes that rank decide alone to stop after that step, as a
-broken collective stop would, while its peers train on: the ranks then wait in different collectives.
+Tests plant hung and disagreeing ranks from outside (trainer/hooks.py, tests/faultfs/seams.py).
 """
 
 from __future__ import annotations
 
-import functools
-import os
 import re
 import time
 from collections.abc import Callable
@@ -35,6 +30,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import TypeVar
 
+from trainer.grace import grace_seconds
 from trainer.validation import require as _require
 
 MIN_COLLECTIVE_TIMEOUT_S = 5.0
@@ -69,10 +65,7 @@ class FaultsConfig:
         if self.collective_timeout_s:
             return timedelta(seconds=self.collective_timeout_s)
         if grace_s is None:
-            try:
-                grace_s = float(os.environ.get("BATON_GRACE", "30"))
-            except ValueError:
-                grace_s = 30.0
+            grace_s = grace_seconds()  # BATON_GRACE, parsed in one place (a bad value is an error there)
         return timedelta(seconds=max(MIN_COLLECTIVE_TIMEOUT_S, grace_s / 2))
 
 
@@ -151,23 +144,3 @@ def is_peer_failure(e: BaseException) -> bool:
     if name not in ("DistBackendError", "DistNetworkError", "RuntimeError", "StorageError", "CheckpointException"):
         return False
     return bool(_PEER_LOST.search(str(e)))
-
-
-@functools.cache
-def _test_hook(name: str) -> str:
-    """A test hook's value, read once: these are asked at every step boundary."""
-    return os.environ.get(name, "")
-
-
-def hang_for_test(rank: int, step: int) -> None:
-    """BATON_TEST_HANG_AFTER_STEP=RANK:STEP: hang this rank for good (see the module docstring)."""
-    spec = _test_hook("BATON_TEST_HANG_AFTER_STEP")
-    if spec and spec == f"{rank}:{step}":
-        while True:
-            time.sleep(3600)
-
-
-def disagrees_for_test(rank: int, step: int) -> bool:
-    """BATON_TEST_DISAGREE_AFTER_STEP=RANK:STEP: whether this rank stops alone here (module docstring)."""
-    spec = _test_hook("BATON_TEST_DISAGREE_AFTER_STEP")
-    return bool(spec) and spec == f"{rank}:{step}"

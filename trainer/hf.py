@@ -1,75 +1,50 @@
 """baton's contract for a Hugging Face `Trainer` script: one callback, about three added lines.
 
-    from trainer.hf import BatonCallback                              # 1
-    baton = BatonCallback(checkpoint_uri="s3://bucket/run")           # 2  (before the slow set-up: it
-    trainer = Trainer(..., callbacks=[baton])                         #     installs the SIGTERM handler)
+    from baton.hf import BatonCallback, baton_args                    # 1
+    baton = BatonCallback(checkpoint_uri=cfg.checkpoint.uri)          # 2  (before the slow set-up: it installs the
+    trainer = Trainer(..., callbacks=[baton])                         #     SIGTERM handler)
     sys.exit(baton.run(trainer))                                      # 3  instead of trainer.train()
 
-What it does, and why (transformers 5.24's loop, read from its source):
-- SIGTERM only sets a flag (trainer.preemption). The stop is decided in `on_log`, after the step's
-  optimizer update, its `on_step_end` and its loss: every rank is there at the same step, so the
-  decision is one all-reduce and one signalled rank stops them all at the same step. The callback
-  asks the Trainer to save that step and to stop. A signal that lands between the micro-batches of a
-  gradient-accumulation step lets that step finish first: stopping in `on_substep_end` would save an
-  RNG state that already holds the abandoned micro-batches' dropout draws, and the resume would not
-  be exact.
-- `on_save` runs on every rank after `_save_checkpoint`, with no barrier before it (each rank writes
-  its own `rng_state_<i>.pth`): the callback puts one there, then rank 0 commits. Committing means a
-  `_COMMIT` file (a JSON manifest: every file's size and sha256) written last over `checkpoint-N/`;
-  with a `checkpoint_uri` elsewhere than `output_dir` (an fsspec bucket: file://, s3://, gs://) every
-  file is first mirrored to `<checkpoint_uri>/checkpoint-N/`, then `_COMMIT` there.
-- After the loop's break, `on_epoch_end` would ask for a second save of the same step (save_strategy
-  "epoch") and rewrite the folder under its marker: the callback clears that.
-- `run(trainer)` resumes from the newest committed `checkpoint-N`, found numerically (never by a
-  lexical sort), its files checked against the manifest; a torn or altered one is passed over (a
-  `checkpoint_refused` record), a read that fails (an I/O error, a store answering 5xx) is retried
-  for `faults.read_retry_s`, never taken for corruption.
-- Exit codes follow baton's rule (README, "Exit codes"; trainer/faults.py): 75 once the preemption
-  checkpoint is committed, 0 when training finished and its final checkpoint is committed, 1 when a
-  retry cannot help (HF's own `enable_jit_checkpoint` exits 0 after a SIGTERM, which a retry policy
-  reads as success). A periodic commit that fails after the store's retries does not end the run (a
-  `checkpoint_failed` record; the next save tries again); `faults.max_failed_saves` in a row, a failed
-  preemption or final commit, a store unreachable while resuming, or a peer rank gone end it with 75
-  and a `retry_later` record. The collective timeout is the Trainer's own (`ddp_timeout`): set it
-  from `faults.collective_timeout()` (the example job does), as HF's default is 30 minutes.
-- Records go to stdout in baton's JSON Lines schema (trainer/records.py): resume, step, checkpoint,
-  checkpoint_refused, preempt, done. The callback makes the Trainer log every step, so that every
-  step has a record with its loss.
+How (transformers 5.24's loop, read from its source):
+- SIGTERM only sets a flag. The stop is decided in `on_log`, after the step's optimizer update and its
+  loss, where every rank is at the same step: one all-reduce, which also carries the step's trajectory
+  (`batch_sha`, `rng_sha`) and whether its raw loss was finite. A signal between the micro-batches of a
+  gradient-accumulation step lets the step finish first (its RNG state would otherwise hold the
+  abandoned micro-batches' dropout draws).
+- `on_save` waits for every rank (HF has no barrier there), then rank 0 commits: the files, mirrored to
+  `checkpoint_uri` unless that is `output_dir`, then `_COMMIT` last (trainer/checkpoint/hf_store.py).
+  After the loop's break, `on_epoch_end` would save the same step again under its marker: it is cleared.
+- `run(trainer)` resumes from the newest committed `checkpoint-N` that verifies, takes over HF's RNG
+  restore on a mid-epoch resume (trainer/hf_rng.py), and returns baton's exit code (README, "Exit
+  codes"): 75 once a preemption checkpoint is committed or for a fault a retry can mend (`retry_later`),
+  0 when training finished and its final checkpoint is committed, 1 otherwise (a loss that is not finite
+  included). Set the Trainer's `ddp_timeout` from `faults.collective_timeout()` (HF's default: 30 min).
 
-Limits: one node (rank 0 sees every rank's files on the shared local disk); the checkpoint must be
-HF's own layout (`save_only_model=False`). `save_total_limit=1` with checkpoints committed in place
-is refused: HF's rotation runs before `on_save`, so a kill in that gap would leave nothing committed.
+Limits: one node; HF's full checkpoint layout (`save_only_model=False`); `save_total_limit=1` with
+checkpoints committed in place is refused (HF rotates before `on_save`).
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 import os
-import shutil
 import time
 import traceback
-import uuid
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from transformers import TrainerCallback
 
-from trainer import trajectory
-from trainer.ckpt_layout import COMMIT, CorruptCheckpoint, hf_step_of, parse_hf_commit
+from trainer import collectives, trajectory
+from trainer.checkpoint import COMMIT, HFStore, TornCheckpoint, hf_step_name  # noqa: F401 - COMMIT: this module's API
 from trainer.config import Config
+from trainer.exits import EXIT_FAIL, EXIT_OK, EXIT_PREEMPTED
 from trainer.faults import FaultsConfig, SaveFailures, StoreUnreachable, is_peer_failure, retry_reads
 from trainer.hf_rng import PrefetchRng
+from trainer.hooks import Point, hooks
 from trainer.preemption import Preemption
 from trainer.records import Records, log
-from trainer.storage import StorageError, full_url, is_local, retrying, storage_error, url_to_fs
-
-EXIT_OK, EXIT_FAIL, EXIT_PREEMPTED = 0, 1, 75
-# Left out of the manifest and the mirror: it pickles 9 transformers/accelerate classes, holds no
-# state that a resume needs (the script builds its own TrainingArguments), and cannot be loaded safely.
-SKIPPED_FILES = ("training_args.bin",)
+from trainer.storage import StorageError
 
 
 def baton_args(argv: list[str] | None = None, description: str | None = None) -> Config:
@@ -90,205 +65,6 @@ def baton_args(argv: list[str] | None = None, description: str | None = None) ->
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(1) from None
-
-
-class TornCheckpoint(Exception):
-    """A checkpoint whose files do not match its `_COMMIT` manifest."""
-
-
-def _sha256(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-class HFStore:
-    """Committed `checkpoint-N/` folders under a root, on any fsspec store.
-
-    A folder counts as committed only when `_COMMIT` is in it; its body lists every file with its size
-    and sha256. `local_dir` is where the Trainer writes (`args.output_dir`); when the root is that same
-    folder, `_COMMIT` is written in place and nothing is copied."""
-
-    def __init__(self, uri: str, local_dir: str) -> None:
-        self.uri = uri
-        self.fs, self.base = url_to_fs(uri)
-        self.base = self.base.rstrip("/")
-        self.local_dir = os.path.abspath(local_dir)
-        self.in_place = is_local(self.fs) and os.path.abspath(self.base) == self.local_dir
-
-    def url(self, step: int) -> str:
-        return full_url(self.fs, f"{self.base}/checkpoint-{step}")
-
-    def committed_steps(self) -> list[int]:
-        """Steps with a `_COMMIT`, ascending: one listing of the root, the markers checked per folder.
-        Only folders named `checkpoint-` and ASCII digits count, and never a symlink."""
-        self.fs.invalidate_cache()
-        try:
-            entries = self.fs.ls(self.base, detail=True)
-        except FileNotFoundError:
-            return []
-        steps = sorted(step for e in entries if e.get("type") == "directory" and not e.get("islink")
-                       and (step := hf_step_of(e["name"].rstrip("/").rsplit("/", 1)[-1])) is not None)
-        return [s for s in steps if self.fs.exists(f"{self.base}/checkpoint-{s}/{COMMIT}")]
-
-    # -- commit --
-    def commit(self, step: int, world_size: int, device: str = "cpu") -> tuple[str, int]:
-        """Mirror `local_dir/checkpoint-<step>` (unless in place), then write `_COMMIT` last.
-        Returns (url, bytes)."""
-        src = os.path.join(self.local_dir, f"checkpoint-{step}")
-        names = sorted(n for n in os.listdir(src) if n != COMMIT and n not in SKIPPED_FILES
-                       and os.path.isfile(os.path.join(src, n)))
-        files = {n: {"size": os.path.getsize(os.path.join(src, n)), "sha256": _sha256(os.path.join(src, n))}
-                 for n in names}
-        manifest = {"format": "hf-checkpoint", "step": step, "world_size": world_size, "device": device, "files": files,
-                    "time": round(time.time(), 3)}
-        dst = f"{self.base}/checkpoint-{step}"
-        if not self.in_place:
-            if is_local(self.fs):
-                self.fs.makedirs(dst, exist_ok=True)
-            for n in names:
-                retrying(lambda n=n: self.fs.put_file(os.path.join(src, n), f"{dst}/{n}"), self.url(step), "upload")
-        body = json.dumps(manifest, sort_keys=True)
-        if self.in_place:  # durable before it claims anything: fsync the files, then the marker
-            for n in names:
-                fd = os.open(os.path.join(src, n), os.O_RDONLY)
-                os.fsync(fd)
-                os.close(fd)
-            with open(os.path.join(src, COMMIT), "w") as f:
-                f.write(body)
-                f.flush()
-                os.fsync(f.fileno())
-        else:
-            def write() -> None:
-                with self.fs.open(f"{dst}/{COMMIT}", "w") as f:
-                    f.write(body)
-            retrying(write, self.url(step), "commit")
-        return self.url(step), sum(v["size"] for v in files.values())
-
-    def retain(self, keep_last: int) -> None:
-        """Keep the newest `keep_last` committed checkpoints; `_COMMIT` goes first, so a deletion cut
-        short leaves a folder that is passed over, never one that looks complete."""
-        if self.in_place or keep_last <= 0:
-            return  # in place, HF's own save_total_limit rotates
-        for step in self.committed_steps()[:-keep_last]:  # real checkpoint-N folders only, never a symlink
-            folder = f"{self.base}/checkpoint-{step}"
-            retrying(lambda folder=folder: self.fs.rm(f"{folder}/{COMMIT}"), self.url(step), "delete")
-            retrying(lambda folder=folder: self.fs.rm(folder, recursive=True), self.url(step), "delete")
-
-    # -- resume --
-    def manifest(self, step: int) -> dict[str, Any]:
-        """The `_COMMIT` of `step`, checked against its schema: CorruptCheckpoint when malformed (names
-        that are not plain file names included)."""
-        with self.fs.open(f"{self.base}/checkpoint-{step}/{COMMIT}", "rb") as f:
-            return parse_hf_commit(f.read(), step)
-
-    def fetch(self, step: int) -> str:
-        """The checkpoint as a local folder the Trainer can resume from, its files checked against the
-        manifest. Raises TornCheckpoint for what is wrong with the checkpoint (a missing file, a bad
-        manifest, a size or sha256 that does not match), StorageError for a read that failed (an I/O
-        error, a store answering 5xx after its own retries): that one is worth retrying."""
-        try:
-            manifest = self.manifest(step)
-            files = manifest["files"]
-        except FileNotFoundError:
-            raise TornCheckpoint(f"{COMMIT} is missing") from None
-        except CorruptCheckpoint as e:
-            raise TornCheckpoint(str(e)) from None
-        except Exception as e:
-            raise storage_error(self.url(step), "reading", e) from None
-        local = os.path.join(self.local_dir, f"checkpoint-{step}")
-        if self.in_place:
-            # Committed in place: only the manifest's files may be loaded. A file beside them that the
-            # commit does not list (an optional scaler.pt of another save) is removed, never used.
-            for name in os.listdir(local):
-                if name != COMMIT and name not in files:
-                    log(f"checkpoint-{step}: removing {name!r}, which its {COMMIT} does not list")
-                    _remove(os.path.join(local, name))
-        else:
-            _remove(local)  # a stale local copy is never trusted
-            os.makedirs(local)
-            for n in files:
-                try:
-                    self.fs.get_file(f"{self.base}/checkpoint-{step}/{n}", os.path.join(local, n))
-                except FileNotFoundError:
-                    raise TornCheckpoint(f"{n} is missing") from None
-                except Exception as e:
-                    raise storage_error(self.url(step), f"reading {n} of", e) from None
-        for n, meta in files.items():
-            path = os.path.join(local, n)
-            if not os.path.isfile(path):
-                raise TornCheckpoint(f"{n} is missing")
-            try:
-                matches = os.path.getsize(path) == meta["size"] and _sha256(path) == meta["sha256"]
-            except OSError as e:
-                raise storage_error(self.url(step), f"reading {n} of", e) from None
-            if not matches:
-                raise TornCheckpoint(f"{n} does not match its size or sha256 in {COMMIT}")
-        for n in files:
-            if n.endswith((".pt", ".pth", ".bin")):
-                _loads_safely(os.path.join(local, n))
-        return local
-
-    def claim_attempt(self) -> int:
-        """The next attempt number (one per process start): a listing, then a write. Not fencing,
-        only the records' `attempt` field."""
-        folder = f"{self.base}/attempts"
-        try:
-            n = len([p for p in self.fs.ls(folder, detail=False) if p.endswith(".json")]) + 1
-        except FileNotFoundError:
-            n = 1
-        if is_local(self.fs):
-            self.fs.makedirs(folder, exist_ok=True)
-        with self.fs.open(f"{folder}/{n:08d}-{uuid.uuid4().hex[:8]}.json", "w") as f:
-            f.write(json.dumps({"attempt": n, "time": time.time(), "pid": os.getpid()}))
-        return n
-
-
-def _remove(path: str) -> None:
-    """A file, a folder or a symlink (the link itself, never what it points to)."""
-    if os.path.islink(path) or os.path.isfile(path):
-        os.unlink(path)
-    elif os.path.isdir(path):
-        shutil.rmtree(path)
-
-
-def _loads_safely(path: str) -> None:
-    """A `.pt`/`.pth` the Trainer will `torch.load` must load under `weights_only` with the globals HF
-    allows (its RNG file holds numpy arrays); mapped, not read. The Trainer loads them that way too, but
-    a refusal there would end the run: here it is a refused checkpoint, and the resume falls back."""
-    from transformers.trainer_pt_utils import safe_globals
-
-    try:
-        with safe_globals():
-            try:
-                torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-            except RuntimeError as e:
-                if "mmap can only be used" not in str(e):
-                    raise
-                torch.load(path, map_location="cpu", weights_only=True)  # the legacy format: read it whole
-    except Exception as e:  # noqa: BLE001 - every refusal of the safe unpickler, and torn archives
-        raise TornCheckpoint(f"{os.path.basename(path)} cannot be loaded safely: "
-                             f"{str(e).splitlines()[0][:200] if str(e) else type(e).__name__}") from None
-
-
-def _pause_points() -> set[tuple[int, int]]:
-    raw = os.environ.get("BATON_PAUSE_AFTER_STEP")
-    if not raw:
-        return set()
-    return {(int(k), int(m or 0)) for k, _, m in (x.strip().partition(":") for x in raw.split(",") if x.strip())}
-
-
-def _world() -> tuple[int, int]:
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
-
-
-def _barrier() -> None:
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        dist.barrier()
 
 
 class InputDigest:
@@ -364,7 +140,6 @@ class BatonCallback(TrainerCallback):
         self.pending_step: int | None = None  # a step whose record is still to come (its on_log)
         self.last_hook_at = time.perf_counter()
         self.micro = 0
-        self.pauses = _pause_points()
         self.finished = False
         self.failed: str | None = None  # why the run must end with 1 (a loss that is not finite)
         self.inputs = InputDigest()
@@ -381,7 +156,7 @@ class BatonCallback(TrainerCallback):
     def _setup(self, args) -> None:
         if self.store is not None:
             return
-        self.rank, self.world = _world()
+        self.rank, self.world = collectives.rank(), collectives.world()
         self.store = HFStore(self.checkpoint_uri or args.output_dir, args.output_dir)
         if self.store.in_place and args.save_total_limit == 1:
             raise ValueError("save_total_limit=1 with checkpoints committed in output_dir: HF rotates before "
@@ -421,9 +196,7 @@ class BatonCallback(TrainerCallback):
                 except StoreUnreachable as e:
                     chosen = [None, None, str(e)]
                     break
-        if self.world > 1:
-            dist.broadcast_object_list(chosen, src=0)
-        step, local, unreachable = chosen
+        step, local, unreachable = collectives.broadcast(chosen)
         if unreachable:
             raise StoreUnreachable(unreachable)
         if step is None:
@@ -482,25 +255,10 @@ class BatonCallback(TrainerCallback):
                           checkpoint=self.last_checkpoint)
         return EXIT_PREEMPTED
 
-    # -- the test hook --
-    def _pause_for_test(self, step: int, micro: int = 0) -> bool:
-        """`BATON_PAUSE_AFTER_STEP=K[,K:m]`: wait (at most 120 s) after step K's record, or after m
-        micro-batches of step K+1, until a signal arrives, so a test lands it on an exact point. The
-        ranks leave together (one all-reduce a poll). A test hook, never for real work."""
-        if (step, micro) not in self.pauses:
-            return False
-        log(f"paused after step {step}" + (f", {micro} micro-batch(es) into the next" if micro else ""))
-        deadline = time.monotonic() + 120
-        while True:
-            flag = torch.tensor([int(self.preempt.local or time.monotonic() > deadline)], dtype=torch.int32,
-                                device=self.preempt.device)
-            if self.world > 1:
-                dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-            if flag.item():
-                return True
-            time.sleep(0.01)
-
     # -- TrainerCallback hooks --
+    def _point(self, step: int, micro: int = 0) -> Point:
+        return Point(step, micro, self.rank, self.world, self.preempt, device=self.preempt.device)
+
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         self._setup(args)
         if model is not None and not self._hooked:
@@ -517,7 +275,7 @@ class BatonCallback(TrainerCallback):
     def on_substep_end(self, args, state, control, **kwargs):
         # A signal here does not stop the step: it completes, then saves (see the module docstring).
         self.micro += 1
-        self._pause_for_test(state.global_step, self.micro)
+        hooks().at_point(self._point(state.global_step, self.micro))
 
     def on_step_end(self, args, state, control, **kwargs):
         self.pending_step = state.global_step
@@ -533,7 +291,8 @@ class BatonCallback(TrainerCallback):
         step, self.pending_step = state.global_step, None
         # The step's one collective: every rank logs every step, so every rank is here.
         batch, loss_finite = self.inputs.take()
-        rows = self._gather([int(self.preempt.local), int(not loss_finite), batch, self.rng_at_step_begin])
+        rows = collectives.gather_rows([int(self.preempt.local), int(not loss_finite), batch, self.rng_at_step_begin],
+                                       device=self.preempt.device)
         bad = [f"{k} {v}" for k, v in (("loss", logs["loss"]), ("grad_norm", logs.get("grad_norm")),
                                        ("learning_rate", logs.get("learning_rate")))
                if isinstance(v, (int, float)) and not math.isfinite(v)]
@@ -551,7 +310,7 @@ class BatonCallback(TrainerCallback):
                   epoch=state.epoch, batch_sha=trajectory.combine(r[2] for r in rows),
                   rng_sha=trajectory.combine(r[3] for r in rows))
         stop = any(r[0] for r in rows)
-        if self._pause_for_test(step):
+        if hooks().at_point(self._point(step)):
             stop = self.preempt.should_stop()  # a signal came during the test's pause
         elif stop and self.preempt.signal_name is None:
             self.preempt.decided(True)  # another rank was signalled: this one stops as "peer"
@@ -564,22 +323,13 @@ class BatonCallback(TrainerCallback):
         self.last_hook_at = time.perf_counter()
         return control
 
-    def _gather(self, mine: list[int]) -> list[list[int]]:
-        """Every rank's `mine`, in rank order: one SUM all-reduce in which each rank fills its own row."""
-        if self.world == 1:
-            return [mine]
-        table = torch.zeros((self.world, len(mine)), dtype=torch.int64, device=self.preempt.device)
-        table[self.rank] = torch.tensor(mine, dtype=torch.int64, device=self.preempt.device)
-        dist.all_reduce(table, op=dist.ReduceOp.SUM)
-        return table.tolist()
-
     def on_save(self, args, state, control, **kwargs):
         step = state.global_step
         started = self.stop_decided_at if self.stopping == step else self.last_hook_at
         reason = "final" if step >= state.max_steps else ("preempt" if self.stopping == step else "periodic")
         if self.prefetch is not None:  # this rank's RNG before the batch it collated ahead (trainer/hf_rng.py)
-            self.prefetch.save(os.path.join(args.output_dir, f"checkpoint-{step}"))
-        _barrier()  # HF has none before on_save: every rank's rng_state_<i>.pth is on disk after it
+            self.prefetch.save(os.path.join(args.output_dir, hf_step_name(step)))
+        collectives.barrier()  # HF has none before on_save: every rank's rng_state_<i>.pth is on disk after it
         outcome: list[Any] = [None, None]  # rank 0's: the committed url, or why the commit failed
         if self.rank == 0:
             assert self.store is not None
@@ -605,9 +355,7 @@ class BatonCallback(TrainerCallback):
         # Every rank learns the outcome, so all go on or stop together; and no rank leaves before rank 0
         # has committed and written its record: a launcher that sees one rank exit signals the others,
         # and the record is what says the stop was clean.
-        if self.world > 1:
-            dist.broadcast_object_list(outcome, src=0)
-        url, error = outcome
+        url, error = collectives.broadcast(outcome)
         if error is None:
             self.last_committed, self.last_checkpoint = step, url
             self.save_failures.committed()
@@ -651,7 +399,7 @@ class StepRecords(TrainerCallback):
         self.pending: int | None = None
 
     def on_train_begin(self, args, state, control, **kwargs):
-        rank, _ = _world()
+        rank = collectives.rank()
         attempt = HFStore(self.attempts_uri or args.output_dir, args.output_dir).claim_attempt() if rank == 0 else 0
         self.rec = Records(self.run_id, attempt, rank)
         if rank == 0:
@@ -673,7 +421,7 @@ class StepRecords(TrainerCallback):
         # a SIGTERM then loses.
         if self.rec and self.rec.rank == 0:
             self.rec.emit("checkpoint", state.global_step, reason="periodic", committed=False,
-                          path=os.path.join(args.output_dir, f"checkpoint-{state.global_step}"))
+                          path=os.path.join(args.output_dir, hf_step_name(state.global_step)))
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if self.rec and self.rec.rank == 0 and self.pending == state.global_step and "loss" in (logs or {}):

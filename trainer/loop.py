@@ -11,42 +11,27 @@ from __future__ import annotations
 import math
 import os
 import time
-from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_state_dict,
-    set_model_state_dict,
-    set_state_dict,
-)
+from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor
 
 from trainer import faults, rng, trajectory
-from trainer.checkpoint import (
-    CorruptCheckpoint,
-    FencedOut,
-    Store,
-    broadcast,
-    json_from_tensor,
-    tensor_from_json,
-)
-from trainer.ckpt_resolve import LoadTimes, resolve_and_load
+from trainer.cadence import Attempt, Cadence
+from trainer.checkpoint import RESTORABLE, Boundary, Checkpointer, FencedOut, LoadTimes, Parts
 from trainer.config import Config
 from trainer.data import EpochData, pack, read_documents
+from trainer.exits import EXIT_FAIL, EXIT_OK, EXIT_PREEMPTED
+from trainer.hooks import Point, hooks
 from trainer.model import build_empty_model, compile_layers, ensure_model, load_model, load_tokenizer, shard
-from trainer.noise import GradNoise
-from trainer.notice import Attempt, Cadence, NoticeThread, NoticeWatcher
+from trainer.notice import NoticeThread, NoticeWatcher
 from trainer.preemption import Preemption
 from trainer.records import Records, log
-from trainer.storage import StorageError, describe
-
-EXIT_OK, EXIT_FAIL, EXIT_PREEMPTED = 0, 1, 75
-RESTORABLE = ("rng", "data", "optimizer", "scheduler")
+from trainer.storage import StorageError
 
 
 def lr_factor(step: int, warmup: int, total: int, min_ratio: float) -> float:
@@ -89,18 +74,6 @@ def init_distributed(timeout: timedelta | None = None) -> tuple[int, int, torch.
     return dist.get_rank(), dist.get_world_size(), device
 
 
-@dataclass
-class Boundary:
-    """Everything about a step boundary that the live objects move past during the next step."""
-
-    step: int
-    epoch: int
-    start: int
-    yielded: int
-    rng: dict[str, torch.Tensor]
-    loader: dict[str, Any]
-
-
 class Trainer:
     def __init__(self, cfg: Config, preempt: Preemption) -> None:
         self.times: dict[str, float] = {"startup_s": round(time.time() - process_start(), 3)}
@@ -110,15 +83,13 @@ class Trainer:
         self.swap_ranks = os.environ.get("BATON_SWAP_RANK_STATE") == "1"
         self.rank, self.world, self.device = init_distributed(cfg.faults.collective_timeout())
         self.save_failures = faults.SaveFailures(cfg.faults.max_failed_saves)
-        self.noise = GradNoise.from_env(self.rank)
         self.preempt.device = torch.device("cpu")  # gloo carries the flag; under NCCL the cpu:gloo half does
         if cfg.deterministic:
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
             torch.use_deterministic_algorithms(True)
-        self.store = Store(cfg.checkpoint.uri, cfg.run_id, io_threads=cfg.checkpoint.io_threads)
-        self.attempt = broadcast(self.store.claim_attempt({"host": os.uname().nodename, "pid": os.getpid(),
-                                                           "world_size": self.world})
-                                 if self.rank == 0 else None)
+        self.ckpt = Checkpointer(cfg.checkpoint, cfg.run_id, cfg.fingerprint, frozenset(self.skip), self.swap_ranks)
+        self.attempt = self.ckpt.claim_attempt({"host": os.uname().nodename, "pid": os.getpid(),
+                                                "world_size": self.world})
         self.rec = Records(cfg.run_id, self.attempt, self.rank)
         self.last_committed: int | None = None
         self.last_checkpoint: str | None = None
@@ -147,7 +118,7 @@ class Trainer:
         # the structure without reading the pretrained weights. Should every checkpoint be refused,
         # resume() reads them after all (pretrained_fallback).
         t_list = time.perf_counter()
-        self.committed = broadcast(self.store.committed_steps() if self.rank == 0 else None)
+        self.committed = self.ckpt.committed_steps()
         self.times["listing_s"] = round(time.perf_counter() - t_list, 3)
         self.empty_model = bool(self.committed)
         build_model = build_empty_model if self.empty_model else load_model
@@ -165,6 +136,8 @@ class Trainer:
         self.sched = torch.optim.lr_scheduler.LambdaLR(
             self.optim, lambda s: lr_factor(s, o.warmup_steps, cfg.total_steps, o.min_lr_ratio))
         self.step = 0
+        self.ckpt.attach(Parts(self.model, self.optim, self.sched, self.data, self.rank, self.world, cfg.seed,
+                               cfg.data.batch_size, cfg.data.num_workers))
         self.metrics: dict[str, float] = {}
         self.notice: NoticeThread | None = None
         if cfg.notice.enabled and self.rank == 0:  # one watcher; the flag is OR-reduced over the ranks
@@ -179,131 +152,33 @@ class Trainer:
             + (", built empty for the resume" if self.empty_model else ""))
         self.times["build_s"] = round(time.perf_counter() - t - self.times["listing_s"], 3)
 
-    # -- state <-> checkpoint --
+    # -- the checkpoint --
     def boundary(self) -> Boundary:
-        return Boundary(self.step, self.data.epoch, self.data.start, self.data.yielded, rng.capture(),
-                        self.data.loader.state_dict())
-
-    def state(self, b: Boundary) -> dict[str, Any]:
-        model_sd, optim_sd = get_state_dict(self.model, self.optim)
-        return {
-            "model": model_sd,
-            "optim": {"state": optim_sd["state"]},
-            "optim_lr": torch.tensor([[g["lr"], g["initial_lr"]] for g in self.optim.param_groups],
-                                     dtype=torch.float64),
-            "sched": torch.tensor([self.sched.last_epoch, self.sched._step_count], dtype=torch.int64),
-            "progress": torch.tensor([b.step, b.epoch, b.start, b.yielded], dtype=torch.int64),
-            f"rng.rank{self.rank}": b.rng,
-            f"loader.rank{self.rank}": tensor_from_json({"rank": self.rank, "epoch": b.epoch, "start": b.start,
-                                                         "yielded": b.yielded, "state": b.loader,
-                                                         "num_workers": self.cfg.data.num_workers}),
-        }
-
-    def _load_template(self, step: int, manifest: dict) -> dict[str, Any]:
-        # Rank 0 reads the shapes and every rank gets the same answer, failure included: ranks that
-        # disagreed here would enter dcp.load's collectives out of step.
-        answer: tuple[str, Any] = ("ok", None)
-        if self.rank == 0:
-            try:
-                answer = ("ok", self.store.shapes(step, manifest))
-            except CorruptCheckpoint as e:
-                answer = ("corrupt", str(e))
-            except Exception as e:  # noqa: BLE001 - a read that failed: carried to every rank, retried there
-                answer = ("storage", describe(e))
-        kind, shapes = broadcast(answer)
-        if kind == "corrupt":
-            raise CorruptCheckpoint(f"cannot read .metadata: {shapes}")
-        if kind == "storage":
-            raise StorageError(f"reading the .metadata of step {step} failed: {shapes}")
-        same_world = manifest.get("world_size") == self.world
-        src = (self.world - 1 - self.rank) if self.swap_ranks else self.rank
-        template = self.state(self.boundary())
-        if "optimizer" in self.skip:
-            # DCP loads in place, into the optimizer's own tensors: the control must not ask for them.
-            template.pop("optim")
-        template.pop(f"rng.rank{self.rank}")
-        template.pop(f"loader.rank{self.rank}")
-        if same_world:
-            # The generators the checkpoint holds, not the ones this process has: a CPU checkpoint
-            # resumed on a GPU has no `cuda` state (restore() then leaves CUDA's seeded stream alone).
-            stored = sum(f["size"] for f in manifest["files"].values())
-
-            def empty(key: str, dtype: torch.dtype) -> torch.Tensor:
-                shape = shapes.get(key)
-                if shape is None:
-                    raise CorruptCheckpoint(f"the checkpoint holds no {key}")
-                if math.prod(shape) * dtype.itemsize > stored:  # a shape no file could hold
-                    raise CorruptCheckpoint(f".metadata gives {key} the shape {shape}, larger than the checkpoint")
-                return torch.empty(shape, dtype=dtype)
-
-            template[f"rng.rank{src}"] = {k: empty(f"rng.rank{src}.{k}", v.dtype)
-                                          for k, v in rng.capture().items() if f"rng.rank{src}.{k}" in shapes}
-            template[f"loader.rank{src}"] = empty(f"loader.rank{src}", torch.uint8)
-        return template
+        return self.ckpt.capture(self.step)
 
     def resume(self) -> None:
         def refused(step: int, why: str) -> None:
             log(f"checkpoint step {step} refused: {why}; falling back")
-            self.emit("checkpoint_refused", step, path=self.store.url(self.store.step_path(step)), reason=why)
+            self.emit("checkpoint_refused", step, path=self.ckpt.url(step), reason=why)
 
         if self.committed:  # what it is about to load: lets a watcher (the drill's chaos) act mid-restore
-            self.emit("restore", self.committed[0], committed=len(self.committed),
-                      path=self.store.url(self.store.step_path(self.committed[0])))
+            self.emit("restore", self.committed[0], committed=len(self.committed), path=self.ckpt.url(self.committed[0]))
         load_times = LoadTimes(listing=self.times.pop("listing_s"))
-        # Every rank raises the same StorageError (the verdict is broadcast), so every rank retries together.
-        loaded = faults.retry_reads(
-            lambda: resolve_and_load(self.store, self.cfg.fingerprint, self._load_template, refused,
-                                     times=load_times, steps=self.committed, check_staged=_progress_matches),
-            self.cfg.faults.read_retry_s, StorageError, log, several_ranks=self.world > 1)
+        resumed = self.ckpt.resume(self.committed, refused, load_times, self.cfg.faults.read_retry_s)
         self.times.update(load_times.as_dict())
         t = time.perf_counter()
-        if loaded is None:
+        if resumed is None:
             if self.empty_model:
                 self._pretrained_fallback()
             self.times["restore_s"] = round(time.perf_counter() - t, 3)
             self.emit("resume", 0, from_step=0, fresh=True, phases=self.times)
             log("no committed checkpoint: starting fresh")
             return
-        step, manifest, st = loaded
-        same_world = manifest.get("world_size") == self.world
-        if "optimizer" not in self.skip:
-            set_state_dict(self.model, self.optim, model_state_dict=st["model"],
-                           optim_state_dict={"state": st["optim"]["state"],
-                                             "param_groups": self._param_groups(st["optim_lr"])})
-        else:
-            set_model_state_dict(self.model, st["model"])
-            for g, (lr, initial) in zip(self.optim.param_groups, st["optim_lr"].tolist(), strict=True):
-                g["lr"], g["initial_lr"] = lr, initial  # the control drops the moments, not the schedule
-        if "scheduler" not in self.skip:
-            last_epoch, step_count = st["sched"].tolist()
-            self.sched.last_epoch, self.sched._step_count = last_epoch, step_count
-            self.sched._last_lr = [g["lr"] for g in self.optim.param_groups]
-        _, epoch, start, yielded = st["progress"].tolist()  # its step was checked on the staging copy
+        step, manifest = resumed.step, resumed.manifest
         self.step = step
-        src = (self.world - 1 - self.rank) if self.swap_ranks else self.rank
-        if "data" not in self.skip:
-            if same_world:
-                blob = json_from_tensor(st[f"loader.rank{src}"])
-                if blob.get("num_workers", 0) == self.cfg.data.num_workers:
-                    self.data.seek(epoch, start, blob["state"], yielded)
-                else:  # a loader state does not carry across worker counts; the sample order does
-                    self.data.seek(epoch, start + yielded * self.cfg.data.batch_size * self.world)
-            else:
-                # Another world size: continue from the same global sample in the epoch.
-                position = start + yielded * self.cfg.data.batch_size * manifest["world_size"]
-                self.data.seek(epoch, position)
-                if self.data.epoch_done:
-                    self.data.next_epoch()
-        if "rng" not in self.skip:
-            if same_world:
-                rng.restore(st[f"rng.rank{src}"])
-            else:
-                rng.seed_everything(self.cfg.seed * 1_000_003 + step, self.rank)
         self.last_committed = step
-        self.last_checkpoint = self.store.url(self.store.step_path(step))
-        if self.skip or self.swap_ranks:
-            log(f"NEGATIVE CONTROL: restore skipped for {sorted(self.skip)}, swapped ranks={self.swap_ranks}")
-        if not same_world:
+        self.last_checkpoint = self.ckpt.url(step)
+        if not resumed.same_world:
             log(f"resharded resume: saved by {manifest['world_size']} ranks, running on {self.world}; "
                 "model and optimizer load exactly, the continuation is not bitwise (reduction order)")
         self.times["restore_s"] = round(time.perf_counter() - t, 3)
@@ -325,13 +200,6 @@ class Trainer:
         rng.seed_everything(self.cfg.seed, self.rank)
         self.empty_model = False
 
-    def _param_groups(self, lrs: torch.Tensor) -> list[dict[str, Any]]:
-        _, optim_sd = get_state_dict(self.model, self.optim)
-        groups = optim_sd["param_groups"]
-        for g, (lr, initial) in zip(groups, lrs.tolist(), strict=True):
-            g["lr"], g["initial_lr"] = lr, initial
-        return groups
-
     def save(self, b: Boundary, reason: str) -> float:
         before, self.preempt.phase = self.preempt.phase, "save"
         try:
@@ -341,51 +209,25 @@ class Trainer:
 
     def _save(self, b: Boundary, reason: str) -> float:
         self.preempt.invalidate()  # a save takes a while: the next stop check asks the ranks again
-        ck = self.cfg.checkpoint
-        pending = self.store.pending
-        if pending is not None and pending.step == b.step:  # this step is already being saved
-            if reason != "periodic":
-                self.store.drain()  # it must be durable now: wait for it to commit
-            return 0.0
         # The metrics of this step (the step record's loss), for keep-best retention.
-        metrics = dict(self.metrics)
-        manifest = {
-            "fingerprint": self.cfg.fingerprint, "run_id": self.cfg.run_id, "epoch": b.epoch, "device": self.device.type,
-            "reason": reason, "config": self.cfg.to_dict(), "time": time.time(), "metrics": metrics,
-        }
+        manifest = {"run_id": self.cfg.run_id, "epoch": b.epoch, "device": self.device.type,
+                    "config": self.cfg.to_dict(), "time": time.time(), "metrics": dict(self.metrics)}
 
-        def committed(res) -> None:  # a checkpoint.SaveResult, once the checkpoint is committed
+        def committed(res) -> None:  # a SaveResult, once the checkpoint is committed
             self.last_committed, self.last_checkpoint = res.step, res.path
             self.save_failures.committed()
             self._after_save(res.blocking_ms if res.asynchronous else res.save_ms)
             self.emit("checkpoint", res.step, reason=reason, save_ms=round(res.save_ms, 1),
                       blocking_ms=round(res.blocking_ms, 1), bytes=res.bytes, path=res.path,
                       asynchronous=res.asynchronous)
-            # Retention waits for a later save: inside the grace period every second is the save's.
-            if self.rank == 0 and reason != "preempt":
-                deleted = self.store.retain(ck.keep_last, res.step, ck.keep_best_metric)
-                if deleted:
-                    log(f"retention deleted steps {deleted}")
 
-        if ck.async_save and reason == "periodic":
-            return self.store.save_async(b.step, self.state(b), manifest, self.attempt, committed)
-        # Saves hash their files while writing them. Retention never deletes the newest verified
-        # checkpoint (read back, or loaded by this attempt's resume), so a periodic save also reads its
-        # files back when there is none yet, or when it would otherwise push the verified one out of
-        # the newest keep_last (one periodic save in keep_last: keep_last 1 reads back every time),
-        # and so does the final save. Preemption and warning saves never read back: the grace is short
-        # (GKE Spot: 15 s), and a resume hashes every file while loading it.
-        st = self.store
-        read_back = reason == "final" or (reason == "periodic" and (
-            st.verified_step is None or st.unverified_commits + 1 >= ck.keep_last))
-        return self.store.save(b.step, self.state(b), manifest, self.attempt, committed,
-                               read_back=read_back).save_ms
+        return self.ckpt.save(b, reason, manifest, self.attempt, committed)
 
     # -- the stop --
     def stop(self, b: Boundary) -> int:
         signal_name = self.preempt.signal_name
         save_ms = 0.0
-        failed = self.store.drain(raise_storage_errors=False)  # a save in flight commits first
+        failed = self.ckpt.drain(raise_storage_errors=False)  # a save in flight commits first
         if failed:
             log(f"the checkpoint in flight failed ({failed}); saving step {b.step} synchronously")
         if b.step == 0 and self.last_committed is None:
@@ -432,7 +274,7 @@ class Trainer:
             table[self.rank] = torch.tensor(mine, dtype=torch.int64)
             dist.all_reduce(table, op=dist.ReduceOp.SUM)
             rows = table.tolist()
-            self.preempt.decided(any(r[4] for r in rows) or faults.disagrees_for_test(self.rank, self.step))
+            self.preempt.decided(any(r[4] for r in rows) or hooks().stops_alone(self.rank, self.step))
         loss = sum(trajectory.bits_f64(r[0]) for r in rows) / self.world
         norm = None if local_norm is None else math.sqrt(sum(trajectory.bits_f64(r[1]) for r in rows))
         return (loss, norm, any(r[2] for r in rows), any(r[3] for r in rows),
@@ -489,44 +331,27 @@ class Trainer:
     def _attempt_history(self) -> list[Attempt]:
         """Approximate: every attempt before this one is taken to have ended by preemption."""
         if getattr(self, "_history", None) is None:
-            starts = self.store.attempt_start_times()
+            starts = self.ckpt.attempt_start_times()
             self._history = [Attempt(a, True, b - a) for a, b in zip(starts, starts[1:], strict=False)]
             self._history_started = starts[-1] if starts else time.time()
         return [*self._history, Attempt(self._history_started, False, time.time() - self._history_started)]
 
-    def _pause_for_test(self, micro: int = 0) -> None:
-        """`BATON_PAUSE_AFTER_STEP=K[,K:m,...]`: wait (at most 120 s) after step K, or after m
-        micro-batches of step K+1, until a signal or a preemption warning arrives, so that a test lands
-        it on an exact point. A test hook. The ranks decide to leave together (one all-reduce a poll)."""
-        raw = os.environ.get("BATON_PAUSE_AFTER_STEP")
-        if raw is None:
-            return
-        points = {(int(k), int(m or 0)) for k, _, m in (x.strip().partition(":") for x in raw.split(",") if x.strip())}
-        if (self.step, micro) not in points:
-            return
-        self.preempt.invalidate()
-        log(f"paused after step {self.step}" + (f", {micro} micro-batch(es) into the next" if micro else ""))
-        deadline = time.monotonic() + 120
-        while True:
-            flags = torch.tensor([int(self.preempt.local), int(bool(self.notice and self.notice.pending())),
-                                  int(time.monotonic() > deadline)], dtype=torch.int32)
-            if self.world > 1:
-                dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-            if flags.any():
-                return
-            time.sleep(0.01)
+    def _at_point(self, micro: int = 0) -> None:
+        """A step boundary (micro 0) or a micro-batch boundary: where a test's hooks may act (trainer/hooks.py)."""
+        hooks().at_point(Point(self.step, micro, self.rank, self.world, self.preempt,
+                               lambda: bool(self.notice and self.notice.pending())))
 
     # -- the loop --
     def run(self) -> int:
         cfg, data = self.cfg, self.data
         accum = cfg.data.grad_accum
         tokens_per_step = cfg.data.batch_size * cfg.data.seq_len * accum * self.world
-        self._pause_for_test()
+        self._at_point()
         while self.step < cfg.total_steps:
-            if self.store.pending is not None:  # waiting for staging or committing takes a while
+            if self.ckpt.pending is not None:  # waiting for staging or committing takes a while
                 self.preempt.invalidate()
             try:
-                self.store.step_boundary()  # the save in flight: commit it if every rank's upload is done
+                self.ckpt.step_boundary()  # the save in flight: commit it if every rank's upload is done
             except StorageError as e:  # that async periodic save failed: nothing of it is committed
                 self._save_failed(self.step, e)
             b = self.boundary()
@@ -535,7 +360,7 @@ class Trainer:
             batches = []
             for m in range(accum):
                 if m:
-                    self._pause_for_test(micro=m)
+                    self._at_point(micro=m)
                 if self.preempt.should_stop():
                     self.optim.zero_grad(set_to_none=True)
                     return self.stop(b)
@@ -546,10 +371,9 @@ class Trainer:
                     self.model.set_requires_gradient_sync(m == accum - 1)
                 loss = self.model(input_ids=batch, labels=batch).loss / accum
                 loss.backward()
-                if self.noise is not None:
-                    self.noise.perturb(self.model, self.step, m)
+                hooks().after_backward(self.model, self.step, m, self.rank)
                 loss_sum += loss.detach().double()
-            self.store.before_update()  # an async save's staging copy must be done before the update
+            self.ckpt.before_update()  # an async save's staging copy must be done before the update
             grad_norm = None
             if cfg.optim.grad_clip > 0:
                 grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.optim.grad_clip)
@@ -558,7 +382,7 @@ class Trainer:
             self.sched.step()
             self.optim.zero_grad(set_to_none=True)
             self.step += 1
-            faults.hang_for_test(self.rank, self.step)
+            hooks().after_update(self.rank, self.step)
             loss_value, norm, warning, due, batch_sha, rng_sha = self._boundary_flags(
                 loss_sum, grad_norm, trajectory.batch_digest(batches), trajectory.rng_digest(b.rng))
             _require_finite(self.step, loss=loss_value, grad_norm=norm, lr=lr)  # the same on every rank
@@ -579,7 +403,7 @@ class Trainer:
                 self.periodic_save(self.boundary())
             if (code := self._on_boundary(warning, due)) is not None:
                 return code
-            self._pause_for_test()
+            self._at_point()
         if self.last_committed != cfg.total_steps:
             self.save(self.boundary(), "final")
         self.emit("done", self.step, total_steps=cfg.total_steps, checkpoint=self.last_checkpoint)
@@ -597,16 +421,6 @@ def _require_finite(step: int, **values: float | None) -> None:
     if bad:
         raise NonFinite(f"step {step}: {', '.join(bad)} is not finite; stopping without saving it "
                         "(the last committed checkpoint stands); check optim.lr, the data and the model")
-
-
-def _progress_matches(step: int, staged: dict[str, Any]) -> str | None:
-    """A staged checkpoint whose saved progress is not its folder's step (a copy of step 8 named
-    step-00000099) is refused before it reaches the model: the loader falls back."""
-    progress = staged.get("progress")
-    if not isinstance(progress, torch.Tensor) or progress.numel() != 4:
-        return "the checkpoint holds no progress record"
-    saved = int(progress[0])
-    return None if saved == step else f"the folder is step {step} but the checkpoint holds progress for step {saved}"
 
 
 def process_start() -> float:

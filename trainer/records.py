@@ -12,6 +12,8 @@ import sys
 import time
 from typing import Any
 
+from trainer.redaction import redact
+
 
 class Records:
     def __init__(self, run_id: str, attempt: int, rank: int) -> None:
@@ -31,8 +33,6 @@ def _finite(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return str(value)
     if isinstance(value, str) and "@" in value:  # a URL with user:secret@ in it
-        from trainer.storage import redact
-
         return redact(value)
     if isinstance(value, dict):
         return {k: _finite(v) for k, v in value.items()}

@@ -34,7 +34,6 @@ import asyncio
 import importlib
 import os
 import random
-import re
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -43,31 +42,15 @@ import fsspec
 from fsspec import AbstractFileSystem
 
 from trainer.config import ConfigError
+from trainer.redaction import redact  # noqa: F401 - storage errors redact with it; callers import it from here
 
 T = TypeVar("T")
 DEFAULT_S3_MAX_ATTEMPTS = 5
-_SECRET_ENV = ("AWS_SECRET_ACCESS_KEY", "AWS_ACCESS_KEY_ID", "AWS_SESSION_TOKEN", "GOOGLE_OAUTH_ACCESS_TOKEN")
 
 
 class StorageError(ConfigError):
     """A store that cannot be used: unreachable, missing bucket, no or wrong credentials, or still
     failing after the retries. The message names the URI and holds no credentials."""
-
-
-def redact(text: str) -> str:
-    """`text` with `user:secret@` in URLs, signatures and the values of credential variables removed."""
-    text = re.sub(r"(://)[^/@\s]+@", r"\1***@", text)
-    text = re.sub(r"(?i)(signature|credential|x-amz-security-token|access_?key(_?id)?|access_?token|secret[a-z_]*)"
-                  r"=[^&\s'\"]+", r"\1=***", text)
-    text = re.sub(r"(?i)(bearer\s+)[A-Za-z0-9._~+/=-]+", r"\1***", text)
-    for name in _SECRET_ENV:
-        value = os.environ.get(name)
-        if value and len(value) >= 4:
-            text = text.replace(value, "***")
-    token = os.environ.get("BATON_GCS_TOKEN", "")
-    if len(token) >= 8 and token not in ("google_default", "anon"):  # a raw token or a key file's path
-        text = text.replace(token, "***")
-    return text
 
 
 def _max_attempts(var: str, default: int) -> int:
@@ -318,3 +301,12 @@ def create_only(fs: AbstractFileSystem, path: str, data: bytes) -> bool:
         return True
     except FileExistsError:
         return fs.cat_file(path) == data
+
+
+def local_path(uri: str) -> str | None:
+    """The filesystem path of a file:// URI or plain path; None for remote stores."""
+    if uri.startswith("file://"):
+        return uri.removeprefix("file://")
+    if "://" not in uri:
+        return os.path.abspath(uri)
+    return None

@@ -34,11 +34,18 @@ from typing import Any
 import requests
 import yaml
 
-from workflows.params import PARAMETERS, parse_params, resolve_params, set_queue_label
+from workflows.params import (
+    PARAMETERS,
+    ROLES,
+    drill_root,
+    evidence_root,
+    parse_params,
+    resolve_params,
+    set_queue_label,
+)
 
 DEFAULT_NAMESPACE = "baton"  # the namespace of templates/base/rbac.yaml: the drill's ServiceAccount lives there
 TIMEOUT_S = 30.0
-ROLES = ("reference", "replay", "trial")  # the prefixes under <bucket>/<prefix>/<workflow name>
 _TRUE = {"1", "t", "T", "TRUE", "true", "True"}  # Go's strconv.ParseBool, which the Argo CLI uses
 _FALSE = {"0", "f", "F", "FALSE", "false", "False"}
 _HOST = re.compile(r"^(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?):(\d{1,5})$")
@@ -391,11 +398,11 @@ def _param(wf: dict[str, Any], name: str) -> str | None:
 
 
 def committed_steps(root: str, role: str) -> dict[str, list[int]]:
-    """run_id -> committed steps, newest first, under `<root>/<role>` (the checkpoint store's own listing)."""
-    from trainer.checkpoint import Store, run_ids
+    """run -> committed steps, newest first, under `<root>/<role>`, in either checkpoint format (the
+    checkpoint package's own listing: an HF root is one run, named "")."""
+    from trainer.checkpoint import open_root
 
-    runs = {run: Store(f"{root}/{role}", run, check=False).committed_steps() for run in run_ids(f"{root}/{role}")}
-    return {run: steps for run, steps in runs.items() if steps}
+    return open_root(f"{root}/{role}").committed()
 
 
 def store_lines(wf: dict[str, Any]) -> tuple[list[str], bool]:
@@ -408,7 +415,7 @@ def store_lines(wf: dict[str, Any]) -> tuple[list[str], bool]:
     bucket, prefix = _param(wf, "bucket"), _param(wf, "prefix")
     if bucket is None or prefix is None:
         return ["store: the workflow has no bucket or prefix parameter"], False
-    root = f"{bucket}/{prefix}/{name}"  # as the drill's templates build it
+    root = drill_root(bucket, prefix, name)
     out = [f"store {redact(root)}"]
     try:
         newest: dict[str, int | None] = {}
@@ -416,9 +423,9 @@ def store_lines(wf: dict[str, Any]) -> tuple[list[str], bool]:
             runs = committed_steps(root, role)
             steps = sorted((s for v in runs.values() for s in v), reverse=True)
             newest[role] = steps[0] if steps else None
-            where = f" (run {', '.join(sorted(runs))})" if runs else ""
+            where = f" (run {', '.join(sorted(runs))})" if any(runs) else (" (checkpoint-N)" if runs else "")
             out.append(f"  {role:<10} newest committed step {steps[0] if steps else 'none'}{where}")
-        records = read_evidence(f"{root}/evidence/trial")
+        records = read_evidence(evidence_root(root, "trial"))
     except Exception as e:  # storage errors of any backend: one line, not a traceback
         out.append(f"  error: cannot read {redact(root)}: {describe(e)}")
         return out, False

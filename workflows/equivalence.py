@@ -1,4 +1,4 @@
-"""The equivalence drill as an Argo Workflow, written with Hera, and its command line.
+"""The equivalence drill as an Argo Workflow, written with Hera (its command line is workflows/cli.py).
 
     python workflows/equivalence.py render [-p name=value ...]   every object, as a multi-document YAML stream
     python workflows/equivalence.py write-templates         regenerate templates/*.yaml
@@ -14,11 +14,6 @@ shell, so a value with quotes or `$(...)` stays data.
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
-import random
-import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -43,8 +38,13 @@ from hera.workflows import models as m  # noqa: E402
 from workflows.params import (  # noqa: E402,F401
     PARAMETERS,
     QUEUE_LABEL,
+    default_retry_limit,
+    drill_root,
+    evidence_root,
     parse_params,
+    report_root,
     resolve_params,
+    role_root,
     set_queue_label,
     values_of,
 )
@@ -88,8 +88,8 @@ def p(name: str) -> str:
     return "{{workflow.parameters." + name + "}}"
 
 
-ROOT = f"{p('bucket')}/{p('prefix')}/{{{{workflow.name}}}}"
-EVIDENCE = f"{ROOT}/evidence"
+ROOT = drill_root(p("bucket"), p("prefix"), "{{workflow.name}}")
+EVIDENCE = evidence_root(ROOT)
 GRACE_PATCH = '{"terminationGracePeriodSeconds": ' + p("grace") + "}"
 
 
@@ -100,8 +100,8 @@ def _pod_name_env() -> m.EnvVar:
 
 def _train_args(role: str) -> list[str]:
     return ["-m", "steps.train", "--nproc", p("ranks"), "--shutdown-timeout", p("grace"),
-            "--trainer", p("trainer"), "--config", p("config"), "--evidence", f"{EVIDENCE}/{role}",
-            "--set", f"checkpoint.uri={ROOT}/{role}",
+            "--trainer", p("trainer"), "--config", p("config"), "--evidence", evidence_root(ROOT, role),
+            "--set", f"checkpoint.uri={role_root(ROOT, role)}",
             "--set", f"total_steps={p('total_steps')}",
             "--set", f"seed={p('seed')}",
             "--set", f"model.dropout={p('dropout')}",
@@ -132,23 +132,23 @@ def _define_dag() -> None:
              Env(name="BATON_DISABLE_SIGTERM_HANDLER", value=p("disable_sigterm_handler"))],
         retry_strategy=trainer_retry, **common)
     evict = Container(name="evict", image=p("image"), command=["python"],
-                      args=["-m", "steps.evict", "--evidence", f"{EVIDENCE}/trial",
+                      args=["-m", "steps.evict", "--evidence", evidence_root(ROOT, "trial"),
                             "--total-steps", p("total_steps"), "--evictions", p("evictions"),
                             "--seed", p("seed"), "--jitter", p("jitter"), "--every-steps", p("every_steps"),
                             "--workflow", "{{workflow.name}}",
                             "--how", p("eviction"), "--out", f"{ROOT}/evictions.json"],
                       retry_strategy=helper_retry)
     verify = Container(name="verify", image=p("image"), command=["python"],
-                       args=["-m", "steps.verify", "--evidence", f"{EVIDENCE}/trial",
+                       args=["-m", "steps.verify", "--evidence", evidence_root(ROOT, "trial"),
                              "--total-steps", p("total_steps"), "--evictions", f"{ROOT}/evictions.json",
                              "--out", f"{ROOT}/verify.json", "--no-fail"],
                        retry_strategy=helper_retry)
     compare = Container(
         name="compare", image=p("image"), command=["python"],
-        args=["-m", "steps.compare", "--reference", f"{ROOT}/reference", "--replay", f"{ROOT}/replay",
-              "--trial", f"{ROOT}/trial", "--evidence", EVIDENCE, "--verify", f"{ROOT}/verify.json",
+        args=["-m", "steps.compare", "--reference", role_root(ROOT, "reference"),
+              "--replay", role_root(ROOT, "replay"), "--trial", role_root(ROOT, "trial"), "--evidence", EVIDENCE, "--verify", f"{ROOT}/verify.json",
               "--evictions", f"{ROOT}/evictions.json", "--total-steps", p("total_steps"), "--tier", p("tier"),
-              "--out", REPORT_DIR, "--report-uri", f"{ROOT}/report"],
+              "--out", REPORT_DIR, "--report-uri", report_root(ROOT)],
         # Not archived: the Argo UI shows report.md and loss.png as they are.
         outputs=[Artifact(name=f.replace(".", "-"), path=f"{REPORT_DIR}/{f}", archive=NoneArchiveStrategy())
                  for f in REPORT_FILES]
@@ -238,159 +238,7 @@ def write_templates(folder: Path = REPO / "templates") -> list[Path]:
     return out
 
 
-# ---- commands ----------------------------------------------------------------------------------------
+if __name__ == "__main__":  # the entry point: the command line is workflows/cli.py
+    from workflows.cli import main
 
-def cmd_run(args: argparse.Namespace) -> int:
-    from workflows.local import UnsupportedSpec, run_workflow
-
-    out = Path(args.out).resolve()
-    if out.exists() and any(out.iterdir()):
-        if not args.force:
-            raise SystemExit(f"error: {out} is not empty (use --force to clear it)")
-        shutil.rmtree(out)
-    out.mkdir(parents=True, exist_ok=True)
-    local, rest = _local_params(args.param)
-    chaos_n, chaos_seed = int(local.get("chaos", "0")), int(local.get("chaos_seed", random.SystemRandom().randrange(2**31)))
-    overrides = parse_params(rest)
-    if "trainer" in overrides:
-        overrides["trainer"] = script_from_here(overrides["trainer"], Path.cwd())
-    if chaos_n and "retry_limit" not in overrides:  # room for every eviction and every chaos deletion, and more
-        evictions = int(values_of(overrides)["evictions"]) if values_of(overrides)["evictions"].isdigit() else 0
-        overrides["retry_limit"] = str(evictions + chaos_n + 5)
-    params = resolve_params(overrides)
-    params.setdefault("bucket", f"file://{out}/bucket")
-    chaos = None
-    if chaos_n:
-        from workflows.chaos import Chaos
-
-        chaos = Chaos(chaos_n, chaos_seed, CHAOS_TASKS, step_tasks=TRAINING_TASKS,
-                      total_steps=int(values_of(params)["total_steps"]), long_tasks={"evict": 20.0})
-        print(f"chaos: {chaos_n} pod deletion(s), seed {chaos_seed} (-p chaos_seed={chaos_seed} repeats the plan)",
-              file=sys.stderr)
-    spec = build_workflow().to_dict()
-    set_queue_label(spec, values_of(params)["queue"])  # no local effect; the spec is what a cluster would get
-    env = {"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-    try:
-        result = run_workflow(spec, out / "argo", params, cwd=REPO, env=env, progress=sys.stderr, chaos=chaos)
-    except UnsupportedSpec as e:
-        raise SystemExit(f"error: {e}") from None
-    by_artifact = {f.replace(".", "-"): f for f in REPORT_FILES}
-    for node in result.nodes:
-        for name, path in node.artifacts.items():
-            if name in by_artifact and path.is_file():
-                shutil.copy(path, out / by_artifact[name])
-    # A failed compare saves no artifacts here; its report is in the bucket all the same.
-    bucket_report = Path(params["bucket"].removeprefix("file://")) / values_of(params)["prefix"] / result.name / "report"
-    for f in REPORT_FILES:
-        if not (out / f).exists() and (bucket_report / f).is_file():
-            shutil.copy(bucket_report / f, out / f)
-    report_path = out / "report.json"
-    if report_path.exists():
-        report = json.loads(report_path.read_text())
-        if result.chaos is not None:  # the runner's doing, not the workflow's: only this copy has it
-            report["chaos"] = result.chaos
-            report_path.write_text(json.dumps(report, indent=1, sort_keys=True, default=str))
-        print(drill_summary(report))
-    else:
-        print(f"no report: the workflow ended {result.phase}; logs in {out / 'argo' / 'logs'}")
-    print(f"workflow {result.phase}; report and logs in {out}")
-    return 0 if result.phase == "Succeeded" else 1
-
-
-def script_from_here(trainer: str, cwd: Path) -> str:
-    """`-p trainer='my_train.py ARGS'` as the caller means it: a relative script path that exists from the
-    caller's folder is made absolute (the local pods run in baton's root). `baton`, `hf`, `-m module` and
-    paths that do not exist here are left as they are (on a cluster the path is the image's)."""
-    import shlex
-
-    if trainer in ("baton", "hf"):
-        return trainer
-    try:
-        argv = shlex.split(trainer)
-    except ValueError:
-        return trainer  # steps.train refuses it, with the reason
-    i = 1 if argv and Path(argv[0]).name in ("python", "python3") else 0
-    if len(argv) > i and not argv[i].startswith("-") and not Path(argv[i]).is_absolute() and (cwd / argv[i]).is_file():
-        argv[i] = str((cwd / argv[i]).resolve())
-        return shlex.join(argv)
-    return trainer
-
-
-# `run` only: the local runner's own options, not workflow parameters (a cluster has its own chaos).
-LOCAL_PARAMETERS = {
-    "chaos": "pods to delete at random among every step of the drill, at random moments (workflows/chaos.py)",
-    "chaos_seed": "the seed of those choices (default: drawn, and printed and recorded in report.json)",
-}
-CHAOS_TASKS = ["reference", "reference-replay", "trial", "evict", "verify", "compare"]
-TRAINING_TASKS = frozenset({"reference", "reference-replay", "trial"})
-
-
-def _local_params(items: list[str]) -> tuple[dict[str, str], list[str]]:
-    local, rest = {}, []
-    for item in items:
-        name, sep, value = item.partition("=")
-        if sep and name in LOCAL_PARAMETERS:
-            if not value.isdigit():
-                raise SystemExit(f"error: -p {name} must be a non-negative integer, got {value!r}")
-            local[name] = value
-        else:
-            rest.append(item)
-    return local, rest
-
-
-def drill_summary(report: dict[str, Any]) -> str:
-    from steps.report import summary
-
-    return summary(report)
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python workflows/equivalence.py", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = ap.add_subparsers(dest="command", required=True)
-    rd = sub.add_parser("render", help="print every object as a multi-document YAML stream")
-    rd.add_argument("-p", "--param", action="append", default=[], metavar="NAME=VALUE",
-                    help="parameter values to render (checked as for submit; -p queue=Q adds the Kueue label)")
-    sub.add_parser("write-templates", help="regenerate templates/*.yaml")
-    r = sub.add_parser("run", help="run the rendered workflow on this machine")
-    r.add_argument("--out", default="out/drill", help="folder for the report, logs and the local bucket")
-    r.add_argument("--force", action="store_true", help="clear --out first if it is not empty")
-    r.add_argument("-p", "--param", action="append", default=[], metavar="NAME=VALUE",
-                   help="a workflow parameter, or one of the runner's own: chaos=N (delete N pods at random, "
-                        "workflows/chaos.py), chaos_seed=S")
-    from workflows.argo import add_server_arguments
-
-    s = sub.add_parser("submit", help="submit the workflow to an Argo server (see workflows/argo.py)")
-    s.add_argument("-p", "--param", action="append", default=[], metavar="NAME=VALUE")
-    s.add_argument("--from-file", metavar="FILE",
-                   help="submit the Workflow (or a CronWorkflow's workflowSpec) in FILE ('-': stdin) instead, "
-                        "e.g. from 'kubectl kustomize templates/overlays/kind'")
-    add_server_arguments(s)
-    st = sub.add_parser("status", help="a submitted drill's nodes beside its checkpoint store")
-    st.add_argument("name", help="the workflow's name, as submit printed it")
-    add_server_arguments(st)
-    args = ap.parse_args(argv)
-    if args.command == "render":
-        params = resolve_params(parse_params(args.param)) if args.param else {}
-        sys.stdout.write(to_yaml([with_params(obj, params) for obj in rendered()]))
-        return 0
-    if args.command == "write-templates":
-        for path in write_templates():
-            print(f"wrote {path.relative_to(REPO)}")
-        return 0
-    if args.command == "run":
-        return cmd_run(args)
-    if args.command == "submit":
-        from workflows.argo import submit
-
-        return submit(args, lambda: build_workflow().to_dict())
-    if args.command == "status":
-        from workflows.argo import status
-
-        return status(args)
-    return 2
-
-
-if __name__ == "__main__":
     sys.exit(main())

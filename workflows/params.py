@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import re
+from pathlib import Path
 
 # name -> (default, description). The order is the order users see in the Argo UI; the overlays patch
 # some by position (pinned by a `test` op), so new parameters go at the end.
@@ -55,6 +56,40 @@ _BOOLEAN_VALUES = {"1": "1", "true": "1", "0": "0", "false": "0"}
 TIERS = ("auto", "1", "2")
 
 
+# ---- where a drill keeps what it writes, defined once ---------------------------------------------------
+
+ROLES = ("reference", "replay", "trial")
+
+
+def drill_root(bucket: str, prefix: str, workflow: str) -> str:
+    """`<bucket>/<prefix>/<workflow>`: everything one drill writes (Argo placeholders work as the values)."""
+    return f"{bucket.rstrip('/')}/{prefix}/{workflow}"
+
+
+def role_root(root: str, role: str) -> str:
+    """A role's checkpoint root inside a drill's root."""
+    return f"{root}/{role}"
+
+
+def evidence_root(root: str, role: str | None = None) -> str:
+    """The evidence (record lines) of a drill, or of one role."""
+    return f"{root}/evidence" + (f"/{role}" if role else "")
+
+
+def report_root(root: str) -> str:
+    return f"{root}/report"
+
+
+def local_drills(bucket_dir: Path) -> list[Path]:
+    """The drill roots in a local bucket folder (`<bucket>/<prefix>/<workflow>`), oldest name first."""
+    return sorted(p for p in bucket_dir.glob("*/*") if p.is_dir())
+
+
+def default_retry_limit(evictions: int, chaos: int = 0) -> int:
+    """Room for every eviction and every chaos deletion of a training task, and 5 more."""
+    return evictions + chaos + 5
+
+
 def parse_params(items: list[str]) -> dict[str, str]:
     """`-p name=value` items as a dict; an unknown name or a missing `=` is refused."""
     out: dict[str, str] = {}
@@ -99,7 +134,7 @@ def resolve_params(overrides: dict[str, str], cluster: bool = False) -> dict[str
     if not (math.isfinite(dropout) and 0.0 <= dropout < 1.0):  # model.dropout's own rule (trainer/config.py)
         raise SystemExit(f"error: parameter dropout must be a number in [0, 1), got {values['dropout']!r}")
     if "retry_limit" not in params:
-        params["retry_limit"] = str(int(values["evictions"]) + 5)
+        params["retry_limit"] = str(default_retry_limit(int(values["evictions"])))
         values["retry_limit"] = params["retry_limit"]
     if int(values["retry_limit"]) <= int(values["evictions"]):
         raise SystemExit(f"error: retry_limit ({values['retry_limit']}) must exceed evictions ({values['evictions']})")

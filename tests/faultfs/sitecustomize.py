@@ -1,4 +1,6 @@
-"""Loaded by every Python process that has tests/faultfs on its PYTHONPATH (site imports sitecustomize):
+"""Loaded by every Python process that has tests/faultfs on its PYTHONPATH (site imports sitecustomize),
+which every test's processes do (tests/helpers.py base_env). It installs the trainer's test seams
+(seams.py: pauses, a hung or disagreeing rank, gradient noise) when a test sets one, and
 registers the fsspec protocol ``faulty://``, the local filesystem with faults a test plants through
 ``BATON_TEST_FAULTS`` (JSON), in the trainer and its torchrun workers alike, so the fault meets the
 trainer's real code path (DCP's fsspec writer, the manifest, _COMMIT) with nothing in trainer/ aware of it.
@@ -127,3 +129,10 @@ class FaultyFileSystem(LocalFileSystem):
 
 
 register_implementation("faulty", FaultyFileSystem, clobber=True)
+
+# The trainer's test seams (seams.py), installed only when a test asks for one: this file is loaded by
+# every process on the test's PYTHONPATH, the pod's PID 1 and a user's script (beside a trainer.py of its
+# own) included, and it must import nothing of baton's for them.
+if any(os.environ.get(v) for v in ("BATON_PAUSE_AFTER_STEP", "BATON_TEST_HANG_AFTER_STEP",
+                                   "BATON_TEST_DISAGREE_AFTER_STEP", "BATON_NOISE")):
+    import seams  # noqa: F401 - installs them

@@ -65,7 +65,7 @@ OLD_ALLOWLIST_EXTRAS = {("builtins", "getattr"), ("pathlib", "PosixPath"), ("bui
 def test_the_gadgets_run_code_under_plain_pickle_and_under_the_old_allowlist(tmp_path, monkeypatch):
     """The controls: each gadget creates its marker when unpickled plainly, and the chain through
     getattr and PosixPath got past the allowlist as it was before this fix."""
-    from trainer import ckpt_read
+    from trainer.checkpoint import read as ckpt_read
 
     for i, make in enumerate((gadget_through_allowed_names, gadget_direct)):
         marker = tmp_path / f"plain-{i}"
@@ -81,7 +81,7 @@ def test_the_gadgets_run_code_under_plain_pickle_and_under_the_old_allowlist(tmp
 
 
 def test_the_allowlist_refuses_every_gadget(tmp_path):
-    from trainer.ckpt_read import CorruptCheckpoint, _MetadataUnpickler
+    from trainer.checkpoint.read import CorruptCheckpoint, _MetadataUnpickler
 
     for make in (gadget_through_allowed_names, gadget_direct):
         marker = tmp_path / make.__name__
@@ -133,7 +133,7 @@ def _metadata_pointing_at(folder: Path, relative_path: str) -> bytes:
     """The folder's real .metadata with one data file's location changed (re-pickled with DCP's classes)."""
     import dataclasses
 
-    from trainer.ckpt_read import _MetadataUnpickler
+    from trainer.checkpoint.read import _MetadataUnpickler
 
     md = _MetadataUnpickler(io.BytesIO((folder / ".metadata").read_bytes())).load()
     key = next(iter(md.storage_data))
@@ -223,8 +223,8 @@ def test_the_checksum_of_metadata_is_checked_before_anything_is_unpickled(dcp_ru
     """With the allowlist as permissive as it was, the padded gadget still runs nothing, because its
     sha256 is checked first. Control: without a manifest (a bare DCP folder) the same permissive
     allowlist runs it."""
-    from trainer import ckpt_read
     from trainer.checkpoint import CorruptCheckpoint, Store, load_flat
+    from trainer.checkpoint import read as ckpt_read
 
     _, stopped = dcp_runs
     shutil.copytree(stopped, tmp_path / "bucket")

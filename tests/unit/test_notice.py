@@ -14,23 +14,20 @@ from datetime import UTC, datetime
 
 import pytest
 
+from trainer.cadence import Cadence, CadenceConfig, estimate_mtbf_s, young_daly_interval_s
 from trainer.config import ConfigError, _build
 from trainer.notice import (
     GCP_PREEMPTED,
     GCP_PREEMPTED_PATH,
     GUARANTEED,
     TERMINATION,
-    Cadence,
-    CadenceConfig,
     Debounce,
     GcpMetadata,
     Notice,
     NoticeConfig,
     NoticeThread,
     NoticeWatcher,
-    estimate_mtbf_s,
     parse_timestamp,
-    young_daly_interval_s,
 )
 
 NOW = datetime(2026, 11, 29, 23, 5, tzinfo=UTC).timestamp()

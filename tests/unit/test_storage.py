@@ -486,7 +486,7 @@ def test_a_save_whose_items_were_not_all_written_is_refused(tmp_path):
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
 
-    from trainer.checkpoint import _require_written
+    from trainer.checkpoint.write import require_written as _require_written
 
     state = {f"w{i}": torch.full((64,), float(i)) for i in range(8)}
     md = dcp.save(state, storage_writer=FsspecWriter(f"file://{tmp_path}/ck", thread_count=4))
@@ -606,7 +606,7 @@ def test_a_stager_is_reused_only_while_it_can_stage_again():
 
     from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
-    from trainer.checkpoint import _reusable
+    from trainer.checkpoint.async_save import _reusable
 
     stager = DefaultStager(StagingOptions(use_pinned_memory=False, use_shared_memory=False,
                                           use_async_staging=False, use_non_blocking_copy=False))

@@ -19,7 +19,7 @@ def test_python_and_module_forms_of_the_trainer_parameter():
 
 
 def test_a_relative_script_is_found_from_the_callers_folder(tmp_path):
-    from workflows.equivalence import script_from_here
+    from workflows.cli import script_from_here
 
     (tmp_path / "jobs").mkdir()
     (tmp_path / "jobs" / "my_train.py").write_text("")

@@ -1,4 +1,4 @@
-"""A restart reads the checkpoint once: each file is hashed while DCP reads it (trainer.ckpt_read), and
+"""A restart reads the checkpoint once: each file is hashed while DCP reads it (trainer.checkpoint.read), and
 a checkpoint that fails its sha256 leaves nothing of itself in the live state.
 
 In-process, on file://, with a state of plain tensors (no process group: every collective of the
@@ -10,10 +10,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-import trainer.checkpoint as ckpt
-import trainer.ckpt_resolve as resolve
+import trainer.checkpoint.resolve as resolve
+import trainer.checkpoint.store as ckpt
 from trainer.checkpoint import Store
-from trainer.ckpt_resolve import resolve_and_load
+from trainer.checkpoint.resolve import resolve_and_load
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
 FP = "f" * 64
@@ -101,7 +101,7 @@ def test_control_without_staging_the_refused_checkpoint_reaches_the_live_state(s
 def test_control_a_reader_that_does_not_hash_loads_the_flipped_byte(store, monkeypatch):
     """The planted bug: the verifying reader skips its hash. The flipped checkpoint then loads, so
     the refusal above comes from the hash while reading, not from anything else."""
-    from trainer import ckpt_read
+    from trainer.checkpoint import read as ckpt_read
 
     monkeypatch.setattr(ckpt_read.VerifyingReader, "prepare_global_plan",
                         lambda self, plans: [p.__class__(p.items, {"hash": []}, p.planner_data) for p in plans])

@@ -20,7 +20,7 @@ from steps.evidence import read_evidence
 from tests.helpers import PY, REPO, base_env
 from trainer.checkpoint import load_flat
 from workflows.chaos import Chaos
-from workflows.equivalence import CHAOS_TASKS, TRAINING_TASKS
+from workflows.cli import CHAOS_TASKS, TRAINING_TASKS
 
 
 # ------------------------------------------------------------------------------------------------ the plan

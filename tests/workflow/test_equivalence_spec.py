@@ -12,6 +12,7 @@ import yaml
 
 from tests.crd import validate
 from tests.helpers import PY, REPO, base_env
+from workflows import cli
 from workflows import equivalence as eq
 
 
@@ -167,5 +168,5 @@ def test_a_negative_control_asked_for_is_what_the_pod_reads(given, pod_reads):
 
 def test_the_render_command_refuses_a_bad_parameter_with_one_line(capsys):
     with pytest.raises(SystemExit) as e:
-        eq.main(["render", "-p", "ranks=0"])
+        cli.main(["render", "-p", "ranks=0"])
     assert "ranks must be at least 1" in str(e.value)

@@ -1,4 +1,5 @@
-"""A test hook that makes a run nondeterministic on purpose, the way fast GPU kernels are.
+"""A test seam that makes a run nondeterministic on purpose, the way fast GPU kernels are (seams.py
+installs it; nothing in trainer/ knows it).
 
     BATON_NOISE=<scale>,<seed>     e.g. 1e-6,7
 
@@ -13,20 +14,15 @@ be tested on a CPU, against a correct resume and against the negative controls u
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 
 class GradNoise:
-    def __init__(self, scale: float, seed: int, rank: int) -> None:
-        self.scale, self.seed, self.rank = scale, seed, rank
+    def __init__(self, scale: float, seed: int) -> None:
+        self.scale, self.seed = scale, seed
 
     @classmethod
-    def from_env(cls, rank: int) -> GradNoise | None:
-        raw = os.environ.get("BATON_NOISE", "")
-        if not raw:
-            return None
+    def parse(cls, raw: str) -> GradNoise:
         try:
             scale_text, seed_text = raw.split(",")
             scale, seed = float(scale_text), int(seed_text)
@@ -34,12 +30,12 @@ class GradNoise:
             raise ValueError(f"BATON_NOISE: expected '<scale>,<seed>' such as '1e-6,7', got {raw!r}") from None
         if not 0 < scale < 1 or seed < 0:
             raise ValueError(f"BATON_NOISE: scale must be in (0, 1) and seed >= 0, got {raw!r}")
-        return cls(scale, seed, rank)
+        return cls(scale, seed)
 
     @torch.no_grad()
-    def perturb(self, model: torch.nn.Module, step: int, micro: int) -> None:
+    def perturb(self, model: torch.nn.Module, step: int, micro: int, rank: int) -> None:
         gen = torch.Generator(device="cpu").manual_seed(
-            ((self.seed * 1_000_003 + step) * 1_009 + micro) * 131 + self.rank)
+            ((self.seed * 1_000_003 + step) * 1_009 + micro) * 131 + rank)
         for p in model.parameters():
             if p.grad is None:
                 continue

@@ -32,6 +32,11 @@ def step_name(step: int) -> str:
     return f"{STEP_PREFIX}{step:08d}"
 
 
+def hf_step_name(step: int) -> str:
+    """The Hugging Face Trainer's folder of `step` (its PREFIX_CHECKPOINT_DIR)."""
+    return f"checkpoint-{step}"
+
+
 def step_of(name: str) -> int | None:
     """The step of a folder named `step-` and exactly 8 ASCII digits; None for any other name."""
     digits = name.removeprefix(STEP_PREFIX)

@@ -1,12 +1,11 @@
-"""Asynchronous saves, the part of `checkpoint.Store` that runs while training goes on.
+"""Asynchronous saves: the part of a store's saving that runs while training goes on (a member of `Store`).
 
-`Store.save_async` stages the state (a copy, on the stager's own thread, into buffers kept for the
-run) with `dcp.async_save` on a gloo group of its own, and returns; the files are written and read back
-in the background. The loop calls `before_update` before the optimizer writes (it waits for the
-staging copy, which overlaps the forward and backward passes meanwhile) and `step_boundary` at the top
-of every step (it commits the save once every rank's upload finished). At most one save is in flight;
-`drain` commits it before any synchronous save. The commit itself (`Store._finish`) and the fencing stay
-in trainer/checkpoint.py, with the rest of the protocol.
+`save_async` stages the state (a copy, on the stager's own thread, into buffers kept for the run) with
+`dcp.async_save` on a gloo group of its own, and returns; the files are written and read back in the
+background. The loop calls `before_update` before the optimizer writes (it waits for the staging copy,
+which overlaps the forward and backward passes meanwhile) and `step_boundary` at the top of every step (it
+commits the save once every rank's upload finished). At most one save is in flight; `drain` commits it
+before any synchronous save. Writing the files and the commit itself are the store's (`Committer`).
 """
 
 from __future__ import annotations
@@ -14,20 +13,26 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
 
+from trainer.checkpoint.write import PendingSave, SaveResult
+from trainer.collectives import world
 from trainer.faults import collective_timeout
 from trainer.storage import StorageError
 
-if TYPE_CHECKING:
-    from trainer.checkpoint import PendingSave, SaveResult
 
+class Committer(Protocol):
+    """What an asynchronous save needs of its store: to start writing, to commit, to record a verified step."""
 
-def _world() -> int:
-    return dist.get_world_size() if dist.is_initialized() else 1
+    def start_save(self, step: int, state: dict[str, Any], manifest: dict[str, Any], attempt: int,
+                   asynchronous: bool, read_back: bool = True) -> PendingSave: ...
+
+    def commit_save(self, p: PendingSave) -> SaveResult: ...
+
+    def mark_verified(self, step: int, verified: bool) -> None: ...
 
 
 def _reusable(stager: Any) -> bool:
@@ -39,8 +44,13 @@ def _reusable(stager: Any) -> bool:
 
 
 class AsyncSaves:
-    """The async half of `checkpoint.Store` (a mixin: it uses the store's `_start`, `_finish`,
-    `_verified` and its attributes `pending`, `_stager`, `_group`)."""
+    """The save in flight (at most one), its staging buffers and its gloo group, for one store."""
+
+    def __init__(self, store: Committer) -> None:
+        self.store = store
+        self.pending: PendingSave | None = None
+        self._stager: Any = None
+        self._group: Any = None
 
     def save_async(self, step: int, state: dict[str, Any], manifest: dict[str, Any], attempt: int,
                    on_commit: Callable[[SaveResult], None]) -> float:
@@ -50,7 +60,7 @@ class AsyncSaves:
         this call blocked."""
         self.drain()  # that wait counts as the older save's blocking time
         t = time.perf_counter()
-        pending = self._start(step, state, manifest, attempt, asynchronous=True)
+        pending = self.store.start_save(step, state, manifest, attempt, asynchronous=True)
         pending.on_commit = on_commit
         pending.blocking_s += time.perf_counter() - t
         self.pending = pending
@@ -78,7 +88,7 @@ class AsyncSaves:
             return
         t = time.perf_counter()
         ready = p.files.done()
-        if _world() > 1:
+        if world() > 1:
             flag = torch.tensor([1 if ready else 0], dtype=torch.int32)
             dist.all_reduce(flag, op=dist.ReduceOp.MIN)
             ready = bool(flag.item())
@@ -107,12 +117,12 @@ class AsyncSaves:
 
     def _complete(self, p: PendingSave) -> None:
         self.pending = None
-        res = self._finish(p)
-        self._verified(p.step, True)  # an async save reads its files back, in the background
+        res = self.store.commit_save(p)
+        self.store.mark_verified(p.step, True)  # an async save reads its files back, in the background
         if p.on_commit:
             p.on_commit(res)
 
-    def _staging_buffers(self) -> Any:
+    def staging_buffers(self) -> Any:
         # One stager for the whole run: its staging copy (one checkpoint per rank) is allocated once
         # and refilled by later saves, instead of allocated and faulted in on every save (measured in
         # docs/results.md, figure 2). Safe to refill: save_async drains the previous save first.
@@ -130,7 +140,7 @@ class AsyncSaves:
                                                         use_non_blocking_copy=False))
         return self._stager
 
-    def _gloo_group(self) -> Any:
+    def gloo_group(self) -> Any:
         # Created once, by every rank at the same save. dcp.async_save on the default group hangs
         # or mismatches while training uses it; its own gloo group does not.
         if self._group is None:

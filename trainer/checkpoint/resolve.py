@@ -1,7 +1,7 @@
 """A restart's load: the newest intact checkpoint, read once, into a staging copy.
 
 `resolve_and_load` lists the committed checkpoints, checks the newest one's manifest (its checksum in
-_COMMIT, its fingerprint, every file's size), then loads it through `ckpt_read.VerifyingReader`, which
+_COMMIT, its fingerprint, every file's size), then loads it through `read.VerifyingReader`, which
 hashes every file while DCP reads it, into a staging copy of the state; it falls back past any
 checkpoint that fails. Each phase is timed (`LoadTimes`) for the `resume` record.
 """
@@ -16,7 +16,10 @@ from typing import Any
 import torch
 from torch.distributed.checkpoint.api import CheckpointException
 
-from trainer.checkpoint import CheckpointRefused, CorruptCheckpoint, Store, _rank, _world, broadcast, gather
+from trainer.checkpoint.layout import CorruptCheckpoint
+from trainer.checkpoint.read import corrupt_reason
+from trainer.checkpoint.store import CheckpointRefused, Store
+from trainer.collectives import broadcast, gather, rank, world
 from trainer.faults import is_peer_failure
 from trainer.storage import StorageError, describe
 
@@ -27,33 +30,19 @@ def _staging_like(state: dict[str, Any]) -> dict[str, Any]:
     return {k: _staging_like(v) if isinstance(v, dict) else torch.empty_like(v) for k, v in state.items()}
 
 
-def corrupt_reason(e: BaseException) -> str | None:
-    """The message of a CorruptCheckpoint, raised directly or by a rank inside DCP's CheckpointException."""
-    if isinstance(e, CorruptCheckpoint):
-        return str(e)
-    for wrapped in (getattr(e, "failures", None) or {}).values():  # rank -> (exception, traceback)
-        inner = wrapped[0] if isinstance(wrapped, tuple) else getattr(wrapped, "exc", None)
-        if isinstance(inner, CorruptCheckpoint):
-            return str(inner)
-    return None
-
-
 def _load_failure(e: BaseException) -> str:
     """The reason to record for a failed load: a CorruptCheckpoint's own message when a rank raised one
     (DCP wraps every rank's failure in one CheckpointException)."""
-    if isinstance(e, CorruptCheckpoint):
-        return str(e)
-    inners = []
-    for wrapped in (getattr(e, "failures", None) or {}).values():  # rank -> (exception, traceback)
-        inner = wrapped[0] if isinstance(wrapped, tuple) else getattr(wrapped, "exc", None)
-        if isinstance(inner, CorruptCheckpoint):
-            return str(inner)
-        inners.append(inner)
+    reason = corrupt_reason(e)
+    if reason is not None:
+        return reason
+    inners = [wrapped[0] if isinstance(wrapped, tuple) else getattr(wrapped, "exc", None)
+              for wrapped in (getattr(e, "failures", None) or {}).values()]  # rank -> (exception, traceback)
     # A store that failed while DCP read from it (an I/O error, a connection): not a reason to pass over
     # this checkpoint. "storage:" makes the caller raise a StorageError, which the resume retries
     # (trainer/faults.py). A missing file is the checkpoint's fault (its sizes were checked just before).
     for err in (e, *inners):
-        if _world() > 1 and err is not None and is_peer_failure(err):  # a rank died mid-restore: not the file's fault
+        if world() > 1 and err is not None and is_peer_failure(err):  # a rank died mid-restore: not the file's fault
             return f"storage:a peer rank is gone: {type(err).__name__}: {err}".splitlines()[0][:500]
         if isinstance(err, (OSError, StorageError)) and not isinstance(err, FileNotFoundError):
             return f"storage:reading a checkpoint failed: {describe(err)}"
@@ -65,7 +54,7 @@ def _all_hashed(store: Store, step: int, manifest: dict[str, Any], hashed: set[s
     read (an item no rank asked for) is hashed now on rank 0. Returns the agreed refusal, or None."""
     parts = gather(sorted(hashed))
     verdict = None
-    if _rank() == 0:
+    if rank() == 0:
         missing = sorted(set(manifest.get("files") or {}) - {n for p in parts for n in p})
         try:
             if missing:
@@ -110,14 +99,14 @@ def resolve_and_load(store: Store, fingerprint: str, build_state: Callable[[int,
     times = times if times is not None else LoadTimes()
     if steps is None:  # the caller may have listed them already (one listing per start)
         t = time.perf_counter()
-        steps = broadcast(store.committed_steps() if _rank() == 0 else None)
+        steps = broadcast(store.committed_steps() if rank() == 0 else None)
         times.listing += time.perf_counter() - t
     for step in steps:
         times.tried += 1
         t = time.perf_counter()
         verdict: str | None = None
         manifest: dict = {}
-        if _rank() == 0:
+        if rank() == 0:
             try:
                 manifest = store.read_manifest(step)
                 if "fingerprint" not in manifest:
@@ -152,7 +141,7 @@ def resolve_and_load(store: Store, fingerprint: str, build_state: Callable[[int,
             if verdict and verdict.startswith("storage:"):
                 raise StorageError(verdict.removeprefix("storage:"))
             if verdict is None:
-                store._verified(step, True)  # every file hashed while it loaded
+                store.mark_verified(step, True)  # every file hashed while it loaded
                 return step, manifest, state
         on_refused(step, verdict)
     return None

@@ -1,58 +1,31 @@
-"""Checkpoints: save, commit, resolve, verify, fall back, retain, fence.
+"""One run's checkpoints in a store: listing, the attempt claim and fencing, save and commit, verify,
+retention.
 
-Layout under any fsspec root (file://, s3://, gs://, or a local path):
+    <root>/runs/<run_id>/step-<step:08d>/.metadata, __<rank>_<i>.distcp   DCP, io_threads files per rank
+                                         manifest.json                   step, fingerprint, metrics, files + sha256
+                                         _COMMIT                         written last; absent = incomplete
+    <root>/runs/<run_id>/attempts/<n:08d>-<token>.json                   one per process start (<n:08d>.json on gs://)
 
-    <root>/runs/<run_id>/step-<step:08d>/.metadata, __<rank>_<i>.distcp DCP, io_threads files per rank
-                                         manifest.json                  step, fingerprint, metrics, files + sha256
-                                         _COMMIT                        written last; absent = incomplete
-    <root>/runs/<run_id>/attempts/<n:08d>-<token>.json                  one per process start (fencing);
-                                                                        <n:08d>.json on gs://
+Commit order: every rank writes its files and hashes them; rank 0 gathers the hashes, checks the
+fencing, writes manifest.json, then _COMMIT (its body holds the manifest's sha256), so a _COMMIT exists
+only over files that were all durable and hashed. A save with `read_back=True` reads every file back to
+hash what is stored; otherwise it hashes while writing and checks sizes. `verified_step` is the newest
+checkpoint known intact as stored (read back, or loaded by a resume): retention never deletes it. The
+newest complete checkpoint is one listing request away (`committed_steps`). Retention keeps the newest
+`keep_last` and the best by a metric, runs only after a commit, and removes _COMMIT first.
 
-Commit order: every rank writes its DCP files and hashes them; rank 0 gathers the hashes, checks the
-fencing, writes manifest.json, and writes _COMMIT last (its body holds the manifest's sha256). So a
-_COMMIT exists only over files that were all durable and hashed. A save with `read_back=True` reads
-every file back from the store to hash what is stored; with `read_back=False` it hashes each file as it
-is written and checks only its stored size (the trainer reads back only some saves: see
-`Trainer.save`). `verified_step` is the newest checkpoint known intact as stored (read back, or loaded
-by a resume); retention never deletes it. Loading checks sizes against the manifest, then hashes every
-file while DCP reads it, into a staging copy (`resolve_and_load`, `ckpt_read.VerifyingReader`), and
-falls back past anything that fails: trainer/ckpt_resolve.py. The asynchronous half of the store is
-trainer/ckpt_async.py.
+Fencing: each start claims the next attempt number (`attempts/`); before a save touches its folder,
+before manifest.json and before _COMMIT, rank 0 refuses (FencedOut) if a newer attempt exists. On s3://
+and file:// this is check-then-act without compare-and-swap: an attempt that claims its number after the
+older one's last check does not stop that commit (still a complete checkpoint of the same run), and the
+older attempt's retention may delete a folder the newer one is still writing (its save then fails its
+check, or its checkpoint fails verification at load and the loader falls back). On gs:// both markers
+are created only if absent (GCS `ifGenerationMatch=0`, trainer.storage.create_only): two claimants never
+hold one number, and a commit marker is never replaced. The gap between the last fence check and
+_COMMIT remains on every store.
 
-Finding the newest complete checkpoint is one listing request (`Store.committed_steps`), after the
-listing caches are dropped. Retention keeps the newest `keep_last` committed checkpoints and the best
-one by a metric recorded in the manifest; it runs only after a commit, and every deletion removes
-_COMMIT first, so a deletion cut short leaves an incomplete folder, never a complete-looking one.
-
-Asynchronous saves (`Store.save_async`): the state is staged (copied, on the stager's own thread) by
-`dcp.async_save` on a gloo group of its own, written and read back in the background, and committed at
-a later step boundary (`Store.step_boundary`) once every rank's upload has finished. The loop calls
-`Store.before_update` before the optimizer writes, which waits for the staging copy; at most one save
-is in flight, and `drain` commits it before any synchronous save.
-
-Fencing, and its limits. Each process start claims the next attempt number by listing `attempts/`
-and writing its own marker (equal numbers: the smaller token keeps it, the other retries). Before a
-save touches the step folder, and again before manifest.json and before _COMMIT, rank 0 lists
-`attempts/` and refuses (FencedOut) if a newer attempt exists. This is check-then-act on a store
-without compare-and-swap, so it narrows the window without closing it:
-- an attempt that claims its number after the older one's last check, but before that older
-  one's _COMMIT lands, does not stop that commit (a process stalled in that gap, by GC or a network
-  partition, commits late). The commit is still a complete checkpoint of the same run (same
-  fingerprint, same step, so the same tensors), and the newer attempt may or may not list it;
-- the older attempt's retention, in the same gap, may delete an uncommitted folder that the newer
-  attempt is still writing; that save then fails its read-back or, if the files vanish after the
-  hashes, its checkpoint fails verification at load and the loader falls back;
-- claims rely on the store's read-after-write listing consistency (S3 and GCS have it).
-On gs:// the store has a conditional write (GCS `ifGenerationMatch=0`: create only if absent; see
-trainer.storage.create_only), and both markers use it: `attempts/<n>.json` is created only if
-absent, so two claimants can never both hold one number, and `_COMMIT` is created only if absent, so
-a commit marker is never replaced (a second committer of one step gets FencedOut). The check-then-act
-gap between the last fence check and _COMMIT remains on every store: closing it would need the
-commit itself to be conditional on the attempt (a lease, or a generation-matched write of a shared
-object), which neither s3fs nor this layout has.
-
-The state handed to DCP holds tensors only, and `.metadata` is read through an unpickler that admits
-DCP's own metadata classes and nothing else, so loading never runs code from the bucket.
+Reading is trainer/checkpoint/read.py (hashing while loading, the `.metadata` allowlist), resolving a
+restart is resolve.py, writing is write.py, asynchronous saves are async_save.py (a member of the store).
 """
 
 from __future__ import annotations
@@ -60,37 +33,44 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import os
 import threading
 import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any
 
-import torch
-import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint._fsspec_filesystem import FileSystem as DcpFileSystem
 from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 
-from trainer.ckpt_async import AsyncSaves, _reusable  # noqa: F401 - _reusable: tests import it from here
-from trainer.ckpt_layout import (
+from trainer import collectives
+from trainer.checkpoint.async_save import AsyncSaves
+from trainer.checkpoint.layout import (
     COMMIT,
     MANIFEST,
     CorruptCheckpoint,
     finite_metric,
     parse_commit,
     parse_manifest,
-    plain_name,
     step_name,
     step_of,
 )
-from trainer.ckpt_read import SafeReader, VerifyingReader
+from trainer.checkpoint.read import SafeReader, VerifyingReader
+from trainer.checkpoint.write import (
+    HashingFileSystem,
+    PendingSave,
+    SaveResult,
+    assert_tensors_only,
+    done,
+    name_of,
+    require_written,
+    sha256_file,
+    sharing,
+    writer_thread_hook,
+)
 from trainer.records import log
 from trainer.storage import (
     StorageError,
@@ -104,7 +84,7 @@ from trainer.storage import (
     url_to_fs,
 )
 
-_HASH_CHUNK = 8 << 20
+_sha256 = sha256_file  # the store's full-file hash, one name a test can count calls through
 
 
 class CheckpointRefused(RuntimeError):
@@ -115,181 +95,7 @@ class FencedOut(RuntimeError):
     """A newer attempt of this run exists; this process may no longer commit."""
 
 
-# ---- collectives that are no-ops on one process -----------------------------------------------------
-
-def _world() -> int:
-    return dist.get_world_size() if dist.is_initialized() else 1
-
-
-def _rank() -> int:
-    return dist.get_rank() if dist.is_initialized() else 0
-
-
-def broadcast(obj: Any) -> Any:
-    """Rank 0's value on every rank."""
-    if _world() == 1:
-        return obj
-    box = [obj]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
-
-
-def gather(obj: Any) -> list[Any]:
-    if _world() == 1:
-        return [obj]
-    out: list[Any] = [None] * _world()
-    dist.all_gather_object(out, obj)
-    return out
-
-
-def barrier() -> None:
-    if _world() > 1:
-        dist.barrier()
-
-
-def assert_tensors_only(state: dict[str, Any], prefix: str = "") -> None:
-    for k, v in state.items():
-        if isinstance(v, dict):
-            assert_tensors_only(v, f"{prefix}{k}.")
-        elif not isinstance(v, torch.Tensor):
-            raise TypeError(f"checkpoint state {prefix}{k} is a {type(v).__name__}; only tensors are saved")
-
-
-# ---- the store ----------------------------------------------------------------------------------------
-
-@dataclass
-class SaveResult:
-    step: int
-    path: str
-    save_ms: float
-    bytes: int
-    blocking_ms: float = 0.0
-    asynchronous: bool = False
-
-
-@dataclass
-class PendingSave:
-    """A save whose files are being written (and hashed) while training goes on; committed later."""
-
-    step: int
-    path: str
-    manifest: dict[str, Any]
-    attempt: int
-    t0: float
-    files: Future  # this rank's {name: {size, sha256}}, once its upload finished and was read back
-    staging: Future | None = None
-    blocking_s: float = 0.0
-    asynchronous: bool = False
-    on_commit: Callable[[SaveResult], None] | None = None
-
-
-def _sha256(fs, path: str) -> str:
-    h = hashlib.sha256()
-    with fs.open(path, "rb") as f:
-        while chunk := f.read(_HASH_CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def _name(p: str) -> str:
-    return p.rstrip("/").split("/")[-1]
-
-
-def _sharing(fs, io: Any) -> Any:
-    """Point a DCP fsspec reader or writer at the store's filesystem instead of a new one: a new s3fs
-    instance builds a new botocore client, 0.2-0.8 s on every save and load."""
-    inner = getattr(io, "fs", None)
-    if inner is not None and hasattr(inner, "fs"):
-        inner.fs = fs
-    return io
-
-
-def _done(value: Any) -> Future:
-    f: Future = Future()
-    f.set_result(value)
-    return f
-
-
-class _HashingStream:
-    """A write stream that hashes what goes through it (everything else is the stream's own)."""
-
-    def __init__(self, raw: Any) -> None:
-        self._raw, self._sha, self.size = raw, hashlib.sha256(), 0
-
-    def write(self, data: Any) -> int:
-        n = self._raw.write(data)
-        view = memoryview(data)
-        self._sha.update(view)
-        self.size += view.nbytes
-        return n
-
-    def hexdigest(self) -> str:
-        return self._sha.hexdigest()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._raw, name)
-
-
-class _HashingFileSystem(DcpFileSystem):
-    """DCP's fsspec filesystem over the store's fs, hashing each file as it is written:
-    `written` maps a file's name to (bytes, sha256), .metadata under its final name."""
-
-    def __init__(self, fs: Any) -> None:
-        super().__init__()
-        self.fs = fs
-        self.written: dict[str, tuple[int, str]] = {}
-
-    @contextmanager
-    def create_stream(self, path: Any, mode: str):
-        with super().create_stream(path, mode) as stream:
-            if "w" not in mode:
-                yield stream
-                return
-            hashing = _HashingStream(stream)
-            yield hashing
-        self.written[_name(os.fspath(path))] = (hashing.size, hashing.hexdigest())
-
-    def rename(self, path: Any, new_path: Any) -> None:
-        super().rename(path, new_path)
-        got = self.written.pop(_name(os.fspath(path)), None)
-        if got is not None:
-            self.written[_name(os.fspath(new_path))] = got
-
-
-def _require_written(md: Any) -> None:
-    """Refuse a save whose .metadata lists items that no file holds. With thread_count > 1, DCP's
-    extra writer threads report a failure only to threading.excepthook: their items are left out of
-    storage_data and dcp.save returns as if it had succeeded (torch 2.11 to 2.13)."""
-    from torch.distributed.checkpoint.metadata import MetadataIndex, TensorStorageMetadata
-
-    have, items = getattr(md, "storage_data", None), getattr(md, "state_dict_metadata", None)
-    if have is None or items is None:
-        return
-    missing = []
-    for fqn, m in items.items():
-        keys = [MetadataIndex(fqn, c.offsets) for c in m.chunks] if isinstance(m, TensorStorageMetadata) \
-            else [MetadataIndex(fqn)]
-        missing += [fqn for k in keys if k not in have]
-    if missing:
-        raise OSError(f"{len(missing)} saved item(s) were not written, such as {missing[0]!r} "
-                      "(a checkpoint writer thread failed)")
-
-
-_previous_thread_hook = threading.excepthook
-
-
-def _writer_thread_hook(args: Any) -> None:
-    """One line, not a traceback, for a failure in DCP's writer threads: _require_written turns it
-    into the save's error, which names the checkpoint."""
-    if args.thread is not None and "_write_files_from_queue" in args.thread.name:
-        log(f"a checkpoint writer thread failed: {args.exc_type.__name__}: {args.exc_value}")
-        return
-    _previous_thread_hook(args)
-
-
-
-
-class Store(AsyncSaves):
+class Store:
     """One run's checkpoints under `<root>/runs/<run_id>`.
 
     Construction checks the store (one listing), so a bad URI, a missing bucket, missing
@@ -299,14 +105,12 @@ class Store(AsyncSaves):
     def __init__(self, root_uri: str, run_id: str, check: bool = True, io_threads: int = 4) -> None:
         self.root_uri = root_uri
         self.io_threads = io_threads
-        threading.excepthook = _writer_thread_hook
+        threading.excepthook = writer_thread_hook
         self.fs, root = url_to_fs(root_uri)
         self.run_path = f"{root.rstrip('/')}/runs/{run_id}"
         self.run_id = run_id
-        self.pending: PendingSave | None = None
-        self._group: Any = None
+        self.asyncs = AsyncSaves(self)  # saves written while training goes on (async_save.py)
         self._hasher: ThreadPoolExecutor | None = None
-        self._stager: Any = None
         self._manifests: dict[int, dict[str, Any]] = {}
         # The newest step known to be intact as stored: a save that read its files back, or the
         # checkpoint this attempt's resume hashed while loading. Retention never deletes it.
@@ -338,6 +142,27 @@ class Store(AsyncSaves):
         with self._io("checking the checkpoint store"):
             self.committed_steps()
 
+    # -- saves in flight: the member `asyncs` (async_save.py) --
+    @property
+    def pending(self) -> PendingSave | None:
+        return self.asyncs.pending
+
+    def save_async(self, step: int, state: dict[str, Any], manifest: dict[str, Any], attempt: int,
+                   on_commit: Callable[[SaveResult], None]) -> float:
+        return self.asyncs.save_async(step, state, manifest, attempt, on_commit)
+
+    def before_update(self) -> None:
+        self.asyncs.before_update()
+
+    def step_boundary(self) -> None:
+        self.asyncs.step_boundary()
+
+    def drain(self, raise_storage_errors: bool = True) -> str | None:
+        return self.asyncs.drain(raise_storage_errors)
+
+    def _staging_buffers(self) -> Any:
+        return self.asyncs.staging_buffers()
+
     def _fresh(self) -> None:
         # s3fs and gcsfs cache listings per instance; another process's _COMMIT must be seen.
         self.fs.invalidate_cache()
@@ -356,7 +181,7 @@ class Store(AsyncSaves):
             found = self.fs.find(self.run_path, prefix="step-")
         for p in found:
             parts = p.rstrip("/").split("/")
-            if len(parts) >= 2 and parts[-1] == COMMIT and parts[-3:-2] == [_name(self.run_path)]:
+            if len(parts) >= 2 and parts[-1] == COMMIT and parts[-3:-2] == [name_of(self.run_path)]:
                 step = step_of(parts[-2])
                 if step is not None:
                     steps.append(step)
@@ -371,7 +196,7 @@ class Store(AsyncSaves):
         except FileNotFoundError:
             return []
         for p in names:
-            num, _, token = _name(p).removesuffix(".json").partition("-")
+            num, _, token = name_of(p).removesuffix(".json").partition("-")
             if num.isdigit():
                 out.append((int(num), token))
         return sorted(out)
@@ -461,22 +286,22 @@ class Store(AsyncSaves):
         changed the bytes is then caught when a resume verifies the checkpoint, which falls back to an
         older one: retention deletes nothing after a preemption save, so that one still exists."""
         self.drain()
-        res = self._finish(self._start(step, state, manifest, attempt, asynchronous=False, read_back=read_back))
-        self._verified(step, read_back)
+        res = self.commit_save(self.start_save(step, state, manifest, attempt, asynchronous=False, read_back=read_back))
+        self.mark_verified(step, read_back)
         if on_commit:
             on_commit(res)
         return res
 
-    def _verified(self, step: int, verified: bool) -> None:
+    def mark_verified(self, step: int, verified: bool) -> None:
         if verified:
             self.verified_step, self.unverified_commits = step, 0
         else:
             self.unverified_commits += 1
 
-    def _start(self, step: int, state: dict[str, Any], manifest: dict[str, Any], attempt: int,
+    def start_save(self, step: int, state: dict[str, Any], manifest: dict[str, Any], attempt: int,
                asynchronous: bool, read_back: bool = True) -> PendingSave:
         assert_tensors_only(state)
-        rank = _rank()
+        rank = collectives.rank()
         path = self.step_path(step)
         t0 = time.perf_counter()
         error = None
@@ -491,27 +316,27 @@ class Store(AsyncSaves):
                         self._delete(path)  # uncommitted leftover, or a refused one being replaced
             except Exception as e:
                 error = _agreed(e)
-        _raise_agreed(broadcast(error))
-        writer = _sharing(self.fs, FsspecWriter(self.url(path), thread_count=self.io_threads,
+        _raise_agreed(collectives.broadcast(error))
+        writer = sharing(self.fs, FsspecWriter(self.url(path), thread_count=self.io_threads,
                                                 **storage_options(self.root_uri)))
         written = None
         if not read_back and not asynchronous:
-            writer.fs = _HashingFileSystem(self.fs)
+            writer.fs = HashingFileSystem(self.fs)
             written = writer.fs.written
         what = f"saving step {step} to"
         if not asynchronous:
             try:
                 with self._io(what, path):
                     md = dcp.save(state, storage_writer=writer)
-                    _require_written(md)
-                files = _done(self._hash_own(path, md, written))
+                    require_written(md)
+                files = done(self._hash_own(path, md, written))
             except Exception as e:
                 files = Future()
                 files.set_exception(e)
             return PendingSave(step, path, manifest, attempt, t0, files, blocking_s=time.perf_counter() - t0)
         with self._io(what, path):
-            resp = dcp.async_save(state, storage_writer=writer, process_group=self._gloo_group(),
-                                  async_stager=self._staging_buffers())
+            resp = dcp.async_save(state, storage_writer=writer, process_group=self.asyncs.gloo_group(),
+                                  async_stager=self.asyncs.staging_buffers())
         staging, upload = ((resp.staging_completion, resp.upload_completion)
                            if isinstance(resp, AsyncSaveResponse) else (None, resp))
         if self._hasher is None:
@@ -520,7 +345,7 @@ class Store(AsyncSaves):
         def written_then_hashed() -> dict[str, Any]:
             with self._io(what, path):
                 md = upload.result()
-                _require_written(md)
+                require_written(md)
             return self._hash_own(path, md)
 
         return PendingSave(step, path, manifest, attempt, t0, self._hasher.submit(written_then_hashed),
@@ -530,11 +355,11 @@ class Store(AsyncSaves):
         """Size and sha256 of the files this rank wrote (rank 0 also owns .metadata), read back from
         the store: the manifest describes what is stored, not what was meant to be. With `written`
         (hashed while writing), a file whose stored size matches is not read back."""
-        rank = _rank()
+        rank = collectives.rank()
         names = sorted({si.relative_path for si in (getattr(md, "storage_data", None) or {}).values()})
         if not names:
             with self._io("listing", path):
-                names = sorted(_name(p) for p in self.fs.ls(path, detail=False))
+                names = sorted(name_of(p) for p in self.fs.ls(path, detail=False))
         mine = [n for n in names if n.startswith(f"__{rank}_")]
         if rank == 0:
             mine = [".metadata", *[n for n in names if not n.startswith("__") and n != ".metadata"], *mine]
@@ -558,16 +383,16 @@ class Store(AsyncSaves):
         with ThreadPoolExecutor(min(self.io_threads, len(names)), thread_name_prefix="baton-ckpt-io") as pool:
             return list(pool.map(fn, names))
 
-    def _finish(self, p: PendingSave) -> SaveResult:
+    def commit_save(self, p: PendingSave) -> SaveResult:
         """Commit `p` once every rank's files are written and hashed: rank 0 checks the fencing,
         writes manifest.json and then _COMMIT. Collective; every rank raises the same error."""
         t = time.perf_counter()
-        rank, world = _rank(), _world()
+        rank, world = collectives.rank(), collectives.world()
         try:
             mine, err = p.files.result(), None
         except Exception as e:
             mine, err = {}, _agreed(e)
-        parts = gather((mine, err))
+        parts = collectives.gather((mine, err))
         error = next((e for _, e in parts if e), None)
         all_files = {k: v for files, _ in parts for k, v in files.items()}
         save_ms = (time.perf_counter() - p.t0) * 1000
@@ -585,7 +410,7 @@ class Store(AsyncSaves):
                 self._manifests[p.step] = body
             except Exception as e:
                 error = _agreed(e)
-        _raise_agreed(broadcast(error))
+        _raise_agreed(collectives.broadcast(error))
         p.blocking_s += time.perf_counter() - t
         return SaveResult(p.step, self.url(p.path), (time.perf_counter() - p.t0) * 1000,
                           sum(f["size"] for f in all_files.values()), p.blocking_s * 1000, p.asynchronous)
@@ -593,7 +418,7 @@ class Store(AsyncSaves):
     # -- verify and load --
     def read_manifest(self, step: int) -> dict[str, Any]:
         """The manifest of committed `step`, checked against the checksum in its _COMMIT and against
-        its schema (trainer/ckpt_layout.py): CorruptCheckpoint for anything malformed, StorageError
+        its schema (layout.py): CorruptCheckpoint for anything malformed, StorageError
         only for a read that failed."""
         path = self.step_path(step)
         try:
@@ -639,18 +464,18 @@ class Store(AsyncSaves):
         return {k: tuple(v.size) for k, v in md.state_dict_metadata.items() if hasattr(v, "size")}
 
     def load_verified(self, step: int, manifest: dict[str, Any], state: dict[str, Any]) -> set[str]:
-        """dcp.load into `state`, hashing each file once while it is read (ckpt_read.VerifyingReader).
+        """dcp.load into `state`, hashing each file once while it is read (read.VerifyingReader).
         Collective. A file that fails its sha256 raises on every rank, after some of its items may have
         been copied into `state`: pass a staging state, never the live tensors. Returns the files this
         rank hashed (the caller checks that the ranks together hashed every file)."""
         assert_tensors_only(state)
-        reader = _sharing(self.fs, VerifyingReader(self.url(self.step_path(step)), manifest["files"],
+        reader = sharing(self.fs, VerifyingReader(self.url(self.step_path(step)), manifest["files"],
                                                    threads=self.io_threads, **storage_options(self.root_uri)))
         dcp.load(state, storage_reader=reader)
         return reader.hashed
 
     def _reader(self, step: int, manifest: dict[str, Any]) -> SafeReader:
-        return _sharing(self.fs, VerifyingReader(self.url(self.step_path(step)), manifest["files"],
+        return sharing(self.fs, VerifyingReader(self.url(self.step_path(step)), manifest["files"],
                                                  **storage_options(self.root_uri)))
 
     # -- retention --
@@ -706,7 +531,7 @@ class Store(AsyncSaves):
                 # the run), never a name that is not step- and 8 ASCII digits.
                 if e.get("islink") or e.get("type") != "directory":
                     continue
-                s = step_of(_name(e["name"]))
+                s = step_of(name_of(e["name"]))
                 if s is not None and s < newest and s not in committed:
                     self._delete(e["name"])
                     deleted.append(s)
@@ -730,102 +555,3 @@ def _raise_agreed(error: tuple[str, str] | None) -> None:
         return
     kind, msg = error
     raise FencedOut(msg) if kind == "fenced" else StorageError(msg)
-
-
-
-def tensor_from_json(obj: Any) -> torch.Tensor:
-    return torch.frombuffer(bytearray(json.dumps(obj, sort_keys=True).encode()), dtype=torch.uint8).clone()
-
-
-def json_from_tensor(t: torch.Tensor) -> Any:
-    return json.loads(bytes(t.to(torch.uint8).tolist()).decode())
-
-
-def local_path(uri: str) -> str | None:
-    """The filesystem path of a file:// URI or plain path; None for remote stores."""
-    if uri.startswith("file://"):
-        return uri.removeprefix("file://")
-    if "://" not in uri:
-        return os.path.abspath(uri)
-    return None
-
-
-def run_ids(root_uri: str) -> list[str]:
-    """The runs under a checkpoint root (`<root>/runs/<run_id>/`), sorted; names that are not plain
-    file names, and symlinks, are left out."""
-    fs, root = url_to_fs(root_uri)
-    fs.invalidate_cache()
-    try:
-        entries = fs.ls(f"{root.rstrip('/')}/runs", detail=True)
-    except FileNotFoundError:
-        return []
-    out = []
-    for e in entries:
-        name = _name(e["name"])
-        try:
-            plain_name(name, "the listing")
-        except CorruptCheckpoint:
-            continue
-        if e.get("type") == "directory" and not e.get("islink"):
-            out.append(name)
-    return sorted(out)
-
-
-def final_committed(root_uri: str) -> tuple[str, dict[str, Any]]:
-    """(url, manifest) of the newest committed checkpoint of any run under `root_uri`, its manifest
-    checked against its _COMMIT and its schema. FileNotFoundError when there is none; CorruptCheckpoint
-    when the newest one is malformed."""
-    newest: tuple[int, Store] | None = None
-    for run_id in run_ids(root_uri):
-        store = Store(root_uri, run_id, check=False)
-        steps = store.committed_steps()
-        if steps and (newest is None or steps[0] > newest[0]):
-            newest = (steps[0], store)
-    if newest is None:
-        raise FileNotFoundError(f"no committed checkpoint under {redact(root_uri)}")
-    step, store = newest
-    return store.url(store.step_path(step)), store.read_manifest(step)
-
-
-def load_flat(url: str, files: dict[str, dict[str, Any]] | None = None) -> dict[str, torch.Tensor]:
-    """Every tensor of a checkpoint, full (unsharded), by flattened key. No process group needed.
-
-    With `files` (its manifest's), `.metadata` is checked against its sha256 before it is unpickled and
-    every file is hashed while it is read (CorruptCheckpoint on a mismatch); without (a bare DCP folder),
-    `.metadata` is still unpickled only under the allowlist."""
-    # The same private pair that torch's own dcp_to_torch_save uses: the public load() skips an empty dict.
-    from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
-    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
-
-    state: dict[str, Any] = {}
-    reader = VerifyingReader(url, files, **storage_options(url)) if files is not None else \
-        SafeReader(url, **storage_options(url))
-    # Checked (sha256 first, then the allowlist) here, where its refusal is a CorruptCheckpoint: DCP reports a
-    # failure to read .metadata only as text inside an AssertionError.
-    reader.read_metadata()
-    try:
-        _load_state_dict(state, storage_reader=reader, planner=_EmptyStateDictLoadPlanner(), no_dist=True)
-    except CheckpointException as e:
-        from trainer.ckpt_resolve import corrupt_reason
-
-        reason = corrupt_reason(e)
-        if reason is None:
-            raise
-        raise CorruptCheckpoint(reason) from None
-    if files is not None:
-        unread = sorted(set(files) - reader.hashed)
-        fs, path = url_to_fs(url)
-        for name in unread:  # a file no item was read from still has to be what the manifest says
-            if _sha256(fs, f"{path.rstrip('/')}/{name}") != files[name]["sha256"]:
-                raise CorruptCheckpoint(f"{name} fails its sha256 checksum")
-    flat: dict[str, torch.Tensor] = {}
-
-    def walk(prefix: str, node: Any) -> None:
-        if isinstance(node, dict):
-            for k, v in node.items():
-                walk(f"{prefix}.{k}" if prefix else str(k), v)
-        else:
-            flat[prefix] = node
-
-    walk("", state)
-    return flat

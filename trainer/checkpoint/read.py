@@ -1,6 +1,8 @@
 """Reading a checkpoint: `.metadata` without arbitrary unpickling, and a load that verifies every
 file's sha256 while DCP reads it, so that a restart reads the checkpoint once.
 
+`load_flat` reads a whole checkpoint without a process group (compare).
+
 `VerifyingReader` is DCP's fsspec reader with two changes:
 - `.metadata` is read under an allowlist (`SafeReader`) and checked against the manifest's sha256;
 - in `prepare_global_plan` (the coordinator, which sees every rank's plan) each data file is given to
@@ -11,7 +13,7 @@ file's sha256 while DCP reads it, so that a restart reads the checkpoint once.
 
 The hash of a file is known only after its last byte, so items of a corrupt file have been copied
 into the load's target by then: the target must be a staging copy, never the live model or optimizer
-(`checkpoint.resolve_and_load` allocates one and hands it out only after the load succeeded on every
+(`resolve.resolve_and_load` allocates one and hands it out only after the load succeeded on every
 rank).
 """
 
@@ -27,10 +29,13 @@ from typing import Any, cast
 import torch
 from torch.distributed._shard._utils import narrow_tensor_by_index
 from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem
 from torch.futures import Future
 
-from trainer.ckpt_layout import CorruptCheckpoint, plain_name
+from trainer.checkpoint.layout import CorruptCheckpoint, plain_name
+from trainer.checkpoint.write import sha256_file
+from trainer.storage import storage_options, url_to_fs
 
 _HASH_CHUNK = 8 << 20
 
@@ -231,3 +236,58 @@ class VerifyingReader(SafeReader):
                                     f"expected {tuple(target.size())}")
         target.copy_(tensor)
         planner.commit_tensor(req, target)
+
+
+# ---- a whole checkpoint, without a process group (compare) ----------------------------------------------
+
+def corrupt_reason(e: BaseException) -> str | None:
+    """The message of a CorruptCheckpoint, raised directly or by a rank inside DCP's CheckpointException."""
+    if isinstance(e, CorruptCheckpoint):
+        return str(e)
+    for wrapped in (getattr(e, "failures", None) or {}).values():  # rank -> (exception, traceback)
+        inner = wrapped[0] if isinstance(wrapped, tuple) else getattr(wrapped, "exc", None)
+        if isinstance(inner, CorruptCheckpoint):
+            return str(inner)
+    return None
+
+
+def load_flat(url: str, files: dict[str, dict[str, Any]] | None = None) -> dict[str, torch.Tensor]:
+    """Every tensor of a checkpoint, full (unsharded), by flattened key. No process group needed.
+
+    With `files` (its manifest's), `.metadata` is checked against its sha256 before it is unpickled and
+    every file is hashed while it is read (CorruptCheckpoint on a mismatch); without (a bare DCP folder),
+    `.metadata` is still unpickled only under the allowlist."""
+    # The same private pair that torch's own dcp_to_torch_save uses: the public load() skips an empty dict.
+    from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+
+    state: dict[str, Any] = {}
+    reader = VerifyingReader(url, files, **storage_options(url)) if files is not None else \
+        SafeReader(url, **storage_options(url))
+    # Checked (sha256 first, then the allowlist) here, where its refusal is a CorruptCheckpoint: DCP reports a
+    # failure to read .metadata only as text inside an AssertionError.
+    reader.read_metadata()
+    try:
+        _load_state_dict(state, storage_reader=reader, planner=_EmptyStateDictLoadPlanner(), no_dist=True)
+    except CheckpointException as e:
+        reason = corrupt_reason(e)
+        if reason is None:
+            raise
+        raise CorruptCheckpoint(reason) from None
+    if files is not None:
+        unread = sorted(set(files) - reader.hashed)
+        fs, path = url_to_fs(url)
+        for name in unread:  # a file no item was read from still has to be what the manifest says
+            if sha256_file(fs, f"{path.rstrip('/')}/{name}") != files[name]["sha256"]:
+                raise CorruptCheckpoint(f"{name} fails its sha256 checksum")
+    flat: dict[str, torch.Tensor] = {}
+
+    def walk(prefix: str, node: Any) -> None:
+        if isinstance(node, dict):
+            for k, v in node.items():
+                walk(f"{prefix}.{k}" if prefix else str(k), v)
+        else:
+            flat[prefix] = node
+
+    walk("", state)
+    return flat

@@ -1,0 +1,126 @@
+"""The rooms of the house, checked from the source: no import circle (type-checking and function-level
+imports included), the trainer imports neither the steps nor the workflow layer, the loop and the HF
+callback reach checkpointing only through its front door, no other room knows the checkpoint layout,
+and the training loop reads no environment and runs no test code."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+PACKAGES = ("baton", "trainer", "steps", "workflows")
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(REPO).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _modules() -> dict[str, Path]:
+    return {_module_name(p): p for pkg in PACKAGES for p in (REPO / pkg).rglob("*.py")}
+
+
+def _imports(path: Path, known: set[str]) -> set[str]:
+    """Every project module `path` imports, anywhere in it (functions and `if TYPE_CHECKING:` included),
+    but for its `if __name__ == "__main__":` block (an entry point, not a dependency)."""
+    tree = ast.parse(path.read_text())
+    skip: set[int] = set()
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.If) and isinstance(node.test, ast.Compare)
+                and isinstance(node.test.left, ast.Name) and node.test.left.id == "__name__"):
+            skip |= {id(n) for n in ast.walk(node)}
+    this = _module_name(path)
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names if a.name in known}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            base = node.module
+            if node.level:  # relative: from the package of `this`
+                pkg = this.rsplit(".", node.level)[0] if path.name != "__init__.py" else this
+                base = f"{pkg}.{node.module}"
+            if base in known:
+                out.add(base)
+            out |= {f"{base}.{a.name}" for a in node.names if f"{base}.{a.name}" in known}
+    out.discard(this)
+    return out
+
+
+@pytest.fixture(scope="module")
+def graph() -> dict[str, set[str]]:
+    mods = _modules()
+    return {name: _imports(path, set(mods)) for name, path in mods.items()}
+
+
+def test_there_is_no_import_circle(graph):
+    state: dict[str, int] = {}
+    path: list[str] = []
+
+    def visit(m: str) -> None:
+        state[m] = 1
+        path.append(m)
+        for n in sorted(graph[m]):
+            if state.get(n) == 1:
+                raise AssertionError("import circle: " + " -> ".join(path[path.index(n):] + [n]))
+            if n not in state:
+                visit(n)
+        path.pop()
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m)
+
+
+def test_a_planted_circle_is_found():
+    """The check above can fail: a graph with a circle through a function-level import is refused."""
+    with pytest.raises(AssertionError, match="import circle: a -> b -> a"):
+        test_there_is_no_import_circle({"a": {"b"}, "b": {"a"}})
+
+
+def test_the_layers_import_downwards_only(graph):
+    for m, deps in graph.items():
+        if m.startswith("trainer"):
+            assert not {d for d in deps if d.startswith(("steps", "workflows"))}, m
+        if m.startswith("steps"):
+            assert not {d for d in deps if d.startswith("workflows")}, m
+
+
+@pytest.mark.parametrize("module", ["trainer.loop", "trainer.hf"])
+def test_the_loop_and_the_hf_callback_use_only_the_front_door(graph, module):
+    inner = {d for d in graph[module] if d.startswith("trainer.checkpoint.")}
+    assert not inner, f"{module} reaches inside trainer/checkpoint/: {sorted(inner)}"
+
+
+def test_no_other_room_knows_the_checkpoint_layout():
+    """The folder names (`step-`, `runs/`, `checkpoint-N`) and the commit marker are built in
+    trainer/checkpoint/ only: every other room asks the package (trainer.checkpoint.open_root, ...)."""
+    needles = ('"step-', "'step-", '/step-', '"runs"', "/runs/", 'f"checkpoint-', "_COMMIT\"", "manifest.json\"")
+    for pkg in ("steps", "workflows", "gpu", "trainer"):
+        for p in (REPO / pkg).rglob("*.py"):
+            if "checkpoint" in p.relative_to(REPO).parts[:2]:
+                continue
+            tree = ast.parse(p.read_text())
+            # Documentation (a docstring, a field's docstring) is a bare string statement: it may name them.
+            docstrings = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant)}
+            for node in ast.walk(tree):
+                if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+                    text = f'"{node.value}"'
+                    hits = [n for n in needles if n in text]
+                    assert not hits, f"{p.relative_to(REPO)}:{node.lineno} builds a checkpoint path: {hits}"
+
+
+def test_the_training_loop_reads_no_environment():
+    from trainer.loop import Trainer
+
+    source = inspect.getsource(Trainer.run) + inspect.getsource(Trainer._boundary_flags)
+    assert "os.environ" not in source and "getenv" not in source
+    for module in ("trainer.loop", "trainer.hf"):
+        text = (REPO / (module.replace(".", "/") + ".py")).read_text()
+        assert "BATON_PAUSE_AFTER_STEP" not in text and "BATON_NOISE" not in text and "BATON_TEST_" not in text

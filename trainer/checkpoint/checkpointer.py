@@ -1,0 +1,316 @@
+"""The front door of checkpointing: what the training loop asks of it, and nothing else.
+
+A `Checkpointer` holds one run's store (trainer/checkpoint/store.py) and, once the model is built, the
+trainer's stateful parts (`Parts`: model and optimizer, scheduler, data position, RNG). It offers:
+- `claim_attempt`, `committed_steps`, `url`, `attempt_start_times` (the store's, for the loop's start-up
+  and cadence);
+- `capture()`: the state of a step boundary (`Boundary`), taken before the next step moves past it;
+- `save(boundary, reason, ...)`: a synchronous or asynchronous save, with the read-back policy and the
+  retention that follows a commit;
+- `resume(...)`: the newest intact checkpoint (resolve.py: fall back past refused ones, retry a failing
+  store), loaded into a staging copy and then restored into the live parts; None for a fresh start;
+- `step_boundary`, `before_update`, `drain`, `pending`: the save in flight.
+
+The checkpoint state is tensors only: the model's and the optimizer's state dicts, the learning rates,
+the scheduler's counters, the progress, and per rank (under rank-unique keys: DCP deduplicates on the
+key alone) the RNG states and the data loader's position (JSON bytes as a uint8 tensor).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_model_state_dict, set_state_dict
+
+from trainer import rng
+from trainer.checkpoint.layout import CorruptCheckpoint
+from trainer.checkpoint.resolve import LoadTimes, resolve_and_load
+from trainer.checkpoint.store import Store
+from trainer.checkpoint.write import SaveResult
+from trainer.collectives import broadcast, rank
+from trainer.config import CheckpointConfig
+from trainer.faults import retry_reads
+from trainer.records import log
+from trainer.storage import StorageError, describe
+
+RESTORABLE = ("rng", "data", "optimizer", "scheduler")
+
+
+def tensor_from_json(obj: Any) -> torch.Tensor:
+    return torch.frombuffer(bytearray(json.dumps(obj, sort_keys=True).encode()), dtype=torch.uint8).clone()
+
+
+def json_from_tensor(t: torch.Tensor) -> Any:
+    return json.loads(bytes(t.to(torch.uint8).tolist()).decode())
+
+
+@dataclass
+class Boundary:
+    """Everything about a step boundary that the live objects move past during the next step."""
+
+    step: int
+    epoch: int
+    start: int
+    yielded: int
+    rng: dict[str, torch.Tensor]
+    loader: dict[str, Any]
+
+
+@dataclass
+class Parts:
+    """The trainer's stateful parts, as a checkpoint holds them."""
+
+    model: torch.nn.Module
+    optim: torch.optim.Optimizer
+    sched: Any
+    """A LambdaLR: its `last_epoch` and `_step_count` are saved."""
+    data: Any
+    """trainer.data.EpochData: the epoch, its starting sample and the loader's position."""
+    rank: int
+    world: int
+    seed: int
+    """Re-seeds the RNG when a checkpoint of another world size is resumed (its per-rank RNG cannot carry over)."""
+    batch_size: int
+    num_workers: int
+
+
+@dataclass
+class Resumed:
+    step: int
+    manifest: dict[str, Any]
+    same_world: bool
+
+
+class Checkpointer:
+    """One run's checkpoints, and the parts they save and restore.
+
+    `skip` and `swap_ranks` are the negative controls (`BATON_SKIP_RESTORE`, `BATON_SWAP_RANK_STATE`): a
+    resume that leaves those parts as they were built, or takes another rank's state. Never for real work.
+    """
+
+    def __init__(self, cfg: CheckpointConfig, run_id: str, fingerprint: str, skip: frozenset[str] = frozenset(),
+                 swap_ranks: bool = False) -> None:
+        self.cfg, self.fingerprint = cfg, fingerprint
+        self.skip, self.swap_ranks = skip, swap_ranks
+        self.store = Store(cfg.uri, run_id, io_threads=cfg.io_threads)
+        self.parts: Parts | None = None
+
+    # -- the store's, for the loop --
+    def claim_attempt(self, info: dict[str, Any]) -> int:
+        """Every rank gets the number rank 0 claimed."""
+        return broadcast(self.store.claim_attempt(info) if self._rank0 else None)
+
+    def committed_steps(self) -> list[int]:
+        """Committed steps, newest first (one listing request, on rank 0; every rank gets its answer)."""
+        return broadcast(self.store.committed_steps() if self._rank0 else None)
+
+    def url(self, step: int) -> str:
+        return self.store.url(self.store.step_path(step))
+
+    def attempt_start_times(self) -> list[float]:
+        return self.store.attempt_start_times()
+
+    @property
+    def _rank0(self) -> bool:
+        return rank() == 0
+
+    def attach(self, parts: Parts) -> None:
+        self.parts = parts
+
+    def _p(self) -> Parts:
+        if self.parts is None:
+            raise RuntimeError("Checkpointer.attach(parts) must come before saving or resuming")
+        return self.parts
+
+    # -- the state --
+    def capture(self, step: int) -> Boundary:
+        d = self._p().data
+        return Boundary(step, d.epoch, d.start, d.yielded, rng.capture(), d.loader.state_dict())
+
+    def state(self, b: Boundary) -> dict[str, Any]:
+        p = self._p()
+        model_sd, optim_sd = get_state_dict(p.model, p.optim)
+        return {
+            "model": model_sd,
+            "optim": {"state": optim_sd["state"]},
+            "optim_lr": torch.tensor([[g["lr"], g["initial_lr"]] for g in p.optim.param_groups], dtype=torch.float64),
+            "sched": torch.tensor([p.sched.last_epoch, p.sched._step_count], dtype=torch.int64),
+            "progress": torch.tensor([b.step, b.epoch, b.start, b.yielded], dtype=torch.int64),
+            f"rng.rank{p.rank}": b.rng,
+            f"loader.rank{p.rank}": tensor_from_json({"rank": p.rank, "epoch": b.epoch, "start": b.start,
+                                                      "yielded": b.yielded, "state": b.loader,
+                                                      "num_workers": p.num_workers}),
+        }
+
+    # -- save --
+    @property
+    def pending(self) -> Any:
+        return self.store.pending
+
+    def step_boundary(self) -> None:
+        self.store.step_boundary()
+
+    def before_update(self) -> None:
+        self.store.before_update()
+
+    def drain(self, raise_storage_errors: bool = True) -> str | None:
+        return self.store.drain(raise_storage_errors)
+
+    def save(self, b: Boundary, reason: str, manifest: dict[str, Any], attempt: int,
+             on_commit: Callable[[SaveResult], None]) -> float:
+        """Save the boundary `b` (reason: periodic, warning, preempt, final) and call `on_commit` once it is
+        committed; retention follows a commit, except a preemption's (every second of the grace is the
+        save's). Returns the ms the caller blocked. A periodic save with `async_save` commits later, at a
+        step boundary; a save of a step already in flight only waits for it (unless periodic)."""
+        pending = self.store.pending
+        if pending is not None and pending.step == b.step:  # this step is already being saved
+            if reason != "periodic":
+                self.store.drain()  # it must be durable now: wait for it to commit
+            return 0.0
+        manifest = {"fingerprint": self.fingerprint, "reason": reason, **manifest}
+
+        def committed(res: SaveResult) -> None:
+            on_commit(res)
+            if self._rank0 and reason != "preempt":
+                deleted = self.store.retain(self.cfg.keep_last, res.step, self.cfg.keep_best_metric)
+                if deleted:
+                    log(f"retention deleted steps {deleted}")
+
+        if self.cfg.async_save and reason == "periodic":
+            return self.store.save_async(b.step, self.state(b), manifest, attempt, committed)
+        # Saves hash their files while writing them. Retention never deletes the newest verified
+        # checkpoint (read back, or loaded by this attempt's resume), so a periodic save also reads its
+        # files back when there is none yet, or when it would otherwise push the verified one out of the
+        # newest keep_last (one periodic save in keep_last; with keep_last 1, every one), and so does the
+        # final save. Preemption and warning saves never read back: the grace is short (GKE Spot: 15 s),
+        # and a resume hashes every file while loading it.
+        st = self.store
+        read_back = reason == "final" or (reason == "periodic" and (
+            st.verified_step is None or st.unverified_commits + 1 >= self.cfg.keep_last))
+        return st.save(b.step, self.state(b), manifest, attempt, committed, read_back=read_back).save_ms
+
+    # -- resume --
+    def resume(self, steps: list[int], on_refused: Callable[[int, str], None], times: LoadTimes,
+               read_retry_s: float) -> Resumed | None:
+        """Load the newest intact checkpoint among `steps` (committed, newest first) and restore it into the
+        parts; None when none is usable (every one refused, or none committed). A store that fails while
+        being read is retried for `read_retry_s` (then faults.StoreUnreachable); a checkpoint of another
+        run raises CheckpointRefused."""
+        p = self._p()
+        loaded = retry_reads(
+            lambda: resolve_and_load(self.store, self.fingerprint, self._template, on_refused, times=times,
+                                     steps=steps, check_staged=_progress_matches),
+            read_retry_s, StorageError, log, several_ranks=p.world > 1)
+        if loaded is None:
+            return None
+        step, manifest, st = loaded
+        same_world = manifest.get("world_size") == p.world
+        self._restore(st, manifest, same_world)
+        if self.skip or self.swap_ranks:
+            log(f"NEGATIVE CONTROL: restore skipped for {sorted(self.skip)}, swapped ranks={self.swap_ranks}")
+        return Resumed(step, manifest, same_world)
+
+    def _source_rank(self) -> int:
+        p = self._p()
+        return (p.world - 1 - p.rank) if self.swap_ranks else p.rank
+
+    def _template(self, step: int, manifest: dict) -> dict[str, Any]:
+        """The state to load `step` into: the live state's structure, with the saved RNG and loader shapes
+        (read from .metadata, checked first). Rank 0 reads them and every rank gets the same answer,
+        failure included: ranks that disagreed would enter dcp.load's collectives out of step."""
+        p = self._p()
+        answer: tuple[str, Any] = ("ok", None)
+        if self._rank0:
+            try:
+                answer = ("ok", self.store.shapes(step, manifest))
+            except CorruptCheckpoint as e:
+                answer = ("corrupt", str(e))
+            except Exception as e:  # noqa: BLE001 - a read that failed: carried to every rank, retried there
+                answer = ("storage", describe(e))
+        kind, shapes = broadcast(answer)
+        if kind == "corrupt":
+            raise CorruptCheckpoint(f"cannot read .metadata: {shapes}")
+        if kind == "storage":
+            raise StorageError(f"reading the .metadata of step {step} failed: {shapes}")
+        src = self._source_rank()
+        template = self.state(self.capture(0))
+        if "optimizer" in self.skip:
+            # DCP loads in place, into the optimizer's own tensors: the control must not ask for them.
+            template.pop("optim")
+        template.pop(f"rng.rank{p.rank}")
+        template.pop(f"loader.rank{p.rank}")
+        if manifest.get("world_size") == p.world:
+            # The generators the checkpoint holds, not the ones this process has: a CPU checkpoint
+            # resumed on a GPU has no `cuda` state (restore() then leaves CUDA's seeded stream alone).
+            stored = sum(f["size"] for f in manifest["files"].values())
+
+            def empty(key: str, dtype: torch.dtype) -> torch.Tensor:
+                shape = shapes.get(key)
+                if shape is None:
+                    raise CorruptCheckpoint(f"the checkpoint holds no {key}")
+                if math.prod(shape) * dtype.itemsize > stored:  # a shape no file could hold
+                    raise CorruptCheckpoint(f".metadata gives {key} the shape {shape}, larger than the checkpoint")
+                return torch.empty(shape, dtype=dtype)
+
+            template[f"rng.rank{src}"] = {k: empty(f"rng.rank{src}.{k}", v.dtype)
+                                          for k, v in rng.capture().items() if f"rng.rank{src}.{k}" in shapes}
+            template[f"loader.rank{src}"] = empty(f"loader.rank{src}", torch.uint8)
+        return template
+
+    def _param_groups(self, lrs: torch.Tensor) -> list[dict[str, Any]]:
+        p = self._p()
+        _, optim_sd = get_state_dict(p.model, p.optim)
+        groups = optim_sd["param_groups"]
+        for g, (lr, initial) in zip(groups, lrs.tolist(), strict=True):
+            g["lr"], g["initial_lr"] = lr, initial
+        return groups
+
+    def _restore(self, st: dict[str, Any], manifest: dict[str, Any], same_world: bool) -> None:
+        """The staged checkpoint into the live parts (every file of it has matched its sha256 by now)."""
+        p = self._p()
+        if "optimizer" not in self.skip:
+            set_state_dict(p.model, p.optim, model_state_dict=st["model"],
+                           optim_state_dict={"state": st["optim"]["state"],
+                                             "param_groups": self._param_groups(st["optim_lr"])})
+        else:
+            set_model_state_dict(p.model, st["model"])
+            for g, (lr, initial) in zip(p.optim.param_groups, st["optim_lr"].tolist(), strict=True):
+                g["lr"], g["initial_lr"] = lr, initial  # the control drops the moments, not the schedule
+        if "scheduler" not in self.skip:
+            last_epoch, step_count = st["sched"].tolist()
+            p.sched.last_epoch, p.sched._step_count = last_epoch, step_count
+            p.sched._last_lr = [g["lr"] for g in p.optim.param_groups]
+        step, epoch, start, yielded = st["progress"].tolist()  # its step was checked on the staging copy
+        src = self._source_rank()
+        if "data" not in self.skip:
+            if same_world:
+                blob = json_from_tensor(st[f"loader.rank{src}"])
+                if blob.get("num_workers", 0) == p.num_workers:
+                    p.data.seek(epoch, start, blob["state"], yielded)
+                else:  # a loader state does not carry across worker counts; the sample order does
+                    p.data.seek(epoch, start + yielded * p.batch_size * p.world)
+            else:
+                # Another world size: continue from the same global sample in the epoch.
+                p.data.seek(epoch, start + yielded * p.batch_size * manifest["world_size"])
+                if p.data.epoch_done:
+                    p.data.next_epoch()
+        if "rng" not in self.skip:
+            if same_world:
+                rng.restore(st[f"rng.rank{src}"])
+            else:
+                rng.seed_everything(p.seed * 1_000_003 + step, p.rank)
+
+
+def _progress_matches(step: int, staged: dict[str, Any]) -> str | None:
+    """A staged checkpoint whose saved progress is not its folder's step (a copy of step 8 named
+    step-00000099) is refused before it reaches the model: the loader falls back."""
+    progress = staged.get("progress")
+    if not isinstance(progress, torch.Tensor) or progress.numel() != 4:
+        return "the checkpoint holds no progress record"
+    saved = int(progress[0])
+    return None if saved == step else f"the folder is step {step} but the checkpoint holds progress for step {saved}"

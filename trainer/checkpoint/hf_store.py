@@ -1,0 +1,203 @@
+"""The Hugging Face Trainer's checkpoints under a root: committed `checkpoint-N/` folders, on any fsspec
+store, with a `_COMMIT` manifest written last.
+
+A folder counts as committed only when `_COMMIT` is in it; its body (the manifest) lists every file with
+its size and sha256. `commit` mirrors the Trainer's local folder to the root (unless the root is that
+folder: committed in place), then writes `_COMMIT`; `fetch` brings the newest committed one back into
+the Trainer's folder, every name from `_COMMIT` checked as a plain file name and every file against its
+size and sha256, every `.pt`/`.pth` loaded under `weights_only` before the Trainer loads it, and nothing
+but the manifest's files left there. The callback that drives it is trainer/hf.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+import uuid
+from typing import Any
+
+import torch
+
+from trainer.checkpoint.layout import COMMIT, CorruptCheckpoint, hf_step_name, hf_step_of, parse_hf_commit
+from trainer.checkpoint.write import sha256_file
+from trainer.records import log
+from trainer.storage import full_url, is_local, retrying, storage_error, url_to_fs
+
+# Left out of the manifest and the mirror: it pickles 9 transformers/accelerate classes, holds no
+# state that a resume needs (the script builds its own TrainingArguments), and cannot be loaded safely.
+SKIPPED_FILES = ("training_args.bin",)
+
+
+class TornCheckpoint(Exception):
+    """A checkpoint whose files do not match its `_COMMIT` manifest."""
+
+
+class HFStore:
+    """Committed `checkpoint-N/` folders under a root, on any fsspec store.
+
+    A folder counts as committed only when `_COMMIT` is in it; its body lists every file with its size
+    and sha256. `local_dir` is where the Trainer writes (`args.output_dir`); when the root is that same
+    folder, `_COMMIT` is written in place and nothing is copied."""
+
+    def __init__(self, uri: str, local_dir: str) -> None:
+        self.uri = uri
+        self.fs, self.base = url_to_fs(uri)
+        self.base = self.base.rstrip("/")
+        self.local_dir = os.path.abspath(local_dir)
+        self.in_place = is_local(self.fs) and os.path.abspath(self.base) == self.local_dir
+
+    def url(self, step: int) -> str:
+        return full_url(self.fs, f"{self.base}/{hf_step_name(step)}")
+
+    def committed_steps(self) -> list[int]:
+        """Steps with a `_COMMIT`, ascending: one listing of the root, the markers checked per folder.
+        Only folders named `checkpoint-` and ASCII digits count, and never a symlink."""
+        self.fs.invalidate_cache()
+        try:
+            entries = self.fs.ls(self.base, detail=True)
+        except FileNotFoundError:
+            return []
+        steps = sorted(step for e in entries if e.get("type") == "directory" and not e.get("islink")
+                       and (step := hf_step_of(e["name"].rstrip("/").rsplit("/", 1)[-1])) is not None)
+        return [s for s in steps if self.fs.exists(f"{self.base}/{hf_step_name(s)}/{COMMIT}")]
+
+    # -- commit --
+    def commit(self, step: int, world_size: int, device: str = "cpu") -> tuple[str, int]:
+        """Mirror `local_dir/checkpoint-<step>` (unless in place), then write `_COMMIT` last.
+        Returns (url, bytes)."""
+        src = os.path.join(self.local_dir, hf_step_name(step))
+        names = sorted(n for n in os.listdir(src) if n != COMMIT and n not in SKIPPED_FILES
+                       and os.path.isfile(os.path.join(src, n)))
+        files = {n: {"size": os.path.getsize(os.path.join(src, n)), "sha256": sha256_file(None, os.path.join(src, n))}
+                 for n in names}
+        manifest = {"format": "hf-checkpoint", "step": step, "world_size": world_size, "device": device, "files": files,
+                    "time": round(time.time(), 3)}
+        dst = f"{self.base}/{hf_step_name(step)}"
+        if not self.in_place:
+            if is_local(self.fs):
+                self.fs.makedirs(dst, exist_ok=True)
+            for n in names:
+                retrying(lambda n=n: self.fs.put_file(os.path.join(src, n), f"{dst}/{n}"), self.url(step), "upload")
+        body = json.dumps(manifest, sort_keys=True)
+        if self.in_place:  # durable before it claims anything: fsync the files, then the marker
+            for n in names:
+                fd = os.open(os.path.join(src, n), os.O_RDONLY)
+                os.fsync(fd)
+                os.close(fd)
+            with open(os.path.join(src, COMMIT), "w") as f:
+                f.write(body)
+                f.flush()
+                os.fsync(f.fileno())
+        else:
+            def write() -> None:
+                with self.fs.open(f"{dst}/{COMMIT}", "w") as f:
+                    f.write(body)
+            retrying(write, self.url(step), "commit")
+        return self.url(step), sum(v["size"] for v in files.values())
+
+    def retain(self, keep_last: int) -> None:
+        """Keep the newest `keep_last` committed checkpoints; `_COMMIT` goes first, so a deletion cut
+        short leaves a folder that is passed over, never one that looks complete."""
+        if self.in_place or keep_last <= 0:
+            return  # in place, HF's own save_total_limit rotates
+        for step in self.committed_steps()[:-keep_last]:  # real checkpoint-N folders only, never a symlink
+            folder = f"{self.base}/{hf_step_name(step)}"
+            retrying(lambda folder=folder: self.fs.rm(f"{folder}/{COMMIT}"), self.url(step), "delete")
+            retrying(lambda folder=folder: self.fs.rm(folder, recursive=True), self.url(step), "delete")
+
+    # -- resume --
+    def manifest(self, step: int) -> dict[str, Any]:
+        """The `_COMMIT` of `step`, checked against its schema: CorruptCheckpoint when malformed (names
+        that are not plain file names included)."""
+        with self.fs.open(f"{self.base}/{hf_step_name(step)}/{COMMIT}", "rb") as f:
+            return parse_hf_commit(f.read(), step)
+
+    def fetch(self, step: int) -> str:
+        """The checkpoint as a local folder the Trainer can resume from, its files checked against the
+        manifest. Raises TornCheckpoint for what is wrong with the checkpoint (a missing file, a bad
+        manifest, a size or sha256 that does not match), StorageError for a read that failed (an I/O
+        error, a store answering 5xx after its own retries): that one is worth retrying."""
+        try:
+            manifest = self.manifest(step)
+            files = manifest["files"]
+        except FileNotFoundError:
+            raise TornCheckpoint(f"{COMMIT} is missing") from None
+        except CorruptCheckpoint as e:
+            raise TornCheckpoint(str(e)) from None
+        except Exception as e:
+            raise storage_error(self.url(step), "reading", e) from None
+        local = os.path.join(self.local_dir, hf_step_name(step))
+        if self.in_place:
+            # Committed in place: only the manifest's files may be loaded. A file beside them that the
+            # commit does not list (an optional scaler.pt of another save) is removed, never used.
+            for name in os.listdir(local):
+                if name != COMMIT and name not in files:
+                    log(f"checkpoint-{step}: removing {name!r}, which its {COMMIT} does not list")
+                    _remove(os.path.join(local, name))
+        else:
+            _remove(local)  # a stale local copy is never trusted
+            os.makedirs(local)
+            for n in files:
+                try:
+                    self.fs.get_file(f"{self.base}/{hf_step_name(step)}/{n}", os.path.join(local, n))
+                except FileNotFoundError:
+                    raise TornCheckpoint(f"{n} is missing") from None
+                except Exception as e:
+                    raise storage_error(self.url(step), f"reading {n} of", e) from None
+        for n, meta in files.items():
+            path = os.path.join(local, n)
+            if not os.path.isfile(path):
+                raise TornCheckpoint(f"{n} is missing")
+            try:
+                matches = os.path.getsize(path) == meta["size"] and sha256_file(None, path) == meta["sha256"]
+            except OSError as e:
+                raise storage_error(self.url(step), f"reading {n} of", e) from None
+            if not matches:
+                raise TornCheckpoint(f"{n} does not match its size or sha256 in {COMMIT}")
+        for n in files:
+            if n.endswith((".pt", ".pth", ".bin")):
+                _loads_safely(os.path.join(local, n))
+        return local
+
+    def claim_attempt(self) -> int:
+        """The next attempt number (one per process start): a listing, then a write. Not fencing,
+        only the records' `attempt` field."""
+        folder = f"{self.base}/attempts"
+        try:
+            n = len([p for p in self.fs.ls(folder, detail=False) if p.endswith(".json")]) + 1
+        except FileNotFoundError:
+            n = 1
+        if is_local(self.fs):
+            self.fs.makedirs(folder, exist_ok=True)
+        with self.fs.open(f"{folder}/{n:08d}-{uuid.uuid4().hex[:8]}.json", "w") as f:
+            f.write(json.dumps({"attempt": n, "time": time.time(), "pid": os.getpid()}))
+        return n
+
+
+def _remove(path: str) -> None:
+    """A file, a folder or a symlink (the link itself, never what it points to)."""
+    if os.path.islink(path) or os.path.isfile(path):
+        os.unlink(path)
+    elif os.path.isdir(path):
+        shutil.rmtree(path)
+
+
+def _loads_safely(path: str) -> None:
+    """A `.pt`/`.pth` the Trainer will `torch.load` must load under `weights_only` with the globals HF
+    allows (its RNG file holds numpy arrays); mapped, not read. The Trainer loads them that way too, but
+    a refusal there would end the run: here it is a refused checkpoint, and the resume falls back."""
+    from transformers.trainer_pt_utils import safe_globals
+
+    try:
+        with safe_globals():
+            try:
+                torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+            except RuntimeError as e:
+                if "mmap can only be used" not in str(e):
+                    raise
+                torch.load(path, map_location="cpu", weights_only=True)  # the legacy format: read it whole
+    except Exception as e:  # noqa: BLE001 - every refusal of the safe unpickler, and torn archives
+        raise TornCheckpoint(f"{os.path.basename(path)} cannot be loaded safely: "
+                             f"{str(e).splitlines()[0][:200] if str(e) else type(e).__name__}") from None

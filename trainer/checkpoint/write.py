@@ -1,0 +1,167 @@
+"""Writing a checkpoint's files: what a save returns, a save in flight, and the hashing on the way.
+
+Every file is hashed as it is written (`HashingFileSystem`, DCP's fsspec filesystem with a hashing
+stream), so a save need not read its files back to learn their sha256; `require_written` refuses a save
+whose `.metadata` lists items no file holds (DCP's extra writer threads report a failure only to
+`threading.excepthook`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.distributed.checkpoint._fsspec_filesystem import FileSystem as DcpFileSystem
+
+from trainer.records import log
+
+HASH_CHUNK = 8 << 20
+
+
+def assert_tensors_only(state: dict[str, Any], prefix: str = "") -> None:
+    for k, v in state.items():
+        if isinstance(v, dict):
+            assert_tensors_only(v, f"{prefix}{k}.")
+        elif not isinstance(v, torch.Tensor):
+            raise TypeError(f"checkpoint state {prefix}{k} is a {type(v).__name__}; only tensors are saved")
+
+
+@dataclass
+class SaveResult:
+    """A committed save, as the `checkpoint` record reports it."""
+
+    step: int
+    path: str
+    save_ms: float
+    bytes: int
+    blocking_ms: float = 0.0
+    asynchronous: bool = False
+
+
+@dataclass
+class PendingSave:
+    """A save whose files are being written (and hashed) while training goes on; committed later."""
+
+    step: int
+    path: str
+    manifest: dict[str, Any]
+    attempt: int
+    t0: float
+    files: Future  # this rank's {name: {size, sha256}}, once its upload finished and was read back
+    staging: Future | None = None
+    blocking_s: float = 0.0
+    asynchronous: bool = False
+    on_commit: Callable[[SaveResult], None] | None = None
+
+
+def sha256_file(fs: Any, path: str) -> str:
+    """sha256 of a file on any fsspec filesystem (None: a local path, with Python's own open), in chunks."""
+    h = hashlib.sha256()
+    with (fs.open(path, "rb") if fs is not None else open(path, "rb")) as f:
+        while chunk := f.read(HASH_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def name_of(p: str) -> str:
+    """The last component of a path or key."""
+    return p.rstrip("/").split("/")[-1]
+
+
+def sharing(fs: Any, io: Any) -> Any:
+    """Point a DCP fsspec reader or writer at the store's filesystem instead of a new one: a new s3fs
+    instance builds a new botocore client, 0.2-0.8 s on every save and load."""
+    inner = getattr(io, "fs", None)
+    if inner is not None and hasattr(inner, "fs"):
+        inner.fs = fs
+    return io
+
+
+def done(value: Any) -> Future:
+    f: Future = Future()
+    f.set_result(value)
+    return f
+
+
+class HashingStream:
+    """A write stream that hashes what goes through it (everything else is the stream's own)."""
+
+    def __init__(self, raw: Any) -> None:
+        self._raw, self._sha, self.size = raw, hashlib.sha256(), 0
+
+    def write(self, data: Any) -> int:
+        n = self._raw.write(data)
+        view = memoryview(data)
+        self._sha.update(view)
+        self.size += view.nbytes
+        return n
+
+    def hexdigest(self) -> str:
+        return self._sha.hexdigest()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._raw, name)
+
+
+class HashingFileSystem(DcpFileSystem):
+    """DCP's fsspec filesystem over the store's fs, hashing each file as it is written:
+    `written` maps a file's name to (bytes, sha256), .metadata under its final name."""
+
+    def __init__(self, fs: Any) -> None:
+        super().__init__()
+        self.fs = fs
+        self.written: dict[str, tuple[int, str]] = {}
+
+    @contextmanager
+    def create_stream(self, path: Any, mode: str):
+        with super().create_stream(path, mode) as stream:
+            if "w" not in mode:
+                yield stream
+                return
+            hashing = HashingStream(stream)
+            yield hashing
+        self.written[name_of(os.fspath(path))] = (hashing.size, hashing.hexdigest())
+
+    def rename(self, path: Any, new_path: Any) -> None:
+        super().rename(path, new_path)
+        got = self.written.pop(name_of(os.fspath(path)), None)
+        if got is not None:
+            self.written[name_of(os.fspath(new_path))] = got
+
+
+def require_written(md: Any) -> None:
+    """Refuse a save whose .metadata lists items that no file holds. With thread_count > 1, DCP's
+    extra writer threads report a failure only to threading.excepthook: their items are left out of
+    storage_data and dcp.save returns as if it had succeeded (torch 2.11 to 2.13)."""
+    from torch.distributed.checkpoint.metadata import MetadataIndex, TensorStorageMetadata
+
+    have, items = getattr(md, "storage_data", None), getattr(md, "state_dict_metadata", None)
+    if have is None or items is None:
+        return
+    missing = []
+    for fqn, m in items.items():
+        keys = [MetadataIndex(fqn, c.offsets) for c in m.chunks] if isinstance(m, TensorStorageMetadata) \
+            else [MetadataIndex(fqn)]
+        missing += [fqn for k in keys if k not in have]
+    if missing:
+        raise OSError(f"{len(missing)} saved item(s) were not written, such as {missing[0]!r} "
+                      "(a checkpoint writer thread failed)")
+
+
+_previous_thread_hook = threading.excepthook
+
+
+def writer_thread_hook(args: Any) -> None:
+    """One line, not a traceback, for a failure in DCP's writer threads: require_written turns it
+    into the save's error, which names the checkpoint."""
+    if args.thread is not None and "_write_files_from_queue" in args.thread.name:
+        log(f"a checkpoint writer thread failed: {args.exc_type.__name__}: {args.exc_value}")
+        return
+    _previous_thread_hook(args)
