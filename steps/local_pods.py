@@ -12,7 +12,7 @@ implements it, so a step never imports the runner and runs the same under Argo a
 How a pod ends (`HOW`), and what the runner then records, as Argo v4 records it:
     evict, delete   SIGTERM, SIGKILL after the pod's grace: a process that exits in time is
                     Failed "main: Error (exit code N)" (Succeeded on 0); one still running at SIGKILL is
-                    Error "pod deleted" (the pod object went first)
+                    Failed "main: Error (exit code 137)" (the emissary's 128 + SIGKILL)
     kueue           as delete, after the condition TerminationTarget=True (WorkloadEvictedDueToPreempted):
                     Kueue preempts a plain pod with a Delete under the pod's own grace
     node-shutdown   a GKE Spot node's graceful shutdown: SIGTERM, SIGKILL after min(grace, 15 s);

@@ -198,10 +198,6 @@ def main(argv: list[str] | None = None) -> int:
     if direct:
         launcher = [sys.executable]
         launch_env = rank0_of_1_env()
-        if args.trainer != "baton":
-            # A Hugging Face script given RANK and WORLD_SIZE runs as "distributed" and wraps its model in
-            # DDP even at one rank. Without them it is a single process; the run id still names its launch.
-            launch_env = {"TORCHELASTIC_RUN_ID": launch_env["TORCHELASTIC_RUN_ID"]}
     elif torchrun_has_shutdown_timeout():
         launcher = torchrun(args.nproc, [f"--shutdown-timeout={max(1, int(g))}"])
     else:  # an older torchrun SIGKILLs its workers 30 s after its SIGTERM: they must budget for that

@@ -91,6 +91,10 @@ def verdict_of(report: dict[str, Any], evictions: dict[str, Any], trial_records:
     # Evictions that met no preemption save: from verify's classification, which leaves out those that
     # reached a trainer after it finished (missed); without it, every eviction short of a preempt record.
     lost = met["lost"] if met else max(0, happened - clean)
+    if met and met.get("killed"):
+        return (f"NOT preemption-safe: {met['killed']} of {happened} evictions ended in SIGKILL after the grace "
+                "(exit 137): the preemption save did not finish in time; the retry resumed from the last commit, "
+                f"{report['steps']['replayed']} step(s) replayed")
     if lost:
         detail = "; ".join(
             f"attempt {x['attempt']} reached step {x['reached']}, its last save was step {x['last_save']} "

@@ -42,7 +42,8 @@ def classify_evictions(records: list[dict[str, Any]], eviction_list: list[dict[s
     """Each eviction with what it met: `landed` (the evicted attempt wrote a `preempt` or `retry_later`
     record: it saved or ended retry-safe), `missed` (the signal reached a trainer that had already
     finished: the attempt wrote `done`, or its pod ended with exit 0; it says nothing about the
-    trainer), or `lost` (neither: the attempt died without committing the step it reached)."""
+    trainer), `killed` (SIGKILLed after its grace, exit 137: its preemption save did not finish in time),
+    or `lost` (none of these: the attempt died without committing the step it reached)."""
     by_attempt: dict[int, set[str]] = {}
     for r in records:
         by_attempt.setdefault(r.get("attempt", 0), set()).add(str(r.get("event")))
@@ -54,6 +55,8 @@ def classify_evictions(records: list[dict[str, Any]], eviction_list: list[dict[s
             met = "landed"
         elif "done" in events or ended.get("exit_code") == 0:
             met = "missed"
+        elif ended.get("exit_code") == 137:
+            met = "killed"
         else:
             met = "lost"
         out.append({**ev, "met": met})
@@ -96,6 +99,11 @@ def verify(records: list[dict[str, Any]], total_steps: int, evictions: int | Non
                                 "(run more total_steps or fewer evictions)")
         else:
             problems.append(f"{evictions} of {planned} planned evictions happened: the trial ended first")
+    killed = [e for e in met or [] if e["met"] == "killed"]
+    if killed:
+        problems.append(f"{len(killed)} eviction(s) ended in SIGKILL after the grace (exit 137, at step "
+                        f"{', '.join(str(e.get('observed_step')) for e in killed)}): the preemption save did not "
+                        "finish in time (a faster save, async saves, or a longer grace)")
     lost = [e for e in met if e["met"] == "lost"] if met is not None else None
     if lost is not None and lost and outcome != "died_on_sigterm":
         problems.append(f"{len(lost)} eviction(s) ended an attempt without a preempt record (at step "
@@ -120,7 +128,7 @@ def verify(records: list[dict[str, Any]], total_steps: int, evictions: int | Non
                     for p in preempts],
         "attempts": len({r["attempt"] for r in records if "attempt" in r}),
         "trial_outcome": outcome,
-        "evictions_met": {k: sum(1 for e in met if e["met"] == k) for k in ("landed", "missed", "lost")}
+        "evictions_met": {k: sum(1 for e in met if e["met"] == k) for k in ("landed", "missed", "killed", "lost")}
         if met is not None else None,
         "passed": not problems and not inconclusive, "problems": problems, "inconclusive": inconclusive,
     }

@@ -67,6 +67,20 @@ def baton_args(argv: list[str] | None = None, description: str | None = None) ->
         raise SystemExit(1) from None
 
 
+_LAUNCHER_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
+                 "ROLE_RANK", "ROLE_WORLD_SIZE")
+
+
+def _one_process_is_not_distributed() -> None:
+    """A launcher's environment for a world of one (torchrun's, or steps.train's direct launch) makes the
+    Trainer treat the run as distributed and wrap the model in DistributedDataParallel, for nothing. The
+    callback comes before the TrainingArguments: it takes that environment away, so one rank is one
+    process to the Trainer (the run id and the rendezvous address stay; nothing else reads them)."""
+    if os.environ.get("WORLD_SIZE") == "1":
+        for name in _LAUNCHER_ENV:
+            os.environ.pop(name, None)
+
+
 class InputDigest:
     """The inputs of one step's micro-batches as one signed 64-bit digest, computed where they are (a
     weighted sum of each tensor's values with fixed pseudo-random int64 weights, wrapping: exact and
@@ -126,6 +140,7 @@ class BatonCallback(TrainerCallback):
                  faults: FaultsConfig | None = None) -> None:
         self.preempt = Preemption()
         self.preempt.install()  # first: a SIGTERM during the rest of the set-up still ends in a clean 75
+        _one_process_is_not_distributed()
         self.checkpoint_uri, self.run_id, self.keep_last = checkpoint_uri, run_id, keep_last
         self.faults = faults or FaultsConfig()
         self.save_failures = SaveFailures(self.faults.max_failed_saves)

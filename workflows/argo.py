@@ -41,7 +41,9 @@ from workflows.params import (
     evidence_root,
     parse_params,
     resolve_params,
+    set_deadline,
     set_queue_label,
+    values_of,
 )
 
 DEFAULT_NAMESPACE = "baton"  # the namespace of templates/base/rbac.yaml: the drill's ServiceAccount lives there
@@ -287,6 +289,8 @@ def apply_parameters(wf: dict[str, Any], overrides: dict[str, str]) -> dict[str,
             p["value"] = values[p["name"]]
     if "queue" in current:  # the pods' Kueue label follows the parameter, whatever the file said
         set_queue_label(wf, str(values.get("queue", current["queue"]) or ""))
+    if "deadline" in current:  # so does the deadline (an integer in the spec, never a template expression)
+        set_deadline(wf, values_of({k: v for k, v in {**current, **values}.items() if k in PARAMETERS and v is not None}))
     return {k: v for k, v in values.items() if k in current}
 
 

@@ -28,6 +28,7 @@ from workflows.params import (
     parse_params,
     report_root,
     resolve_params,
+    set_deadline,
     set_queue_label,
     values_of,
 )
@@ -62,10 +63,12 @@ def cmd_run(args: argparse.Namespace) -> int:
               file=sys.stderr)
     spec = build_workflow().to_dict()
     set_queue_label(spec, values_of(params)["queue"])  # no local effect; the spec is what a cluster would get
+    set_deadline(spec, values_of(params))
     env = {"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     try:
-        result = run_workflow(spec, out / "argo", params, cwd=REPO, env=env, progress=sys.stderr, chaos=chaos)
+        result = run_workflow(spec, out / "argo", params, cwd=REPO, env=env, progress=sys.stderr, chaos=chaos,
+                              unschedulable=frozenset(filter(None, local.get("unschedulable", "").split(","))))
     except UnsupportedSpec as e:
         raise SystemExit(f"error: {e}") from None
     by_artifact = {f.replace(".", "-"): f for f in REPORT_FILES}
@@ -115,6 +118,8 @@ def script_from_here(trainer: str, cwd: Path) -> str:
 LOCAL_PARAMETERS = {
     "chaos": "pods to delete at random among every step of the drill, at random moments (workflows/chaos.py)",
     "chaos_seed": "the seed of those choices (default: drawn, and printed and recorded in report.json)",
+    "unschedulable": "tasks (comma-separated) whose pods stay Pending, as on a cluster with no room for them: the "
+                     "drill then ends by its deadline (-p deadline=SECONDS)",
 }
 CHAOS_TASKS = ["reference", "reference-replay", "trial", "evict", "verify", "compare"]
 TRAINING_TASKS = frozenset({"reference", "reference-replay", "trial"})
@@ -125,7 +130,12 @@ def _local_params(items: list[str]) -> tuple[dict[str, str], list[str]]:
     for item in items:
         name, sep, value = item.partition("=")
         if sep and name in LOCAL_PARAMETERS:
-            if not value.isdigit():
+            if name == "unschedulable":
+                unknown = sorted(set(value.split(",")) - set(CHAOS_TASKS))
+                if unknown:
+                    raise SystemExit(f"error: -p unschedulable: no task named {', '.join(unknown)} "
+                                     f"(tasks: {', '.join(CHAOS_TASKS)})")
+            elif not value.isdigit():
                 raise SystemExit(f"error: -p {name} must be a non-negative integer, got {value!r}")
             local[name] = value
         else:

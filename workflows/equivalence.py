@@ -31,6 +31,7 @@ from hera.workflows import (  # noqa: E402
     Env,
     Parameter,
     RetryStrategy,
+    Suspend,
     Workflow,
 )
 from hera.workflows import models as m  # noqa: E402
@@ -39,12 +40,14 @@ from workflows.params import (  # noqa: E402,F401
     PARAMETERS,
     QUEUE_LABEL,
     default_retry_limit,
+    drill_deadline_s,
     drill_root,
     evidence_root,
     parse_params,
     report_root,
     resolve_params,
     role_root,
+    set_deadline,
     set_queue_label,
     values_of,
 )
@@ -62,20 +65,24 @@ ARTIFACT_REPOSITORY = ("artifact-repositories", "default-v1")
 # trained (steps.train itself answers 75 for a SIGTERM that came before any step, 0 for one after `done`).
 DISRUPTIONS = ("imminent node shutdown", "pod deleted", "neither main nor wait container completed successfully",
                "The node was low on resource")
-RETRY_EXPRESSION = f"asInt(lastRetry.exitCode) == 75 || asInt(lastRetry.exitCode) == 143 || lastRetry.message matches '{'|'.join(DISRUPTIONS)}'"
+# Exit 137 is a trainer SIGKILLed after its grace, whichever way its pod was ended (a Spot shutdown, an
+# eviction, a Kueue preemption; only the first leaves a message): retried, since the last commit stands. An
+# OOM kill is 137 too, and retrying it repeats it: Argo records "main: OOMKilled (exit code 137)" for it.
+RETRY_EXPRESSION = ("asInt(lastRetry.exitCode) == 75 || asInt(lastRetry.exitCode) == 143 || "
+                    "(asInt(lastRetry.exitCode) == 137 && !(lastRetry.message matches 'OOMKilled')) || "
+                    f"lastRetry.message matches '{'|'.join(DISRUPTIONS)}'")
 # evict, verify and compare: no trainer, so no exit 75; a SIGTERM they do not handle ends them with 143. Each is
 # idempotent: evict resumes its own record, verify rewrites verify.json whole, compare writes report.json last.
 HELPER_RETRY_EXPRESSION = f"asInt(lastRetry.exitCode) == 143 || lastRetry.message matches '{'|'.join(DISRUPTIONS)}'"
 HELPER_RETRY_LIMIT = "3"
 REPORT_DIR = "/tmp/baton-report/{{workflow.name}}"
 REPORT_FILES = ("report.json", "report.md", "loss.png")
-# Numbers that compare writes to <out>/metrics/<name>, exposed as Prometheus gauges (-1: not measured).
-# Published by compare, not by the trial's own metrics: Argo evaluates a template's metrics on every failed
-# attempt, where `{{retries}}` does not resolve (a MetricsError condition per eviction). compare is retried
-# too (its pod can be preempted like any other), but its metrics use only its output parameters, which take
-# their default (-1) where the file is missing: a failed attempt sets the gauges to -1 (or, for a pod deleted
-# before Argo saw its outputs, adds one MetricsError condition), and the attempt that succeeds, evaluated last,
-# sets them to the drill's figures.
+# Numbers that compare writes to <out>/metrics/<name> (its output parameters; -1: not measured), exposed as
+# Prometheus gauges by `publish`, a suspend template of duration 0 after compare: no pod (nothing to delete,
+# nothing to retry), the numbers as its inputs. Argo evaluates a template's metrics on every attempt node,
+# substituting the whole metric before `when`, with unresolved variables an error: on a retried template, an
+# attempt that left no outputs (a deleted pod, a lost VM) or `{{retries}}` (unresolved on an attempt) adds a
+# MetricsError condition. An input is set when the node is created, on every node.
 COMPARE_METRICS = {
     "trial_retries": "Retries the last drill's trial took: one per attempt after its first",
     "preemptions": "Clean preemptions (committed saves, exit 75) of the last drill's trial",
@@ -83,6 +90,16 @@ COMPARE_METRICS = {
     "max_save_ms": "Slowest preemption save of the last drill's trial, in milliseconds",
     "min_grace_left_s": "Least grace left after a preemption save in the last drill's trial, in seconds",
 }
+
+class _MetricSuspend(Suspend):
+    """A suspend template with its metrics: Hera 7.1's Suspend accepts `metrics` but drops them when it
+    builds the template (hera/workflows/suspend.py, `_build_template`); Argo evaluates them on any node."""
+
+    def _build_template(self) -> m.Template:
+        template = super()._build_template()
+        template.metrics = self._build_metrics()
+        return template
+
 
 def p(name: str) -> str:
     return "{{workflow.parameters." + name + "}}"
@@ -154,8 +171,10 @@ def _define_dag() -> None:
                  for f in REPORT_FILES]
         + [Parameter(name=name, value_from=m.ValueFrom(path=f"{REPORT_DIR}/metrics/{name}", default="-1"))
            for name in COMPARE_METRICS],
-        retry_strategy=helper_retry,
-        metrics=[Gauge(name=f"baton_drill_{name}", value="{{outputs.parameters." + name + "}}", realtime=False,
+        retry_strategy=helper_retry)
+    publish = _MetricSuspend(
+        name="publish", duration="0", inputs=[Parameter(name=name) for name in COMPARE_METRICS],
+        metrics=[Gauge(name=f"baton_drill_{name}", value="{{inputs.parameters." + name + "}}", realtime=False,
                        help=help_) for name, help_ in COMPARE_METRICS.items()])
     with DAG(name="drill", metrics=[
             Gauge(name="baton_drill_passed", value="1", when=done, realtime=False, help=passed_help),
@@ -166,8 +185,8 @@ def _define_dag() -> None:
         # Plain `dependencies`, not `depends` expressions: the simplest semantics, and the one the local
         # runner implements. Every training task and evict continue on failure, so that verify and
         # compare still write a report when one dies for good (the negative control, or a trainer that
-        # breaks the contract: the report names the role and the clause); compare, the only leaf, then
-        # fails and with it the drill (Argo decides a DAG's phase by its leaves).
+        # breaks the contract: the report names the role and the clause); compare then fails, and with it
+        # the drill (publish, the leaf, never starts; Argo fails a DAG whose task failed without continueOn).
         keep_going = m.ContinueOn(failed=True, error=True)
         train(name="reference", arguments={"role": "reference"}, continue_on=keep_going)
         train(name="reference-replay", arguments={"role": "replay"}, continue_on=keep_going)
@@ -175,6 +194,8 @@ def _define_dag() -> None:
         evict(name="evict", continue_on=keep_going)
         verify(name="verify", dependencies=["trial", "evict"])
         compare(name="compare", dependencies=["reference", "reference-replay", "verify"])
+        publish(name="publish", dependencies=["compare"],
+                arguments={name: "{{tasks.compare.outputs.parameters." + name + "}}" for name in COMPARE_METRICS})
 
 
 def _arguments() -> list[Parameter]:
@@ -186,10 +207,22 @@ def _artifact_repository() -> m.ArtifactRepositoryRef:
     return m.ArtifactRepositoryRef(config_map=config_map, key=key)
 
 
+# Every drill ends: a deadline from its size (or -p deadline=SECONDS; workflows/params.py), so that one that
+# never schedules (a Spot stockout, an image that cannot be pulled, a Kueue quota stall) fails instead of
+# blocking every later nightly drill (concurrencyPolicy Forbid). Pods that succeeded go at once, failed ones
+# stay for their logs until the workflow itself goes (a day after success, a week after failure).
+POD_GC = m.PodGC(strategy="OnPodSuccess")
+TTL = m.TTLStrategy(seconds_after_success=24 * 3600, seconds_after_failure=7 * 24 * 3600)
+
+
+def _ending() -> dict[str, Any]:
+    return dict(active_deadline_seconds=drill_deadline_s(values_of({})), pod_gc=POD_GC, ttl_strategy=TTL)
+
+
 def build_workflow() -> Workflow:
     with Workflow(generate_name=f"{NAME}-", entrypoint="drill", service_account_name=SERVICE_ACCOUNT,
                   arguments=_arguments(), labels={"app.kubernetes.io/part-of": "baton"},
-                  artifact_repository_ref=_artifact_repository()) as w:
+                  artifact_repository_ref=_artifact_repository(), **_ending()) as w:
         _define_dag()
     return w
 
@@ -199,7 +232,7 @@ def build_cron(schedule: str = "0 3 * * *") -> CronWorkflow:
                       starting_deadline_seconds=600, successful_jobs_history_limit=3, failed_jobs_history_limit=5,
                       timezone="Etc/UTC", entrypoint="drill", service_account_name=SERVICE_ACCOUNT,
                       arguments=_arguments(), labels={"app.kubernetes.io/part-of": "baton"},
-                      artifact_repository_ref=_artifact_repository()) as w:
+                      artifact_repository_ref=_artifact_repository(), **_ending()) as w:
         _define_dag()
     return w
 
@@ -216,6 +249,7 @@ def with_params(obj: dict[str, Any], params: dict[str, str]) -> dict[str, Any]:
         if prm["name"] in params:
             prm["value"] = params[prm["name"]]
     set_queue_label(obj, values_of(params)["queue"])
+    set_deadline(obj, values_of(params))
     return obj
 
 

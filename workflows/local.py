@@ -35,7 +35,9 @@ purpose), which holds the checks and the substitution; this module runs the plan
 Retry semantics, recorded as Argo v3.7/v4 records them: exit 0 is Succeeded; another exit is Failed,
 "main: Error (exit code N)". A pod ended through the registry (``steps/local_pods.py``: deleted,
 evicted, preempted by Kueue, its node shut down or its VM lost) is recorded as that module's docstring
-says: "pod deleted" (Error, exit -1) only when its process was still running at SIGKILL. A task whose
+says: a process still running at SIGKILL after its grace is Failed "main: Error (exit code 137)", what the
+emissary reports for a SIGKILLed child (Argo records "pod deleted" instead only when the pod object went
+before the controller saw its status, a race this runner does not play). A task whose
 retries run out is failed with "No more retries left". Policies: Always (Failed, Error), OnFailure (Failed), OnError
 (Error), OnTransientError (Error only: an approximation, Argo also classifies messages). Without a policy
 the default is OnFailure, or Always when an expression is given (Argo >= 3.5). The policy is ANDed with
@@ -59,6 +61,7 @@ second signal); then ``KeyboardInterrupt`` (SIGINT) or ``SystemExit(143)`` (SIGT
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -88,6 +91,7 @@ from workflows.local_spec import (  # noqa: F401  (ACCEPTED_WITHOUT_EFFECT, Unsu
     _plan,
     _pod_ctx,
     _Task,
+    resolve_late_inputs,
 )
 from workflows.pod_init import kill_descendants
 
@@ -96,7 +100,7 @@ POD_INIT = str(Path(__file__).resolve().parent / "pod_init.py")
 INTERRUPT_GRACE_S = 5.0
 POLL_S = 0.05
 STEP_PROGRESS_EVERY_S = 2.0
-DELETED = "pod deleted"
+SIGKILLED = "main: Error (exit code 137)"  # a container SIGKILLed after its grace (ARGO-FACTS: 128 + signal)
 POD_DEADLINE = "Pod was active on the node longer than the specified deadline"  # the kubelet's words
 NODE_SHUTDOWN = "Pod was terminated in response to imminent node shutdown."  # the kubelet's nodeshutdown manager
 NODE_SHUTDOWN_GRACE_S = 15.0  # what a GKE Spot node's shutdown leaves ordinary pods
@@ -121,6 +125,7 @@ class NodeResult:
     finished: float
     artifacts: dict[str, Path] = field(default_factory=dict)
     parameters: dict[str, str] = field(default_factory=dict)
+    inputs: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -163,9 +168,10 @@ class _Pod:
 
 class _Runner:
     def __init__(self, plan: _Plan, out_dir: Path, progress: TextIO | None, cwd: Path, env: dict[str, str],
-                 chaos: Chaos | None = None):
+                 chaos: Chaos | None = None, unschedulable: frozenset[str] = frozenset()):
         self.plan, self.out, self.progress, self.cwd = plan, out_dir, progress, cwd
         self.chaos = chaos
+        self.unschedulable = unschedulable  # tasks whose pods stay Pending: no node will take them
         self.pods_dir = out_dir / "pods"
         self.base_env = {**os.environ, **env, PODS_ENV: str(self.pods_dir)}
         # pending -> running -> (retry -> running)* -> succeeded | failed | continued (failed, and its
@@ -201,7 +207,7 @@ class _Runner:
                     self._start(task, self.next_attempt[task.name])
                 for pod in list(self.running.values()):
                     self._tick(pod)
-                if not self.running and not self._startable():
+                if not self.running and not self._startable() and "unscheduled" not in self.state.values():
                     break
                 time.sleep(POLL_S)
         finally:
@@ -267,13 +273,46 @@ class _Runner:
         for name, st in self.state.items():
             if st == "retry":  # its retry will not start now
                 self.state[name] = "failed"
+            elif st == "unscheduled":  # a Pending pod: Argo fails its node when the workflow's deadline passes
+                self.state[name] = "failed"
+                task = self.plan.tasks[name]
+                attempt = self.next_attempt[name]
+                pod = f"{self.plan.name}-{name}-{attempt}"
+                self.nodes.append(NodeResult(name, task.template, attempt, pod, -1, "Failed", why,
+                                             self.out / "logs" / f"{name}-{attempt}.log", time.time(), time.time()))
+                _write_atomic(self.pods_dir / f"{pod}.json", json.dumps({
+                    "name": pod, "workflow": self.plan.name, "task": name, "template": task.template,
+                    "attempt": attempt, "phase": "Failed", "status": "Failed", "exit_code": None, "message": why}))
+                self.why[name] = why
         for pod in self.running.values():
             self._terminate(pod, "Failed", why, grace)
             if grace is not None and pod.kill_at is not None:  # a pod already being deleted: the sooner wins
                 pod.kill_at = min(pod.kill_at, time.monotonic() + grace)
 
+    def _outputs(self) -> dict[str, dict[str, str]]:
+        """Each task's output parameters, from its last attempt."""
+        out: dict[str, dict[str, str]] = {}
+        for node in self.nodes:
+            out[node.task] = node.parameters
+        return out
+
     def _start(self, task: _Task, attempt: int) -> None:
         name = f"{self.plan.name}-{task.name}-{attempt}"
+        if task.late_inputs:
+            task = dataclasses.replace(task, inputs=resolve_late_inputs(task, self._outputs()))
+        if task.suspend:  # no pod: the node succeeds as it starts (Argo's suspend of duration 0)
+            now = time.time()
+            node = NodeResult(task.name, task.template, attempt, name, 0, "Succeeded", "",
+                              self.out / "logs" / f"{task.name}-{attempt}.log", now, now, inputs=dict(task.inputs))
+            self._after(task, node, f"{task.name} Succeeded (suspend, no pod)")
+            return
+        if task.name in self.unschedulable:  # Pending until the workflow's deadline ends it, as on a full cluster
+            self.state[task.name] = "unscheduled"
+            _write_atomic(self.pods_dir / f"{name}.json", json.dumps({
+                "name": name, "workflow": self.plan.name, "task": task.name, "template": task.template,
+                "attempt": attempt, "phase": "Pending"}))
+            self.say(f"{task.name} attempt {attempt} Pending (pod {name}): unschedulable")
+            return
         ctx = _pod_ctx(self.plan, task, name, attempt)
         argv, cenv = _argv_env(self.plan, task, ctx)
         grace = _grace(task, ctx)
@@ -366,8 +405,8 @@ class _Runner:
             status, message, code = "Failed", LOST_VM, -1
         elif pod.how == "node-shutdown":
             status, message = "Failed", NODE_SHUTDOWN
-        elif pod.how is not None and pod.sigkilled:  # the pod object went before its status was seen
-            status, message, code = "Error", DELETED, -1
+        elif pod.how is not None and pod.sigkilled:  # SIGKILLed after its grace: the emissary's 128 + 9
+            status, message, code = "Failed", SIGKILLED, 137
         elif pod.proc.returncode == 0:
             status, message = "Succeeded", ""
         else:
@@ -552,12 +591,18 @@ def _killpg(pgid: int, sig: int) -> None:
 
 def run_workflow(spec: dict, out_dir: Path, params: dict[str, str] | None = None, *,
                  progress: TextIO | None = sys.stderr, cwd: Path | None = None,
-                 env: dict[str, str] | None = None, chaos: Chaos | None = None) -> RunResult:
+                 env: dict[str, str] | None = None, chaos: Chaos | None = None,
+                 unschedulable: frozenset[str] = frozenset()) -> RunResult:
     """Validate ``spec`` (raising ``UnsupportedSpec`` before anything runs), then run it to the end,
-    deleting pods as ``chaos`` plans (its tasks must be the spec's)."""
+    deleting pods as ``chaos`` plans (its tasks must be the spec's). The pods of the tasks named in
+    ``unschedulable`` stay Pending (a cluster with no room for them) until the workflow's deadline."""
     plan = _plan(spec, params)
     if chaos is not None:
         unknown = sorted(set(chaos.tasks) - set(plan.tasks))
         if unknown:
             raise UnsupportedSpec(f"chaos: no task named {', '.join(unknown)}")
-    return _Runner(plan, Path(out_dir), progress, Path(cwd) if cwd else Path.cwd(), dict(env or {}), chaos).run()
+    unknown = sorted(set(unschedulable) - set(plan.tasks))
+    if unknown:
+        raise UnsupportedSpec(f"unschedulable: no task named {', '.join(unknown)}")
+    return _Runner(plan, Path(out_dir), progress, Path(cwd) if cwd else Path.cwd(), dict(env or {}), chaos,
+                   frozenset(unschedulable)).run()

@@ -9,7 +9,7 @@ from __future__ import annotations
 import random
 import re
 import string
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
@@ -31,8 +31,9 @@ _SUPPORTED: dict[str, frozenset[str]] = {
     "spec": frozenset({"entrypoint", "arguments", "templates", "activeDeadlineSeconds"}),
     "arguments": frozenset({"parameters"}),
     "wf_param": frozenset({"name", "value", "description", "enum"}),
-    "template": frozenset({"name", "dag", "container", "inputs", "outputs", "retryStrategy",
+    "template": frozenset({"name", "dag", "container", "suspend", "inputs", "outputs", "retryStrategy",
                            "podSpecPatch", "activeDeadlineSeconds"}),
+    "suspend": frozenset({"duration"}),
     "dag": frozenset({"tasks"}),
     "task": frozenset({"name", "template", "dependencies", "depends", "arguments", "continueOn"}),
     "continueOn": frozenset({"failed", "error"}),
@@ -51,6 +52,7 @@ _SUPPORTED: dict[str, frozenset[str]] = {
 _POLICY_RETRIES = {"Always": {"Failed", "Error"}, "OnFailure": {"Failed"}, "OnError": {"Error"},
                    "OnTransientError": {"Error"}}
 _REF = re.compile(r"\{\{\s*([^{}]*?)\s*\}\}")
+_TASK_OUTPUT = re.compile(r"tasks\.([A-Za-z0-9][A-Za-z0-9_.-]*?)\.outputs\.parameters\.([A-Za-z0-9_-]+)")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")  # also used as file names
 DEFAULT_GRACE_S = 30.0
 
@@ -79,6 +81,12 @@ class _Task:
     retry: _Retry | None
     deadline_s: float | None
     continue_on: frozenset[str] = frozenset()  # node statuses (Failed, Error) its dependents accept
+    late_inputs: dict[str, str] = field(default_factory=dict)  # inputs naming a dependency's outputs: at start
+
+    @property
+    def suspend(self) -> bool:
+        """A suspend template of duration 0: a node with no pod, which succeeds as it starts."""
+        return "suspend" in self.tmpl
 
 
 @dataclass
@@ -143,6 +151,13 @@ def _subst(text: Any, ctx: dict[str, str], path: str) -> str:
         return ctx[m.group(1)]
 
     return _REF.sub(one, text)  # one pass: substituted values are data, never re-expanded
+
+
+def resolve_late_inputs(task: _Task, outputs: dict[str, dict[str, str]]) -> dict[str, str]:
+    """The task's inputs, with references to its dependencies' output parameters substituted from
+    `outputs` (task -> {parameter: value}, of each dependency's last attempt)."""
+    ctx = {f"tasks.{t}.outputs.parameters.{k}": v for t, ps in outputs.items() for k, v in ps.items()}
+    return {**task.inputs, **{k: _subst(v, ctx, f"{task.path}: input {k}") for k, v in task.late_inputs.items()}}
 
 
 def _pod_ctx(plan: _Plan, task: _Task, pod_name: str, retries: int) -> dict[str, str]:
@@ -287,9 +302,13 @@ def _plan(spec: dict, params: dict[str, str] | None) -> _Plan:
         tname = _name(_check(t, path, "template"), path)
         if tname in templates:
             raise UnsupportedSpec(f"{path}.name: duplicate template {tname!r}")
-        if ("dag" in t) == ("container" in t):
-            raise UnsupportedSpec(f"{path}: needs exactly one of dag or container (the local runner's kinds)")
-        if "dag" in t:
+        if sum(k in t for k in ("dag", "container", "suspend")) != 1:
+            raise UnsupportedSpec(f"{path}: needs exactly one of dag, container or suspend (the local runner's kinds)")
+        if "suspend" in t:
+            _check(t["suspend"], f"{path}.suspend", "suspend")
+            if str(t["suspend"].get("duration", "")) != "0" or "retryStrategy" in t:
+                raise _refuse(f"{path}.suspend", "a suspend template other than duration \"0\" without retries is")
+        elif "dag" in t:
             extra = sorted(t.keys() - {"name", "dag"} - ACCEPTED_WITHOUT_EFFECT["template"])
             if extra:
                 raise _refuse(f"{path}.{extra[0]}")
@@ -319,17 +338,27 @@ def _plan(spec: dict, params: dict[str, str] | None) -> _Plan:
         if ref not in templates:
             raise UnsupportedSpec(f"{path}.template: unknown template {ref!r}")
         tmpl_path, tmpl = templates[ref]
-        if "container" not in tmpl:
+        if "dag" in tmpl:
             raise _refuse(f"{path}.template", f"{ref!r} is a dag; nested DAGs are")
         deps = [str(d) for d in _list(rt.get("dependencies"), f"{path}.dependencies")]
         if "depends" in rt:
             deps += _depends(rt["depends"], f"{path}.depends")
         given: dict[str, str] = {}
+        late: dict[str, str] = {}
         targs = _check(rt.get("arguments", {}), f"{path}.arguments", "arguments")
         for j, p in enumerate(_list(targs.get("parameters"), f"{path}.arguments.parameters")):
             ppath = f"{path}.arguments.parameters[{j}]"
             value = _scalar(p.get("value"), f"{ppath}.value")
-            given[_name(_check(p, ppath, "task_param"), ppath)] = _subst(value, wf_ctx, f"{ppath}.value")
+            pname = _name(_check(p, ppath, "task_param"), ppath)
+            refs = [m.group(1) for m in _REF.finditer(value)]
+            if refs and all(_TASK_OUTPUT.fullmatch(r) for r in refs):  # a dependency's outputs, known at start
+                for r in refs:
+                    if _TASK_OUTPUT.fullmatch(r).group(1) not in deps:
+                        raise UnsupportedSpec(f"{ppath}.value: {r} names a task this one does not depend on")
+                late[pname] = value
+                given[pname] = value
+            else:
+                given[pname] = _subst(value, wf_ctx, f"{ppath}.value")
         inputs: dict[str, str] = {}
         ins = _check(tmpl.get("inputs", {}), f"{tmpl_path}.inputs", "inputs")
         for j, p in enumerate(_list(ins.get("parameters"), f"{tmpl_path}.inputs.parameters")):
@@ -351,7 +380,11 @@ def _plan(spec: dict, params: dict[str, str] | None) -> _Plan:
                 raise UnsupportedSpec(f"{path}.continueOn.{k}: expected true or false, got {v!r}")
         task = _Task(task_name, ref, tmpl_path, tmpl, deps, inputs, _retry(tmpl, tmpl_path, ictx),
                      None if tdl is None else _seconds(tdl, f"{tmpl_path}.activeDeadlineSeconds", ictx),
-                     frozenset(st for k, st in (("failed", "Failed"), ("error", "Error")) if con.get(k)))
+                     frozenset(st for k, st in (("failed", "Failed"), ("error", "Error")) if con.get(k)),
+                     {k: v for k, v in late.items() if k in inputs})
+        if task.suspend:
+            plan.tasks[task_name] = task
+            continue
         # Resolve everything now with stand-in per-attempt values, so a bad reference fails before any pod.
         ctx = _pod_ctx(plan, task, f"{name}-{task_name}-0", 0)
         _argv_env(plan, task, ctx)

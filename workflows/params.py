@@ -39,13 +39,15 @@ PARAMETERS: dict[str, tuple[str, str]] = {
     "tier": ("auto", "how compare judges the final checkpoints: 1 (every entry equal), 2 (model and optimizer "
              "floats within the measured floor, the rest equal), auto (1 on a CPU with deterministic kernels, "
              "else 2); the trajectory is checked exactly at every tier"),
+    "deadline": ("0", "seconds before the whole drill is failed (Argo's activeDeadlineSeconds), so that one that "
+                      "never schedules ends and the next nightly drill runs; 0: derived from the drill's size"),
 }
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 # A Kubernetes label value: at most 63 characters, alphanumerics with - _ . inside.
 _LABEL_VALUE = re.compile(r"(?:[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?")
 EVICTION_MODES = ("evict", "delete", "node-shutdown", "lost-vm", "kueue")
 CLUSTER_EVICTION_MODES = ("evict",)  # what steps.evict can do through the Kubernetes API
-_INTEGERS = ("total_steps", "evictions", "retry_limit", "seed", "grace", "ranks", "every_steps")
+_INTEGERS = ("total_steps", "evictions", "retry_limit", "seed", "grace", "ranks", "every_steps", "deadline")
 # The lower bounds the steps themselves would enforce inside the pod (steps.train --nproc, the grace,
 # eviction_points): refused here, before anything runs or is submitted.
 _AT_LEAST = {"ranks": 1, "grace": 1, "total_steps": 2}
@@ -156,6 +158,28 @@ def resolve_params(overrides: dict[str, str], cluster: bool = False) -> dict[str
     except ValueError as e:
         raise SystemExit(f"error: {e}") from None
     return params
+
+
+# A drill's deadline, derived from its size: half an hour for scheduling and image pulls, 15 min for every
+# attempt of the trial (each waits for a node, starts, restores and trains its share), and 6 s a step for
+# the training itself (a 0.5B-shaped step on one H200 took well under 1 s; the slack covers slower pools).
+DEADLINE_BASE_S, DEADLINE_PER_ATTEMPT_S, DEADLINE_PER_STEP_S = 1800, 900, 6
+
+
+def drill_deadline_s(values: dict[str, str]) -> int:
+    """The drill's activeDeadlineSeconds: the `deadline` parameter, or (0) one derived from its size."""
+    if int(values["deadline"]):
+        return int(values["deadline"])
+    attempts = int(values["evictions"]) + 2
+    return DEADLINE_BASE_S + DEADLINE_PER_ATTEMPT_S * attempts + DEADLINE_PER_STEP_S * int(values["total_steps"])
+
+
+def set_deadline(obj: dict, values: dict[str, str]) -> None:
+    """Put the drill's deadline (from parameter values that passed resolve_params) into a Workflow or a
+    CronWorkflow's workflowSpec: Argo's activeDeadlineSeconds is an integer, never a template expression."""
+    spec = obj.setdefault("spec", {})
+    spec = spec.setdefault("workflowSpec", {}) if obj.get("kind") == "CronWorkflow" else spec
+    spec["activeDeadlineSeconds"] = drill_deadline_s(values)
 
 
 def set_queue_label(obj: dict, queue: str) -> None:

@@ -155,6 +155,65 @@ resource "google_container_node_pool" "gpu" {
   }
 }
 
+# The baseline's pool: the same GPUs on demand (not Spot), at size 0 until a drill asks for it
+# (`-p baseline_pool=on-demand`: reference and reference-replay land here and are never preempted, so the
+# floor and the reference hold no resumes). It costs nothing until used; while used, on-demand GPUs cost
+# about 3x Spot (README, "A baseline that cannot be interrupted").
+resource "google_container_node_pool" "gpu_on_demand" {
+  name               = "gpu-on-demand"
+  cluster            = google_container_cluster.this.id
+  location           = local.location
+  node_locations     = length(var.gpu_zones) > 0 ? var.gpu_zones : null
+  initial_node_count = 0
+
+  autoscaling {
+    total_min_node_count = 0
+    total_max_node_count = var.gpu_on_demand_max_nodes
+    location_policy      = "ANY"
+  }
+
+  management {
+    auto_repair  = true
+    auto_upgrade = true
+  }
+
+  node_config {
+    machine_type    = var.gpu_machine_type
+    spot            = false
+    service_account = google_service_account.nodes.email
+    oauth_scopes    = local.node_scopes
+    labels          = merge(var.labels, { "baton.dev/pool" = "gpu-on-demand" })
+    resource_labels = var.labels
+
+    guest_accelerator {
+      type  = var.gpu_accelerator_type
+      count = var.gpu_accelerator_count
+
+      gpu_driver_installation_config {
+        gpu_driver_version = var.gpu_driver_version
+      }
+    }
+
+    taint {
+      key    = "nvidia.com/gpu"
+      value  = "present"
+      effect = "NO_SCHEDULE"
+    }
+
+    workload_metadata_config {
+      mode = "GKE_METADATA"
+    }
+
+    shielded_instance_config {
+      enable_secure_boot = true
+    }
+  }
+
+  lifecycle {
+    ignore_changes = [initial_node_count]
+  }
+}
+
 # ---- storage ----
 
 resource "google_storage_bucket" "drills" {
@@ -223,6 +282,30 @@ resource "google_service_account_iam_member" "drill_workload_identity" {
   service_account_id = google_service_account.drill.name
   role               = "roles/iam.workloadIdentityUser"
   member             = "serviceAccount:${local.workload_pool}[${var.namespace}/${var.ksa_name}]"
+  depends_on         = [google_container_cluster.this]
+}
+
+# ---- the Argo UI's read access to the drill's artifacts ----
+
+# In the Argo Server's default `client` auth mode its artifact endpoints read the bucket with the server's
+# own credentials (server/artifacts/artifact_server.go), i.e. the argo-server pod's KSA: through Workload
+# Identity it acts as this account, which may only read objects of this bucket. gke-up annotates the KSA.
+resource "google_service_account" "ui_reader" {
+  account_id   = var.ui_gsa_account_id
+  display_name = "baton drill artifacts, read-only (Argo UI, ${var.argo_namespace}/argo-server)"
+  depends_on   = [google_project_service.apis]
+}
+
+resource "google_storage_bucket_iam_member" "ui_reader" {
+  bucket = google_storage_bucket.drills.name
+  role   = "roles/storage.objectViewer"
+  member = "serviceAccount:${google_service_account.ui_reader.email}"
+}
+
+resource "google_service_account_iam_member" "ui_reader_workload_identity" {
+  service_account_id = google_service_account.ui_reader.name
+  role               = "roles/iam.workloadIdentityUser"
+  member             = "serviceAccount:${local.workload_pool}[${var.argo_namespace}/argo-server]"
   depends_on         = [google_container_cluster.this]
 }
 

@@ -50,3 +50,8 @@ output "ksa_name" {
   description = "Kubernetes ServiceAccount bound to gsa_email."
   value       = var.ksa_name
 }
+
+output "ui_gsa_email" {
+  description = "Google service account the argo-server KSA acts as to read artifacts (its iam.gke.io/gcp-service-account annotation)."
+  value       = google_service_account.ui_reader.email
+}

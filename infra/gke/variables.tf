@@ -174,3 +174,21 @@ variable "labels" {
     app = "baton"
   }
 }
+
+variable "gpu_on_demand_max_nodes" {
+  description = "Most nodes of the on-demand GPU pool (the baseline's, -p baseline_pool=on-demand). It stays at 0 until used."
+  type        = number
+  default     = 2
+}
+
+variable "ui_gsa_account_id" {
+  description = "Google service account the Argo Server acts as to read the drill's artifacts (read-only)."
+  type        = string
+  default     = "baton-ui-reader"
+}
+
+variable "argo_namespace" {
+  description = "Namespace of the Argo Server (its KSA argo-server reads artifacts for the UI)."
+  type        = string
+  default     = "argo"
+}

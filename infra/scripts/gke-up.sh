@@ -12,9 +12,10 @@
 #   KUEUE         1: apply templates/overlays/gke-kueue instead (Kueue must be installed already)
 #
 # Steps: 1 terraform apply (infra/gke) -> 2 kubectl credentials -> 3 Argo Workflows (pinned) ->
-# 4 namespace -> 5 build and push the CUDA image -> 6 the gke overlay with its placeholders filled in
-# (RBAC with the Workload Identity annotation, Argo's artifact repository in the bucket, the nightly
-# CronWorkflow) -> 7 templates/overlays/gke/values.env.
+# 4 namespace -> 5 build and push the CUDA image -> 6 the gke overlay, with the cluster's values written from
+# Terraform's outputs into its generated Component (RBAC with the Workload Identity annotation, Argo's
+# artifact repository in the bucket, the nightly CronWorkflow), and the argo-server's read access for the
+# UI -> 7 templates/overlays/gke/values.env.
 set -euo pipefail
 
 # shellcheck source=lib.sh source-path=SCRIPTDIR
@@ -88,14 +89,16 @@ fi
 
 # --- 6. the gke overlay ------------------------------------------------------------------------
 # RBAC (the pods' KSA, annotated for Workload Identity, and the submitter), Argo's artifact repository in
-# the bucket, and the nightly CronWorkflow, with the overlay's placeholders replaced by the real values.
+# the bucket, and the nightly CronWorkflow. The cluster's values come from Terraform's outputs into the
+# overlay's generated Component (git-ignored), so the committed overlay never holds a placeholder; the
+# argo-server's KSA reads artifacts for the UI as the read-only account.
 log "6/7 the ${KUEUE:+Kueue }gke overlay: RBAC, ${KSA} -> ${GSA_EMAIL}, artifact repository -> gs://${BUCKET}, nightly drill"
 OVERLAY="gke"
 [[ "${KUEUE:-0}" == "1" ]] && OVERLAY="gke-kueue"
-apply_overlay "${OVERLAY}" \
-  -e "s|baton-drill@PROJECT_ID\.iam\.gserviceaccount\.com|${GSA_EMAIL}|g" \
-  -e "s|REGION-docker\.pkg\.dev/PROJECT_ID/baton/baton:TAG-cuda|${IMAGE}|g" \
-  -e "s|PROJECT_ID-baton-drills|${BUCKET}|g"
+terraform -chdir="${TF_DIR}" output -json >"${TF_DIR}/outputs.json"
+python3 "${REPO_ROOT}/infra/scripts/cluster_overlay.py" "${TF_DIR}/outputs.json" --image "${IMAGE}"
+apply_overlay "${OVERLAY}"
+kubectl -n argo annotate --overwrite serviceaccount argo-server "iam.gke.io/gcp-service-account=$(tf_out ui_gsa_email)"
 
 # --- 7. overlay values ---------------------------------------------------------------------------
 log "7/7 writing ${VALUES#"${REPO_ROOT}"/}"

@@ -50,17 +50,11 @@ install_argo() {
 }
 
 # An overlay (RBAC, artifact repository, nightly CronWorkflow) into namespace baton, the overlays'
-# namespace. Extra arguments are sed expressions that replace the overlay's placeholders with real values
-# (gke-up.sh: the bucket, the Google service account, the image).
+# namespace, as it is: the gke overlays hold no placeholder (gke-up.sh writes their cluster values first).
 apply_overlay() {
   local overlay="$1"
-  shift
   ensure_namespace baton
-  if (($#)); then
-    kubectl kustomize "${REPO_ROOT}/templates/overlays/${overlay}" | sed "$@" | kubectl apply -f -
-  else
-    kubectl apply -k "${REPO_ROOT}/templates/overlays/${overlay}"
-  fi
+  kubectl apply -k "${REPO_ROOT}/templates/overlays/${overlay}"
 }
 
 # Tag of the image built from this checkout: the commit, marked when the tree has local changes so a

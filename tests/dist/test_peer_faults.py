@@ -8,6 +8,7 @@ did not bound would fail by pytest's own per-test timeout (pytest-timeout) and t
 from __future__ import annotations
 
 import json
+import contextlib
 import os
 import signal
 import subprocess
@@ -101,7 +102,11 @@ def test_planted_no_collective_timeout_leaves_the_hang_to_the_outer_timeouts(tin
         with pytest.raises(subprocess.TimeoutExpired):
             p.wait(timeout=60)
     finally:
+        workers = workers_of(p.pid)  # torchrun's workers run in sessions of their own: the group misses them
         os.killpg(p.pid, signal.SIGKILL)
+        for pid in workers.values():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         p.wait()
 
 

@@ -190,7 +190,7 @@ def test_an_eviction_that_reaches_a_finished_trainer_is_missed_and_inconclusive_
     evictions = [_evicted(1, 3, 75), _evicted(2, 7, 75), _evicted(3, 8, 0)]
     v = verify(recs, 10, evictions=3, planned=3, eviction_list=evictions)
     assert v["problems"] == [], "the trainer did nothing wrong"
-    assert v["passed"] is False and v["evictions_met"] == {"landed": 2, "missed": 1, "lost": 0}
+    assert v["passed"] is False and v["evictions_met"] == {"landed": 2, "missed": 1, "killed": 0, "lost": 0}
     assert "reached the trial after it had finished" in v["inconclusive"][0]
     assert "run more total_steps" in v["inconclusive"][0]
     # Control: the same eviction with no `done` behind it and no preempt record is the trainer's failure.
@@ -261,3 +261,17 @@ def test_evict_fires_before_its_point_at_a_trainer_about_to_finish(tmp_path, mon
     assert "predicted to finish" in record["evictions"][0]["early"]
     rc, requested, record = run(1.0, "slow.json")
     assert rc == 1 and not requested and record["evictions"] == []
+
+
+def test_an_eviction_sigkilled_after_its_grace_is_a_save_that_did_not_finish_in_time():
+    from steps.verdict import verdict_of
+
+    recs = _clean_run(total=10, stops=(3,))
+    recs = [r for r in recs if not (r["event"] == "preempt")]  # attempt 1 wrote no preempt record
+    killed = [_evicted(1, 3, 137, "main: Error (exit code 137)")]
+    v = verify(recs, 10, evictions=1, planned=1, eviction_list=killed)
+    assert v["evictions_met"]["killed"] == 1 and any("did not finish in time" in p for p in v["problems"])
+    report = {"equivalent": True, "passed": False, "steps": {"preemptions": 0, "replayed": 0},
+              "evictions_met": v["evictions_met"], "verify_problems": v["problems"]}
+    assert verdict_of(report, {"evictions": killed}, recs).startswith("NOT preemption-safe: 1 of 1 evictions ended "
+                                                                        "in SIGKILL after the grace (exit 137)")

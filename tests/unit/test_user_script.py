@@ -7,6 +7,8 @@ from __future__ import annotations
 import subprocess
 import textwrap
 
+import pytest
+
 from tests.helpers import CORPUS, PY, REPO, base_env, records
 
 
@@ -30,10 +32,11 @@ def test_a_relative_script_is_found_from_the_callers_folder(tmp_path):
         assert script_from_here(as_is, here) == as_is
 
 
-def test_a_users_script_beside_its_own_trainer_py_runs_one_rank_without_ddp(tmp_path, tiny_model):
+@pytest.mark.parametrize("launcher", ["direct", "torchrun"])
+def test_a_users_script_beside_its_own_trainer_py_runs_one_rank_without_ddp(tmp_path, tiny_model, launcher):
     """The script imports baton.hf, parses its arguments with baton_args(), and sits beside a trainer.py
     of the user's (which must not shadow baton's package). Run by steps.train at one rank, its model is
-    not wrapped in DistributedDataParallel."""
+    not wrapped in DistributedDataParallel, under either launcher (both give it a world of one)."""
     (tmp_path / "trainer.py").write_text('raise SystemExit("the user\'s own trainer.py was imported")\n')
     script = tmp_path / "my_train.py"
     script.write_text(textwrap.dedent('''
@@ -50,7 +53,7 @@ def test_a_users_script_beside_its_own_trainer_py_runs_one_rank_without_ddp(tmp_
         sys.argv = [sys.argv[0], *sys.argv[1:]]
         runpy.run_path(os.path.join(os.environ["BATON_REPO"], "examples/hf_trainer/train.py"), run_name="__main__")
     '''))
-    cmd = [PY, "-m", "steps.train", "--nproc", "1", "--trainer", f"python {script}", "--config",
+    cmd = [PY, "-m", "steps.train", "--nproc", "1", "--launcher", launcher, "--trainer", f"python {script}", "--config",
            str(REPO / "examples/hf_trainer/config.yaml")]
     for s in (f"model.path={tiny_model}", f"checkpoint.uri={tmp_path / 'ckpt'}", f"data.uri={CORPUS}", "total_steps=2"):
         cmd += ["--set", s]

@@ -30,6 +30,33 @@ TOKEN = "Bearer eyJhbGciOiJSUzI1NiJ9.test-token"
 CREATE = "/api/v1/workflows/baton"
 KUBECTL = shutil.which("kubectl")
 OVERLAYS = REPO / "templates" / "overlays"
+TERRAFORM_OUTPUT = REPO / "tests" / "fixtures" / "terraform-output.json"  # recorded `terraform output -json`
+CLUSTER_IMAGE = "us-central1-docker.pkg.dev/acme-ml-42/baton/baton:abc123-cuda"
+
+
+def cluster_overlay():
+    """infra/scripts/cluster_overlay.py, the generator make gke-up runs (a script, not a package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("cluster_overlay", REPO / "infra" / "scripts" / "cluster_overlay.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@functools.cache
+def overlays() -> Path:
+    """templates/ copied aside, with the gke overlays' cluster values generated from recorded Terraform
+    outputs as `make gke-up` does (infra/scripts/cluster_overlay.py): the overlays a cluster gets."""
+    import atexit
+    import tempfile
+
+    gen = cluster_overlay()
+    root = Path(tempfile.mkdtemp(prefix="baton-overlays-"))
+    atexit.register(shutil.rmtree, root, True)
+    shutil.copytree(REPO / "templates", root / "templates", ignore=shutil.ignore_patterns(gen.FOLDER))
+    gen.write(root / "templates" / "overlays" / "gke" / gen.FOLDER, gen.outputs(TERRAFORM_OUTPUT), CLUSTER_IMAGE)
+    return root / "templates" / "overlays"
 ARGO_ENV = ("ARGO_SERVER", "ARGO_TOKEN", "ARGO_NAMESPACE", "ARGO_SECURE", "ARGO_INSECURE_SKIP_VERIFY",
             "ARGO_HTTP1", "ARGO_BASE_HREF")
 
@@ -440,7 +467,7 @@ def test_overlays_use_the_base_beside_them(overlay):
 @needs_kubectl
 @pytest.mark.parametrize("overlay", ["kind", "gke"])
 def test_overlays_carry_the_submitter_rbac_and_the_artifact_repository_the_workflow_names(overlay):
-    docs = kustomize(OVERLAYS / overlay)
+    docs = kustomize(overlays() / overlay)
     names = {(d["kind"], d["metadata"]["name"]) for d in docs}
     assert {("ServiceAccount", "baton-submitter"), ("Role", "baton-submitter"),
             ("RoleBinding", "baton-submitter")} <= names
@@ -458,7 +485,7 @@ def test_overlays_carry_the_submitter_rbac_and_the_artifact_repository_the_workf
 
 @needs_kubectl
 def test_kind_overlay_points_every_step_at_the_in_cluster_minio():
-    docs = kustomize(OVERLAYS / "kind")
+    docs = kustomize(overlays() / "kind")
     cron = _one(docs, "CronWorkflow")
     validate(cron)
     params = params_of({"spec": cron["spec"]["workflowSpec"]})
@@ -482,7 +509,7 @@ def test_kind_overlay_points_every_step_at_the_in_cluster_minio():
 
 @needs_kubectl
 def test_gke_overlay_uses_gcs_workload_identity_and_the_spot_gpu_pool():
-    docs = kustomize(OVERLAYS / "gke")
+    docs = kustomize(overlays() / "gke")
     cron = _one(docs, "CronWorkflow")
     validate(cron)
     params = params_of({"spec": cron["spec"]["workflowSpec"]})
@@ -504,7 +531,7 @@ def test_gke_overlay_uses_gcs_workload_identity_and_the_spot_gpu_pool():
 
 @needs_kubectl
 def test_submit_from_a_kustomized_overlay_submits_its_workflow_spec(argo, tmp_path):
-    docs = kustomize(OVERLAYS / "kind")
+    docs = kustomize(overlays() / "kind")
     path = tmp_path / "kind.yaml"
     path.write_text(yaml.safe_dump_all(docs))
     argo.routes[("POST", CREATE)] = (200, fixture("created.json"))
@@ -516,6 +543,12 @@ def test_submit_from_a_kustomized_overlay_submits_its_workflow_spec(argo, tmp_pa
     expected = copy.deepcopy(cron["spec"]["workflowSpec"])
     for p in expected["arguments"]["parameters"]:
         p["value"] = {"evictions": "4", "retry_limit": "9"}.get(p["name"], p["value"])
+    # The deadline follows the drill's size: one eviction more is one attempt more.
+    from workflows.params import drill_deadline_s, values_of
+
+    expected["activeDeadlineSeconds"] = drill_deadline_s(values_of(
+        {p["name"]: p["value"] for p in expected["arguments"]["parameters"]}))
+    assert expected["activeDeadlineSeconds"] > cron["spec"]["workflowSpec"]["activeDeadlineSeconds"]
     assert wf["spec"] == expected
 
 
@@ -528,44 +561,105 @@ def test_submit_refuses_a_file_for_another_namespace(argo, tmp_path):
     assert argo.requests == []
 
 
-# ---- metrics -------------------------------------------------------------------------------------------
 
-# Argo's metric variables that resolve on every node, failed attempts included (`retries` does not).
-_METRIC_VARS = {"status", "duration"} | {f"outputs.parameters.{n}" for n in eq.COMPARE_METRICS}
+
+def _argo_metric_scope(wf: dict, template: dict, attempt_without_outputs: bool) -> dict[str, str]:
+    """What Argo binds when it evaluates a template's metrics on a node (steps.go, prepareMetricScope and
+    prepareDefaultMetricScope, v4.1.2): the workflow's global parameters, `status`, `duration`, the
+    node's inputs, and its outputs only where the node has them. `retries` only on a node with children
+    (a retry parent, never an attempt). An emulation: the real thing is the controller."""
+    spec = wf["spec"].get("workflowSpec", wf["spec"])
+    scope = {"status": "Failed", "duration": "1.0", "workflow.name": "wf", "workflow.namespace": "baton",
+             "workflow.status": "Running", "workflow.duration": "1.0"}
+    scope |= {f"workflow.parameters.{p['name']}": str(p.get("value")) for p in spec["arguments"]["parameters"]}
+    scope |= {f"inputs.parameters.{p['name']}": "7" for p in template.get("inputs", {}).get("parameters", [])}
+    if not attempt_without_outputs:
+        scope |= {f"outputs.parameters.{p['name']}": "7" for p in template.get("outputs", {}).get("parameters", [])}
+    return scope
 
 
 @pytest.mark.parametrize("index", [0, 1], ids=["Workflow", "CronWorkflow"])
-def test_metrics_are_gauges_over_template_variables_argo_defines(index):
-    ts = templates_of(eq.rendered()[index])
+def test_every_metric_resolves_on_an_attempt_that_left_no_outputs(index):
+    """Argo substitutes the whole metric, `when` included, with unresolved variables an error (a MetricsError
+    condition), on every attempt node. Rendered here against a node with no outputs, as a deleted pod or a
+    lost VM leaves it: nothing may stay unresolved. Control: compare's old metrics (its output parameters)
+    do not resolve there."""
+    wf = eq.rendered()[index]
+    ts = templates_of(wf)
     names = {n: [m["name"] for m in t.get("metrics", {}).get("prometheus", [])] for n, t in ts.items()}
     assert names["drill"] == ["baton_drill_passed", "baton_drill_passed", "baton_drill_seconds"]
-    assert names["compare"] == [f"baton_drill_{n}" for n in eq.COMPARE_METRICS]
-    assert {"trial_retries", "preemptions"} <= set(eq.COMPARE_METRICS)  # the counts the trial no longer publishes
-    assert not names["trial"] and not names["train"]
+    assert names["publish"] == [f"baton_drill_{n}" for n in eq.COMPARE_METRICS]
+    assert not names["trial"] and not names["train"] and not names["compare"]
     helps: dict[str, set[tuple[str, str]]] = {}
     for tname, t in ts.items():
         for m in t.get("metrics", {}).get("prometheus", []):
             assert re.fullmatch(r"[a-z_][a-z0-9_]*", m["name"]) and m["help"]
             assert set(m) <= {"name", "help", "gauge", "when"}, m  # gauges only: re-evaluation cannot double count
             helps.setdefault(m["name"], set()).add((m["help"], "gauge"))
-            used = set(re.findall(r"\{\{\s*([^}\s]+)\s*\}\}", json.dumps(m)))
-            assert used <= _METRIC_VARS, (tname, used)
-            if "retryStrategy" in t:
-                # Argo evaluates metrics on every failed attempt, with unresolved variables an error
-                # (MetricsError): a retried template may use only output parameters that have a default,
-                # which is what a failed attempt without the file gets.
-                defaults = {f"outputs.parameters.{p['name']}" for p in t.get("outputs", {}).get("parameters", [])
-                            if "default" in p.get("valueFrom", {})}
-                assert used <= defaults, (tname, sorted(used - defaults))
+            scope = _argo_metric_scope(wf, t, attempt_without_outputs=True)
+            unresolved = {v for v in re.findall(r"\{\{\s*([^}\s]+)\s*\}\}", json.dumps(m)) if v not in scope}
+            assert not unresolved, (tname, unresolved)
     assert all(len(h) == 1 for h in helps.values()), helps  # one help and type per name, wherever it appears
+    # The control: a gauge over compare's own outputs would not resolve on its attempt without outputs.
+    old = {"name": "baton_drill_max_save_ms", "gauge": {"value": "{{outputs.parameters.max_save_ms}}"}}
+    scope = _argo_metric_scope(wf, ts["compare"], attempt_without_outputs=True)
+    assert "outputs.parameters.max_save_ms" not in scope and "{{outputs.parameters.max_save_ms}}" in json.dumps(old)
+    # publish gets compare's numbers as its arguments; compare's outputs default to -1 where a file is missing.
+    dag = {t["name"]: t for t in ts["drill"]["dag"]["tasks"]}
+    assert dag["publish"]["dependencies"] == ["compare"]
+    assert {p["name"]: p["value"] for p in dag["publish"]["arguments"]["parameters"]} == {
+        n: "{{tasks.compare.outputs.parameters." + n + "}}" for n in eq.COMPARE_METRICS}
+    assert all(p["valueFrom"]["default"] == "-1" for p in ts["compare"]["outputs"]["parameters"])
     passed = ts["drill"]["metrics"]["prometheus"][:2]
     assert [(m["gauge"]["value"], m["when"]) for m in passed] == [
         ("1", "{{status}} == Succeeded"), ("0", "{{status}} != Succeeded")]
-    outputs = {p["name"] for p in ts["compare"]["outputs"]["parameters"]}
-    assert outputs == set(eq.COMPARE_METRICS)
-    assert all(p["valueFrom"]["default"] == "-1" for p in ts["compare"]["outputs"]["parameters"])
 
 
 def test_report_artifacts_are_not_archived_so_the_ui_shows_them():
     arts = templates_of(eq.rendered()[0])["compare"]["outputs"]["artifacts"]
     assert [a["archive"] for a in arts] == [{"none": {}}] * len(eq.REPORT_FILES)
+
+
+# ---- no placeholder reaches a cluster -----------------------------------------------------------------
+
+PLACEHOLDERS = ("PROJECT_ID", "REGION-docker", "TAG-cuda", "PROJECT_ID-baton-drills")
+
+
+@needs_kubectl
+@pytest.mark.parametrize("overlay", ["gke", "gke-kueue"])
+def test_the_committed_gke_overlays_do_not_build_without_make_gke_ups_values(overlay):
+    p = subprocess.run([KUBECTL, "kustomize", str(OVERLAYS / overlay)], capture_output=True, text=True, timeout=60)
+    if (OVERLAYS / "gke" / cluster_overlay().FOLDER).exists():
+        pytest.skip("this checkout has make gke-up's generated values (a developer's cluster)")
+    assert p.returncode != 0 and "generated-by-make-gke-up" in p.stderr, p.stderr
+
+
+@needs_kubectl
+@pytest.mark.parametrize("overlay", ["gke", "gke-kueue"])
+def test_generated_values_land_where_workload_identity_the_artifacts_and_the_nightly_drill_read_them(overlay):
+    import json as _json
+
+    tf = {k: v["value"] for k, v in _json.loads(TERRAFORM_OUTPUT.read_text()).items()}
+    docs = kustomize(overlays() / overlay)
+    text = yaml.safe_dump_all(docs)
+    assert not [p for p in PLACEHOLDERS if p in text], [p for p in PLACEHOLDERS if p in text]
+    sa = _one(docs, "ServiceAccount", "baton-drill")
+    assert sa["metadata"]["annotations"]["iam.gke.io/gcp-service-account"] == tf["gsa_email"]
+    cm = _one(docs, "ConfigMap", "artifact-repositories")
+    assert yaml.safe_load(cm["data"]["default-v1"])["gcs"]["bucket"] == tf["bucket"]
+    cron = _one(docs, "CronWorkflow")
+    params = params_of({"spec": cron["spec"]["workflowSpec"]})
+    assert (params["bucket"], params["image"]) == (tf["bucket_url"], CLUSTER_IMAGE)
+    # Idempotent: generating again writes the same files.
+    gen, folder = cluster_overlay(), overlays() / "gke" / cluster_overlay().FOLDER
+    before = {p.name: p.read_text() for p in folder.iterdir()}
+    gen.write(folder, gen.outputs(TERRAFORM_OUTPUT), CLUSTER_IMAGE)
+    assert {p.name: p.read_text() for p in folder.iterdir()} == before
+
+
+def test_the_generator_refuses_terraform_outputs_it_cannot_use(tmp_path):
+    gen = cluster_overlay()
+    partial = tmp_path / "tf.json"
+    partial.write_text('{"bucket": {"value": "b"}}')
+    with pytest.raises(SystemExit, match="gsa_email"):
+        gen.outputs(partial)

@@ -82,20 +82,17 @@ def test_every_step_that_can_meet_an_eviction_has_a_retry_strategy():
             assert rs == {"retryPolicy": "Always", "limit": "{{workflow.parameters.retry_limit}}",
                           "expression": eq.RETRY_EXPRESSION}
         assert eq.RETRY_EXPRESSION == (
-            "asInt(lastRetry.exitCode) == 75 || asInt(lastRetry.exitCode) == 143 || lastRetry.message matches "
-            "'imminent node shutdown|pod deleted|"
+            "asInt(lastRetry.exitCode) == 75 || asInt(lastRetry.exitCode) == 143 || "
+            "(asInt(lastRetry.exitCode) == 137 && !(lastRetry.message matches 'OOMKilled')) || "
+            "lastRetry.message matches 'imminent node shutdown|pod deleted|"
             "neither main nor wait container completed successfully|The node was low on resource'")
         for name in ("evict", "verify", "compare"):  # idempotent helpers (evict resumes from its own record)
             assert t[name]["retryStrategy"]["expression"] == eq.HELPER_RETRY_EXPRESSION
-        # compare is retried (chaos deletes its pod too) and carries metrics: only over its output parameters,
-        # each with a default, so that a failed attempt resolves them (to -1) and the last attempt's win.
-        for metric in t["compare"]["metrics"]["prometheus"]:
-            assert "{{retries}}" not in json.dumps(metric)
-            name = metric["gauge"]["value"].removeprefix("{{outputs.parameters.").removesuffix("}}")
-            param = next(x for x in t["compare"]["outputs"]["parameters"] if x["name"] == name)
-            assert param["valueFrom"]["default"] == "-1"
-        for name, tmpl in t.items():  # no other metrics where Argo would evaluate them on a failed attempt
-            assert name == "compare" or not ("retryStrategy" in tmpl and tmpl.get("metrics")), name
+        # No retried template carries metrics (Argo evaluates them on every attempt, outputs or not): compare's
+        # numbers are published by `publish`, a suspend template of duration 0 (no pod, no retry), as inputs.
+        for name, tmpl in t.items():
+            assert not ("retryStrategy" in tmpl and tmpl.get("metrics")), name
+        assert "suspend" in t["publish"] and "retryStrategy" not in t["publish"]
 
 
 def test_trial_and_evict_continue_on_failure_so_that_the_report_is_still_written():
@@ -116,7 +113,8 @@ def test_dag_shape():
     dag = _templates(eq.rendered()[0])["drill"]["dag"]["tasks"]
     deps = {t["name"]: set(t.get("dependencies", [])) for t in dag}
     assert deps == {"reference": set(), "reference-replay": set(), "trial": set(), "evict": set(),
-                    "verify": {"trial", "evict"}, "compare": {"reference", "reference-replay", "verify"}}
+                    "verify": {"trial", "evict"}, "compare": {"reference", "reference-replay", "verify"},
+                    "publish": {"compare"}}
 
 
 def test_no_step_runs_a_shell():

@@ -22,6 +22,7 @@ from tests.workflow.test_argo import (  # noqa: F401  (fixtures)
     fixture,
     kustomize,
     needs_kubectl,
+    overlays,
     templates_of,
     validate,
 )
@@ -128,8 +129,8 @@ def _flavor_for(template: dict, flavors: dict[str, dict]) -> str:
 
 @needs_kubectl
 def test_the_kueue_overlay_builds_and_its_objects_reference_each_other_and_cover_a_drill():
-    docs = kustomize(OVERLAYS / "gke-kueue")  # no flags; every non-Kueue document validated
-    gke = kustomize(OVERLAYS / "gke")
+    docs = kustomize(overlays() / "gke-kueue")  # no flags; every non-Kueue document validated
+    gke = kustomize(overlays() / "gke")
     kueue = [d for d in docs if d["apiVersion"] == KUEUE]
     assert sorted(d["kind"] for d in kueue) == ["ClusterQueue", "LocalQueue", "ResourceFlavor", "ResourceFlavor"]
     assert sorted((d["kind"], d["metadata"]["name"]) for d in docs if d["apiVersion"] != KUEUE) == \

@@ -300,7 +300,7 @@ def test_deleted_pod_that_ignores_sigterm_is_killed_after_its_grace(tmp_path):
     res, out, progress = run(spec, tmp_path)
     assert res.phase == "Succeeded", progress
     # Still running at SIGKILL: the pod object is gone before its status is seen, no exit code is known.
-    assert statuses(res, "trial") == [("Error", -1, "pod deleted"), ("Succeeded", 0, "")]
+    assert statuses(res, "trial") == [("Failed", 137, "main: Error (exit code 137)"), ("Succeeded", 0, "")]
     deleted = res.attempts("trial")[0]
     assert deleted.finished - deleted.started >= 1.0  # it outlived SIGTERM for the whole grace
     assert "SIGKILL" in progress
@@ -308,13 +308,15 @@ def test_deleted_pod_that_ignores_sigterm_is_killed_after_its_grace(tmp_path):
     assert_no_pods_alive(out)
 
 
-def test_on_failure_policy_does_not_retry_a_deleted_pod(tmp_path):
+def test_on_error_policy_does_not_retry_a_pod_sigkilled_after_its_grace(tmp_path):
+    """A pod still running at SIGKILL is Failed with exit 137 (what the emissary reports), which OnError does
+    not retry and the drill's expression does (tests below)."""
     res, out, progress = run(
-        deletion_spec(tmp_path, "ignore-term", 1, {"limit": 3, "retryPolicy": "OnFailure"}), tmp_path
+        deletion_spec(tmp_path, "ignore-term", 1, {"limit": 3, "retryPolicy": "OnError"}), tmp_path
     )
     assert res.phase == "Failed"
-    assert statuses(res, "trial") == [("Error", -1, "pod deleted")]
-    assert "retryPolicy OnFailure does not retry Error" in progress
+    assert statuses(res, "trial") == [("Failed", 137, "main: Error (exit code 137)")]
+    assert "retryPolicy OnError does not retry Failed" in progress
     assert_no_pods_alive(out)
 
 
@@ -326,7 +328,7 @@ LOST_VM = "pod failed: neither main nor wait container completed successfully"
     # An eviction (the Eviction API) or a Kueue preemption: a Delete under the pod's own grace.
     ("evict", "term75", ("Failed", 75, "main: Error (exit code 75)")),
     ("kueue", "term75", ("Failed", 75, "main: Error (exit code 75)")),
-    ("kueue", "ignore-term", ("Error", -1, "pod deleted")),
+    ("kueue", "ignore-term", ("Failed", 137, "main: Error (exit code 137)")),
     # A GKE Spot node's graceful shutdown: the kubelet's message, the process's own exit code.
     ("node-shutdown", "term75", ("Failed", 75, NODE_SHUTDOWN)),
     ("node-shutdown", "ignore-term", ("Failed", 137, NODE_SHUTDOWN)),
@@ -653,12 +655,15 @@ def test_signal_to_the_runner_stops_every_pod(tmp_path, sig, code):
         ({"lastRetry.exitCode": "-1", "lastRetry.message": "pod deleted"}, True),  # the object went first
         ({"lastRetry.exitCode": "75", "lastRetry.message": NODE_SHUTDOWN}, True),  # GKE Spot, saved in time
         ({"lastRetry.exitCode": "137", "lastRetry.message": NODE_SHUTDOWN}, True),  # GKE Spot, killed
+        # SIGKILLed after the grace by an eviction or a Kueue preemption: only the exit code says so.
+        ({"lastRetry.exitCode": "137", "lastRetry.message": "main: Error (exit code 137)"}, True),
         ({"lastRetry.exitCode": "-1", "lastRetry.message": LOST_VM}, True),  # a VM lost at once
         ({"lastRetry.exitCode": "137", "lastRetry.message":
           "The node was low on resource: memory. Threshold quantity: 100Mi, available: 50Mi."}, True),
         # A crash is never retried, whatever its code; neither is an OOM kill or a deadline.
         ({"lastRetry.exitCode": "1", "lastRetry.message": "main: Error (exit code 1)"}, False),
         ({"lastRetry.exitCode": "137", "lastRetry.message": "OOMKilled (exit code 137)"}, False),
+        ({"lastRetry.exitCode": "137", "lastRetry.message": "main: OOMKilled (exit code 137)"}, False),
         ({"lastRetry.exitCode": "-1", "lastRetry.message":
           "Pod was active on the node longer than the specified deadline"}, False),
     ],

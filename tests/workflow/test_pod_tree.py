@@ -74,7 +74,7 @@ def _run(tmp_path: Path):
 def test_a_deleted_pods_sigkill_reaches_torchruns_setsid_workers(tmp_path):
     res = _run(tmp_path)
     node = res.attempts("train")[0]
-    assert (node.status, node.message) == ("Error", "pod deleted")  # torchrun outlived the 2 s grace
+    assert (node.status, node.message) == ("Failed", "main: Error (exit code 137)")  # torchrun outlived the 2 s grace
     workers = _workers(tmp_path)
     assert len(workers) == 2
     for pid, sid, pgid in workers:
