@@ -130,6 +130,40 @@ def verdict_of(report: dict[str, Any], evictions: dict[str, Any], trial_records:
             f"the trajectory and the final checkpoints ({report.get('format', 'dcp')}, tier {report['tier']}) equal")
 
 
+def baseline_interruptions(records: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, list[int]]]:
+    """For the reference and its replay: the steps they were preempted at and resumed from (both empty for a
+    baseline that ran uninterrupted). On Spot capacity they are preempted like the trial, on purpose."""
+    out = {}
+    for role in ("reference", "replay"):
+        recs = records.get(role, [])
+        out[role] = {"preempted_at": sorted(r["step"] for r in recs if r.get("event") == "preempt"),
+                     "resumed_from": sorted(r["from_step"] for r in recs
+                                            if r.get("event") == "resume" and not r.get("fresh"))}
+    return out
+
+
+def baseline_doubts(tier: int, baseline: dict[str, dict[str, list[int]]], trial_resumed: list[int]) -> list[str]:
+    """Why an interrupted baseline leaves the verdict open. A resumed baseline is no longer a clean
+    reference: a resume bug can produce the same tensors on both sides. A pass needs the trial equal to the
+    reference and the replay equal to the reference, so one clean witness is enough: a baseline that ran
+    uninterrupted (Tier 1 and Tier 2), or (Tier 1) one that resumed only at steps the trial did not resume
+    at. At Tier 2 resumes in both baselines put resumes into the floor itself."""
+    interrupted = {role: b["resumed_from"] for role, b in baseline.items() if b["resumed_from"]}
+    if len(interrupted) < 2:
+        return []
+    if tier == 2:
+        return ["both the reference and its replay were preempted and resumed (at steps "
+                f"{interrupted['reference']} and {interrupted['replay']}): the floor holds resumes, so a resume "
+                "bug could hide in it; run the baseline on the on-demand pool (-p baseline_pool=on-demand)"]
+    shared = {role: sorted(set(steps) & set(trial_resumed)) for role, steps in interrupted.items()}
+    if all(shared.values()):
+        return [f"the reference and its replay were both preempted and resumed where the trial resumed too "
+                f"(reference at {shared['reference']}, replay at {shared['replay']}): a resume bug could give all "
+                "three the same tensors; run again, or run the baseline on the on-demand pool "
+                "(-p baseline_pool=on-demand)"]
+    return []
+
+
 def assemble(result: dict[str, Any], verify: dict[str, Any], evictions: dict[str, Any],
              records: dict[str, list[dict[str, Any]]], total_steps: int) -> dict[str, Any]:
     """report.json: the comparison, verify's counts, the trajectory, the contract, and the verdict."""
@@ -140,7 +174,10 @@ def assemble(result: dict[str, Any], verify: dict[str, Any], evictions: dict[str
               "trial_outcome": verify.get("trial_outcome"), "trial_retries": max(verify["attempts"] - 1, 0),
               "trajectory": trajectory.check(records.get("reference", []), records.get("replay", []),
                                              records.get("trial", [])),
-              "contract": contract_breaks(records, result)}
+              "contract": contract_breaks(records, result),
+              "baseline": baseline_interruptions(records)}
+    report["inconclusive"] = [*report["inconclusive"],
+                              *baseline_doubts(result["tier"], report["baseline"], verify.get("resumed_from", []))]
     traj = report["trajectory"]
     trajectory_ok = not traj["replay"] and not traj["trial"] and (traj["recorded"] or result["tier"] == 1)
     certifiable = not (result["tier"] == 1 and result.get("floor_differing")) and not result.get(

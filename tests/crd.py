@@ -12,9 +12,13 @@ from typing import Any
 import jsonschema
 import yaml
 
-# Vendored in the repository (tests/argo/README.md: source, version, license): a clone stands alone.
+# Vendored in the repository (tests/argo/README.md, tests/kueue/README.md: source, version, license): a
+# clone stands alone.
 ARGO = Path(__file__).resolve().parent / "argo"
 CRD_FILES = {"Workflow": "crd-workflows.yaml", "CronWorkflow": "crd-cronworkflows.yaml"}
+KUEUE = Path(__file__).resolve().parent / "kueue"
+KUEUE_CRD_FILES = {"ClusterQueue": "crd-clusterqueues.yaml", "LocalQueue": "crd-localqueues.yaml",
+                   "ResourceFlavor": "crd-resourceflavors.yaml"}
 
 
 def _strict(node: Any) -> Any:
@@ -38,6 +42,23 @@ def crd_schema(kind: str) -> dict[str, Any]:
     schema = copy.deepcopy(crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"])
     # The API server fills metadata itself; its schema here is a bare object.
     return _strict(schema)
+
+
+@functools.cache
+def kueue_schema(kind: str, version: str) -> dict[str, Any]:
+    crd = yaml.safe_load((KUEUE / KUEUE_CRD_FILES[kind]).read_text())
+    served = {v["name"]: v for v in crd["spec"]["versions"] if v.get("served")}
+    assert version in served, f"Kueue v0.19.2 does not serve {kind} {version} (it serves {sorted(served)})"
+    schema = copy.deepcopy(served[version]["schema"]["openAPIV3Schema"])
+    schema["properties"]["metadata"] = {"type": "object"}
+    return _strict(schema)
+
+
+def validate_kueue(obj: dict[str, Any]) -> None:
+    """A Kueue object against the vendored CRD, at the version its apiVersion names, strictly."""
+    group, _, version = obj["apiVersion"].partition("/")
+    assert group == "kueue.x-k8s.io", obj["apiVersion"]
+    jsonschema.validate(obj, kueue_schema(obj["kind"], version), cls=jsonschema.Draft7Validator)
 
 
 def validate(obj: dict[str, Any]) -> None:

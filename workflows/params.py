@@ -41,7 +41,11 @@ PARAMETERS: dict[str, tuple[str, str]] = {
              "else 2); the trajectory is checked exactly at every tier"),
     "deadline": ("0", "seconds before the whole drill is failed (Argo's activeDeadlineSeconds), so that one that "
                       "never schedules ends and the next nightly drill runs; 0: derived from the drill's size"),
+    "baseline_pool": ("spot", "where reference and reference-replay run on GKE: spot (preemptible like the trial; an "
+                              "interrupted baseline may leave the verdict open) or on-demand (never preempted; costs "
+                              "about 3x while it runs); the gke overlay's node pools gpu-spot and gpu-on-demand"),
 }
+BASELINE_POOLS = ("spot", "on-demand")
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 # A Kubernetes label value: at most 63 characters, alphanumerics with - _ . inside.
 _LABEL_VALUE = re.compile(r"(?:[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?")
@@ -127,6 +131,9 @@ def resolve_params(overrides: dict[str, str], cluster: bool = False) -> dict[str
             raise SystemExit(f"error: parameter {k} must be true, false, 1 or 0, got {values[k]!r}")
         if k in params or values[k] != flag:
             params[k] = values[k] = flag  # what the pod reads: "1" or "0", never a spelling it would not
+    if values["baseline_pool"] not in BASELINE_POOLS:
+        raise SystemExit(f"error: parameter baseline_pool must be one of {', '.join(BASELINE_POOLS)}, "
+                         f"got {values['baseline_pool']!r}")
     if values["tier"] not in TIERS:
         raise SystemExit(f"error: parameter tier must be one of {', '.join(TIERS)}, got {values['tier']!r}")
     try:

@@ -275,3 +275,30 @@ def test_an_eviction_sigkilled_after_its_grace_is_a_save_that_did_not_finish_in_
               "evictions_met": v["evictions_met"], "verify_problems": v["problems"]}
     assert verdict_of(report, {"evictions": killed}, recs).startswith("NOT preemption-safe: 1 of 1 evictions ended "
                                                                         "in SIGKILL after the grace (exit 137)")
+
+
+def _baseline(resumes):
+    """A baseline's records: preempted at each step in `resumes`, resumed there, finished at 10."""
+    recs = _clean_run(total=10, stops=tuple(resumes))
+    return recs
+
+
+def test_an_interrupted_baseline_leaves_the_verdict_open_where_a_resume_bug_could_hide():
+    from steps.verdict import baseline_doubts, baseline_interruptions
+
+    clean = baseline_interruptions({"reference": _clean_run(10, ()), "replay": _clean_run(10, ())})
+    assert clean == {"reference": {"preempted_at": [], "resumed_from": []},
+                     "replay": {"preempted_at": [], "resumed_from": []}}
+    assert baseline_doubts(1, clean, [3, 7]) == [] and baseline_doubts(2, clean, [3, 7]) == []
+    ref_at_3 = baseline_interruptions({"reference": _baseline([3]), "replay": _clean_run(10, ())})
+    assert ref_at_3["reference"] == {"preempted_at": [3], "resumed_from": [3]}
+    # One clean witness is enough (the replay ran uninterrupted), at either tier.
+    assert baseline_doubts(1, ref_at_3, [3, 7]) == [] and baseline_doubts(2, ref_at_3, [3, 7]) == []
+    # Tier 1: both resumed where the trial did (3 and 7): open. One of them elsewhere (at 5): it stands.
+    both_shared = baseline_interruptions({"reference": _baseline([3]), "replay": _baseline([7])})
+    assert "both preempted and resumed where the trial resumed too" in baseline_doubts(1, both_shared, [3, 7])[0]
+    assert baseline_doubts(1, baseline_interruptions({"reference": _baseline([3]), "replay": _baseline([5])}),
+                           [3, 7]) == []
+    # Tier 2: both resumed, wherever: the floor holds resumes.
+    both = baseline_interruptions({"reference": _baseline([3]), "replay": _baseline([6])})
+    assert "the floor holds resumes" in baseline_doubts(2, both, [5])[0]

@@ -111,9 +111,9 @@ def test_google_provider_is_pinned_to_major_6():
 def test_gpu_pool_is_spot_l4_tainted_and_scales_from_zero():
     tf = _gke()
     pools = _resources(tf, "google_container_node_pool")
-    gpu = [p for p in pools.values() if "guest_accelerator" in _block(p, "node_config")]
-    assert len(gpu) == 1, "exactly one node pool carries GPUs"
-    pool = gpu[0]
+    gpu = {name: p for name, p in pools.items() if "guest_accelerator" in _block(p, "node_config")}
+    assert sorted(gpu) == ["gpu", "gpu_on_demand"], "the Spot pool, and the baseline's on-demand one"
+    pool = gpu["gpu"]
     node = _block(pool, "node_config")
     assert node.get("spot") is True, "the GPU pool must be Spot: the drill is about preemption"
     accel = _block(node, "guest_accelerator")
@@ -125,6 +125,13 @@ def test_gpu_pool_is_spot_l4_tainted_and_scales_from_zero():
     scaling = _block(pool, "autoscaling")
     assert _var_default(tf, scaling["total_min_node_count"]) == 0
     assert _var_default(tf, scaling["total_max_node_count"]) >= 1
+    # The baseline's pool: the same GPUs, not Spot, the same taint, at size 0 until a drill asks for it.
+    demand = _block(gpu["gpu_on_demand"], "node_config")
+    assert demand.get("spot") is False and demand["machine_type"] == node["machine_type"]
+    assert _block(demand, "guest_accelerator")["type"] == accel["type"] and demand["taint"] == node["taint"]
+    assert '"baton.dev/pool" = "gpu-on-demand"' in demand["labels"]
+    scaling = _block(gpu["gpu_on_demand"], "autoscaling")
+    assert scaling["total_min_node_count"] == 0 and gpu["gpu_on_demand"]["initial_node_count"] == 0
 
 
 def test_system_pool_is_on_demand_and_untainted():
@@ -145,8 +152,13 @@ def test_workload_identity_binds_exactly_the_drill_ksa_to_the_gsa():
     local_pool = {k: v for entry in tf["locals"] for k, v in entry.items()}["workload_pool"]
     assert local_pool == "${var.project_id}.svc.id.goog"
 
-    binding = _one(tf, "google_service_account_iam_member")
-    assert binding["role"] == "roles/iam.workloadIdentityUser"
+    bindings = _resources(tf, "google_service_account_iam_member")
+    assert sorted(bindings) == ["drill_workload_identity", "ui_reader_workload_identity"]
+    ui = bindings["ui_reader_workload_identity"]  # the argo-server, as the read-only account (the UI)
+    assert ui["member"] == "serviceAccount:${local.workload_pool}[${var.argo_namespace}/argo-server]"
+    assert ui["service_account_id"] == "${google_service_account.ui_reader.name}"
+    binding = bindings["drill_workload_identity"]
+    assert binding["role"] == ui["role"] == "roles/iam.workloadIdentityUser"
     assert binding["member"] == "serviceAccount:${local.workload_pool}[${var.namespace}/${var.ksa_name}]"
     assert binding["service_account_id"] == "${google_service_account.drill.name}"
 
@@ -165,7 +177,11 @@ def test_bucket_has_lifecycle_delete_uniform_access_and_the_gsa_only_on_it():
     age = _block(rule, "condition")["age"]
     assert isinstance(_var_default(tf, age), int) and _var_default(tf, age) >= 1
 
-    grant = _one(tf, "google_storage_bucket_iam_member")
+    grants = _resources(tf, "google_storage_bucket_iam_member")
+    assert sorted(grants) == ["drill_objects", "ui_reader"]
+    assert grants["ui_reader"] == {"bucket": "${google_storage_bucket.drills.name}", "role": "roles/storage.objectViewer",
+                                   "member": "serviceAccount:${google_service_account.ui_reader.email}"}
+    grant = grants["drill_objects"]
     assert grant["role"] == "${google_project_iam_custom_role.drill_objects.id}"  # its permissions: test_gcs_iam.py
     assert grant["bucket"] == "${google_storage_bucket.drills.name}"
     assert grant["member"] == "serviceAccount:${google_service_account.drill.email}"
@@ -222,7 +238,8 @@ def test_rbac_validates_and_is_namespaced():
     for d in docs:
         assert d["metadata"]["namespace"] == "baton", d["metadata"]
     sa = next(d for d in docs if d["kind"] == "ServiceAccount" and d["metadata"]["name"] == "baton-drill")
-    assert "iam.gke.io/gcp-service-account" in sa["metadata"]["annotations"]
+    # No placeholder in the base: on GKE, make gke-up's generated Component sets the real address.
+    assert "iam.gke.io/gcp-service-account" not in (sa["metadata"].get("annotations") or {})
 
 
 # Every rule each Role grants, beside the code that needs it: (file, text in it), or, for what runs outside
@@ -480,3 +497,25 @@ def test_dockerfile_copies_only_what_exists_and_is_in_the_build_context():
     for needed in ("pyproject.toml", "trainer", "steps", "workflows"):
         assert needed in sources, f"the image needs {needed}"
     assert _dockerignored(".venv", patterns) and _dockerignored(".git", patterns)
+
+
+def test_the_ui_reads_the_kind_artifacts_with_get_on_exactly_the_minio_secret():
+    """The Argo UI, in the Argo Server's `client` auth mode, reads artifacts with the caller's own
+    Kubernetes client (server/artifacts/artifact_server.go: `resources{kubeClient, namespace}`), and the S3
+    driver gets the repository's keys through it (server/artifacts/resources.go, GetSecret): the submitter
+    needs `get` on the Secret the kind repository names, and on no other secret. On GKE the argo-server's
+    own KSA reads the bucket, through Workload Identity as a read-only account (infra/gke/main.tf)."""
+    docs = list(yaml.safe_load_all((REPO / "templates/overlays/kind/ui-artifacts.yaml").read_text()))
+    _validate(docs)
+    role = next(d for d in docs if d["kind"] == "Role")
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["baton-minio"],
+                              "verbs": ["get"]}]
+    repo = yaml.safe_load(next(iter(yaml.safe_load((REPO / "templates/overlays/kind/artifact-repositories.yaml")
+                                                   .read_text())["data"].values())))
+    assert {repo["s3"]["accessKeySecret"]["name"], repo["s3"]["secretKeySecret"]["name"]} == {"baton-minio"}
+    binding = next(d for d in docs if d["kind"] == "RoleBinding")
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "baton-submitter", "namespace": "baton"}]
+    tf = (INFRA / "gke" / "main.tf").read_text()
+    assert 'role   = "roles/storage.objectViewer"' in tf and "[${var.argo_namespace}/argo-server]" in tf
+    assert "annotate --overwrite serviceaccount argo-server" in (SCRIPTS / "gke-up.sh").read_text()

@@ -19,7 +19,7 @@ import jsonschema
 import pytest
 import yaml
 
-from tests.crd import crd_schema
+from tests.crd import crd_schema, validate_kueue
 from tests.helpers import PY, REPO, base_env
 from workflows import cli
 from workflows import equivalence as eq
@@ -427,7 +427,7 @@ def kustomize(folder: Path) -> list[dict]:
         if d["apiVersion"].startswith("argoproj.io/"):
             validate(d)
         elif d["apiVersion"].startswith("kueue.x-k8s.io/"):
-            pass  # Kueue's CRDs are not vendored: test_kueue.py checks these objects by structure
+            validate_kueue(d)  # Kueue v0.19.2's CRDs, vendored (tests/kueue/), strictly
         else:
             kubernetes_validate.validate(d, "1.32", strict=True)
     return docs
@@ -519,12 +519,17 @@ def test_gke_overlay_uses_gcs_workload_identity_and_the_spot_gpu_pool():
                         sa["metadata"]["annotations"]["iam.gke.io/gcp-service-account"])
     for name, t in templates_of(cron).items():
         if name in ("train", "trial"):
-            assert t["nodeSelector"] == {"baton.dev/pool": "gpu-spot"}
             assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in t["tolerations"]
             patch = json.loads(t["podSpecPatch"].replace("{{workflow.parameters.grace}}", "15"))
             assert patch["terminationGracePeriodSeconds"] == 15
             assert patch["containers"] == [{"name": "main", "resources": {
                 "limits": {"nvidia.com/gpu": "{{workflow.parameters.ranks}}"}}}]
+            if name == "trial":  # always on Spot: the drill is about preemption
+                assert t["nodeSelector"] == {"baton.dev/pool": "gpu-spot"} and "nodeSelector" not in patch
+            else:  # the baseline's pool follows baseline_pool: gpu-spot (default) or gpu-on-demand
+                assert "nodeSelector" not in t
+                assert patch["nodeSelector"] == {"baton.dev/pool": "gpu-{{workflow.parameters.baseline_pool}}"}
+                assert params["baseline_pool"] == "spot"
         else:
             assert "nodeSelector" not in t and "tolerations" not in t, name
 
@@ -663,3 +668,20 @@ def test_the_generator_refuses_terraform_outputs_it_cannot_use(tmp_path):
     partial.write_text('{"bucket": {"value": "b"}}')
     with pytest.raises(SystemExit, match="gsa_email"):
         gen.outputs(partial)
+
+
+def test_status_shows_hf_checkpoint_roots_beside_dcp_ones(argo, drill_store, tmp_path, capsys):
+    """A drill of an HF Trainer script (-p trainer=hf) commits checkpoint-N/ folders: status lists them
+    through the same checkpoint package as baton's own (trainer.checkpoint.open_root)."""
+    trial = tmp_path / "bucket" / "drills" / NAME / "trial"
+    shutil.rmtree(trial)
+    for step in (5, 10, 12):
+        (trial / f"checkpoint-{step}").mkdir(parents=True)
+        if step != 12:  # 12 has no _COMMIT: a save cut short
+            (trial / f"checkpoint-{step}" / "_COMMIT").write_text('{"files": {}}')
+    argo.routes[("GET", f"/api/v1/workflows/baton/{NAME}")] = (200, _served(drill_store))
+    assert cli.main(["status", NAME]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "trial newest committed step 10 (checkpoint-N)" in out
+    assert "reference newest committed step 30 (run tiny-0123456789ab)" in out
+    assert "newest committed 10: gap 13 steps" in out

@@ -37,7 +37,7 @@ def test_drill_passes_and_writes_the_report_contract(tmp_path):
     # The parameter with quotes and $(...) stayed data: it is a folder name under the bucket.
     assert (out / "bucket" / NASTY).is_dir()
     # The numbers behind the Prometheus gauges reached the compare node's output parameters.
-    nodes = json.loads((out / "argo" / "nodes.json").read_text())
+    nodes = json.loads((out / "argo" / "nodes.json").read_text())["nodes"]
     params = [n["parameters"] for n in (nodes["nodes"] if isinstance(nodes, dict) else nodes)
               if n["task"] == "compare"][0]
     assert params["replayed_steps"] == "0" and float(params["max_save_ms"]) > 0
@@ -82,3 +82,23 @@ def test_a_drill_whose_trial_kueue_preempts_passes_with_nothing_replayed(tmp_pat
                                        for pod in preempted for c in pod["conditions"])
     nodes = json.loads((out / "argo" / "nodes.json").read_text())["nodes"]
     assert [n["status"] for n in nodes if n["task"] == "trial"] == ["Failed", "Failed", "Succeeded"]
+
+
+def test_a_drill_that_can_never_schedule_fails_by_its_deadline(tmp_path):
+    """Every training pod stays Pending (a Spot stockout, an image that cannot be pulled, a Kueue quota
+    stall): the drill fails by its deadline, with Argo's words, instead of running forever and blocking the
+    next nightly drill (concurrencyPolicy Forbid). Control: the same drill without a deadline would wait:
+    the rendered spec carries one derived from its size."""
+    out = tmp_path / "drill"
+    p = drill(out, "total_steps=10", "evictions=1", "deadline=6",
+              "unschedulable=reference,reference-replay,trial")
+    assert p.returncode == 1, p.stdout + p.stderr[-2000:]
+    assert "workflow Failed" in p.stdout and "Max duration limit exceeded" in p.stderr
+    nodes = json.loads((out / "argo" / "nodes.json").read_text())["nodes"]
+    by_task = {n["task"]: n for n in nodes}
+    for task in ("reference", "reference-replay", "trial"):
+        assert by_task[task]["status"] == "Failed" and by_task[task]["message"] == "Step exceeded its deadline", task
+    assert "compare" not in by_task  # nothing after the deadline
+    from workflows.params import drill_deadline_s, values_of
+
+    assert drill_deadline_s(values_of({"total_steps": "10", "evictions": "1"})) > 0

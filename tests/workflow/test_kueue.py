@@ -12,6 +12,7 @@ import subprocess
 import pytest
 import yaml
 
+from tests.crd import validate_kueue
 from tests.helpers import PY, REPO, base_env
 from tests.workflow.test_argo import (  # noqa: F401  (fixtures)
     CREATE,
@@ -30,7 +31,7 @@ from workflows import cli
 from workflows import equivalence as eq
 
 LABEL = "kueue.x-k8s.io/queue-name"
-KUEUE = "kueue.x-k8s.io/v1beta1"
+KUEUE = "kueue.x-k8s.io/v1beta2"
 
 
 def _render(*params: str) -> subprocess.CompletedProcess:
@@ -88,16 +89,25 @@ def test_submit_with_a_queue_sends_the_label_and_an_empty_queue_takes_it_off(arg
     assert "podMetadata" not in sent["spec"]
 
 
-def _requests(template: dict, ranks: int) -> dict[str, float]:
-    """What Kueue counts for one pod of `template`: its main container's requests, and the GPUs of the gke
-    overlay's podSpecPatch (an extended resource's limit is its request)."""
+EXECUTOR = {"cpu": 0.1, "memory": 128 * 2**20}  # the allowance a pod for Argo's wait sidecar (kueue.yaml)
+
+
+def _patch(template: dict, values: dict[str, str]) -> dict:
+    """The template's podSpecPatch, as Argo substitutes it (workflow parameters) and applies it."""
+    raw = template.get("podSpecPatch", "{}")
+    for k, v in values.items():
+        raw = raw.replace("{{workflow.parameters." + k + "}}", v)
+    return json.loads(raw)
+
+
+def _requests(template: dict, values: dict[str, str]) -> dict[str, float]:
+    """What Kueue counts for one pod of `template`: its main container's requests, the executor's allowance,
+    and the GPUs of the gke overlay's podSpecPatch (an extended resource's limit is its request)."""
     req = template.get("container", {}).get("resources", {}).get("requests", {})
-    out = {"cpu": _quantity(req.get("cpu", "0")), "memory": _quantity(req.get("memory", "0")), "nvidia.com/gpu": 0.0}
-    patch = template.get("podSpecPatch", "")
-    if "nvidia.com/gpu" in patch:
-        patch = json.loads(patch.replace("{{workflow.parameters.grace}}", "15")
-                           .replace("{{workflow.parameters.ranks}}", str(ranks)))
-        out["nvidia.com/gpu"] = float(patch["containers"][0]["resources"]["limits"]["nvidia.com/gpu"])
+    out = {"cpu": _quantity(req.get("cpu", "0")) + EXECUTOR["cpu"],
+           "memory": _quantity(req.get("memory", "0")) + EXECUTOR["memory"], "nvidia.com/gpu": 0.0}
+    for c in _patch(template, values).get("containers", []):
+        out["nvidia.com/gpu"] += float(c.get("resources", {}).get("limits", {}).get("nvidia.com/gpu", 0))
     return out
 
 
@@ -108,13 +118,13 @@ def _quantity(q: str | int) -> float:
     return float(m.group(1)) * scale
 
 
-def _flavor_for(template: dict, flavors: dict[str, dict]) -> str:
-    """The flavor Kueue can assign a pod of `template`: the pod's nodeSelector must match the flavor's
-    nodeLabels, and its tolerations must cover the flavor's nodeTaints."""
+def _flavor_for(template: dict, flavors: dict[str, dict], values: dict[str, str]) -> str:
+    """The flavor Kueue can assign a pod of `template`: the pod's nodeSelector (the template's, or the one
+    its podSpecPatch gives) must match the flavor's nodeLabels, and its tolerations cover the nodeTaints."""
     fits = []
+    selector = {**template.get("nodeSelector", {}), **_patch(template, values).get("nodeSelector", {})}
     for name, f in flavors.items():
         labels = f["spec"].get("nodeLabels", {})
-        selector = template.get("nodeSelector", {})
         if any(labels.get(k) != v for k, v in selector.items()):
             continue
         tolerated = all(any(t.get("key") == taint["key"] and t.get("effect") in (None, taint["effect"])
@@ -132,7 +142,9 @@ def test_the_kueue_overlay_builds_and_its_objects_reference_each_other_and_cover
     docs = kustomize(overlays() / "gke-kueue")  # no flags; every non-Kueue document validated
     gke = kustomize(overlays() / "gke")
     kueue = [d for d in docs if d["apiVersion"] == KUEUE]
-    assert sorted(d["kind"] for d in kueue) == ["ClusterQueue", "LocalQueue", "ResourceFlavor", "ResourceFlavor"]
+    assert sorted(d["kind"] for d in kueue) == ["ClusterQueue", "LocalQueue"] + ["ResourceFlavor"] * 3
+    for d in kueue:  # strictly, against Kueue v0.19.2's own CRDs (tests/kueue/), at v1beta2
+        validate_kueue(d)
     assert sorted((d["kind"], d["metadata"]["name"]) for d in docs if d["apiVersion"] != KUEUE) == \
         sorted((d["kind"], d["metadata"]["name"]) for d in gke)  # the gke overlay, nothing lost
     for d in kueue:  # cluster-scoped ones carry no namespace; the LocalQueue is in the drill's
@@ -156,27 +168,43 @@ def test_the_kueue_overlay_builds_and_its_objects_reference_each_other_and_cover
     for f in flavors.values():
         for k, v in f["spec"]["nodeLabels"].items():
             assert f'"{k}" = "{v}"' in tf
-    assert flavors["baton-spot-gpu"]["spec"]["nodeTaints"] == [
-        {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}]
+    for gpu in ("baton-spot-gpu", "baton-on-demand-gpu"):
+        assert flavors[gpu]["spec"]["nodeTaints"] == [{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}]
 
     # The CronWorkflow: the queue parameter names the LocalQueue, and every pod carries its label.
     cron = _one(docs, "CronWorkflow")
     spec = cron["spec"]["workflowSpec"]
     values = {p["name"]: p["value"] for p in spec["arguments"]["parameters"]}
     assert values["queue"] == lq["metadata"]["name"] == spec["podMetadata"]["labels"][LABEL]
-    # A drill's concurrent pods (reference, reference-replay, trial, evict) fit in the quota together.
+    # A drill's concurrent pods (reference, reference-replay, trial, evict) fit in the quota together, with the
+    # baseline on Spot (the default) and on demand (-p baseline_pool=on-demand).
     ts = templates_of(cron)
     ranks = int(values["ranks"])
-    concurrent = [ts["train"], ts["train"], ts["trial"], ts["evict"]]
-    used: dict[str, dict[str, float]] = {f: dict.fromkeys(group["coveredResources"], 0.0) for f in quota}
-    for t in concurrent:
-        flavor = _flavor_for(t, flavors)
-        for r, v in _requests(t, ranks).items():
-            used[flavor][r] += v
-    for flavor, res in used.items():
-        for r, v in res.items():
-            assert v <= quota[flavor][r], f"{flavor} {r}: a drill needs {v}, the quota is {quota[flavor][r]}"
-    assert used["baton-spot-gpu"]["nvidia.com/gpu"] == 3 * ranks  # three training pods, one GPU per rank
+    for pool, expected in (("spot", {"baton-spot-gpu": 3}), ("on-demand", {"baton-spot-gpu": 1, "baton-on-demand-gpu": 2})):
+        at = {**values, "grace": "15", "baseline_pool": pool}
+        used: dict[str, dict[str, float]] = {f: dict.fromkeys(group["coveredResources"], 0.0) for f in quota}
+        for t in [ts["train"], ts["train"], ts["trial"], ts["evict"]]:
+            flavor = _flavor_for(t, flavors, at)
+            for r, v in _requests(t, at).items():
+                used[flavor][r] += v
+        for flavor, res in used.items():
+            for r, v in res.items():
+                assert v <= quota[flavor][r], f"{pool}: {flavor} {r}: a drill needs {v}, the quota is {quota[flavor][r]}"
+        assert {f: int(u["nvidia.com/gpu"]) for f, u in used.items() if u["nvidia.com/gpu"]} == \
+            {f: n * ranks for f, n in expected.items()}, pool  # one GPU per rank of each training pod
     for name in ("verify", "compare"):  # run after trial and evict end: admitted into the same quota
-        assert _flavor_for(ts[name], flavors) == "baton-system"
-        assert all(v > 0 for k, v in _requests(ts[name], ranks).items() if k != "nvidia.com/gpu")
+        assert _flavor_for(ts[name], flavors, values) == "baton-system"
+        assert all(v > 0 for k, v in _requests(ts[name], values).items() if k != "nvidia.com/gpu")
+
+
+def test_the_kueue_schema_check_can_fail():
+    """Strict: a misspelt field, or a version Kueue does not serve, is refused (the check is not vacuous)."""
+    import jsonschema
+
+    docs = [d for d in yaml.safe_load_all((REPO / "templates/components/kueue/kueue.yaml").read_text()) if d]
+    cq = next(d for d in docs if d["kind"] == "ClusterQueue")
+    typo = {**cq, "spec": {**cq["spec"], "queueingStrategi": "BestEffortFIFO"}}
+    with pytest.raises(jsonschema.ValidationError):
+        validate_kueue(typo)
+    with pytest.raises(AssertionError, match="does not serve"):
+        validate_kueue({**cq, "apiVersion": "kueue.x-k8s.io/v1alpha9"})
