@@ -72,6 +72,9 @@ def summary(report: dict[str, Any]) -> str:
             ended = d.get("ended") or {}
             lines.append(f"  {d['task']} attempt {d['attempt']}: {where}, {ended.get('status')} "
                          f"{ended.get('message')!r}" if d["outcome"] == "deleted" else f"  {d['task']}: missed")
+    for role, b in (report.get("baseline") or {}).items():
+        if b["preempted_at"] or b["resumed_from"]:
+            lines.append(f"baseline {role}: preempted at {b['preempted_at']}, resumed from {b['resumed_from']}")
     traj = report.get("trajectory") or {}
     if traj:
         lines.append(f"trajectory: {traj.get('finding') or _equal_trajectory(traj)}")

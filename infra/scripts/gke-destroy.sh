@@ -49,5 +49,6 @@ if [[ -n "${CLUSTER}" ]] && command -v kubectl >/dev/null 2>&1; then
   kubectl config delete-cluster "${context}" >/dev/null 2>&1 || true
   kubectl config delete-user "${context}" >/dev/null 2>&1 || true
 fi
-rm -f "${VALUES}" "${TF_DIR}/baton.auto.tfvars.json"
-log "done: cluster, node pools, bucket, registry, service accounts and local overlay values removed."
+rm -f "${VALUES}" "${TF_DIR}/baton.auto.tfvars.json" "${TF_DIR}/outputs.json"
+rm -rf "${REPO_ROOT}/templates/overlays/gke/generated-by-make-gke-up"
+log "done: cluster, node pools, bucket, registry, service accounts and local overlay values and the generated overlay Component removed."

@@ -302,3 +302,18 @@ def test_an_interrupted_baseline_leaves_the_verdict_open_where_a_resume_bug_coul
     # Tier 2: both resumed, wherever: the floor holds resumes.
     both = baseline_interruptions({"reference": _baseline([3]), "replay": _baseline([6])})
     assert "the floor holds resumes" in baseline_doubts(2, both, [5])[0]
+
+
+def test_the_summary_names_an_interrupted_baseline_and_is_silent_for_a_clean_one():
+    from steps.report import summary
+    from steps.verdict import baseline_interruptions
+
+    def report(baseline):
+        return {"steps": {"total": 10, "distinct": 10, "resumed_from": [], "replayed": 0, "preemptions": 0},
+                "tier": 2, "equivalent": True, "max_abs_diff": 0.0, "floor": 0.0, "baseline": baseline}
+
+    interrupted = baseline_interruptions({"reference": _baseline([3]), "replay": _clean_run(10, ())})
+    assert "baseline reference: preempted at [3], resumed from [3]" in summary(report(interrupted))
+    assert "baseline replay" not in summary(report(interrupted))
+    clean = baseline_interruptions({"reference": _clean_run(10, ()), "replay": _clean_run(10, ())})
+    assert "baseline" not in summary(report(clean))

@@ -507,6 +507,20 @@ def test_the_ui_reads_the_kind_artifacts_with_get_on_exactly_the_minio_secret():
     own KSA reads the bucket, through Workload Identity as a read-only account (infra/gke/main.tf)."""
     docs = list(yaml.safe_load_all((REPO / "templates/overlays/kind/ui-artifacts.yaml").read_text()))
     _validate(docs)
+    base = [d for d in yaml.safe_load_all((REPO / "templates/base/rbac.yaml").read_text()) if d]
+    granted = [(g, res, tuple(r.get("resourceNames", ())), verb)
+               for d in [*base, *docs] if d["kind"] == "Role" and d["metadata"]["name"].startswith("baton-submitter")
+               for r in d["rules"] for g in r["apiGroups"] for res in r["resources"] for verb in r["verbs"]]
+    # Each request the UI makes to open report.md or loss.png, as the caller (Argo v4.1.2), beside the rule:
+    ui_needs = {
+        "getArtifact -> getWorkflowAndValidate: Workflows(ns).Get (server/artifacts/artifact_server.go:789)":
+            ("argoproj.io", "workflows", (), "get"),
+        "getArtifactAndDriver -> the S3 driver's keys: Secrets(ns).Get (server/artifacts/resources.go:16)":
+            ("", "secrets", ("baton-minio",), "get"),
+    }
+    for request, rule in ui_needs.items():
+        assert rule in granted, f"the submitter lacks {rule}, which {request} needs"
+    assert [g for g in granted if g[1] == "secrets"] == [("", "secrets", ("baton-minio",), "get")]
     role = next(d for d in docs if d["kind"] == "Role")
     assert role["rules"] == [{"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["baton-minio"],
                               "verbs": ["get"]}]
