@@ -16,6 +16,9 @@ from trainer.preemption import Preemption
 def main(argv: list[str] | None = None) -> int:
     # cuBLAS reads this once, at its first use: set it before anything can touch CUDA.
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    # Weights come from model.path (a folder, or a bucket's copy): a hub download from a training pod would
+    # depend on the hub at every attempt and could change the weights between the reference and the trial.
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     # The handler goes in before the slow imports: a SIGTERM during start-up still ends in a clean 75.
     preempt = Preemption()
     try:
@@ -35,6 +38,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         cfg = load_config(args.config, args.overrides)
+        cfg.fingerprint  # noqa: B018 - reads the weights' manifest where model.path has one: its errors are config errors
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

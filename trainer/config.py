@@ -23,6 +23,7 @@ from trainer.faults import FaultsConfig
 from trainer.notice import NoticeConfig
 from trainer.validation import ConfigError
 from trainer.validation import require as _require
+from trainer.weights import identity
 
 __all__ = ["Config", "ConfigError", "load_config", "config_from_dict"]
 
@@ -36,13 +37,19 @@ _FINGERPRINT_ONLY_IF_SET = {"attn_implementation": "eager", "compile": False}
 @dataclass
 class ModelConfig:
     path: str = ""
-    """Local directory of a Hugging Face causal LM, loaded with `from_pretrained`."""
+    """A Hugging Face causal LM, loaded with `from_pretrained`: a local folder, or a bucket URI (s3://,
+    gs://) holding weights staged with `python -m trainer.weights stage`, which each machine copies to
+    `weights_cache` once, checked against their manifest. Where the folder holds `baton-weights.json`,
+    the fingerprint has the weights' identity (the hash of that manifest) instead of this path."""
+    weights_cache: str = ""
+    """Local folder for the copies of weights from a bucket (empty: <system temp>/baton-weights). Not in
+    the fingerprint."""
     dropout: float = 0.0
     """Attention dropout (Qwen2's `attention_dropout`). > 0 makes every forward pass draw from the RNG."""
     dtype: str = "float32"
     """Parameter dtype: float32 or bfloat16."""
     create_if_missing: str = ""
-    """If set to 'tiny-qwen2' and `path` does not exist, build a tiny Qwen2 (random weights from a fixed
+    """If set to 'tiny-qwen2' and `path` (a local folder) does not exist, build a tiny Qwen2 (random weights from a fixed
     seed, tokenizer trained on `data.uri`) and `save_pretrained` it there first. Empty: `path` must exist."""
     attn_implementation: str = "eager"
     """Attention kernel: `eager` (the Hugging Face reference, deterministic everywhere) or `sdpa`
@@ -54,7 +61,8 @@ class ModelConfig:
     arithmetic and draws dropout from its own RNG stream."""
 
     def __post_init__(self) -> None:
-        _require(bool(self.path), "model.path", "is required (a local Hugging Face model directory)")
+        _require(bool(self.path), "model.path", "is required (a Hugging Face model folder, or a bucket URI of staged "
+                 "weights)")
         _require(0.0 <= self.dropout < 1.0, "model.dropout", f"must be in [0, 1), got {self.dropout}")
         _require(self.dtype in ("float32", "bfloat16"), "model.dtype", f"must be float32 or bfloat16, got {self.dtype!r}")
         _require(self.create_if_missing in ("", "tiny-qwen2"), "model.create_if_missing",
@@ -195,11 +203,17 @@ class Config:
 def fingerprint_fields(cfg: Config) -> dict[str, Any]:
     """What a run computes: model (with its attention kernel and compilation), data, seed, optimizer,
     schedule, batch geometry, dropout, precision, determinism. Storage, logging, checkpoint cadence and
-    worker counts are left out."""
+    worker counts are left out. The model is its weights' manifest hash where it has one (so reading
+    the fingerprint of bucket weights reads their manifest), else its path."""
     data = dataclasses.asdict(cfg.data)
     data.pop("num_workers")
     model = dataclasses.asdict(cfg.model)
     model.pop("create_if_missing")
+    model.pop("weights_cache")
+    weights = identity(cfg.model.path)
+    if weights is not None:  # the same weights, wherever they lie, are the same run
+        del model["path"]
+        model["weights"] = weights
     for key, default in _FINGERPRINT_ONLY_IF_SET.items():
         if model[key] == default:
             del model[key]

@@ -105,11 +105,12 @@ class Trainer:
     def build(self) -> None:
         t = time.perf_counter()
         cfg = self.cfg
-        if self.rank == 0:
-            path = ensure_model(cfg)
+        # Rank 0 first (it may build or copy the model), then the others, who find it made.
+        weights = ensure_model(cfg) if self.rank == 0 else None
         dist.barrier()
-        path = ensure_model(cfg)
-        self.model_path = path
+        weights = weights or ensure_model(cfg)
+        path = self.model_path = weights.path
+        self.emit("weights", 0, **weights.record())
         rng.seed_everything(cfg.seed, self.rank)
         tokenizer = load_tokenizer(path)
         samples = pack(read_documents(cfg.data.uri, cfg.data.text_field), tokenizer, cfg.data.seq_len)

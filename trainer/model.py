@@ -17,21 +17,25 @@ from torch.distributed.fsdp import fully_shard
 
 from trainer.config import Config, ConfigError
 from trainer.records import log
+from trainer.weights import Weights, materialize
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
-def ensure_model(cfg: Config) -> Path:
-    """The model folder, built first when `model.create_if_missing` asks for it."""
-    path = Path(cfg.model.path)
+def ensure_model(cfg: Config) -> Weights:
+    """The model folder: copied from a bucket once per machine (trainer/weights.py), or built first when
+    `model.create_if_missing` asks for it."""
+    weights = materialize(cfg.model.path, cfg.model.weights_cache)
+    path = weights.path
     if (path / "config.json").exists():
-        return path
+        return weights
     if cfg.model.create_if_missing == "tiny-qwen2":
         from trainer.data import read_documents
         from trainer.tiny import build_tiny_qwen2
 
         log(f"building tiny Qwen2 at {path} (model.create_if_missing)")
-        return build_tiny_qwen2(path, read_documents(cfg.data.uri, cfg.data.text_field))
+        build_tiny_qwen2(path, read_documents(cfg.data.uri, cfg.data.text_field))
+        return weights
     raise ConfigError(f"config key 'model.path': {str(path)!r} is not a Hugging Face model folder "
                       f"(no config.json); build one with `python -m trainer.tiny {path}`")
 

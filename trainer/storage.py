@@ -41,8 +41,8 @@ from typing import Any, TypeVar
 import fsspec
 from fsspec import AbstractFileSystem
 
-from trainer.config import ConfigError
 from trainer.redaction import redact  # noqa: F401 - storage errors redact with it; callers import it from here
+from trainer.validation import ConfigError
 
 T = TypeVar("T")
 DEFAULT_S3_MAX_ATTEMPTS = 5
