@@ -68,8 +68,11 @@ RUN pip install ".[gcs]" \
 # Model weights are part of the image, never fetched at run time. The tiny Qwen2 is built here from the
 # shipped corpus (deterministic, no network) at the path trainer/configs/tiny.yaml names, so the default
 # drill needs no model volume; MODEL_DIR bakes a real one.
+# A baked model gets its manifest (trainer/weights.py): the run is then known by the weights' hash, so a
+# drill on this image and one that reads the same weights from a bucket (model.path=gs://...) are one run.
 COPY ${MODEL_DIR} /models/base
-RUN python -m trainer.tiny /models/tiny-qwen2 --corpus trainer/assets/tiny_corpus.txt \
+RUN if [ -f /models/base/config.json ]; then python -m trainer.weights manifest /models/base; fi \
+ && python -m trainer.tiny /models/tiny-qwen2 --corpus trainer/assets/tiny_corpus.txt \
  && mkdir -p /app/.baton/models \
  && ln -s /models/tiny-qwen2 /app/.baton/models/tiny-qwen2
 

@@ -50,8 +50,9 @@ clean:
 
 # ---- cluster (see infra/README.md) ----
 IMAGE ?= baton:dev
+# MODEL=models/NAME bakes that model folder (inside the repository) into the image, with its manifest.
 image:
-	bash infra/scripts/build-image.sh $(IMAGE)
+	$(if $(MODEL),MODEL_DIR=$(MODEL)) bash infra/scripts/build-image.sh $(IMAGE)
 
 gke-up:
 	bash infra/scripts/gke-up.sh
