@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.figure import Figure
+from bench.figure_digest import digest_figure
 from bench.figure_run import equivalence_figure, overhead_figure, resume_figure
 from bench.figure_save import async_figure, flush_figure, memory_figure, size_figure
 from bench.figure_scaling import scaling_figure
@@ -38,6 +39,8 @@ def figures(res: dict[str, dict[str, Any]]) -> list[Figure]:
         out.append(memory_figure(res["memory-sync"], res.get("memory-async"), res.get("memory-async-mmap")))
     if res.get("scaling"):
         out.append(scaling_figure(res["scaling"], res.get("overhead")))
+    if res.get("digest"):
+        out.append(digest_figure(res["digest"]))
     return out
 
 

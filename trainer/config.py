@@ -29,6 +29,7 @@ __all__ = ["Config", "ConfigError", "load_config", "config_from_dict"]
 
 
 ATTN_IMPLEMENTATIONS = ("eager", "sdpa")
+DIGESTS = ("crc32c", "blake3", "sha256")  # trainer/checkpoint/digest.py ALGORITHMS
 # Keys added after runs existed: they enter the fingerprint only when they differ from these defaults,
 # so a run started before they existed keeps its run_id (and resumes) after an upgrade.
 _FINGERPRINT_ONLY_IF_SET = {"attn_implementation": "eager", "compile": False}
@@ -138,6 +139,10 @@ class CheckpointConfig:
     """Threads per rank that write a checkpoint (DCP's thread_count: a file per thread) and hash its
     files, at the commit and when a resume verifies them. 1: one file per rank, written and hashed
     in turn. Not part of the fingerprint: a checkpoint written with any value loads with any other."""
+    digest: str = "crc32c"
+    """Checksum of the data files in the manifest (trainer/checkpoint/digest.py): `crc32c` (fast, finds
+    torn and corrupt files, no defence against a forger), `blake3` (cryptographic, multi-threaded) or
+    `sha256`. `.metadata` always has sha256. Not part of the fingerprint: every algorithm is read."""
     async_save: bool = False
     """Periodic saves write in the background (dcp.async_save on a gloo group of their own) and commit
     at a later step boundary; the step after a save waits only for the staging copy. Preemption and
@@ -151,6 +156,7 @@ class CheckpointConfig:
                  f"must be a metric name of the step record (such as 'loss') or '', got {self.keep_best_metric!r}")
         _require(isinstance(self.io_threads, int) and 1 <= self.io_threads <= 64, "checkpoint.io_threads",
                  f"must be an integer in [1, 64], got {self.io_threads!r}")
+        _require(self.digest in DIGESTS, "checkpoint.digest", f"must be one of {', '.join(DIGESTS)}, got {self.digest!r}")
         _require(isinstance(self.async_save, bool), "checkpoint.async_save",
                  f"must be true or false, got {self.async_save!r}")
 

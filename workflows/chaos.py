@@ -14,7 +14,8 @@ A deletion that finds no pod of its task running waits for the next one; a task 
 its last retry is never chosen (the drill's verdict is about losing nothing, not about exhausting a retry
 limit that is configuration). A deletion whose task finished first is moved to another unfinished task,
 with a new moment, drawn from the same random stream; one that no task can take any more is recorded
-``missed``. A pod is deleted the way ``kubectl delete pod`` does it (SIGTERM, SIGKILL after its grace): the
+``missed``. So is a deletion sent to a pod that then ended Succeeded (its exit 0 came before the SIGTERM
+took): it deleted nothing, and moves on the same way. A pod is deleted the way ``kubectl delete pod`` does it (SIGTERM, SIGKILL after its grace): the
 runner's ``delete`` (steps/local_pods.py). The planned evictions of the trial (``steps.evict``) are not
 chaos and are never counted here.
 """
@@ -94,8 +95,14 @@ class Chaos:
 
     def ended(self, pod: str, status: str, exit_code: int, message: str) -> None:
         for d in self.deletions:
-            if d.pod == pod:
-                d.ended = {"status": status, "exit_code": exit_code, "message": message}
+            if d.pod != pod:
+                continue
+            if status == "Succeeded":  # the pod finished before the deletion took: it deleted nothing
+                d.moved_from.append(d.task)
+                d.pod = d.attempt = d.at_s = d.at_step = None
+                d.outcome = "planned"  # its task is done: the runner's `unavailable` moves it on next
+                continue
+            d.ended = {"status": status, "exit_code": exit_code, "message": message}
 
     def unavailable(self, task: str, open_tasks: list[str]) -> None:
         """``task`` can take no more deletions (it finished, or its next attempt is its last retry): move

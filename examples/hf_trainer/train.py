@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     from trainer.data import pack, read_documents
     from trainer.model import ensure_model
 
-    model_dir = ensure_model(cfg)
+    model_dir = ensure_model(cfg).path  # a folder, or a bucket's weights copied once to this machine
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     samples = pack(read_documents(cfg.data.uri, cfg.data.text_field), tokenizer, cfg.data.seq_len)
 

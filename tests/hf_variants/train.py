@@ -55,7 +55,7 @@ def main() -> int:
     from trainer.data import pack, read_documents
     from trainer.model import ensure_model
 
-    model_dir = ensure_model(cfg)
+    model_dir = ensure_model(cfg).path  # a folder, or a bucket's weights copied once to this machine
     samples = pack(read_documents(cfg.data.uri), AutoTokenizer.from_pretrained(model_dir), cfg.data.seq_len)
     order = list(range(samples.shape[0]))
     if VARIANT == "unseeded_shuffle":

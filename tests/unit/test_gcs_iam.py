@@ -45,7 +45,9 @@ def granted_permissions() -> set[str]:
     tf = _tf()
     grants = _resources(tf, "google_storage_bucket_iam_member")
     roles = _resources(tf, "google_project_iam_custom_role")
-    assert list(grants) == ["drill_objects"], grants
+    # drill_objects: the drill's pods; ui_reader: the Argo UI's read-only account (its own test, test_infra.py)
+    assert sorted(grants) == ["drill_objects", "ui_reader"], grants
+    assert grants["ui_reader"]["role"] == "roles/storage.objectViewer"
     grant = grants["drill_objects"]
     assert grant["member"] == "serviceAccount:${google_service_account.drill.email}"
     assert grant["bucket"] == "${google_storage_bucket.drills.name}"
@@ -57,7 +59,10 @@ def granted_permissions() -> set[str]:
 def test_the_drill_role_is_bound_on_the_bucket_only_and_never_project_wide():
     tf = _tf()
     for rtype in ("google_storage_bucket_iam_member", "google_storage_bucket_iam_binding", "google_project_iam_member"):
-        assert all(not r["role"].startswith("roles/storage.") for r in _resources(tf, rtype).values()), rtype
+        # No predefined storage role, but the UI reader's read-only one, on the bucket
+        assert all(not r["role"].startswith("roles/storage.") or (name, r["role"]) == ("ui_reader",
+                   "roles/storage.objectViewer") and rtype == "google_storage_bucket_iam_member"
+                   for name, r in _resources(tf, rtype).items()), rtype
     for member in _resources(tf, "google_project_iam_member").values():
         assert "drill" not in member["member"] and "storage" not in member["role"], member
     assert granted_permissions()

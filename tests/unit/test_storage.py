@@ -162,10 +162,10 @@ def test_finding_the_newest_checkpoint_costs_one_listing(store_server, store_pro
 
 
 def test_a_preemption_save_hashes_while_writing_and_downloads_nothing(store_server, store_proxy, monkeypatch):
-    """read_back=False (the preemption save): no GET of the step's files, and the manifest's sha256 of
-    every file is the sha256 of the stored object. The default save reads every file back (the same
-    count sees those GETs), and both verify."""
-    import hashlib
+    """read_back=False (the preemption save): no GET of the step's files, and the manifest's checksum of
+    every file (crc32c; .metadata's sha256) is the checksum of the stored object. The default save reads
+    every file back (the same count sees those GETs), and both verify."""
+    from trainer.checkpoint.digest import expected, of_bytes
 
     srv, proxy = store_server, store_proxy
     via(monkeypatch, srv, proxy)
@@ -181,7 +181,9 @@ def test_a_preemption_save_hashes_while_writing_and_downloads_nothing(store_serv
         assert len(files) >= 3, files  # .metadata and a file per writer thread
         for name, entry in files.items():
             stored = srv.read(f"{srv.step_uri(root, step)}/{name}")
-            assert entry["size"] == len(stored) and entry["sha256"] == hashlib.sha256(stored).hexdigest(), name
+            algorithm, hexdigest = expected(entry, name)
+            assert algorithm == ("sha256" if name == ".metadata" else "crc32c"), entry
+            assert entry["size"] == len(stored) and hexdigest == of_bytes(algorithm, stored), name
             assert entry.get("hashed") == (None if read_back else "writing"), entry
         if read_back:
             assert len(gets) >= len(files), f"the read-back should GET every file: {gets}"
@@ -331,7 +333,7 @@ def test_async_saves_overlap_training_and_resume_bit_identically(store_server, s
 def _assert_refused_and_fell_back(recs, refused_step: int, from_step: int) -> None:
     refused = by_event(recs, "checkpoint_refused")
     assert [r["step"] for r in refused] == [refused_step]
-    assert "__0_0.distcp" in refused[0]["reason"] and "sha256" in refused[0]["reason"]
+    assert "__0_0.distcp" in refused[0]["reason"] and "crc32c checksum" in refused[0]["reason"]
     assert by_event(recs, "resume")[0]["from_step"] == from_step
 
 

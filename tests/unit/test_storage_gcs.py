@@ -85,7 +85,7 @@ def _stale_listing_race(root: str, monkeypatch) -> tuple[int, int]:
     a, b = Store(root, "run"), Store(root, "run")
     seen_by_b = b._attempts()  # B's listing, taken before A has written anything
     tokens = iter(["ffffffffffff" + "0" * 20, "000000000000" + "0" * 20])
-    monkeypatch.setattr("trainer.checkpoint.uuid.uuid4", lambda: type("U", (), {"hex": next(tokens)})())
+    monkeypatch.setattr("trainer.checkpoint.store.uuid.uuid4", lambda: type("U", (), {"hex": next(tokens)})())
     got_a = a.claim_attempt({"who": "a"})
     real, calls = b._attempts, []
 
@@ -107,7 +107,7 @@ def test_two_claimants_cannot_both_get_one_number_on_gcs(gcs, monkeypatch):
 
 def test_negative_control_a_list_then_write_claim_gives_one_number_twice(gcs, monkeypatch):
     """The same interleaving with the claim s3:// and file:// use: both claimants hold attempt 1."""
-    monkeypatch.setattr("trainer.checkpoint.create_only_supported", lambda fs: False)
+    monkeypatch.setattr("trainer.checkpoint.store.create_only_supported", lambda fs: False)
     assert _stale_listing_race(gcs.new_prefix("claim-race-list"), monkeypatch) == (1, 1)
 
 
@@ -244,10 +244,9 @@ def test_gcsfs_is_in_the_image_the_gcs_extra_and_the_dev_extra():
 def test_a_checkpoint_file_above_the_block_size_goes_up_resumably_and_verifies(gcs, monkeypatch):
     """gcsfs writes a file of 5 MB or more as a resumable upload in parts (smaller ones in one request):
     a 12 MB file, saved both ways (read back, and hashed while writing as a preemption save does), has
-    the manifest's sha256 of the stored object and loads back equal."""
-    import hashlib
-
+    the manifest's checksum of the stored object and loads back equal."""
     from trainer.checkpoint import load_flat
+    from trainer.checkpoint.digest import of_bytes
 
     proxy = FaultProxy(gcs.url).start()
     try:
@@ -261,7 +260,7 @@ def test_a_checkpoint_file_above_the_block_size_goes_up_resumably_and_verifies(g
             files = store.read_manifest(step)["files"]
             stored = gcs.read(f"{root}/runs/run/step-0000000{step}/__0_0.distcp")
             assert len(stored) > 12 * 2**20
-            assert files["__0_0.distcp"]["sha256"] == hashlib.sha256(stored).hexdigest()
+            assert files["__0_0.distcp"]["crc32c"] == of_bytes("crc32c", stored)
             store.verify_files(step, store.read_manifest(step))
             assert torch.equal(load_flat(store.url(store.step_path(step)))["w"], big["w"])
         starts = [p for m, p, _ in proxy.requests() if m == "POST" and "uploadType=resumable" in p]

@@ -1,5 +1,5 @@
 """A restart reads the checkpoint once: each file is hashed while DCP reads it (trainer.checkpoint.read), and
-a checkpoint that fails its sha256 leaves nothing of itself in the live state.
+a checkpoint that fails its checksum leaves nothing of itself in the live state.
 
 In-process, on file://, with a state of plain tensors (no process group: every collective of the
 store is a no-op on one process). Each test has a control that shows the check can fail.
@@ -51,8 +51,8 @@ def load(store: Store, live: dict[str, torch.Tensor], refused: list, monkeypatch
 def test_an_intact_checkpoint_loads_and_every_file_is_hashed_once(store, monkeypatch):
     save(store, 5)
     hashed_fully: list[str] = []
-    original = ckpt._sha256
-    monkeypatch.setattr(ckpt, "_sha256", lambda fs, p: hashed_fully.append(p) or original(fs, p))
+    original = ckpt._file_hexdigest
+    monkeypatch.setattr(ckpt, "_file_hexdigest", lambda fs, p, a: hashed_fully.append(p) or original(fs, p, a))
     seen: list[set[str]] = []
     real_load = Store.load_verified
 
@@ -80,7 +80,7 @@ def test_a_flipped_byte_is_refused_and_the_live_state_is_untouched(store):
     refused: list = []
     step, _, staged = load(store, live, refused)
     assert [s for s, _ in refused] == [5]
-    assert name in refused[0][1] and "sha256" in refused[0][1]
+    assert name in refused[0][1] and "crc32c checksum" in refused[0][1]
     assert step == 3 and all(torch.equal(staged[k], v) for k, v in state(3).items())
     assert all(torch.equal(live[k], before[k]) for k in live), "a refused checkpoint wrote into the live state"
 
@@ -122,7 +122,7 @@ def test_a_file_no_item_is_read_from_is_still_hashed(store):
     refused: list = []
     got = resolve_and_load(store, FP, lambda s, m: {"progress": torch.zeros(1, dtype=torch.int64)},
                            lambda s, why: refused.append((s, why)))
-    assert got is None and [s for s, _ in refused] == [5] and "sha256" in refused[0][1]
+    assert got is None and [s for s, _ in refused] == [5] and "checksum" in refused[0][1]
 
 
 @pytest.mark.parametrize("verified", [True, False], ids=["verified-kept", "control-none-verified"])

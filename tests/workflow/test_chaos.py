@@ -50,6 +50,23 @@ def test_a_restore_deletion_lands_while_the_pod_restores_or_at_its_first_step():
     assert ch.due("a", 0.1, 3) is ch.deletions[0]  # a fresh pod has nothing to restore: its first step
 
 
+def test_a_deletion_that_reaches_a_pod_as_it_succeeds_deleted_nothing_and_moves_on():
+    """The pod's exit 0 came before the SIGTERM took (a race no test can order): it is not counted as a
+    deletion, and moves to another task like one whose task finished first."""
+    ch = Chaos(1, 0, ["a", "b"], {"a"}, 50)
+    d = ch.deletions[0]
+    d.task, d.trigger, d.value = "b", "after_s", 0.5
+    ch.landed(d, "pod-b-0", 0, 3.0, None)
+    ch.ended("pod-b-0", "Succeeded", 0, "")
+    assert (d.outcome, d.pod, d.moved_from) == ("planned", None, ["b"])
+    ch.unavailable("b", ["a", "b"])
+    assert d.task == "a" and ch.record()["deleted"] == 0
+    # Control: a pod that the deletion ended is a deletion.
+    ch.landed(d, "pod-a-0", 0, 4.0, 7)
+    ch.ended("pod-a-0", "Failed", 75, "main: Error (exit code 75)")
+    assert ch.record()["deleted"] == 1 and d.ended["exit_code"] == 75
+
+
 def test_a_deletion_waits_for_its_moment_moves_when_its_task_is_done_and_is_missed_when_none_is_left():
     ch = Chaos(2, 0, ["a", "b"], {"a"}, 50)
     ch.deletions[0].task, ch.deletions[0].trigger, ch.deletions[0].value = "a", "step", 10

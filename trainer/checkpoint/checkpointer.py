@@ -97,7 +97,7 @@ class Checkpointer:
                  swap_ranks: bool = False) -> None:
         self.cfg, self.fingerprint = cfg, fingerprint
         self.skip, self.swap_ranks = skip, swap_ranks
-        self.store = Store(cfg.uri, run_id, io_threads=cfg.io_threads)
+        self.store = Store(cfg.uri, run_id, io_threads=cfg.io_threads, digest_algorithm=cfg.digest)
         self.parts: Parts | None = None
 
     # -- the store's, for the loop --
@@ -271,7 +271,7 @@ class Checkpointer:
         return groups
 
     def _restore(self, st: dict[str, Any], manifest: dict[str, Any], same_world: bool) -> None:
-        """The staged checkpoint into the live parts (every file of it has matched its sha256 by now)."""
+        """The staged checkpoint into the live parts (every file of it has matched its checksum by now)."""
         p = self._p()
         if "optimizer" not in self.skip:
             set_state_dict(p.model, p.optim, model_state_dict=st["model"],

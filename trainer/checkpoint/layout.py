@@ -15,6 +15,8 @@ import math
 import re
 from typing import Any
 
+import trainer.checkpoint.digest as digest
+
 COMMIT = "_COMMIT"
 MANIFEST = "manifest.json"
 STEP_PREFIX = "step-"
@@ -77,7 +79,15 @@ def _count(obj: dict[str, Any], key: str, what: str) -> int:
     return value
 
 
-def _files(obj: dict[str, Any], what: str) -> dict[str, dict[str, Any]]:
+def checksum(meta: dict[str, Any], what: str) -> tuple[str, str]:
+    """(algorithm, hex) of a manifest entry (digest.py), or CorruptCheckpoint."""
+    try:
+        return digest.expected(meta, what)
+    except digest.BadChecksum as e:
+        raise CorruptCheckpoint(str(e)) from None
+
+
+def _files(obj: dict[str, Any], what: str, algorithms: tuple[str, ...]) -> dict[str, dict[str, Any]]:
     files = obj.get("files")
     if not isinstance(files, dict) or not files:
         raise CorruptCheckpoint(f"{what} field 'files' must be a non-empty object")
@@ -86,8 +96,11 @@ def _files(obj: dict[str, Any], what: str) -> dict[str, dict[str, Any]]:
         if not isinstance(meta, dict):
             raise CorruptCheckpoint(f"{what}: the entry of {name!r} is not an object")
         _count(meta, "size", f"{what} entry {name!r}")
-        if not isinstance(meta.get("sha256"), str) or not _SHA256.fullmatch(meta["sha256"]):
-            raise CorruptCheckpoint(f"{what} entry {name!r}: 'sha256' is not 64 lowercase hex digits")
+        algorithm, _ = checksum(meta, f"{what} entry {name!r}")
+        allowed = digest.CRYPTOGRAPHIC if name == ".metadata" else algorithms
+        if algorithm not in allowed:  # .metadata is unpickled: a forger must not be able to match its check
+            raise CorruptCheckpoint(f"{what} entry {name!r}: {algorithm} is not accepted here "
+                                    f"(only {', '.join(allowed)})")
     return files
 
 
@@ -112,7 +125,7 @@ def parse_manifest(text: str | bytes, step: int) -> dict[str, Any]:
         raise CorruptCheckpoint(f"{MANIFEST} field 'world_size' must be >= 1")
     if not isinstance(manifest.get("fingerprint", ""), str):
         raise CorruptCheckpoint(f"{MANIFEST} field 'fingerprint' must be a string")
-    if ".metadata" not in _files(manifest, MANIFEST):
+    if ".metadata" not in _files(manifest, MANIFEST, digest.ALGORITHMS):
         raise CorruptCheckpoint("manifest lists no .metadata")
     metrics = manifest.get("metrics", {})
     if not isinstance(metrics, dict):
@@ -128,7 +141,7 @@ def parse_hf_commit(text: str | bytes, step: int) -> dict[str, Any]:
         raise CorruptCheckpoint(f"{COMMIT} says step {manifest['step']}, the folder is checkpoint-{step}")
     if "world_size" in manifest and _count(manifest, "world_size", COMMIT) < 1:
         raise CorruptCheckpoint(f"{COMMIT} field 'world_size' must be >= 1")
-    _files(manifest, COMMIT)
+    _files(manifest, COMMIT, ("sha256",))  # HF roots: sha256 (trainer/checkpoint/hf_store.py)
     return manifest
 
 

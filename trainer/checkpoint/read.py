@@ -1,14 +1,14 @@
 """Reading a checkpoint: `.metadata` without arbitrary unpickling, and a load that verifies every
-file's sha256 while DCP reads it, so that a restart reads the checkpoint once.
+file's checksum while DCP reads it, so that a restart reads the checkpoint once.
 
 `load_flat` reads a whole checkpoint without a process group (compare).
 
 `VerifyingReader` is DCP's fsspec reader with two changes:
-- `.metadata` is read under an allowlist (`SafeReader`) and checked against the manifest's sha256;
+- `.metadata` is read under an allowlist (`SafeReader`) and checked against the manifest's (cryptographic) checksum;
 - in `prepare_global_plan` (the coordinator, which sees every rank's plan) each data file is given to
   exactly one rank to hash: the rank that reads the most bytes of it, or rank 0 for a file nobody
   reads. That rank streams the whole file in order, hashing every byte, and deserializes the items it
-  needs on the way; the other ranks read only their items. A file whose sha256 differs from the
+  needs on the way; the other ranks read only their items. A file whose checksum differs from the
   manifest raises CorruptCheckpoint, which DCP turns into a CheckpointException on every rank.
 
 The hash of a file is known only after its last byte, so items of a corrupt file have been copied
@@ -20,7 +20,6 @@ rank).
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import io
 import pickle
 from concurrent.futures import ThreadPoolExecutor
@@ -33,11 +32,11 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem
 from torch.futures import Future
 
-from trainer.checkpoint.layout import CorruptCheckpoint, plain_name
-from trainer.checkpoint.write import sha256_file
+import trainer.checkpoint.digest as digest
+from trainer.checkpoint.layout import CorruptCheckpoint, checksum, plain_name
 from trainer.storage import storage_options, url_to_fs
 
-_HASH_CHUNK = 8 << 20
+_HASH_CHUNK = digest.CHUNK
 
 
 # ---- .metadata without arbitrary unpickling ---------------------------------------------------------
@@ -114,7 +113,8 @@ def _check_shape(md: Any) -> None:
 
 class VerifyingReader(SafeReader):
     """A SafeReader that checks every file of the checkpoint against `files` (the manifest's
-    {name: {size, sha256}}) while it loads, hashing each file once, on `threads` threads per rank.
+    {name: {size, ALGORITHM: hex}}) while it loads, hashing each file once with its entry's algorithm,
+    on `threads` threads per rank.
     `hashed` names the files this rank verified (rank 0 also counts .metadata)."""
 
     def __init__(self, path: str, files: dict[str, dict[str, Any]], threads: int = 1, **kwargs: Any) -> None:
@@ -127,8 +127,12 @@ class VerifyingReader(SafeReader):
         want = self.files.get(".metadata")
         if not isinstance(want, dict):
             raise CorruptCheckpoint("manifest lists no .metadata")
-        if len(raw) != want.get("size") or hashlib.sha256(raw).hexdigest() != want.get("sha256"):
-            raise CorruptCheckpoint(".metadata fails its sha256 checksum")
+        algorithm, hexdigest = checksum(want, "manifest entry '.metadata'")
+        if algorithm not in digest.CRYPTOGRAPHIC:  # it is unpickled next: a forger must not match its check
+            raise CorruptCheckpoint(f"manifest entry '.metadata': {algorithm} is not accepted (only "
+                                    f"{', '.join(digest.CRYPTOGRAPHIC)})")
+        if len(raw) != want.get("size") or digest.of_bytes(algorithm, raw) != hexdigest:
+            raise CorruptCheckpoint(f".metadata fails its {algorithm} checksum")
         self.hashed.add(".metadata")
 
     def prepare_global_plan(self, plans: list[LoadPlan]) -> list[LoadPlan]:
@@ -179,7 +183,8 @@ class VerifyingReader(SafeReader):
 
     def _read_hashing(self, name: str, reqs: list[ReadItem], planner: LoadPlanner) -> None:
         want = self.files[name]
-        sha, pos = hashlib.sha256(), 0
+        algorithm, hexdigest = checksum(want, f"manifest entry {name!r}")
+        sha, pos = digest.new(algorithm), 0
         with self.fs.create_stream(self.fs.concat_path(self.path, name), "rb") as stream:
             def take(n: int, keep: bool) -> bytes:
                 nonlocal pos
@@ -207,8 +212,8 @@ class VerifyingReader(SafeReader):
                 pos += len(chunk)
         if pos != want["size"]:
             raise CorruptCheckpoint(f"{name} has {pos} bytes, the manifest says {want['size']}")
-        if sha.hexdigest() != want["sha256"]:
-            raise CorruptCheckpoint(f"{name} fails its sha256 checksum")
+        if sha.hexdigest() != hexdigest:
+            raise CorruptCheckpoint(f"{name} fails its {algorithm} checksum")
         self.hashed.add(name)
 
     def _read_items(self, name: str, reqs: list[ReadItem], planner: LoadPlanner) -> None:
@@ -254,7 +259,7 @@ def corrupt_reason(e: BaseException) -> str | None:
 def load_flat(url: str, files: dict[str, dict[str, Any]] | None = None) -> dict[str, torch.Tensor]:
     """Every tensor of a checkpoint, full (unsharded), by flattened key. No process group needed.
 
-    With `files` (its manifest's), `.metadata` is checked against its sha256 before it is unpickled and
+    With `files` (its manifest's), `.metadata` is checked against its checksum before it is unpickled and
     every file is hashed while it is read (CorruptCheckpoint on a mismatch); without (a bare DCP folder),
     `.metadata` is still unpickled only under the allowlist."""
     # The same private pair that torch's own dcp_to_torch_save uses: the public load() skips an empty dict.
@@ -264,7 +269,7 @@ def load_flat(url: str, files: dict[str, dict[str, Any]] | None = None) -> dict[
     state: dict[str, Any] = {}
     reader = VerifyingReader(url, files, **storage_options(url)) if files is not None else \
         SafeReader(url, **storage_options(url))
-    # Checked (sha256 first, then the allowlist) here, where its refusal is a CorruptCheckpoint: DCP reports a
+    # Checked (its checksum first, then the allowlist) here, where its refusal is a CorruptCheckpoint: DCP reports a
     # failure to read .metadata only as text inside an AssertionError.
     reader.read_metadata()
     try:
@@ -278,8 +283,9 @@ def load_flat(url: str, files: dict[str, dict[str, Any]] | None = None) -> dict[
         unread = sorted(set(files) - reader.hashed)
         fs, path = url_to_fs(url)
         for name in unread:  # a file no item was read from still has to be what the manifest says
-            if sha256_file(fs, f"{path.rstrip('/')}/{name}") != files[name]["sha256"]:
-                raise CorruptCheckpoint(f"{name} fails its sha256 checksum")
+            algorithm, hexdigest = checksum(files[name], f"manifest entry {name!r}")
+            if digest.file_hexdigest(fs, f"{path.rstrip('/')}/{name}", algorithm) != hexdigest:
+                raise CorruptCheckpoint(f"{name} fails its {algorithm} checksum")
     flat: dict[str, torch.Tensor] = {}
 
     def walk(prefix: str, node: Any) -> None:

@@ -89,7 +89,7 @@ def resolve_and_load(store: Store, fingerprint: str, build_state: Callable[[int,
     `steps`: the committed steps, newest first, when the caller has listed them (same on every rank).
     `build_state(step, manifest)` returns the tensor-only state to load (the live tensors may be in
     it): the load goes into a staging copy of it, hashing every file while reading it, and the staging
-    copy is returned only once every file has matched its sha256 on every rank and `check_staged(step,
+    copy is returned only once every file has matched its checksum on every rank and `check_staged(step,
     staged)` (the caller's check of what the copy holds, the same on every rank) returned None, so no
     tensor of a refused checkpoint reaches the live state. Returns (step, manifest, staged state), or None when no
     usable checkpoint exists. Raises CheckpointRefused for a checkpoint of another run (a different

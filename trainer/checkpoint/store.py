@@ -2,7 +2,7 @@
 retention.
 
     <root>/runs/<run_id>/step-<step:08d>/.metadata, __<rank>_<i>.distcp   DCP, io_threads files per rank
-                                         manifest.json                   step, fingerprint, metrics, files + sha256
+                                         manifest.json                   step, fingerprint, metrics, files + checksums
                                          _COMMIT                         written last; absent = incomplete
     <root>/runs/<run_id>/attempts/<n:08d>-<token>.json                   one per process start (<n:08d>.json on gs://)
 
@@ -46,12 +46,14 @@ from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 
+import trainer.checkpoint.digest as digest
 from trainer import collectives
 from trainer.checkpoint.async_save import AsyncSaves
 from trainer.checkpoint.layout import (
     COMMIT,
     MANIFEST,
     CorruptCheckpoint,
+    checksum,
     finite_metric,
     parse_commit,
     parse_manifest,
@@ -67,7 +69,6 @@ from trainer.checkpoint.write import (
     done,
     name_of,
     require_written,
-    sha256_file,
     sharing,
     writer_thread_hook,
 )
@@ -84,7 +85,7 @@ from trainer.storage import (
     url_to_fs,
 )
 
-_sha256 = sha256_file  # the store's full-file hash, one name a test can count calls through
+_file_hexdigest = digest.file_hexdigest  # the store's full-file hash, one name a test can count calls through
 
 
 class CheckpointRefused(RuntimeError):
@@ -102,9 +103,11 @@ class Store:
     credentials or an unreachable endpoint stop the run at start-up with a StorageError naming the URI.
     """
 
-    def __init__(self, root_uri: str, run_id: str, check: bool = True, io_threads: int = 4) -> None:
+    def __init__(self, root_uri: str, run_id: str, check: bool = True, io_threads: int = 4,
+                 digest_algorithm: str = digest.DATA_DEFAULT) -> None:
         self.root_uri = root_uri
         self.io_threads = io_threads
+        self.digest = digest_algorithm  # the data files' checksum (digest.py); .metadata's is always sha256
         threading.excepthook = writer_thread_hook
         self.fs, root = url_to_fs(root_uri)
         self.run_path = f"{root.rstrip('/')}/runs/{run_id}"
@@ -321,7 +324,7 @@ class Store:
                                                 **storage_options(self.root_uri)))
         written = None
         if not read_back and not asynchronous:
-            writer.fs = HashingFileSystem(self.fs)
+            writer.fs = HashingFileSystem(self.fs, self.digest)
             written = writer.fs.written
         what = f"saving step {step} to"
         if not asynchronous:
@@ -351,8 +354,8 @@ class Store:
         return PendingSave(step, path, manifest, attempt, t0, self._hasher.submit(written_then_hashed),
                            staging=staging, asynchronous=True)
 
-    def _hash_own(self, path: str, md: Any, written: dict[str, tuple[int, str]] | None = None) -> dict[str, Any]:
-        """Size and sha256 of the files this rank wrote (rank 0 also owns .metadata), read back from
+    def _hash_own(self, path: str, md: Any, written: dict[str, tuple[int, str, str]] | None = None) -> dict[str, Any]:
+        """Size and checksum of the files this rank wrote (rank 0 also owns .metadata), read back from
         the store: the manifest describes what is stored, not what was meant to be. With `written`
         (hashed while writing), a file whose stored size matches is not read back."""
         rank = collectives.rank()
@@ -370,8 +373,9 @@ class Store:
                 size = self.fs.size(full)
                 seen = (written or {}).get(n)
                 if seen is not None and seen[0] == size:
-                    return {"size": size, "sha256": seen[1], "hashed": "writing"}
-                return {"size": size, "sha256": _sha256(self.fs, full)}
+                    return {**digest.entry(size, seen[1], seen[2]), "hashed": "writing"}
+                algorithm = digest.for_file(n, self.digest)
+                return digest.entry(size, algorithm, _file_hexdigest(self.fs, full, algorithm))
 
         return dict(zip(mine, self._each_file(read_back, mine), strict=True))
 
@@ -438,10 +442,10 @@ class Store:
     def verify_files(self, step: int, manifest: dict[str, Any], hash_files: bool = True,
                      names: list[str] | None = None) -> None:
         """Check the stored files of `step` against its manifest: each present with its size and, with
-        `hash_files`, its sha256 (a full read). A resume checks sizes only here (a stat each) and the
+        `hash_files`, its checksum (a full read). A resume checks sizes only here (a stat each) and the
         hashes while it loads (`load_verified`); `names` limits the check to those files."""
         path = self.step_path(step)
-        files = manifest["files"]  # parse_manifest checked its shape: plain names, sizes, sha256
+        files = manifest["files"]  # parse_manifest checked its shape: plain names, sizes, checksums
 
         def check(name: str) -> None:
             want, full = files[name], f"{path}/{name}"
@@ -452,8 +456,9 @@ class Store:
                     raise CorruptCheckpoint(f"{name} is missing") from None
                 if size != want["size"]:
                     raise CorruptCheckpoint(f"{name} has {size} bytes, the manifest says {want['size']}")
-                if hash_files and _sha256(self.fs, full) != want["sha256"]:
-                    raise CorruptCheckpoint(f"{name} fails its sha256 checksum")
+                algorithm, hexdigest = checksum(want, f"manifest entry {name!r}")
+                if hash_files and _file_hexdigest(self.fs, full, algorithm) != hexdigest:
+                    raise CorruptCheckpoint(f"{name} fails its {algorithm} checksum")
 
         self._each_file(check, sorted(names if names is not None else files))
 

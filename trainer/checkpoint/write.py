@@ -1,14 +1,14 @@
 """Writing a checkpoint's files: what a save returns, a save in flight, and the hashing on the way.
 
 Every file is hashed as it is written (`HashingFileSystem`, DCP's fsspec filesystem with a hashing
-stream), so a save need not read its files back to learn their sha256; `require_written` refuses a save
+stream), so a save need not read its files back to learn their checksums (digest.py: the data files'
+algorithm, `.metadata`'s sha256); `require_written` refuses a save
 whose `.metadata` lists items no file holds (DCP's extra writer threads report a failure only to
 `threading.excepthook`).
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
 import threading
 from collections.abc import Callable
@@ -20,9 +20,8 @@ from typing import Any
 import torch
 from torch.distributed.checkpoint._fsspec_filesystem import FileSystem as DcpFileSystem
 
+import trainer.checkpoint.digest as digest
 from trainer.records import log
-
-HASH_CHUNK = 8 << 20
 
 
 def assert_tensors_only(state: dict[str, Any], prefix: str = "") -> None:
@@ -54,7 +53,7 @@ class PendingSave:
     manifest: dict[str, Any]
     attempt: int
     t0: float
-    files: Future  # this rank's {name: {size, sha256}}, once its upload finished and was read back
+    files: Future  # this rank's {name: {size, ALGORITHM: hex}}, once its upload finished and was read back
     staging: Future | None = None
     blocking_s: float = 0.0
     asynchronous: bool = False
@@ -63,11 +62,7 @@ class PendingSave:
 
 def sha256_file(fs: Any, path: str) -> str:
     """sha256 of a file on any fsspec filesystem (None: a local path, with Python's own open), in chunks."""
-    h = hashlib.sha256()
-    with (fs.open(path, "rb") if fs is not None else open(path, "rb")) as f:
-        while chunk := f.read(HASH_CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
+    return digest.file_hexdigest(fs, path, "sha256")
 
 
 def name_of(p: str) -> str:
@@ -93,31 +88,32 @@ def done(value: Any) -> Future:
 class HashingStream:
     """A write stream that hashes what goes through it (everything else is the stream's own)."""
 
-    def __init__(self, raw: Any) -> None:
-        self._raw, self._sha, self.size = raw, hashlib.sha256(), 0
+    def __init__(self, raw: Any, algorithm: str) -> None:
+        self._raw, self._hash, self.size, self.algorithm = raw, digest.new(algorithm), 0, algorithm
 
     def write(self, data: Any) -> int:
         n = self._raw.write(data)
         view = memoryview(data)
-        self._sha.update(view)
+        self._hash.update(view)
         self.size += view.nbytes
         return n
 
     def hexdigest(self) -> str:
-        return self._sha.hexdigest()
+        return self._hash.hexdigest()
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._raw, name)
 
 
 class HashingFileSystem(DcpFileSystem):
-    """DCP's fsspec filesystem over the store's fs, hashing each file as it is written:
-    `written` maps a file's name to (bytes, sha256), .metadata under its final name."""
+    """DCP's fsspec filesystem over the store's fs, hashing each file as it is written (the data files
+    with `algorithm`, .metadata with sha256): `written` maps a file's name to (bytes, algorithm, hex),
+    .metadata under its final name."""
 
-    def __init__(self, fs: Any) -> None:
+    def __init__(self, fs: Any, algorithm: str) -> None:
         super().__init__()
-        self.fs = fs
-        self.written: dict[str, tuple[int, str]] = {}
+        self.fs, self.algorithm = fs, algorithm
+        self.written: dict[str, tuple[int, str, str]] = {}
 
     @contextmanager
     def create_stream(self, path: Any, mode: str):
@@ -125,9 +121,10 @@ class HashingFileSystem(DcpFileSystem):
             if "w" not in mode:
                 yield stream
                 return
-            hashing = HashingStream(stream)
+            name = name_of(os.fspath(path))
+            hashing = HashingStream(stream, digest.for_file(name, self.algorithm))
             yield hashing
-        self.written[name_of(os.fspath(path))] = (hashing.size, hashing.hexdigest())
+        self.written[name] = (hashing.size, hashing.algorithm, hashing.hexdigest())
 
     def rename(self, path: Any, new_path: Any) -> None:
         super().rename(path, new_path)

@@ -1,0 +1,112 @@
+"""Integrity at the speed of the disk: the checksum algorithms side by side, and what each costs a save
+and a restart against DCP alone.
+
+In one process, on local disk, a state of float32 tensors of 16 MiB each (0.5 GB; `--quick` 0.1 GB),
+written with `io_threads` = 4 files. Interleaved, `reps` times each, median reported:
+- hash_<alg>: the checksum of the checkpoint's files already in memory, one file per thread on 4
+  threads, as the verifying reader does it (sha256: hashlib; blake3: the blake3 package, multi-threaded;
+  crc32c: google-crc32c, hardware-accelerated where the CPU has it);
+- dcp_save: `dcp.save` alone (DCP's fsspec writer, 4 threads, no hashing, no commit);
+  save_<alg>: `Store.save` as a periodic save does it (hashed while writing with <alg>, nothing read
+  back, manifest and `_COMMIT`);
+- dcp_load: `dcp.load` of that checkpoint into the state (no verification);
+  load_<alg>: `resolve_and_load` of it (listing, manifest, sizes, every file hashed while read, into a
+  staging copy): a restart's load.
+Goals (issue 28): load with verification >= 0.8x dcp.load; Store.save >= 0.9x dcp.save.
+
+    python -m bench.digest --result FILE [--reps 3] [--quick]
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from bench.common import WORK, interleaved, log, median, section_args, write_result
+from bench.scaling import state_of
+
+FP = "bench-digest"
+THREADS = 4
+
+
+def hash_files(blobs: list[bytes], algorithm: str) -> float:
+    from trainer.checkpoint.digest import of_bytes
+
+    t = time.perf_counter()
+    with ThreadPoolExecutor(THREADS) as pool:
+        list(pool.map(lambda b: of_bytes(algorithm, b), blobs))
+    return time.perf_counter() - t
+
+
+def main() -> None:
+    args = section_args(__doc__ or "", None)
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
+
+    from trainer.checkpoint import Store
+    from trainer.checkpoint.digest import ALGORITHMS
+    from trainer.checkpoint.resolve import resolve_and_load
+
+    root = WORK / "digest"
+    shutil.rmtree(root, ignore_errors=True)
+    state = state_of(int(0.1e9 if args.quick else 0.5e9))
+    nbytes = sum(t.numel() * t.element_size() for t in state["model"].values()) + 8
+    template = {"model": {k: torch.empty_like(v) for k, v in state["model"].items()},
+                "progress": torch.zeros(1, dtype=torch.int64)}
+    stores = {a: Store(f"file://{root}/{a}", "run", io_threads=THREADS, digest_algorithm=a) for a in ALGORITHMS}
+    attempts = {a: s.claim_attempt({}) for a, s in stores.items()}
+    steps = dict.fromkeys(ALGORITHMS, 0)
+    runs: dict[str, list[float]] = {}
+
+    def timed(name: str, fn: Any) -> None:
+        t = time.perf_counter()
+        fn()
+        runs.setdefault(name, []).append(time.perf_counter() - t)
+
+    def save(a: str) -> None:
+        steps[a] += 1
+        timed(f"save_{a}", lambda: stores[a].save(steps[a], state, {"fingerprint": FP}, attempts[a], read_back=False))
+        if steps[a] > 1:
+            stores[a]._delete(stores[a].step_path(steps[a] - 1))
+
+    plain = root / "plain"
+    for _, side in interleaved(args.reps, ["dcp_save", *[f"save_{a}" for a in ALGORITHMS]]):
+        if side == "dcp_save":
+            shutil.rmtree(plain, ignore_errors=True)
+            timed(side, lambda: dcp.save(state, storage_writer=FsspecWriter(f"file://{plain}", thread_count=THREADS)))
+        else:
+            save(side.removeprefix("save_"))
+    files = sorted(os.listdir(plain))
+    blobs = [(plain / n).read_bytes() for n in files if n.endswith(".distcp")]
+
+    def load(a: str) -> None:
+        got = resolve_and_load(stores[a], FP, lambda s, m: template, lambda s, why: None)
+        assert got is not None and got[0] == steps[a]
+
+    sides = ["dcp_load", *[f"load_{a}" for a in ALGORITHMS], *[f"hash_{a}" for a in ALGORITHMS]]
+    for _, side in interleaved(args.reps, sides):
+        kind, _, a = side.partition("_")
+        if side == "dcp_load":
+            timed(side, lambda: dcp.load(template, storage_reader=FsspecReader(f"file://{plain}")))
+        elif kind == "load":
+            timed(side, lambda a=a: load(a))
+        else:
+            runs.setdefault(side, []).append(hash_files(blobs, a))
+    shutil.rmtree(root, ignore_errors=True)
+    med = {k: median(v) for k, v in runs.items()}
+    result: dict[str, Any] = {"bytes": nbytes, "threads": THREADS, "runs": runs, **{f"{k}_s": v for k, v in med.items()}}
+    for a in ALGORITHMS:
+        result[f"hash_{a}_GBps"] = nbytes / med[f"hash_{a}"] / 1e9
+        result[f"save_{a}_vs_dcp"] = med["dcp_save"] / med[f"save_{a}"]
+        result[f"load_{a}_vs_dcp"] = med["dcp_load"] / med[f"load_{a}"]
+        log(f"digest {a}: hash {result[f'hash_{a}_GBps']:.2f} GB/s, Store.save {result[f'save_{a}_vs_dcp']:.2f}x "
+            f"dcp.save, verified load {result[f'load_{a}_vs_dcp']:.2f}x dcp.load")
+    write_result(args.result, result)
+
+
+if __name__ == "__main__":
+    main()
