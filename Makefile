@@ -18,8 +18,10 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $(STAMP)
 
+# Two workers (pytest-xdist), each test module on one of them (its fixtures built once): the suite's
+# processes mostly wait on each other, on sockets and on the disk, so two keep two cores busy.
 test: install lint
-	$(PYTEST) -q tests
+	$(PYTEST) -q -n 2 --dist loadscope tests
 
 test-unit: install
 	$(PYTEST) -q tests/unit

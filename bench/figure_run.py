@@ -165,6 +165,11 @@ def overhead_figure(o: dict[str, Any], big_save_s: float | None) -> Figure:
                 fmt_x(b2 / p2),
             )
         )
+    traj = o.get("trajectory_ms")
+    if traj is not None:
+        step_ms = 1000 / b
+        f.rows.append(("loop: the trajectory's digests (batch and RNG) per step, vs baton's step (goal < 1%)",
+                       f"{traj:.3f} ms", f"{step_ms:.1f} ms", f"{traj / step_ms:.2%}"))
     predicted = plan["save_cost_s"] / plan["interval_s"]
     text = [
         f"On the small model ({o['steps']} steps, batch 4 x 64) baton's loop without checkpoints runs at "

@@ -153,7 +153,30 @@ def main() -> None:
         result[f"{side}_steps_per_s"] = median([r["steps_per_s"] for r in rs])
     result["yd_saves"] = median([r["periodic_saves"] for r in runs["baton_yd"]])
     result["yd_save_s"] = median([r["periodic_save_s"] for r in runs["baton_yd"]])
+    result["trajectory_ms"] = trajectory_ms(batch=4, seq=64, accum=1)
     write_result(args.result, result)
+
+
+def trajectory_ms(batch: int, seq: int, accum: int, reps: int = 500) -> float:
+    """What the trajectory adds to a step on the host, in this process: the digest of the step's
+    micro-batches and of the RNG states it starts from (the loop captures those states anyway, for the
+    checkpoint). Its share of a step is this over baton's step time (1 / steps/s) above."""
+    import time
+
+    import torch
+
+    from trainer import rng, trajectory
+
+    batches = [torch.randint(0, 32000, (batch, seq)) for _ in range(accum)]
+    captured = rng.capture()
+    times = []
+    for _ in range(5):
+        t = time.perf_counter()
+        for _ in range(reps):
+            trajectory.batch_digest(batches)
+            trajectory.rng_digest(captured)
+        times.append((time.perf_counter() - t) / reps * 1000)
+    return median(times)
 
 
 if __name__ == "__main__":
