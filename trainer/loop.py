@@ -82,19 +82,28 @@ class Trainer:
         self.skip = skipped_restores()
         self.swap_ranks = os.environ.get("BATON_SWAP_RANK_STATE") == "1"
         self.rank, self.world, self.device = init_distributed(cfg.faults.collective_timeout())
+        mark = self._phase("init_group_s", t)
         self.save_failures = faults.SaveFailures(cfg.faults.max_failed_saves)
         self.preempt.device = torch.device("cpu")  # gloo carries the flag; under NCCL the cpu:gloo half does
         if cfg.deterministic:
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
             torch.use_deterministic_algorithms(True)
         self.ckpt = Checkpointer(cfg.checkpoint, cfg.run_id, cfg.fingerprint, frozenset(self.skip), self.swap_ranks)
+        mark = self._phase("init_store_s", mark)
         self.attempt = self.ckpt.claim_attempt({"host": os.uname().nodename, "pid": os.getpid(),
                                                 "world_size": self.world})
+        self._phase("init_claim_s", mark)
         self.rec = Records(cfg.run_id, self.attempt, self.rank)
         self.last_committed: int | None = None
         self.last_checkpoint: str | None = None
         self.first_step_pending = True
         self.times["init_s"] = round(time.perf_counter() - t, 3)
+
+    def _phase(self, name: str, since: float) -> float:
+        """Time a part of the start into the `resume` record's phases; returns now, the next part's start."""
+        now = time.perf_counter()
+        self.times[name] = round(now - since, 3)
+        return now
 
     # -- records (rank 0 speaks for the job) --
     def emit(self, event: str, step: int, **fields: Any) -> None:
@@ -111,10 +120,13 @@ class Trainer:
         weights = weights or ensure_model(cfg)
         path = self.model_path = weights.path
         self.emit("weights", 0, **weights.record())
+        mark = self._phase("build_weights_s", t)
         rng.seed_everything(cfg.seed, self.rank)
         tokenizer = load_tokenizer(path)
+        mark = self._phase("build_tokenizer_s", mark)
         samples = pack(read_documents(cfg.data.uri, cfg.data.text_field), tokenizer, cfg.data.seq_len)
         self.data = EpochData(cfg.data, samples, cfg.seed, self.rank, self.world)
+        mark = self._phase("build_corpus_s", mark)
         # With a committed checkpoint to resume from, every parameter is about to be overwritten: build
         # the structure without reading the pretrained weights. Should every checkpoint be refused,
         # resume() reads them after all (pretrained_fallback).
@@ -122,6 +134,7 @@ class Trainer:
         self.committed = self.ckpt.committed_steps()
         self.times["listing_s"] = round(time.perf_counter() - t_list, 3)
         self.empty_model = bool(self.committed)
+        mark = time.perf_counter()
         build_model = build_empty_model if self.empty_model else load_model
         model = build_model(cfg, path, self.device)
         # Seeded again after the model is built, so how it was built cannot move the RNG stream.
@@ -131,6 +144,7 @@ class Trainer:
         if cfg.model.compile:
             compile_layers(self.model)
         self.model.train()
+        mark = self._phase("build_model_s", mark)
         o = cfg.optim
         self.optim = torch.optim.AdamW(self.model.parameters(), lr=o.lr, betas=tuple(o.betas), eps=o.eps,
                                        weight_decay=o.weight_decay, foreach=False)
@@ -139,6 +153,7 @@ class Trainer:
         self.step = 0
         self.ckpt.attach(Parts(self.model, self.optim, self.sched, self.data, self.rank, self.world, cfg.seed,
                                cfg.data.batch_size, cfg.data.num_workers))
+        self._phase("build_optimizer_s", mark)
         self.metrics: dict[str, float] = {}
         self.notice: NoticeThread | None = None
         if cfg.notice.enabled and self.rank == 0:  # one watcher; the flag is OR-reduced over the ranks
