@@ -262,7 +262,7 @@ def main() -> None:
         "where": args.where,
         "state_bytes": state_bytes(state),
         "params": sum(p.numel() for p in t.model.parameters()),
-        "async_path": "Store.save_async" if hasattr(t.store, "save_async") else "dcp.async_save",
+        "async_path": "Store.save_async" if hasattr(t.ckpt.store, "save_async") else "dcp.async_save",
     }
     if args.where == "local":
         batch = t.data.next_batch()
@@ -270,7 +270,7 @@ def main() -> None:
         def work() -> None:  # one forward and backward pass, as between a boundary and its update
             t.model(input_ids=batch, labels=batch).loss.backward()
 
-        sides = Sides(t.store, t.attempt, state, manifest, work)
+        sides = Sides(t.ckpt.store, t.attempt, state, manifest, work)
         result.update(
             measure(
                 sides,

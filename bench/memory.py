@@ -54,7 +54,7 @@ def main() -> None:
     t = open_trainer(
         f"file://{WORK / ('memory-' + args.mode)}", quick=args.quick, name=f"bench-mem-{args.mode}"
     )
-    store, fs = t.store, t.store.fs
+    store, fs = t.ckpt.store, t.ckpt.store.fs
     state, manifest = state_of(t), manifest_of(t)
     before = rss_bytes()
     after: list[int] = []

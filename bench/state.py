@@ -1,7 +1,7 @@
 """The trainer's own state for the big model: baton's Trainer, built in this process, after one step.
 
 What the saves write is exactly what a periodic checkpoint of the trainer holds (FSDP2-wrapped model,
-AdamW moments after one step, scheduler, RNG, loader position), taken through `Trainer.state`.
+AdamW moments after one step, scheduler, RNG, loader position), taken through `Checkpointer.state`.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def open_trainer(ckpt_uri: str, quick: bool = False, name: str = "bench-save") -
 
 
 def state_of(t: Any) -> dict[str, Any]:
-    return t.state(t.boundary())
+    return t.ckpt.state(t.boundary())
 
 
 def manifest_of(t: Any) -> dict[str, Any]:
