@@ -50,11 +50,11 @@ def resume_figure(r: dict[str, Any]) -> Figure:
         f"late as a restart at step {k0} for baton and {h1 / h0:.2f}x for the HF Trainer: neither replays "
         f"data (baton's StatefulDataLoader fast-forwards its sampler's indices; HF's accelerate "
         f"`skip_first_batches` skips index batches of a map-style dataset). The constant part dominates: "
-        f"starting Python and importing torch and transformers, tokenizing the corpus, building the "
+        f"starting Python and importing torch and transformers, reading the corpus, building the "
         f"model and loading the checkpoint, and its jitter from run to run (a few tenths of a second "
         f"here) is larger than the effect of K, so these two ratios say 'flat', not more. baton's restart "
         f"takes {b0 / h0:.0%} of the HF Trainer's time at K={k0} and {b1 / h1:.0%} at K={k1}; both import "
-        f"the same libraries, and baton also verifies the checkpoint's sha256 and claims an attempt before "
+        f"the same libraries, and baton also verifies the checkpoint's checksums and claims an attempt before "
         f"it loads."
     )
     if None not in (bt0, bt, ht0, ht):
@@ -89,9 +89,10 @@ def resume_figure(r: dict[str, Any]) -> Figure:
                            ", ".join(f"{k.removesuffix('_s')} {ph[k]:.2f}" for k in parts), "", ""))
         f.text += (
             f" baton's `resume` record times each phase of its start (medians at K={k0}): {cells} s. "
-            "`startup` is the interpreter and the imports up to the trainer; `build` the tokenizer, the "
-            "packed data and the model, built without reading the pretrained weights since a checkpoint "
-            "exists; `load_verify` the load with every file hashed while read."
+            "`startup` is the interpreter and the imports up to the trainer; `build` the corpus (read, and "
+            "its samples read back from the run's packed copy: no tokenizer), the model, built without "
+            "reading the pretrained weights since a checkpoint exists, and the optimizer; `load_verify` the "
+            "load with every file checked while read."
         )
     return f
 

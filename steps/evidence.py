@@ -6,11 +6,13 @@ import json
 import os
 from typing import Any
 
+from trainer.records import once
 from trainer.storage import is_local, url_to_fs
 
 
 def read_evidence(uri: str) -> list[dict[str, Any]]:
-    """Every record under an evidence folder (all `*.jsonl`), in file then line order."""
+    """Every record under an evidence folder (all `*.jsonl`), in file then line order; a pod event that
+    several nodes of one job wrote is kept once (trainer.records.once)."""
     fs, base = url_to_fs(uri)
     fs.invalidate_cache()
     try:
@@ -28,7 +30,7 @@ def read_evidence(uri: str) -> list[dict[str, Any]]:
                     out.append(json.loads(line))
                 except json.JSONDecodeError:
                     continue  # a line cut by a kill mid-write
-    return out
+    return once(out)
 
 
 def write_json(uri: str, obj: Any) -> None:

@@ -3,6 +3,7 @@
     python -m steps.train --nproc N --config FILE [--set KEY=VALUE ...] [--evidence URI] [--launcher L]
     python -m steps.train --nproc N --trainer hf --config FILE [--set ...]         the HF Trainer example
     python -m steps.train --nproc N --trainer "my_train.py --lr 3e-4" [--config FILE] [--set ...]
+    python -m steps.train --nnodes N --node-rank I --master-addr HOST [--master-port P] --nproc R ...
 
 `--trainer` picks the program torchrun runs on each rank: `baton` (default, `-m trainer`), `hf`
 (examples/hf_trainer/train.py), or any script or `-m module` with its arguments, split like a shell
@@ -24,6 +25,15 @@ MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RUN_ID). `auto` (default): direct for one
 torchrun's own start and teardown cost 3.3 s of a one-rank restart here (docs/results.md, figure 3); with
 one rank it adds nothing the contract needs: this wrapper already forwards SIGTERM, and SIGKILLs the
 child `--shutdown-timeout` seconds after it, as torchrun does.
+
+Several nodes (`--nnodes N`, one pod each): every pod runs this wrapper with its own `--node-rank`, and
+torchrun always launches, even at one rank per pod. The rendezvous is torchrun's static one
+(`--rdzv-backend=static`): node I's ranks are I*R .. I*R+R-1 on every start, whichever pod comes up
+first, so a retried pod takes back its own ranks' saved state (RNG, data position). torchrun's c10d
+rendezvous would order the nodes by arrival instead. HOST is node 0's address, where node 0's torchrun
+hosts the store; every pod waits for the others there. Each node's first rank writes the records this
+wrapper decides from (`step`, `preempt`, `retry_later`, `done`; trainer/loop.py), so every pod of the group
+exits 0, 75 or 1 by the same rule; readers of the evidence count each event once (steps/evidence.py).
 """
 
 from __future__ import annotations
@@ -37,6 +47,7 @@ import sys
 import threading
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 from trainer.exits import EXIT_FAIL, EXIT_OK, EXIT_PREEMPTED
@@ -129,9 +140,29 @@ HF_EXAMPLE = "examples/hf_trainer/train.py"
 PYTHONS = ("python", "python3", Path(sys.executable).name)
 
 
-def torchrun(nproc: int, shutdown: list[str]) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+def torchrun(nproc: int, shutdown: list[str], nodes: Nodes | None = None) -> list[str]:
+    """torchrun's command line: standalone on one node; a static rendezvous at node 0 on several."""
+    where = ["--standalone"] if nodes is None else nodes.torchrun_args()
+    return [sys.executable, "-m", "torch.distributed.run", *where, f"--nproc-per-node={nproc}",
             "--max-restarts=0", *shutdown]
+
+
+@dataclass(frozen=True)
+class Nodes:
+    """Where this pod sits in a job of several: torchrun's static rendezvous."""
+
+    count: int
+    """How many pods (nodes) the job has; each runs this wrapper with the same --nproc."""
+    rank: int
+    """This pod's place, 0 .. count-1; node 0 hosts the rendezvous store."""
+    addr: str
+    """Node 0's address (on a cluster, a stable name that follows node 0's pod across retries)."""
+    port: int
+    """The store's port on node 0."""
+
+    def torchrun_args(self) -> list[str]:
+        return [f"--nnodes={self.count}", f"--node-rank={self.rank}", "--rdzv-backend=static",
+                f"--master-addr={self.addr}", f"--master-port={self.port}"]
 
 
 def rank0_of_1_env() -> dict[str, str]:
@@ -158,6 +189,23 @@ def kill_after(child: subprocess.Popen, seconds: float) -> None:
     t.start()
 
 
+def parse_nodes(ap: argparse.ArgumentParser, args: argparse.Namespace) -> Nodes | None:
+    """The job's nodes from --nnodes, --node-rank, --master-addr and --master-port; None for one node."""
+    if args.nnodes < 1:
+        ap.error(f"--nnodes must be >= 1, not {args.nnodes}")
+    if args.nnodes == 1:
+        if args.node_rank not in (None, 0) or args.master_addr is not None:
+            ap.error("--node-rank and --master-addr are for --nnodes > 1")
+        return None
+    if args.node_rank is None or not 0 <= args.node_rank < args.nnodes:
+        ap.error(f"--node-rank must be 0 .. {args.nnodes - 1} with --nnodes {args.nnodes}, not {args.node_rank}")
+    if not args.master_addr:
+        ap.error("--master-addr (node 0's address) is required with --nnodes > 1")
+    if not 0 < args.master_port < 65536:
+        ap.error(f"--master-port must be 1 .. 65535, not {args.master_port}")
+    return Nodes(args.nnodes, args.node_rank, args.master_addr, args.master_port)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m steps.train", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -173,13 +221,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--name", default=os.environ.get("BATON_POD_NAME") or f"attempt-{uuid.uuid4().hex[:8]}",
                     help="name of this attempt's evidence file")
     ap.add_argument("--launcher", default="auto", choices=("auto", "torchrun", "direct"),
-                    help="auto (default): direct for one rank, torchrun for more")
+                    help="auto (default): direct for one rank on one node, torchrun otherwise")
+    ap.add_argument("--nnodes", type=int, default=1, help="pods in the job, one node each (default 1)")
+    ap.add_argument("--node-rank", type=int, default=None, help="this pod's node, 0 .. nnodes-1 (with --nnodes > 1)")
+    ap.add_argument("--master-addr", default=None, help="node 0's address: the rendezvous (with --nnodes > 1)")
+    ap.add_argument("--master-port", type=int, default=29500, help="the rendezvous port on node 0 (default 29500)")
     args = ap.parse_args(argv)
     if args.nproc < 1:
         ap.error("--nproc must be >= 1")
-    direct = args.launcher == "direct" or (args.launcher == "auto" and args.nproc == 1)
+    nodes = parse_nodes(ap, args)
+    direct = args.launcher == "direct" or (args.launcher == "auto" and args.nproc == 1 and nodes is None)
     if direct and args.nproc != 1:
         ap.error("--launcher direct runs one rank: use torchrun for --nproc > 1")
+    if direct and nodes is not None:
+        ap.error("--launcher direct runs one pod alone: several nodes need torchrun's rendezvous")
 
     signalled = threading.Event()
     child: subprocess.Popen | None = None
@@ -199,9 +254,9 @@ def main(argv: list[str] | None = None) -> int:
         launcher = [sys.executable]
         launch_env = rank0_of_1_env()
     elif torchrun_has_shutdown_timeout():
-        launcher = torchrun(args.nproc, [f"--shutdown-timeout={max(1, int(g))}"])
+        launcher = torchrun(args.nproc, [f"--shutdown-timeout={max(1, int(g))}"], nodes)
     else:  # an older torchrun SIGKILLs its workers 30 s after its SIGTERM: they must budget for that
-        launcher = torchrun(args.nproc, [])
+        launcher = torchrun(args.nproc, [], nodes)
         if g > TORCHRUN_FIXED_SHUTDOWN_S:
             print(f"[steps.train] this torch's torchrun has no --shutdown-timeout and kills workers "
                   f"{TORCHRUN_FIXED_SHUTDOWN_S} s after a SIGTERM: the workers' grace is {TORCHRUN_FIXED_SHUTDOWN_S} s, "

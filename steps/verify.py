@@ -112,6 +112,13 @@ def verify(records: list[dict[str, Any]], total_steps: int, evictions: int | Non
     elif lost is None and evictions is not None and len(preempts) < evictions:
         problems.append(f"{evictions} evictions but {len(preempts)} clean preemptions: "
                         "an evicted attempt died without committing its step")
+    # On several nodes every node stops at the same step: the nodes' copies of an attempt's `preempt`
+    # agree (steps.evidence keeps one copy per attempt and step, so copies that disagree are all here).
+    for attempt in sorted({r["attempt"] for r in preempts}):
+        stops = sorted({(r["step"], r.get("rank")) for r in preempts if r["attempt"] == attempt})
+        if len({step for step, _ in stops}) > 1:
+            problems.append(f"attempt {attempt}: the nodes stopped at different steps ("
+                            + ", ".join(f"rank {rank} at {step}" for step, rank in stops) + ")")
     # Each attempt after a preemption must resume exactly where that preemption saved.
     by_attempt = {r["attempt"]: r for r in preempts}
     for r in resumes:

@@ -86,6 +86,10 @@ class DataConfig:
     """Micro-batches per optimizer step."""
     num_workers: int = 0
     """DataLoader worker processes. Does not change what is computed."""
+    pack_cache: bool = True
+    """Keep the packed corpus beside the run's checkpoints (`runs/<run_id>/corpus/`), so that a restart
+    reads it back instead of loading the tokenizer and tokenizing again (trainer/packed.py). Does not
+    change what is computed."""
 
     def __post_init__(self) -> None:
         _require(bool(self.uri), "data.uri", "is required (a corpus path or fsspec URI)")
@@ -213,6 +217,7 @@ def fingerprint_fields(cfg: Config) -> dict[str, Any]:
     the fingerprint of bucket weights reads their manifest), else its path."""
     data = dataclasses.asdict(cfg.data)
     data.pop("num_workers")
+    data.pop("pack_cache")
     model = dataclasses.asdict(cfg.model)
     model.pop("create_if_missing")
     model.pop("weights_cache")

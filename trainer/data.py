@@ -29,20 +29,34 @@ from trainer.storage import redact, storage_error, storage_options
 def read_documents(uri: str, text_field: str = "text") -> list[str]:
     """Documents of a corpus: JSONL (one object a line, `text_field` holds the text) or plain text
     (documents separated by blank lines)."""
+    return documents(read_corpus(uri), uri, text_field)
+
+
+def read_corpus(uri: str) -> bytes:
+    """The corpus file's bytes; a clear error (naming `data.uri`) for what is not a readable file."""
     shown = redact(uri)
     try:
-        with fsspec.open(uri, "rt", encoding="utf-8", **storage_options(uri)) as f:
-            content = f.read()
+        with fsspec.open(uri, "rb", **storage_options(uri)) as f:
+            return f.read()
     except FileNotFoundError:
         raise ConfigError(f"config key 'data.uri': {shown!r} does not exist") from None
     except IsADirectoryError:
         raise ConfigError(f"config key 'data.uri': {shown!r} is a directory, not a corpus file") from None
-    except UnicodeDecodeError:
-        raise ConfigError(f"config key 'data.uri': {shown!r} is not UTF-8 text (.txt or .jsonl)") from None
     except ConfigError:
         raise
     except Exception as e:  # an unreachable endpoint, a missing bucket, refused credentials
         raise storage_error(uri, "config key 'data.uri': reading", e) from None
+
+
+def documents(raw: bytes, uri: str, text_field: str = "text") -> list[str]:
+    """The documents in a corpus file's bytes `raw` (read from `uri`, whose suffix says the format)."""
+    shown = redact(uri)
+    try:
+        # Universal newlines, as a text-mode read gives them: the documents (and so the samples) of a
+        # corpus with \r\n line ends are what they always were.
+        content = raw.decode("utf-8").replace("\r\n", "\n").replace("\r", "\n")
+    except UnicodeDecodeError:
+        raise ConfigError(f"config key 'data.uri': {shown!r} is not UTF-8 text (.txt or .jsonl)") from None
     if uri.endswith(".jsonl"):
         docs = []
         for n, line in enumerate(content.splitlines(), 1):

@@ -20,8 +20,15 @@ How (transformers 5.24's loop, read from its source):
   0 when training finished and its final checkpoint is committed, 1 otherwise (a loss that is not finite
   included). Set the Trainer's `ddp_timeout` from `faults.collective_timeout()` (HF's default: 30 min).
 
-Limits: one node; HF's full checkpoint layout (`save_only_model=False`); `save_total_limit=1` with
-checkpoints committed in place is refused (HF rotates before `on_save`).
+Several nodes: each node's first rank writes its pod's records (`step`, `preempt`, `retry_later`,
+`done`; trainer/records.py). Where the nodes share no disk (found at the start: a file rank 0 writes
+into `output_dir` that the others look for), each other node's first rank uploads its node's files of a
+checkpoint (its ranks' `rng_state_<i>.pth`, ...) before rank 0 commits, and the manifest lists every
+node's files; at a resume, each of them fetches the whole checkpoint, checked, as rank 0 does.
+
+Limits: HF's full checkpoint layout (`save_only_model=False`); `save_total_limit=1` with checkpoints
+committed in place is refused (HF rotates before `on_save`), and so is committing in place on nodes that
+share no disk.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ import math
 import os
 import time
 import traceback
+import uuid
 from typing import Any
 
 import torch
@@ -43,7 +51,7 @@ from trainer.faults import FaultsConfig, SaveFailures, StoreUnreachable, is_peer
 from trainer.hf_rng import PrefetchRng
 from trainer.hooks import Point, hooks
 from trainer.preemption import Preemption
-from trainer.records import Records, log
+from trainer.records import POD_EVENTS, Records, log
 from trainer.storage import StorageError
 
 
@@ -81,49 +89,6 @@ def _one_process_is_not_distributed() -> None:
             os.environ.pop(name, None)
 
 
-class InputDigest:
-    """The inputs of one step's micro-batches as one signed 64-bit digest, computed where they are (a
-    weighted sum of each tensor's values with fixed pseudo-random int64 weights, wrapping: exact and
-    order-sensitive on any device, so no device-to-host copy per micro-batch), and whether every raw
-    loss of the step was finite. `take()` reads both once a step."""
-
-    def __init__(self) -> None:
-        self._weights: dict[tuple[int, str], torch.Tensor] = {}
-        self._acc: torch.Tensor | None = None
-        self._finite: torch.Tensor | None = None
-
-    def _w(self, n: int, device: torch.device) -> torch.Tensor:
-        key = (n, str(device))
-        if key not in self._weights:
-            g = torch.Generator().manual_seed(0x6261746F6E)  # private: the training's RNG is never touched
-            self._weights[key] = torch.randint(-(2**62), 2**62, (n,), generator=g, dtype=torch.int64).to(device)
-        return self._weights[key]
-
-    def on_forward(self, module, args, kwargs):
-        if not module.training:
-            return None
-        tensors = [("", a) for a in args if isinstance(a, torch.Tensor)]
-        tensors += sorted((k, v) for k, v in kwargs.items() if isinstance(v, torch.Tensor))
-        for _, t in tensors:
-            flat = t.detach().reshape(-1).to(torch.int64) if not t.is_floating_point() else \
-                t.detach().reshape(-1).double().view(torch.int64)
-            d = (flat * self._w(flat.numel(), flat.device)).sum() + flat.numel()
-            self._acc = d if self._acc is None else self._acc * 1_000_003 + d
-        return None
-
-    def on_output(self, module, args, output):
-        loss = getattr(output, "loss", None)
-        if module.training and isinstance(loss, torch.Tensor):
-            ok = torch.isfinite(loss.detach()).all()
-            self._finite = ok if self._finite is None else self._finite & ok
-        return None
-
-    def take(self) -> tuple[int, bool]:
-        acc, finite = self._acc, self._finite
-        self._acc = self._finite = None
-        return (int(acc.item()) if acc is not None else 0), (bool(finite.item()) if finite is not None else True)
-
-
 class BatonCallback(TrainerCallback):
     """Preemption-safe saving, committed checkpoints and baton's records for a HF `Trainer`.
 
@@ -148,6 +113,8 @@ class BatonCallback(TrainerCallback):
         self.store: HFStore | None = None
         self.rec = Records(run_id, 0, 0)
         self.rank, self.world = 0, 1
+        self.node_first = True  # the first rank of its node: it writes its pod's records
+        self.shared_disk = True  # every rank sees one output_dir (one node, or a shared file system)
         self.stopping: int | None = None  # the step the ranks decided to stop at
         self.stop_decided_at = 0.0
         self.last_committed: int | None = None
@@ -157,14 +124,14 @@ class BatonCallback(TrainerCallback):
         self.micro = 0
         self.finished = False
         self.failed: str | None = None  # why the run must end with 1 (a loss that is not finite)
-        self.inputs = InputDigest()
+        self.inputs = trajectory.InputDigest()
         self.prefetch: PrefetchRng | None = None
         self.rng_at_step_begin = 0
         self._hooked = False
 
     # -- records --
     def emit(self, event: str, step: int, **fields: Any) -> None:
-        if self.rank == 0:
+        if self.rank == 0 or (self.node_first and event in POD_EVENTS):
             self.rec.emit(event, step, **fields)
 
     # -- start-up and resume --
@@ -172,7 +139,13 @@ class BatonCallback(TrainerCallback):
         if self.store is not None:
             return
         self.rank, self.world = collectives.rank(), collectives.world()
+        self.node_first = int(os.environ.get("LOCAL_RANK", "0")) == 0
         self.store = HFStore(self.checkpoint_uri or args.output_dir, args.output_dir)
+        if self.world > 1:
+            self.shared_disk = _one_disk(args.output_dir, self.rank)
+        if self.store.in_place and not self.shared_disk:
+            raise ValueError("checkpoints committed in output_dir on nodes that share no disk: the other nodes' "
+                             "files would be left out; set checkpoint_uri to a bucket")
         if self.store.in_place and args.save_total_limit == 1:
             raise ValueError("save_total_limit=1 with checkpoints committed in output_dir: HF rotates before "
                              "on_save, so a kill in that gap leaves no committed checkpoint; use 2 or more, or a "
@@ -217,12 +190,31 @@ class BatonCallback(TrainerCallback):
         if step is None:
             self.emit("resume", 0, from_step=0, fresh=True)
             return None
+        if not self.shared_disk:
+            local = self._fetch_on_every_node(step)
         manifest = self.store.manifest(step) if self.rank == 0 else {}
         self.last_committed, self.last_checkpoint = step, self.store.url(step)
         self.emit("resume", step, from_step=step, checkpoint=self.last_checkpoint,
                   saved_world_size=manifest.get("world_size"))
         log(f"resuming from {self.last_checkpoint}")
         return local
+
+    def _fetch_on_every_node(self, step: int) -> str:
+        """The checkpoint rank 0 chose, fetched and checked by each other node's first rank too (every
+        rank of the Trainer loads the model, optimizer and its own RNG file from its node's disk); this
+        rank's local folder of it. A node that cannot fetch it makes every rank raise StoreUnreachable
+        (75): the next attempt chooses again."""
+        assert self.store is not None
+        store, error = self.store, None
+        if self.node_first and self.rank != 0:
+            try:
+                retry_reads(lambda: store.fetch(step), self.faults.read_retry_s, StorageError, log)
+            except (TornCheckpoint, StoreUnreachable) as e:
+                error = f"checkpoint-{step} on the node of rank {self.rank}: {e}"
+        errors = [e for e in collectives.gather(error) if e]
+        if errors:
+            raise StoreUnreachable(errors[0])
+        return os.path.join(store.local_dir, hf_step_name(step))
 
     def run(self, trainer) -> int:
         """`trainer.train()` from the newest committed checkpoint; the process's exit code: 0 finished
@@ -265,7 +257,7 @@ class BatonCallback(TrainerCallback):
         steps.train so (torchrun turns a worker's 75 into 1)."""
         self.retry_reason = reason
         log(f"error: {error}; exiting {EXIT_PREEMPTED} (retry from {self.last_checkpoint or 'the last commit'})")
-        if every_rank or self.rank == 0:
+        if every_rank or self.rank == 0 or self.node_first:
             self.rec.emit("retry_later", step, reason=reason, error=error[:500], exit=EXIT_PREEMPTED,
                           checkpoint=self.last_checkpoint)
         return EXIT_PREEMPTED
@@ -345,11 +337,12 @@ class BatonCallback(TrainerCallback):
         if self.prefetch is not None:  # this rank's RNG before the batch it collated ahead (trainer/hf_rng.py)
             self.prefetch.save(os.path.join(args.output_dir, hf_step_name(step)))
         collectives.barrier()  # HF has none before on_save: every rank's rng_state_<i>.pth is on disk after it
-        outcome: list[Any] = [None, None]  # rank 0's: the committed url, or why the commit failed
-        if self.rank == 0:
+        other_nodes, node_error = ({}, None) if self.shared_disk else self._upload_other_nodes(step)
+        outcome: list[Any] = [None, node_error]  # rank 0's: the committed url, or why the commit failed
+        if self.rank == 0 and node_error is None:
             assert self.store is not None
             try:
-                url, size = self.store.commit(step, self.world, device=args.device.type)
+                url, size = self.store.commit(step, self.world, device=args.device.type, other_nodes=other_nodes)
             except StorageError as e:  # after the store's own retries: nothing of this step is committed
                 outcome = [None, str(e)[:500]]
             else:
@@ -374,9 +367,34 @@ class BatonCallback(TrainerCallback):
         if error is None:
             self.last_committed, self.last_checkpoint = step, url
             self.save_failures.committed()
+            if reason == "preempt" and self.rank != 0:  # this pod's copy, now that rank 0 has committed
+                save_ms = (time.perf_counter() - started) * 1000
+                self.emit("preempt", step, signal=self.preempt.signal_name, save_ms=round(save_ms, 1),
+                          grace_left_s=round(self.preempt.grace_left(), 2), grace_s=self.preempt.grace,
+                          exit=EXIT_PREEMPTED, checkpoint=url, already_committed=False, outcome="saved", warning=False)
         else:
             self._save_failed(step, reason, error, control)
         return control
+
+    def _upload_other_nodes(self, step: int) -> tuple[dict[str, Any], str | None]:
+        """On nodes that share no disk: each other node's first rank uploads the files of this checkpoint
+        that only its node has (rank 0's names are broadcast first). Returns, on every rank, their manifest
+        entries and the first upload error (None when all went up)."""
+        assert self.store is not None
+        names0 = set(collectives.broadcast(self.store.local_names(step) if self.rank == 0 else None))
+        mine: list[Any] = [{}, None]
+        if self.node_first and self.rank != 0:
+            try:
+                mine = [self.store.upload(step, [n for n in self.store.local_names(step) if n not in names0]), None]
+            except StorageError as e:  # after the store's own retries: rank 0 will not commit
+                mine = [{}, f"rank {self.rank}'s node: {str(e)[:400]}"]
+        entries: dict[str, Any] = {}
+        errors = []
+        for files, error in collectives.gather(mine):
+            entries.update(files)
+            if error:
+                errors.append(error)
+        return entries, (errors[0] if errors else None)
 
     def _save_failed(self, step: int, reason: str, error: str, control) -> None:
         """A commit that failed: a periodic one lets training go on until `faults.max_failed_saves` fail in
@@ -402,6 +420,21 @@ class BatonCallback(TrainerCallback):
         if self.stopping is not None:
             control.should_evaluate = False
         return control
+
+
+def _one_disk(output_dir: str, rank: int) -> bool:
+    """Whether every rank sees the same `output_dir` (one node, or nodes on a shared file system): rank 0
+    writes a file of a fresh name into it, and every rank looks for it. Collective."""
+    token = collectives.broadcast(uuid.uuid4().hex if rank == 0 else None)
+    probe = os.path.join(output_dir, f".baton-disk-{token}")
+    if rank == 0:
+        os.makedirs(output_dir, exist_ok=True)
+        open(probe, "w").close()
+    collectives.barrier()
+    seen = collectives.gather(os.path.exists(probe))
+    if rank == 0:
+        os.remove(probe)
+    return all(seen)
 
 
 class StepRecords(TrainerCallback):

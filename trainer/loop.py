@@ -24,13 +24,14 @@ from trainer import faults, rng, trajectory
 from trainer.cadence import Attempt, Cadence
 from trainer.checkpoint import RESTORABLE, Boundary, Checkpointer, FencedOut, LoadTimes, Parts
 from trainer.config import Config
-from trainer.data import EpochData, pack, read_documents
+from trainer.data import EpochData, read_corpus
 from trainer.exits import EXIT_FAIL, EXIT_OK, EXIT_PREEMPTED
 from trainer.hooks import Point, hooks
-from trainer.model import build_empty_model, compile_layers, ensure_model, load_model, load_tokenizer, shard
+from trainer.model import build_empty_model, compile_layers, ensure_model, load_model, shard
 from trainer.notice import NoticeThread, NoticeWatcher
+from trainer.packed import PackedCorpus, packed_samples
 from trainer.preemption import Preemption
-from trainer.records import Records, log
+from trainer.records import POD_EVENTS, Records, log
 from trainer.storage import StorageError
 
 
@@ -82,6 +83,8 @@ class Trainer:
         self.skip = skipped_restores()
         self.swap_ranks = os.environ.get("BATON_SWAP_RANK_STATE") == "1"
         self.rank, self.world, self.device = init_distributed(cfg.faults.collective_timeout())
+        # The first rank of each node speaks for its pod (records.POD_EVENTS); torchrun sets LOCAL_RANK.
+        self.node_first = int(os.environ.get("LOCAL_RANK", "0")) == 0
         mark = self._phase("init_group_s", t)
         self.save_failures = faults.SaveFailures(cfg.faults.max_failed_saves)
         self.preempt.device = torch.device("cpu")  # gloo carries the flag; under NCCL the cpu:gloo half does
@@ -105,10 +108,19 @@ class Trainer:
         self.times[name] = round(now - since, 3)
         return now
 
-    # -- records (rank 0 speaks for the job) --
+    # -- records (rank 0 speaks for the job; each node's first rank also for its pod) --
     def emit(self, event: str, step: int, **fields: Any) -> None:
+        if self.rank == 0 or (self.node_first and event in POD_EVENTS):
+            self.rec.emit(event, step, **fields)
+
+    def emit_after_rank0(self, event: str, step: int, **fields: Any) -> None:
+        """A record that says a commit happened (`preempt`, `done`): rank 0, which committed, writes it
+        first; the other nodes write their copies only after a barrier that follows it."""
         if self.rank == 0:
             self.rec.emit(event, step, **fields)
+        dist.barrier()
+        if self.rank != 0:
+            self.emit(event, step, **fields)
 
     # -- setup --
     def build(self) -> None:
@@ -122,9 +134,11 @@ class Trainer:
         self.emit("weights", 0, **weights.record())
         mark = self._phase("build_weights_s", t)
         rng.seed_everything(cfg.seed, self.rank)
-        tokenizer = load_tokenizer(path)
-        mark = self._phase("build_tokenizer_s", mark)
-        samples = pack(read_documents(cfg.data.uri, cfg.data.text_field), tokenizer, cfg.data.seq_len)
+        raw = read_corpus(cfg.data.uri)
+        mark = self._phase("build_read_corpus_s", mark)
+        cache = PackedCorpus(cfg.checkpoint.uri, cfg.run_id) if cfg.data.pack_cache else None
+        samples, self.packing = packed_samples(raw, cfg.data.uri, cfg.data.text_field, cfg.data.seq_len, path,
+                                               cache, write=self.rank == 0)
         self.data = EpochData(cfg.data, samples, cfg.seed, self.rank, self.world)
         mark = self._phase("build_corpus_s", mark)
         # With a committed checkpoint to resume from, every parameter is about to be overwritten: build
@@ -187,7 +201,7 @@ class Trainer:
             if self.empty_model:
                 self._pretrained_fallback()
             self.times["restore_s"] = round(time.perf_counter() - t, 3)
-            self.emit("resume", 0, from_step=0, fresh=True, phases=self.times)
+            self.emit("resume", 0, from_step=0, fresh=True, phases=self.times, corpus=self.packing)
             log("no committed checkpoint: starting fresh")
             return
         step, manifest = resumed.step, resumed.manifest
@@ -199,7 +213,7 @@ class Trainer:
                 "model and optimizer load exactly, the continuation is not bitwise (reduction order)")
         self.times["restore_s"] = round(time.perf_counter() - t, 3)
         self.emit("resume", step, from_step=step, checkpoint=self.last_checkpoint,
-                  saved_world_size=manifest.get("world_size"), phases=self.times)
+                  saved_world_size=manifest.get("world_size"), phases=self.times, corpus=self.packing)
         log(f"resumed from step {step} ({self.last_checkpoint})")
 
     def _pretrained_fallback(self) -> None:
@@ -257,13 +271,13 @@ class Trainer:
             outcome = "saved"
             log(f"preempted ({signal_name}) at step {b.step}: saving, {self.preempt.grace_left():.1f}s of grace left")
             save_ms = self.save(b, "preempt")
-        self.emit("preempt", b.step, signal=signal_name, save_ms=round(save_ms, 1),
-                  grace_left_s=round(self.preempt.grace_left(), 2), grace_s=self.preempt.grace, exit=EXIT_PREEMPTED,
-                  checkpoint=self.last_checkpoint, already_committed=outcome == "already_committed",
-                  outcome=outcome, warning=self.warned, during=self.preempt.during)
         # No rank leaves before rank 0 has written the record: a launcher that sees one rank exit
         # signals the others, and the record is what says the stop was clean.
-        dist.barrier()
+        self.emit_after_rank0("preempt", b.step, signal=signal_name, save_ms=round(save_ms, 1),
+                              grace_left_s=round(self.preempt.grace_left(), 2), grace_s=self.preempt.grace,
+                              exit=EXIT_PREEMPTED, checkpoint=self.last_checkpoint,
+                              already_committed=outcome == "already_committed", outcome=outcome,
+                              warning=self.warned, during=self.preempt.during)
         return EXIT_PREEMPTED
 
     def _boundary_flags(self, loss_sum: torch.Tensor, grad_norm: torch.Tensor | None, batch: int, rng_state: int
@@ -422,7 +436,7 @@ class Trainer:
             self._at_point()
         if self.last_committed != cfg.total_steps:
             self.save(self.boundary(), "final")
-        self.emit("done", self.step, total_steps=cfg.total_steps, checkpoint=self.last_checkpoint)
+        self.emit_after_rank0("done", self.step, total_steps=cfg.total_steps, checkpoint=self.last_checkpoint)
         log(f"done: {cfg.total_steps} steps, final checkpoint {self.last_checkpoint}")
         return EXIT_OK
 

@@ -14,6 +14,11 @@ from typing import Any
 
 from trainer.redaction import redact
 
+# What a pod's PID 1 (steps.train) decides its exit code from. Global rank 0 writes every record; on a
+# job of several nodes the first rank of each other node writes these too, with its own `rank`, so that
+# every pod sees them. A reader of several pods' records counts each once: `once` below.
+POD_EVENTS = frozenset({"step", "preempt", "retry_later", "done"})
+
 
 class Records:
     def __init__(self, run_id: str, attempt: int, rank: int) -> None:
@@ -44,6 +49,29 @@ def _finite(value: Any) -> Any:
 def log(msg: str) -> None:
     sys.stderr.write(f"[baton {time.strftime('%H:%M:%S')}] {msg}\n")
     sys.stderr.flush()
+
+
+def once(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`records` with each pod event (POD_EVENTS) of an attempt and step kept once, in the copy that the
+    lowest rank wrote: the copies that other nodes' first ranks wrote are dropped. Order is kept."""
+    def key(r: dict[str, Any]) -> tuple:
+        return r.get("run_id"), r.get("attempt"), r.get("event"), r.get("step")
+
+    def rank(r: dict[str, Any]) -> int:
+        return r["rank"] if isinstance(r.get("rank"), int) else 0
+
+    lowest: dict[tuple, int] = {}
+    for r in records:
+        if r.get("event") in POD_EVENTS:
+            lowest[key(r)] = min(lowest.get(key(r), rank(r)), rank(r))
+    out, kept = [], set()
+    for r in records:
+        if r.get("event") in POD_EVENTS:
+            if rank(r) != lowest[key(r)] or key(r) in kept:
+                continue
+            kept.add(key(r))
+        out.append(r)
+    return out
 
 
 def read_records(text: str) -> list[dict[str, Any]]:

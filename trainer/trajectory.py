@@ -74,3 +74,46 @@ def f64_bits(x: float) -> int:
 
 def bits_f64(i: int) -> float:
     return struct.unpack("<d", struct.pack("<q", int(i)))[0]
+
+
+class InputDigest:
+    """The inputs of one step's micro-batches as one signed 64-bit digest, computed where they are (a
+    weighted sum of each tensor's values with fixed pseudo-random int64 weights, wrapping: exact and
+    order-sensitive on any device, so no device-to-host copy per micro-batch), and whether every raw
+    loss of the step was finite. `take()` reads both once a step."""
+
+    def __init__(self) -> None:
+        self._weights: dict[tuple[int, str], torch.Tensor] = {}
+        self._acc: torch.Tensor | None = None
+        self._finite: torch.Tensor | None = None
+
+    def _w(self, n: int, device: torch.device) -> torch.Tensor:
+        key = (n, str(device))
+        if key not in self._weights:
+            g = torch.Generator().manual_seed(0x6261746F6E)  # private: the training's RNG is never touched
+            self._weights[key] = torch.randint(-(2**62), 2**62, (n,), generator=g, dtype=torch.int64).to(device)
+        return self._weights[key]
+
+    def on_forward(self, module, args, kwargs):
+        if not module.training:
+            return None
+        tensors = [("", a) for a in args if isinstance(a, torch.Tensor)]
+        tensors += sorted((k, v) for k, v in kwargs.items() if isinstance(v, torch.Tensor))
+        for _, t in tensors:
+            flat = t.detach().reshape(-1).to(torch.int64) if not t.is_floating_point() else \
+                t.detach().reshape(-1).double().view(torch.int64)
+            d = (flat * self._w(flat.numel(), flat.device)).sum() + flat.numel()
+            self._acc = d if self._acc is None else self._acc * 1_000_003 + d
+        return None
+
+    def on_output(self, module, args, output):
+        loss = getattr(output, "loss", None)
+        if module.training and isinstance(loss, torch.Tensor):
+            ok = torch.isfinite(loss.detach()).all()
+            self._finite = ok if self._finite is None else self._finite & ok
+        return None
+
+    def take(self) -> tuple[int, bool]:
+        acc, finite = self._acc, self._finite
+        self._acc = self._finite = None
+        return (int(acc.item()) if acc is not None else 0), (bool(finite.item()) if finite is not None else True)

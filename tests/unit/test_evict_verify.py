@@ -92,6 +92,21 @@ def test_verify_catches_replays_gaps_lost_preemptions_and_wrong_resumes():
     assert "resumed from 6" in " ".join(verify(recs, 10)["problems"])
 
 
+def test_verify_requires_every_node_to_stop_at_the_same_step():
+    from trainer.records import once
+
+    def two_nodes(node1_stop: int) -> list[dict]:
+        recs = _clean_run()
+        copies = [{**r, "rank": 1, "step": node1_stop if r["step"] == 3 else r["step"]}
+                  for r in recs if r["event"] == "preempt"]
+        return once([{**r, "rank": 0} for r in recs] + copies)
+
+    agreeing = verify(two_nodes(3), 10, evictions=2)  # node 1's copies collapse into rank 0's
+    assert agreeing["passed"] and agreeing["preemptions"] == 2, agreeing["problems"]
+    v = verify(two_nodes(4), 10, evictions=2)
+    assert "attempt 1: the nodes stopped at different steps (rank 0 at 3, rank 1 at 4)" in v["problems"]
+
+
 def test_latest_follows_the_newest_attempt():
     assert latest(_clean_run()) == (10, 3, True)
     assert latest([_rec("step", 4, 1), _rec("step", 4, 2)]) == (4, 2, False)

@@ -105,10 +105,12 @@ def test_the_resume_record_times_each_phase(tiny_model, tmp_path):
     resume = [r for r in recs if r["event"] == "resume"][0]
     assert resume["from_step"] == 5
     phases = resume["phases"]
-    parts = {"init": ("group", "store", "claim"), "build": ("weights", "tokenizer", "corpus", "model", "optimizer")}
+    parts = {"init": ("group", "store", "claim"), "build": ("weights", "read_corpus", "corpus", "model", "optimizer")}
     assert set(phases) == {"startup_s", "init_s", "build_s", "listing_s", "manifest_s", "load_verify_s",
                            "restore_s"} | {f"{p}_{part}_s" for p, ps in parts.items() for part in ps}, json.dumps(phases)
     assert all(v >= 0 for v in phases.values())
     for whole, ps in parts.items():  # the parts are inside their whole (each rounded to the millisecond)
         assert sum(phases[f"{whole}_{p}_s"] for p in ps) <= phases[f"{whole}_s"] + 0.001 * len(ps), json.dumps(phases)
     assert "built empty for the resume" in err
+    # The first start tokenized the corpus and kept it packed; the restart read it back (trainer/packed.py).
+    assert resume["corpus"]["packed"] == "cache"

@@ -64,22 +64,41 @@ class HFStore:
         return [s for s in steps if self.fs.exists(f"{self.base}/{hf_step_name(s)}/{COMMIT}")]
 
     # -- commit --
-    def commit(self, step: int, world_size: int, device: str = "cpu") -> tuple[str, int]:
-        """Mirror `local_dir/checkpoint-<step>` (unless in place), then write `_COMMIT` last.
-        Returns (url, bytes)."""
+    def local_names(self, step: int) -> list[str]:
+        """The files of `local_dir/checkpoint-<step>` that a commit lists."""
         src = os.path.join(self.local_dir, hf_step_name(step))
-        names = sorted(n for n in os.listdir(src) if n != COMMIT and n not in SKIPPED_FILES
-                       and os.path.isfile(os.path.join(src, n)))
+        return sorted(n for n in os.listdir(src) if n != COMMIT and n not in SKIPPED_FILES
+                      and os.path.isfile(os.path.join(src, n)))
+
+    def upload(self, step: int, names: list[str]) -> dict[str, dict[str, Any]]:
+        """Hash `names` of `local_dir/checkpoint-<step>` and copy them to the root (not in place); returns
+        their manifest entries. Another node's first rank calls it for its node's files, before the commit."""
+        src = os.path.join(self.local_dir, hf_step_name(step))
         files = {n: {"size": os.path.getsize(os.path.join(src, n)), "sha256": sha256_file(None, os.path.join(src, n))}
                  for n in names}
-        manifest = {"format": "hf-checkpoint", "step": step, "world_size": world_size, "device": device, "files": files,
-                    "time": round(time.time(), 3)}
         dst = f"{self.base}/{hf_step_name(step)}"
         if not self.in_place:
             if is_local(self.fs):
                 self.fs.makedirs(dst, exist_ok=True)
             for n in names:
                 retrying(lambda n=n: self.fs.put_file(os.path.join(src, n), f"{dst}/{n}"), self.url(step), "upload")
+        return files
+
+    def commit(self, step: int, world_size: int, device: str = "cpu",
+               other_nodes: dict[str, dict[str, Any]] | None = None) -> tuple[str, int]:
+        """Mirror `local_dir/checkpoint-<step>` (unless in place), then write `_COMMIT` last, listing these
+        files and `other_nodes` (entries of files the other nodes uploaded already). Returns (url, bytes)."""
+        src = os.path.join(self.local_dir, hf_step_name(step))
+        names = self.local_names(step)
+        files = self.upload(step, names)
+        for n, entry in (other_nodes or {}).items():
+            if n in files:
+                raise ValueError(f"checkpoint-{step}: {n} was written on node 0 and on another node")
+            files[n] = entry
+        files = dict(sorted(files.items()))
+        manifest = {"format": "hf-checkpoint", "step": step, "world_size": world_size, "device": device, "files": files,
+                    "time": round(time.time(), 3)}
+        dst = f"{self.base}/{hf_step_name(step)}"
         body = json.dumps(manifest, sort_keys=True)
         if self.in_place:  # durable before it claims anything: fsync the files, then the marker
             for n in names:
