@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from trainer.checkpoint import digest
+from trainer.checkpoint import corpus_path, digest
 from trainer.records import log
 from trainer.storage import is_local, url_to_fs
 
@@ -62,7 +62,7 @@ class PackedCorpus:
 
     def __init__(self, root_uri: str, run_id: str) -> None:
         self.fs, root = url_to_fs(root_uri)
-        self.folder = f"{root.rstrip('/')}/runs/{run_id}/corpus"
+        self.folder = corpus_path(root, run_id)
 
     def load(self, key: str, seq_len: int, vocab_size: int | None) -> torch.Tensor | None:
         """The samples of `key`, checked; None when there is no usable packing (logged when one was refused)."""

@@ -26,7 +26,14 @@ from trainer.checkpoint.checkpointer import (
     tensor_from_json,
 )
 from trainer.checkpoint.hf_store import HFStore, TornCheckpoint
-from trainer.checkpoint.layout import COMMIT, MANIFEST, CorruptCheckpoint, hf_step_name, step_name
+from trainer.checkpoint.layout import (
+    COMMIT,
+    MANIFEST,
+    CorruptCheckpoint,
+    corpus_path,
+    hf_step_name,
+    step_name,
+)
 from trainer.checkpoint.read import load_flat
 from trainer.checkpoint.resolve import LoadTimes
 from trainer.checkpoint.roots import CheckpointRoot, DcpRoot, HfRoot, final_committed, open_root, run_ids
@@ -35,6 +42,6 @@ from trainer.checkpoint.write import SaveResult
 from trainer.storage import local_path, url_to_fs  # noqa: F401 - where tests and the bench have looked for them
 
 __all__ = ["COMMIT", "MANIFEST", "RESTORABLE", "Boundary", "CheckpointRefused", "CheckpointRoot", "Checkpointer",
-           "CorruptCheckpoint", "DcpRoot", "FencedOut", "HFStore", "HfRoot", "LoadTimes", "Parts", "Resumed",
+           "CorruptCheckpoint", "DcpRoot", "FencedOut", "corpus_path", "HFStore", "HfRoot", "LoadTimes", "Parts", "Resumed",
            "SaveResult", "Store", "TornCheckpoint", "final_committed", "hf_step_name", "json_from_tensor",
            "load_flat", "open_root", "run_ids", "step_name", "tensor_from_json"]

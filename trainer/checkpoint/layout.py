@@ -30,6 +30,16 @@ class CorruptCheckpoint(RuntimeError):
     """Torn, truncated, altered or malformed: refused, and the loader falls back to the previous one."""
 
 
+def run_path(root: str, run_id: str) -> str:
+    """A run's folder under a store's root path (no scheme): its steps, attempts and packed corpus."""
+    return f"{root.rstrip('/')}/runs/{run_id}"
+
+
+def corpus_path(root: str, run_id: str) -> str:
+    """Where a run keeps its packed corpus (trainer/packed.py)."""
+    return f"{run_path(root, run_id)}/corpus"
+
+
 def step_name(step: int) -> str:
     return f"{STEP_PREFIX}{step:08d}"
 

@@ -57,6 +57,7 @@ from trainer.checkpoint.layout import (
     finite_metric,
     parse_commit,
     parse_manifest,
+    run_path,
     step_name,
     step_of,
 )
@@ -110,7 +111,7 @@ class Store:
         self.digest = digest_algorithm  # the data files' checksum (digest.py); .metadata's is always sha256
         threading.excepthook = writer_thread_hook
         self.fs, root = url_to_fs(root_uri)
-        self.run_path = f"{root.rstrip('/')}/runs/{run_id}"
+        self.run_path = run_path(root, run_id)
         self.run_id = run_id
         self.asyncs = AsyncSaves(self)  # saves written while training goes on (async_save.py)
         self._hasher: ThreadPoolExecutor | None = None
