@@ -28,7 +28,7 @@ def scaling_figure(sc: dict[str, Any], overhead: dict[str, Any] | None) -> Figur
     if "two_pass" in fits:
         f.rows.append(("scaling: restart load slope, one pass (hash while loading) vs two (hash, then load)",
                        rate("load"), rate("two_pass"), ratio("load", "two_pass")))
-        f.rows.append((f"scaling: restart load slope vs sha256 of the same bytes in memory ({sizes_txt} GB)",
+        f.rows.append((f"scaling: restart load slope vs the data files' checksum (crc32c) of the same bytes in memory ({sizes_txt} GB)",
                        rate("load"), rate("hash"), ratio("load", "hash")))
     big = list(sizes.values())[-1]
     if "load_read_x" in big:
@@ -62,7 +62,7 @@ def scaling_figure(sc: dict[str, Any], overhead: dict[str, Any] | None) -> Figur
         f"listing, the manifest, every file hashed while DCP reads it into a staging copy) at "
         f"{rate('load')}, against {rate('raw_read')} for reading every file once"
         + (f", {rate('two_pass')} for the restart before this change (every file read and hashed, then "
-           f"loaded: two reads) and {rate('hash')} for sha256 alone over the same bytes in memory"
+           f"loaded: two reads) and {rate('hash')} for the data files' checksum (crc32c, the default) alone over the same bytes in memory"
            if "two_pass" in fits else "")
         + ". The figure in brackets is the constant part (the fit's intercept). "
         + (f"The restart reads the checkpoint once: {big['load_read_x']:.2f}x its bytes, against "

@@ -139,3 +139,40 @@ def _crc32c_preimage(target: int, prefix: bytes) -> bytes:
             v, m = v ^ bv, m ^ bm
     assert v == 0, "no solution"
     return prefix + m.to_bytes(4, "little")
+
+
+def _zip_crcs(data: bytes) -> list[int]:
+    """The CRC-32 of every record in the zip central directories of a .distcp file (each tensor is a
+    torch.save archive): field at offset 16 of each `PK\\x01\\x02` header."""
+    import struct
+
+    out, i = [], data.find(b"PK\x01\x02")
+    while i != -1:
+        out.append(struct.unpack("<I", data[i + 16:i + 20])[0])
+        i = data.find(b"PK\x01\x02", i + 4)
+    return out
+
+
+def test_saves_skip_torch_saves_zip_crc_and_archives_with_it_still_load(tmp_path):
+    from trainer.checkpoint import write
+
+    store = Store(f"file://{tmp_path}/ck", "run", io_threads=2)  # two writer threads: each must skip it
+    save(store, 3)
+    skip = write.skip_archive_crc32
+    write.skip_archive_crc32 = lambda: None  # control: archives written as before this change
+    try:
+        save(store, 5)
+    finally:
+        write.skip_archive_crc32 = skip
+
+    def crcs(step: int) -> list[int]:
+        files = [n for n in store.fs.ls(store.step_path(step), detail=False) if n.endswith(".distcp")]
+        return [c for n in files for c in _zip_crcs(store.fs.cat_file(n))]
+
+    assert crcs(3) and set(crcs(3)) == {0}  # no CRC computed: the manifest's crc32c covers every byte
+    assert any(crcs(5))  # the control's archives carry theirs, so the scan above can see one
+    assert _load(store) == (5, [])
+    store._delete(store.step_path(5))
+    assert _load(store) == (3, [])  # the archives without a CRC load, exactly
+    flip(store, 3)
+    assert _load(store)[0] is None  # and a flipped byte in them is still refused, by the manifest

@@ -63,6 +63,7 @@ from trainer.checkpoint.layout import (
 )
 from trainer.checkpoint.read import SafeReader, VerifyingReader
 from trainer.checkpoint.write import (
+    ArchiveFileSystem,
     HashingFileSystem,
     PendingSave,
     SaveResult,
@@ -327,6 +328,8 @@ class Store:
         if not read_back and not asynchronous:
             writer.fs = HashingFileSystem(self.fs, self.digest)
             written = writer.fs.written
+        else:
+            writer.fs = ArchiveFileSystem(self.fs)
         what = f"saving step {step} to"
         if not asynchronous:
             try:
