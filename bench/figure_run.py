@@ -83,7 +83,7 @@ def resume_figure(r: dict[str, Any]) -> Figure:
         order = ["startup_s", "init_s", "build_s", "listing_s", "manifest_s", "load_verify_s", "restore_s"]
         cells = ", ".join(f"{k.removesuffix('_s')} {ph[k]:.2f}" for k in order if k in ph)
         f.rows.append((f"resume: baton's phases at K={k0} (s, medians, from its `resume` record)", cells, "", ""))
-        parts = [k for k in ph if k.startswith(("init_", "build_"))]
+        parts = [k for k in ph if k.startswith(("init_", "build_")) and k not in ("init_s", "build_s")]
         if parts:
             f.rows.append((f"resume: the parts of init and build at K={k0} (s, medians)",
                            ", ".join(f"{k.removesuffix('_s')} {ph[k]:.2f}" for k in parts), "", ""))
