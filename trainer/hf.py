@@ -257,7 +257,7 @@ class BatonCallback(TrainerCallback):
         steps.train so (torchrun turns a worker's 75 into 1)."""
         self.retry_reason = reason
         log(f"error: {error}; exiting {EXIT_PREEMPTED} (retry from {self.last_checkpoint or 'the last commit'})")
-        if every_rank or self.rank == 0 or self.node_first:
+        if every_rank or self.node_first:  # rank 0 is its node's first rank
             self.rec.emit("retry_later", step, reason=reason, error=error[:500], exit=EXIT_PREEMPTED,
                           checkpoint=self.last_checkpoint)
         return EXIT_PREEMPTED
@@ -351,10 +351,7 @@ class BatonCallback(TrainerCallback):
                 self.emit("checkpoint", step, reason=reason, save_ms=round(save_ms, 1),
                           blocking_ms=round(save_ms, 1), asynchronous=False, bytes=size, path=url)
                 if reason == "preempt":
-                    self.emit("preempt", step, signal=self.preempt.signal_name, save_ms=round(save_ms, 1),
-                              grace_left_s=round(self.preempt.grace_left(), 2), grace_s=self.preempt.grace,
-                              exit=EXIT_PREEMPTED, checkpoint=url, already_committed=False, outcome="saved",
-                              warning=False)
+                    self._emit_preempt(step, url, started)
                 else:
                     try:
                         self.store.retain(self.keep_last)
@@ -368,13 +365,16 @@ class BatonCallback(TrainerCallback):
             self.last_committed, self.last_checkpoint = step, url
             self.save_failures.committed()
             if reason == "preempt" and self.rank != 0:  # this pod's copy, now that rank 0 has committed
-                save_ms = (time.perf_counter() - started) * 1000
-                self.emit("preempt", step, signal=self.preempt.signal_name, save_ms=round(save_ms, 1),
-                          grace_left_s=round(self.preempt.grace_left(), 2), grace_s=self.preempt.grace,
-                          exit=EXIT_PREEMPTED, checkpoint=url, already_committed=False, outcome="saved", warning=False)
+                self._emit_preempt(step, url, started)
         else:
             self._save_failed(step, reason, error, control)
         return control
+
+    def _emit_preempt(self, step: int, url: str, started: float) -> None:
+        save_ms = round((time.perf_counter() - started) * 1000, 1)
+        self.emit("preempt", step, signal=self.preempt.signal_name, save_ms=save_ms,
+                  grace_left_s=round(self.preempt.grace_left(), 2), grace_s=self.preempt.grace, exit=EXIT_PREEMPTED,
+                  checkpoint=url, already_committed=False, outcome="saved", warning=False)
 
     def _upload_other_nodes(self, step: int) -> tuple[dict[str, Any], str | None]:
         """On nodes that share no disk: each other node's first rank uploads the files of this checkpoint

@@ -27,6 +27,8 @@ import numpy as np
 import torch
 
 from trainer.checkpoint import corpus_path, digest
+from trainer.data import documents, pack
+from trainer.model import load_tokenizer  # transformers is imported only when it is called
 from trainer.records import log
 from trainer.storage import is_local, url_to_fs
 
@@ -140,13 +142,9 @@ def packed_samples(raw: bytes, uri: str, text_field: str, seq_len: int, model_pa
     """The samples of the corpus `raw` (read from `uri`): from `cache` when it holds them, else tokenized
     and packed (and written to `cache` when `write`: one rank writes). Returns them and what happened, for
     the `resume` record: {"packed": "cache" | "tokenized", "key": ...}."""
-    from trainer.data import documents, pack
-
     key = corpus_key(raw, uri, tokenizer_identity(model_path), seq_len, text_field)
     if cache is not None and (samples := cache.load(key, seq_len, vocab_size(model_path))) is not None:
         return samples, {"packed": "cache", "key": key[:16]}
-    from trainer.model import load_tokenizer
-
     samples = pack(documents(raw, uri, text_field), load_tokenizer(Path(model_path)), seq_len)
     if cache is not None and write:
         cache.save(key, samples)
