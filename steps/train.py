@@ -159,10 +159,13 @@ class Nodes:
     """Node 0's address (on a cluster, a stable name that follows node 0's pod across retries)."""
     port: int
     """The store's port on node 0."""
+    round_id: str = "none"
+    """torchrun's --rdzv-id: the round (steps/group.py), so that one round's agents never share keys with
+    another's."""
 
     def torchrun_args(self) -> list[str]:
         return [f"--nnodes={self.count}", f"--node-rank={self.rank}", "--rdzv-backend=static",
-                f"--master-addr={self.addr}", f"--master-port={self.port}"]
+                f"--rdzv-id={self.round_id}", f"--master-addr={self.addr}", f"--master-port={self.port}"]
 
 
 def rank0_of_1_env() -> dict[str, str]:
@@ -194,16 +197,44 @@ def parse_nodes(ap: argparse.ArgumentParser, args: argparse.Namespace) -> Nodes 
     if args.nnodes < 1:
         ap.error(f"--nnodes must be >= 1, not {args.nnodes}")
     if args.nnodes == 1:
-        if args.node_rank not in (None, 0) or args.master_addr is not None:
-            ap.error("--node-rank and --master-addr are for --nnodes > 1")
+        if args.node_rank not in (None, 0) or args.master_addr is not None or args.rendezvous:
+            ap.error("--node-rank, --master-addr and --rendezvous are for --nnodes > 1")
         return None
     if args.node_rank is None or not 0 <= args.node_rank < args.nnodes:
         ap.error(f"--node-rank must be 0 .. {args.nnodes - 1} with --nnodes {args.nnodes}, not {args.node_rank}")
-    if not args.master_addr:
-        ap.error("--master-addr (node 0's address) is required with --nnodes > 1")
-    if not 0 < args.master_port < 65536:
-        ap.error(f"--master-port must be 1 .. 65535, not {args.master_port}")
-    return Nodes(args.nnodes, args.node_rank, args.master_addr, args.master_port)
+    if bool(args.master_addr) == bool(args.rendezvous):
+        ap.error("with --nnodes > 1, give node 0's address: --master-addr HOST, or --rendezvous URI (published "
+                 "there by node 0 at each start)")
+    if not 0 <= args.master_port < 65536 or (args.master_addr and not args.master_port):
+        ap.error(f"--master-port must be 1 .. 65535 (0: a free one, with --rendezvous), not {args.master_port}")
+    return Nodes(args.nnodes, args.node_rank, args.master_addr or "", args.master_port)
+
+
+def advertised_addr() -> str:
+    """Where the other pods reach this one: BATON_POD_IP (a pod's status.podIP), else this host's name's address."""
+    import socket
+
+    return os.environ.get("BATON_POD_IP") or socket.gethostbyname(socket.gethostname())
+
+
+def form_round(args: argparse.Namespace, nodes: Nodes, stop) -> Nodes | int:
+    """--rendezvous: node 0 publishes this round's store; every other node waits for a round newer than the
+    one it last joined (steps/group.py). An exit code instead when there is nothing to join."""
+    from steps import group
+
+    if nodes.rank == 0:
+        rnd = group.host(args.rendezvous, advertised_addr(), args.name, nodes.port)
+        print(f"[steps.train] node 0 hosts round {rnd.round_id} at {rnd.addr}:{rnd.port}", file=sys.stderr)
+    else:
+        rnd = group.join(args.rendezvous, nodes.rank, args.name, args.rendezvous_timeout, stop)
+        if rnd == "done":
+            print("[steps.train] node 0 finished the run: nothing to do -> exit 0", file=sys.stderr)
+            return EXIT_OK
+        if isinstance(rnd, str):  # stopped (a SIGTERM while waiting) or timeout: nothing trained
+            print(f"[steps.train] no round of node 0 to join ({rnd}) -> exit {EXIT_PREEMPTED}", file=sys.stderr)
+            return EXIT_PREEMPTED
+        print(f"[steps.train] node {nodes.rank} joins round {rnd.round_id} at {rnd.addr}:{rnd.port}", file=sys.stderr)
+    return Nodes(nodes.count, nodes.rank, rnd.addr, rnd.port, rnd.round_id)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -225,7 +256,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--nnodes", type=int, default=1, help="pods in the job, one node each (default 1)")
     ap.add_argument("--node-rank", type=int, default=None, help="this pod's node, 0 .. nnodes-1 (with --nnodes > 1)")
     ap.add_argument("--master-addr", default=None, help="node 0's address: the rendezvous (with --nnodes > 1)")
-    ap.add_argument("--master-port", type=int, default=29500, help="the rendezvous port on node 0 (default 29500)")
+    ap.add_argument("--master-port", type=int, default=29500,
+                    help="the rendezvous port on node 0 (default 29500; 0 with --rendezvous: a free one)")
+    ap.add_argument("--rendezvous", default=None, metavar="URI",
+                    help="instead of --master-addr: a folder where node 0 publishes each round's address "
+                         "(steps/group.py); every other node joins only a round newer than its last")
+    ap.add_argument("--rendezvous-timeout", type=float, default=900.0,
+                    help="seconds a node waits for node 0's next round before exiting 75 (default 900)")
     args = ap.parse_args(argv)
     if args.nproc < 1:
         ap.error("--nproc must be >= 1")
@@ -249,6 +286,11 @@ def main(argv: list[str] | None = None) -> int:
                 kill_after(child, g)
 
     signal.signal(signal.SIGTERM, forward)
+    if nodes is not None and args.rendezvous:
+        formed = form_round(args, nodes, signalled.is_set)
+        if isinstance(formed, int):
+            return formed
+        nodes = formed
     launch_env: dict[str, str] = {}
     if direct:
         launcher = [sys.executable]
@@ -278,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
         child.send_signal(signal.SIGTERM)
         if direct:
             kill_after(child, g)
-    preempted = done = stepped = False
+    preempted = done = stepped = recorded = False
     assert child.stdout is not None
     for line in child.stdout:
         sys.stdout.write(line)
@@ -297,6 +339,7 @@ def main(argv: list[str] | None = None) -> int:
             preempted |= rec.get("event") in ("preempt", "retry_later")
             done |= rec.get("event") == "done"
             stepped |= rec.get("event") == "step"
+            recorded = True
     rc = child.wait()
     try:
         evidence.flush()
@@ -306,10 +349,18 @@ def main(argv: list[str] | None = None) -> int:
         code = EXIT_OK
     elif preempted or (signalled.is_set() and not stepped):
         code = EXIT_PREEMPTED
+    elif args.rendezvous and not recorded:  # the group never formed (node 0 went): the next round may
+        print("[steps.train] torchrun ended before the trainer wrote any record: the group did not form",
+              file=sys.stderr)
+        code = EXIT_PREEMPTED
     else:
         code = EXIT_FAIL
     print(f"[steps.train] {'the rank' if direct else 'torchrun'} exited {rc}; preempt record: {preempted}, done record: {done}, "
           f"signalled: {signalled.is_set()}, step records: {stepped} -> exit {code}", file=sys.stderr)
+    if nodes is not None and args.rendezvous and nodes.rank == 0 and code == EXIT_OK:
+        from steps import group
+
+        group.finish(args.rendezvous, group.Round(nodes.round_id, nodes.addr, nodes.port), args.name)
     return code
 
 

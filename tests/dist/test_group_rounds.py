@@ -1,0 +1,79 @@
+"""Rounds that overlap (steps/group.py): Argo retries each pod of a group on its own, so a lost node's
+next attempt starts while the survivor still waits out the collective timeout. With `--rendezvous`,
+the new attempt waits for node 0's next round instead of joining the one that is over; then the group
+forms again and the run ends bit-identical to the same two ranks in one pod."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from steps import group
+from tests.dist.test_multinode import Pod, equal_to, finish, reference  # noqa: F401 (a fixture)
+from tests.dist.test_multirank import entry_cmd
+from tests.dist.test_peer_faults import SETS, committed
+from tests.helpers import base_env
+
+pytestmark = [pytest.mark.dist, pytest.mark.timeout(900)]
+
+
+def rdzv_cmd(model, root, rdzv, node: int, attempt: int = 0) -> list[str]:
+    return [*entry_cmd(model, root, *SETS, nproc=1), "--nnodes", "2", "--node-rank", str(node),
+            "--rendezvous", str(rdzv), "--master-port", "0", "--name", f"node-{node}-{attempt}"]
+
+
+def test_a_lost_nodes_retry_waits_for_node_0s_next_round_and_the_run_is_exact(tiny_model, reference, tmp_path):
+    root, rdzv = tmp_path / "ckpt", tmp_path / "rounds"
+    env = base_env(BATON_GRACE="5", BATON_PAUSE_AFTER_STEP="6")
+    first = [Pod(rdzv_cmd(tiny_model, root, rdzv, node), env) for node in (0, 1)]
+    first[0].wait_for("step", 6)
+    old_round = json.loads((rdzv / "node-0.json").read_text())["round"]
+    assert json.loads((rdzv / "node-1.json").read_text())["joined"] == old_round
+    first[1].kill_all()  # node 1's VM is lost; Argo starts its retry at once
+    retry1 = Pod(rdzv_cmd(tiny_model, root, rdzv, 1, 1), base_env(BATON_GRACE="20"))
+    assert first[0].wait() == 75, first[0].err[-3000:]  # peer_lost, after the collective timeout
+    first[1].wait()
+    # All that time node 1's retry waited: it joined no round and trained nothing.
+    assert retry1.p.poll() is None and not retry1.records, retry1.err[-2000:]
+    assert json.loads((rdzv / "node-1.json").read_text()) | {"time": 0} == {"joined": old_round, "pod": "node-1-0",
+                                                                             "time": 0}
+    assert committed(root) == [4]
+    retry0 = Pod(rdzv_cmd(tiny_model, root, rdzv, 0, 1), base_env(BATON_GRACE="20"))
+    rcs = finish([retry0, retry1])
+    assert rcs == [0, 0], [p.err[-2000:] for p in (retry0, retry1)]
+    new_round = json.loads((rdzv / "node-0.json").read_text())
+    assert new_round["round"] != old_round and new_round["state"] == "done"
+    assert json.loads((rdzv / "node-1.json").read_text())["joined"] == new_round["round"]
+    assert [r["from_step"] for r in retry0.records if r["event"] == "resume"] == [4]
+    assert equal_to(reference, root)
+
+
+def test_join_takes_only_a_round_newer_than_the_last_one_joined(tmp_path):
+    folder = str(tmp_path)
+    old = group.host(folder, "127.0.0.1", "pod-a")
+    assert group.join(folder, 1, "pod-b", 5, lambda: False) == old  # the first round: joined
+    # node 1's next attempt, node 0 still the same: it waits (here until its timeout).
+    assert group.join(folder, 1, "pod-c", 0.3, lambda: False, poll_s=0.05) == "timeout"
+    assert group.join(folder, 1, "pod-c", 5, lambda: True, poll_s=0.05) == "stopped"
+    new = group.host(folder, "127.0.0.1", "pod-d")
+    assert new.round_id != old.round_id and new.port != old.port
+    assert group.join(folder, 1, "pod-c", 5, lambda: False) == new
+    group.finish(folder, new, "pod-d")
+    assert group.join(folder, 1, "pod-e", 5, lambda: False) == "done"
+    # The control: a node that forgot which round it joined (no node-1.json) takes the old one back.
+    (tmp_path / "node-1.json").unlink()
+    group.host(folder, "127.0.0.1", "pod-f")
+    stale = json.loads((tmp_path / "node-0.json").read_text())
+    (tmp_path / "node-1.json").write_text(json.dumps({"joined": stale["round"]}))
+    assert group.join(folder, 1, "pod-g", 0.3, lambda: False, poll_s=0.05) == "timeout"
+    (tmp_path / "node-1.json").unlink()
+    assert group.join(folder, 1, "pod-g", 5, lambda: False).round_id == stale["round"]
+
+
+@pytest.mark.parametrize("doc", ['{"round": 1, "addr": "h", "port": 5}', '{"round": "r", "addr": "", "port": 5}',
+                                 '{"round": "r", "addr": "h", "port": 70000}', '{"round": "r", "addr": "h", "port": true}',
+                                 "[1, 2]", "not json", '{"round": "r", "addr": "h"}'])
+def test_a_malformed_round_file_counts_as_absent(tmp_path, doc):
+    (tmp_path / "node-0.json").write_text(doc)
+    assert group.join(str(tmp_path), 1, "pod", 0.2, lambda: False, poll_s=0.05) == "timeout"
