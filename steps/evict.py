@@ -80,6 +80,17 @@ def eviction_points(total_steps: int, evictions: int, seed: int = 0, jitter: boo
     return points
 
 
+def eviction_nodes(evictions: int, nodes: int, seed: int = 0, pinned: int | None = None) -> list[int | None]:
+    """Which node of the trial's group each eviction ends: `pinned`, or drawn under the seed (its own
+    stream, so the points stay what they are at one node); None for a job of one pod."""
+    if nodes <= 1:
+        return [None] * evictions
+    if pinned is not None:
+        return [pinned] * evictions
+    rng = random.Random(f"evict-nodes-{seed}")
+    return [rng.randrange(nodes) for _ in range(evictions)]
+
+
 def bands(total_steps: int, evictions: int) -> list[tuple[int, int]]:
     last = int(total_steps * MAX_FRACTION)
     edges = [i * last // evictions for i in range(evictions + 1)]
@@ -98,12 +109,15 @@ class ClusterPods:
         self.namespace = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace").read_text().strip()
         self.workflow, self.task = workflow, task
 
-    def running(self) -> str | None:
+    def running(self, node: int | None = None) -> str | None:
+        """A running pod of the task; with `node`, of that node of the group: Argo names a withSequence
+        item's attempts `<workflow>.<task>(<i>:<i>)(<attempt>)` (generateNodeName)."""
         pods = self.v1.list_namespaced_pod(self.namespace,
                                            label_selector=f"workflows.argoproj.io/workflow={self.workflow}")
+        prefix = f"{self.workflow}.{self.task}(" + ("" if node is None else f"{node}:{node})(")
         for pod in pods.items:
-            node = (pod.metadata.annotations or {}).get("workflows.argoproj.io/node-name", "")
-            if node.startswith(f"{self.workflow}.{self.task}(") and pod.status.phase == "Running":
+            name = (pod.metadata.annotations or {}).get("workflows.argoproj.io/node-name", "")
+            if name.startswith(prefix) and pod.status.phase == "Running":
                 return pod.metadata.name
         return None
 
@@ -176,6 +190,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="the trial's periodic checkpoint interval (checkpoint steps: --jitter edges, fast polling)")
     ap.add_argument("--workflow", default="", help="the workflow's name (to find its pods)")
     ap.add_argument("--task", default="trial")
+    ap.add_argument("--nodes", type=int, default=1, help="pods in the trial's group (one node each)")
+    ap.add_argument("--node", default="", help="with --nodes > 1: the node whose pod each eviction ends; "
+                                               "empty: drawn under --seed at each eviction")
     ap.add_argument("--out", help="where to write the evictions as JSON")
     ap.add_argument("--poll", type=float, default=0.1)
     ap.add_argument("--timeout", type=float, default=3600.0)
@@ -189,16 +206,21 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     try:
         points = eviction_points(args.total_steps, args.evictions, args.seed, args.jitter, args.every_steps)
+        pinned = int(args.node) if args.node else None
+        if args.nodes < 1 or (pinned is not None and not 0 <= pinned < args.nodes):
+            raise ValueError(f"--node must be empty or 0 .. {args.nodes - 1}, not {args.node!r}")
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
+    args.targets = eviction_nodes(len(points), args.nodes, args.seed, pinned)
     pods_dir = os.environ.get(LOCAL_PODS_ENV)
     pods = LocalPods(pods_dir, args.workflow, args.task) if pods_dir else ClusterPods(args.workflow, args.task)
     gone_timeout = args.gone_timeout if args.gone_timeout is not None else (10.0 if pods_dir else 90.0)
     print(f"[evict] points {points} of {args.total_steps} steps ({'local' if pods_dir else 'cluster'}, "
-          f"{args.how})", file=sys.stderr)
+          f"{args.how})" + (f", nodes {args.targets}" if args.nodes > 1 else ""), file=sys.stderr)
     done_evictions = _resume(args.out, points)
     result = {"points": points, "evictions": done_evictions, "planned": len(points), "how": args.how,
+              **({"nodes": args.nodes, "targets": args.targets} if args.nodes > 1 else {}),
               "bands": bands(args.total_steps, args.evictions) if args.evictions else [], "problem": None}
     try:
         rc = _evict_all(args, pods, points, done_evictions, gone_timeout, result)
@@ -276,10 +298,12 @@ def _evict_all(args: argparse.Namespace, pods, points: list[int], done_evictions
             rate = step_rate(records, attempt) if step < point else None
             finishing = rate is not None and (args.total_steps - step) / rate < FINISH_GUARD_S
             if (step >= point or finishing) and attempt > last_attempt:
-                name = pods.running()
+                target = (getattr(args, "targets", None) or [None] * len(points))[len(done_evictions)]
+                name = pods.running(target)
                 if name:
                     ev = {"event": "evict", "point": point, "observed_step": step, "attempt": attempt,
-                          "pod": name, "how": args.how, "time": time.time(), "ended": None,
+                          "pod": name, **({"node": target} if target is not None else {}),
+                          "how": args.how, "time": time.time(), "ended": None,
                           **({"early": f"{rate:.0f} steps/s: predicted to finish within {FINISH_GUARD_S:g} s"}
                              if step < point else {})}
                     done_evictions.append(ev)

@@ -92,9 +92,10 @@ class LocalPods:
         return [p for p in list_pods(self.folder) if p.get("task") == self.task
                 and (not self.workflow or p.get("workflow") == self.workflow)]
 
-    def running(self) -> str | None:
+    def running(self, node: int | None = None) -> str | None:
+        """A running pod of the task; with `node`, of that node of the group (its withSequence item)."""
         for pod in self._mine():
-            if pod.get("phase") == "Running":
+            if pod.get("phase") == "Running" and (node is None or pod.get("item") == str(node)):
                 return pod["name"]
         return None
 

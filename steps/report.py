@@ -60,6 +60,10 @@ def summary(report: dict[str, Any]) -> str:
     for pr in report.get("preempt", []):
         lines.append(f"  step {pr['step']}: save {pr['save_ms']} ms, grace left {pr['grace_left_s']} s, "
                      f"exit {pr['exit']}" + (f", signal during {pr['during']}" if pr.get("during") else ""))
+    for c in report.get("comebacks", []):
+        back = "never came back" if c["back_s"] is None else f"back after {c['back_s']} s at step {c['back_at_step']}"
+        node = "" if c["node"] is None else f" (node {c['node']})"
+        lines.append(f"  eviction at step {c['point']}: pod {c['pod']}{node}, exit {c['exit_code']}; {back}")
     chaos = report.get("chaos")
     if chaos:
         lines.append(f"chaos: {chaos['deleted']} of {chaos['planned']} pod deletions (seed {chaos['seed']})")
@@ -138,6 +142,13 @@ def markdown(report: dict[str, Any]) -> str:
     for p in report["preempt"]:
         lines.append(f"| {p['step']} | {p['save_ms']} | {p['grace_left_s']} | {p['exit']} | {p['outcome']} | "
                      f"{p.get('during') or '-'} |")
+    if report.get("comebacks"):
+        lines += ["", "| eviction at step | pod evicted | node | its exit | group back after s | at step |",
+                  "|---:|---|---:|---:|---:|---:|"]
+        for c in report["comebacks"]:
+            lines.append(f"| {c['point']} | {c['pod']} | {'-' if c['node'] is None else c['node']} | "
+                         f"{'-' if c['exit_code'] is None else c['exit_code']} | "
+                         f"{'never' if c['back_s'] is None else c['back_s']} | {c['back_at_step'] or '-'} |")
     for clause in report.get("contract", []):
         lines.append(f"\n- contract: {clause}")
     if report.get("problem"):

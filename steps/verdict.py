@@ -164,6 +164,23 @@ def baseline_doubts(tier: int, baseline: dict[str, dict[str, list[int]]], trial_
     return []
 
 
+def comebacks(evictions: dict[str, Any], trial: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each eviction: the pod (and node of the group) it ended, how that pod ended, and how long the group
+    took to come back: from the eviction to the first step record of a later attempt (None: it never did)."""
+    out = []
+    for ev in evictions.get("evictions", []):
+        after = [r for r in trial if r.get("event") == "step" and isinstance(r.get("attempt"), int)
+                 and isinstance(ev.get("attempt"), int) and r["attempt"] > ev["attempt"]
+                 and isinstance(r.get("time"), int | float)]
+        first = min(after, key=lambda r: r["time"], default=None)
+        ended = ev.get("ended") or {}
+        out.append({"point": ev.get("point"), "pod": ev.get("pod"), "node": ev.get("node"),
+                    "attempt": ev.get("attempt"), "exit_code": ended.get("exit_code"),
+                    "back_s": round(first["time"] - ev["time"], 2) if first and isinstance(ev.get("time"), int | float)
+                    else None, "back_at_step": first["step"] if first else None})
+    return out
+
+
 def assemble(result: dict[str, Any], verify: dict[str, Any], evictions: dict[str, Any],
              records: dict[str, list[dict[str, Any]]], total_steps: int) -> dict[str, Any]:
     """report.json: the comparison, verify's counts, the trajectory, the contract, and the verdict."""
@@ -175,7 +192,8 @@ def assemble(result: dict[str, Any], verify: dict[str, Any], evictions: dict[str
               "trajectory": trajectory.check(records.get("reference", []), records.get("replay", []),
                                              records.get("trial", [])),
               "contract": contract_breaks(records, result),
-              "baseline": baseline_interruptions(records)}
+              "baseline": baseline_interruptions(records),
+              "comebacks": comebacks(evictions, records.get("trial", []))}
     report["inconclusive"] = [*report["inconclusive"],
                               *baseline_doubts(result["tier"], report["baseline"], verify.get("resumed_from", []))]
     traj = report["trajectory"]

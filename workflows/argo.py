@@ -280,6 +280,9 @@ def apply_parameters(wf: dict[str, Any], overrides: dict[str, str]) -> dict[str,
     for name in overrides:
         if name not in current:
             raise ArgoError(f"the workflow has no parameter {name!r} in spec.arguments.parameters")
+    if "nodes" in overrides and str(current.get("nodes")) != overrides["nodes"]:
+        raise ArgoError(f"parameter nodes: this workflow was rendered for {current.get('nodes') or 1} node(s), and the "
+                        "DAG's shape follows it; render it again with -p nodes=N (or submit without --from-file)")
     base = {k: str(v) for k, v in current.items() if v is not None and k in PARAMETERS}
     if "evictions" in overrides and "retry_limit" not in overrides:
         base.pop("retry_limit", None)  # the limit follows the evictions, as in `run`

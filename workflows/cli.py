@@ -61,7 +61,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                       total_steps=int(values_of(params)["total_steps"]), long_tasks={"evict": 20.0})
         print(f"chaos: {chaos_n} pod deletion(s), seed {chaos_seed} (-p chaos_seed={chaos_seed} repeats the plan)",
               file=sys.stderr)
-    spec = build_workflow().to_dict()
+    spec = build_workflow(int(values_of(params)["nodes"])).to_dict()
     set_queue_label(spec, values_of(params)["queue"])  # no local effect; the spec is what a cluster would get
     set_deadline(spec, values_of(params))
     env = {"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
@@ -177,7 +177,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.command == "render":
         params = resolve_params(parse_params(args.param)) if args.param else {}
-        sys.stdout.write(to_yaml([with_params(obj, params) for obj in rendered()]))
+        nodes = int(values_of(params)["nodes"])
+        sys.stdout.write(to_yaml([with_params(obj, params) for obj in rendered(nodes)]))
         return 0
     if args.command == "write-templates":
         for path in write_templates():
@@ -188,7 +189,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "submit":
         from workflows.argo import submit
 
-        return submit(args, lambda: build_workflow().to_dict())
+        nodes = int(values_of(resolve_params(parse_params(args.param), cluster=True))["nodes"])
+        return submit(args, lambda: build_workflow(nodes).to_dict())
     if args.command == "status":
         from workflows.argo import status
 

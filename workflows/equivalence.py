@@ -47,6 +47,7 @@ from workflows.params import (  # noqa: E402,F401
     report_root,
     resolve_params,
     role_root,
+    rounds_root,
     set_deadline,
     set_queue_label,
     values_of,
@@ -115,8 +116,22 @@ def _pod_name_env() -> m.EnvVar:
                     value_from=m.EnvVarSource(field_ref=m.ObjectFieldSelector(field_path="metadata.name")))
 
 
-def _train_args(role: str) -> list[str]:
-    return ["-m", "steps.train", "--nproc", p("ranks"), "--shutdown-timeout", p("grace"),
+def _pod_ip_env() -> m.EnvVar:
+    return m.EnvVar(name="BATON_POD_IP",
+                    value_from=m.EnvVarSource(field_ref=m.ObjectFieldSelector(field_path="status.podIP")))
+
+
+NODE = "{{inputs.parameters.node}}"
+# Kueue's plain-pod groups (v0.19.2, pkg/controller/jobs/pod/constants/constants.go): no Workload, hence no
+# quota, until total-count pods of the group exist; a retried pod of an admitted group joins it as a replacement.
+POD_GROUP_LABEL = "kueue.x-k8s.io/pod-group-name"
+POD_GROUP_COUNT = "kueue.x-k8s.io/pod-group-total-count"
+
+
+def _train_args(role: str, nodes: int = 1) -> list[str]:
+    group = ["--nnodes", p("nodes"), "--node-rank", NODE, "--rendezvous", rounds_root(ROOT, role),
+             "--master-port", "0"] if nodes > 1 else []
+    return ["-m", "steps.train", "--nproc", p("ranks"), *group, "--shutdown-timeout", p("grace"),
             "--trainer", p("trainer"), "--config", p("config"), "--evidence", evidence_root(ROOT, role),
             "--set", f"checkpoint.uri={role_root(ROOT, role)}",
             "--set", f"total_steps={p('total_steps')}",
@@ -125,8 +140,18 @@ def _train_args(role: str) -> list[str]:
             "--set", f"checkpoint.every_steps={p('every_steps')}"]
 
 
-def _define_dag() -> None:
-    """Templates and the DAG, inside an active Workflow or CronWorkflow context."""
+def _group(role: str, nodes: int) -> dict[str, Any]:
+    """A training template's part in a group of `nodes` pods: the node input, node 0's address from the
+    pod's IP, and Kueue's pod group, one per role and workflow (never per attempt)."""
+    if nodes == 1:
+        return {}
+    return dict(labels={POD_GROUP_LABEL: "{{workflow.name}}-" + role, "baton.dev/node": NODE},
+                annotations={POD_GROUP_COUNT: p("nodes")})
+
+
+def _define_dag(nodes: int = 1) -> None:
+    """Templates and the DAG, inside an active Workflow or CronWorkflow context; above one node, each
+    training task expands into a group of `nodes` pods (docs/multinode.md)."""
     from hera.workflows import Gauge, NoneArchiveStrategy
 
     # Prometheus metrics (Argo prefixes `argo_workflows_`), gauges only: Argo may evaluate a finished node's
@@ -140,19 +165,23 @@ def _define_dag() -> None:
     # from its own checkpoints, so each retries the same way. No template metrics here: see COMPARE_METRICS.
     trainer_retry = RetryStrategy(retry_policy="Always", limit=p("retry_limit"), expression=RETRY_EXPRESSION)
     helper_retry = RetryStrategy(retry_policy="Always", limit=HELPER_RETRY_LIMIT, expression=HELPER_RETRY_EXPRESSION)
-    train = Container(name="train", inputs=[Parameter(name="role")], args=_train_args("{{inputs.parameters.role}}"),
-                      env=[Env(name="BATON_GRACE", value=p("grace")), _pod_name_env()],
-                      retry_strategy=trainer_retry, **common)
+    node_input = [Parameter(name="node")] if nodes > 1 else []
+    node_env = [_pod_ip_env()] if nodes > 1 else []
+    train = Container(name="train", inputs=[Parameter(name="role"), *node_input],
+                      args=_train_args("{{inputs.parameters.role}}", nodes),
+                      env=[Env(name="BATON_GRACE", value=p("grace")), _pod_name_env(), *node_env],
+                      retry_strategy=trainer_retry, **_group("{{inputs.parameters.role}}", nodes), **common)
     trial = Container(
-        name="trial", args=_train_args("trial"),
-        env=[Env(name="BATON_GRACE", value=p("grace")), _pod_name_env(),
+        name="trial", inputs=node_input, args=_train_args("trial", nodes),
+        env=[Env(name="BATON_GRACE", value=p("grace")), _pod_name_env(), *node_env,
              Env(name="BATON_DISABLE_SIGTERM_HANDLER", value=p("disable_sigterm_handler"))],
-        retry_strategy=trainer_retry, **common)
+        retry_strategy=trainer_retry, **_group("trial", nodes), **common)
     evict = Container(name="evict", image=p("image"), command=["python"],
                       args=["-m", "steps.evict", "--evidence", evidence_root(ROOT, "trial"),
                             "--total-steps", p("total_steps"), "--evictions", p("evictions"),
                             "--seed", p("seed"), "--jitter", p("jitter"), "--every-steps", p("every_steps"),
                             "--workflow", "{{workflow.name}}",
+                            *(["--nodes", p("nodes"), "--node", p("evict_node")] if nodes > 1 else []),
                             "--how", p("eviction"), "--out", f"{ROOT}/evictions.json"],
                       retry_strategy=helper_retry)
     verify = Container(name="verify", image=p("image"), command=["python"],
@@ -188,9 +217,12 @@ def _define_dag() -> None:
         # breaks the contract: the report names the role and the clause); compare then fails, and with it
         # the drill (publish, the leaf, never starts; Argo fails a DAG whose task failed without continueOn).
         keep_going = m.ContinueOn(failed=True, error=True)
-        train(name="reference", arguments={"role": "reference"}, continue_on=keep_going)
-        train(name="reference-replay", arguments={"role": "replay"}, continue_on=keep_going)
-        trial(name="trial", continue_on=keep_going)
+        # Above one node: N tasks per role (`trial(0:0)`, `trial(1:1)`, ...), each retried on its own.
+        each = dict(with_sequence=m.Sequence(count=p("nodes"))) if nodes > 1 else {}
+        node_arg = {"node": "{{item}}"} if nodes > 1 else {}
+        train(name="reference", arguments={"role": "reference", **node_arg}, continue_on=keep_going, **each)
+        train(name="reference-replay", arguments={"role": "replay", **node_arg}, continue_on=keep_going, **each)
+        trial(name="trial", arguments=node_arg or None, continue_on=keep_going, **each)
         evict(name="evict", continue_on=keep_going)
         verify(name="verify", dependencies=["trial", "evict"])
         compare(name="compare", dependencies=["reference", "reference-replay", "verify"])
@@ -198,8 +230,9 @@ def _define_dag() -> None:
                 arguments={name: "{{tasks.compare.outputs.parameters." + name + "}}" for name in COMPARE_METRICS})
 
 
-def _arguments() -> list[Parameter]:
-    return [Parameter(name=k, value=v, description=d) for k, v, d in ((k, *PARAMETERS[k]) for k in PARAMETERS)]
+def _arguments(nodes: int = 1) -> list[Parameter]:
+    values = {k: v for k, (v, _) in PARAMETERS.items()} | {"nodes": str(nodes)}
+    return [Parameter(name=k, value=values[k], description=PARAMETERS[k][1]) for k in PARAMETERS]
 
 
 def _artifact_repository() -> m.ArtifactRepositoryRef:
@@ -219,26 +252,27 @@ def _ending() -> dict[str, Any]:
     return dict(active_deadline_seconds=drill_deadline_s(values_of({})), pod_gc=POD_GC, ttl_strategy=TTL)
 
 
-def build_workflow() -> Workflow:
+def build_workflow(nodes: int = 1) -> Workflow:
     with Workflow(generate_name=f"{NAME}-", entrypoint="drill", service_account_name=SERVICE_ACCOUNT,
-                  arguments=_arguments(), labels={"app.kubernetes.io/part-of": "baton"},
+                  arguments=_arguments(nodes), labels={"app.kubernetes.io/part-of": "baton"},
                   artifact_repository_ref=_artifact_repository(), **_ending()) as w:
-        _define_dag()
+        _define_dag(nodes)
     return w
 
 
-def build_cron(schedule: str = "0 3 * * *") -> CronWorkflow:
+def build_cron(schedule: str = "0 3 * * *", nodes: int = 1) -> CronWorkflow:
     with CronWorkflow(name=f"{NAME}-nightly", schedules=[schedule], concurrency_policy="Forbid",
                       starting_deadline_seconds=600, successful_jobs_history_limit=3, failed_jobs_history_limit=5,
                       timezone="Etc/UTC", entrypoint="drill", service_account_name=SERVICE_ACCOUNT,
-                      arguments=_arguments(), labels={"app.kubernetes.io/part-of": "baton"},
+                      arguments=_arguments(nodes), labels={"app.kubernetes.io/part-of": "baton"},
                       artifact_repository_ref=_artifact_repository(), **_ending()) as w:
-        _define_dag()
+        _define_dag(nodes)
     return w
 
 
-def rendered() -> list[dict[str, Any]]:
-    return [build_workflow().to_dict(), build_cron().to_dict()]
+def rendered(nodes: int = 1) -> list[dict[str, Any]]:
+    """The Workflow and the CronWorkflow; `nodes` shapes the DAG, so it is fixed when they are rendered."""
+    return [build_workflow(nodes).to_dict(), build_cron(nodes=nodes).to_dict()]
 
 
 def with_params(obj: dict[str, Any], params: dict[str, str]) -> dict[str, Any]:

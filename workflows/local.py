@@ -277,11 +277,11 @@ class _Runner:
                 self.state[name] = "failed"
                 task = self.plan.tasks[name]
                 attempt = self.next_attempt[name]
-                pod = f"{self.plan.name}-{name}-{attempt}"
+                pod = f"{self.plan.name}-{task.slug}-{attempt}"
                 self.nodes.append(NodeResult(name, task.template, attempt, pod, -1, "Failed", why,
-                                             self.out / "logs" / f"{name}-{attempt}.log", time.time(), time.time()))
+                                             self.out / "logs" / f"{task.slug}-{attempt}.log", time.time(), time.time()))
                 _write_atomic(self.pods_dir / f"{pod}.json", json.dumps({
-                    "name": pod, "workflow": self.plan.name, "task": name, "template": task.template,
+                    "name": pod, "workflow": self.plan.name, **_task_fields(task), "template": task.template,
                     "attempt": attempt, "phase": "Failed", "status": "Failed", "exit_code": None, "message": why}))
                 self.why[name] = why
         for pod in self.running.values():
@@ -297,26 +297,26 @@ class _Runner:
         return out
 
     def _start(self, task: _Task, attempt: int) -> None:
-        name = f"{self.plan.name}-{task.name}-{attempt}"
+        name = f"{self.plan.name}-{task.slug}-{attempt}"
         if task.late_inputs:
             task = dataclasses.replace(task, inputs=resolve_late_inputs(task, self._outputs()))
         if task.suspend:  # no pod: the node succeeds as it starts (Argo's suspend of duration 0)
             now = time.time()
             node = NodeResult(task.name, task.template, attempt, name, 0, "Succeeded", "",
-                              self.out / "logs" / f"{task.name}-{attempt}.log", now, now, inputs=dict(task.inputs))
+                              self.out / "logs" / f"{task.slug}-{attempt}.log", now, now, inputs=dict(task.inputs))
             self._after(task, node, f"{task.name} Succeeded (suspend, no pod)")
             return
-        if task.name in self.unschedulable:  # Pending until the workflow's deadline ends it, as on a full cluster
+        if task.group in self.unschedulable:  # Pending until the workflow's deadline ends it, as on a full cluster
             self.state[task.name] = "unscheduled"
             _write_atomic(self.pods_dir / f"{name}.json", json.dumps({
-                "name": name, "workflow": self.plan.name, "task": task.name, "template": task.template,
+                "name": name, "workflow": self.plan.name, **_task_fields(task), "template": task.template,
                 "attempt": attempt, "phase": "Pending"}))
             self.say(f"{task.name} attempt {attempt} Pending (pod {name}): unschedulable")
             return
         ctx = _pod_ctx(self.plan, task, name, attempt)
         argv, cenv = _argv_env(self.plan, task, ctx)
         grace = _grace(task, ctx)
-        log_path = self.out / "logs" / f"{task.name}-{attempt}.log"
+        log_path = self.out / "logs" / f"{task.slug}-{attempt}.log"
         (self.pods_dir / f"{name}.delete").unlink(missing_ok=True)  # stale, from a reused out_dir
         self.state[task.name] = "running"
         started = time.time()
@@ -336,11 +336,11 @@ class _Runner:
         self._record(pod, "Running")
         self.say(f"{task.name} attempt {attempt} Running (pod {name}, pid {proc.pid})")
         if self.chaos is not None and not self._chaos_may(task, attempt):
-            self.chaos.unavailable(task.name, self._chaos_open())
+            self.chaos.unavailable(task.group, self._chaos_open())
 
     def _record(self, pod: _Pod, phase: str, **extra: Any) -> None:
         _write_atomic(self.pods_dir / f"{pod.name}.json", json.dumps({
-            "name": pod.name, "workflow": self.plan.name, "task": pod.task.name,
+            "name": pod.name, "workflow": self.plan.name, **_task_fields(pod.task),
             "template": pod.task.template, "attempt": pod.attempt,
             "pid": pod.proc.pid, "pgid": pod.proc.pid, "grace_s": pod.grace,
             "phase": phase, **({"conditions": [KUEUE_CONDITION]} if pod.how == "kueue" else {}), **extra}))
@@ -383,7 +383,7 @@ class _Runner:
                 elif now - pod.t0 > _or_inf(pod.task.deadline_s):
                     self._terminate(pod, "Failed", POD_DEADLINE, None)
                 elif self.chaos is not None and self._chaos_may(pod.task, pod.attempt):
-                    d = self.chaos.due(pod.task.name, now - pod.t0, pod.step, pod.restoring)
+                    d = self.chaos.due(pod.task.group, now - pod.t0, pod.step, pod.restoring)
                     if d is not None:
                         self.chaos.landed(d, pod.name, pod.attempt, now - self.t0, pod.step)
                         at = (f" at step {pod.step}" if pod.step is not None else " as it restores a checkpoint"
@@ -438,8 +438,10 @@ class _Runner:
     def _after(self, task: _Task, node: NodeResult, line: str, may_retry: bool = True) -> None:
         self.nodes.append(node)
         self._after_state(task, node, line, may_retry)
-        if self.chaos is not None and self.state[task.name] != "retry":  # done, for good
-            self.chaos.unavailable(task.name, self._chaos_open())
+        if self.chaos is not None and self.state[task.name] != "retry" and all(  # done for good, the group too
+                self.state[n] not in ("pending", "running", "retry") for n, t in self.plan.tasks.items()
+                if t.group == task.group):
+            self.chaos.unavailable(task.group, self._chaos_open())
 
     def _chaos_may(self, task: _Task, attempt: int) -> bool:
         """Whether chaos may delete this attempt: only where a retry would follow (chaos tests that nothing
@@ -453,8 +455,9 @@ class _Runner:
         for name, st in self.state.items():
             task = self.plan.tasks[name]
             attempt = self.running[name].attempt if name in self.running else self.next_attempt[name]
-            if st in ("pending", "running", "retry") and self._chaos_may(task, attempt) and not self.aborting:
-                out.append(name)
+            if (st in ("pending", "running", "retry") and self._chaos_may(task, attempt) and not self.aborting
+                    and task.group not in out):
+                out.append(task.group)
         return out
 
     def _after_state(self, task: _Task, node: NodeResult, line: str, may_retry: bool) -> None:
@@ -513,7 +516,7 @@ class _Runner:
         ctx = _pod_ctx(self.plan, pod.task, pod.name, pod.attempt)
         for name, src in _artifacts(pod.task, ctx).items():
             srcp = self.cwd / src  # an absolute src stays absolute
-            dest = self.out / "artifacts" / pod.task.name / name
+            dest = self.out / "artifacts" / pod.task.slug / name
             dest.parent.mkdir(parents=True, exist_ok=True)
             if dest.is_dir():
                 shutil.rmtree(dest)
@@ -565,6 +568,11 @@ class _Runner:
         _write_atomic(self.out / "nodes.json", json.dumps(doc, indent=1))
 
 
+def _task_fields(task: _Task) -> dict[str, Any]:
+    """A pod's task in the registry: the DAG task as written (a group's name), and its withSequence item."""
+    return {"task": task.group, **({"item": task.item, "node": task.name} if task.item is not None else {})}
+
+
 def _exit_code(returncode: int | None) -> int:
     if returncode is None:
         return -1
@@ -597,11 +605,12 @@ def run_workflow(spec: dict, out_dir: Path, params: dict[str, str] | None = None
     deleting pods as ``chaos`` plans (its tasks must be the spec's). The pods of the tasks named in
     ``unschedulable`` stay Pending (a cluster with no room for them) until the workflow's deadline."""
     plan = _plan(spec, params)
+    groups = {t.group for t in plan.tasks.values()}
     if chaos is not None:
-        unknown = sorted(set(chaos.tasks) - set(plan.tasks))
+        unknown = sorted(set(chaos.tasks) - groups)
         if unknown:
             raise UnsupportedSpec(f"chaos: no task named {', '.join(unknown)}")
-    unknown = sorted(set(unschedulable) - set(plan.tasks))
+    unknown = sorted(set(unschedulable) - groups)
     if unknown:
         raise UnsupportedSpec(f"unschedulable: no task named {', '.join(unknown)}")
     return _Runner(plan, Path(out_dir), progress, Path(cwd) if cwd else Path.cwd(), dict(env or {}), chaos,

@@ -35,7 +35,8 @@ _SUPPORTED: dict[str, frozenset[str]] = {
                            "podSpecPatch", "activeDeadlineSeconds"}),
     "suspend": frozenset({"duration"}),
     "dag": frozenset({"tasks"}),
-    "task": frozenset({"name", "template", "dependencies", "depends", "arguments", "continueOn"}),
+    "task": frozenset({"name", "template", "dependencies", "depends", "arguments", "continueOn", "withSequence"}),
+    "withSequence": frozenset({"count"}),
     "continueOn": frozenset({"failed", "error"}),
     "task_param": frozenset({"name", "value"}),
     "container": frozenset({"command", "args", "env"}),
@@ -55,6 +56,9 @@ _REF = re.compile(r"\{\{\s*([^{}]*?)\s*\}\}")
 _TASK_OUTPUT = re.compile(r"tasks\.([A-Za-z0-9][A-Za-z0-9_.-]*?)\.outputs\.parameters\.([A-Za-z0-9_-]+)")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")  # also used as file names
 DEFAULT_GRACE_S = 30.0
+# Every local pod shares this host's network: its address is loopback.
+POD_IP = "127.0.0.1"
+FIELD_REFS = ("metadata.name", "status.podIP")
 
 
 
@@ -82,6 +86,16 @@ class _Task:
     deadline_s: float | None
     continue_on: frozenset[str] = frozenset()  # node statuses (Failed, Error) its dependents accept
     late_inputs: dict[str, str] = field(default_factory=dict)  # inputs naming a dependency's outputs: at start
+    group: str = ""  # the DAG task as written: a withSequence item's name is `<group>(<i>:<i>)`, as Argo's
+    item: str | None = None  # the withSequence item ({{item}})
+
+    def __post_init__(self) -> None:
+        self.group = self.group or self.name
+
+    @property
+    def slug(self) -> str:
+        """The name in pod and file names: `trial-1` for the item `trial(1:1)`."""
+        return self.name if self.item is None else f"{self.group}-{self.item}"
 
     @property
     def suspend(self) -> bool:
@@ -193,10 +207,10 @@ def _argv_env(plan: _Plan, task: _Task, ctx: dict[str, str]) -> tuple[list[str],
         if "valueFrom" in e:
             ref = e["valueFrom"].get("fieldRef") if isinstance(e["valueFrom"], dict) else None
             if (e["valueFrom"] != {"fieldRef": ref} or not isinstance(ref, dict)
-                    or ref.get("fieldPath") != "metadata.name" or ref.keys() - {"fieldPath", "apiVersion"}):
-                raise UnsupportedSpec(f"{epath}.valueFrom: only fieldRef.fieldPath metadata.name is "
-                                      "supported by the local runner")
-            env[_name(e, epath)] = ctx["pod.name"]
+                    or ref.get("fieldPath") not in FIELD_REFS or ref.keys() - {"fieldPath", "apiVersion"}):
+                raise UnsupportedSpec(f"{epath}.valueFrom: only fieldRef.fieldPath metadata.name and "
+                                      "status.podIP are supported by the local runner")
+            env[_name(e, epath)] = ctx["pod.name"] if ref["fieldPath"] == "metadata.name" else POD_IP
         else:
             env[_name(e, epath)] = _subst(e.get("value", ""), ctx, f"{epath}.value")
     return argv, env
@@ -329,76 +343,97 @@ def _plan(spec: dict, params: dict[str, str] | None) -> _Plan:
         raw_tasks, tpath = [{"name": entry, "template": entry}], "spec.entrypoint"
     else:
         raw_tasks, tpath = _list(etmpl["dag"].get("tasks"), f"{epath}.dag.tasks"), f"{epath}.dag.tasks"
+    groups: dict[str, list[str]] = {}  # a task as written -> the tasks it expands into
     for i, rt in enumerate(raw_tasks):
         path = f"{tpath}[{i}]"
-        task_name = _name(_check(rt, path, "task"), path)
-        if task_name in plan.tasks:
-            raise UnsupportedSpec(f"{path}.name: duplicate task {task_name!r}")
-        ref = rt.get("template")
-        if ref not in templates:
-            raise UnsupportedSpec(f"{path}.template: unknown template {ref!r}")
-        tmpl_path, tmpl = templates[ref]
-        if "dag" in tmpl:
-            raise _refuse(f"{path}.template", f"{ref!r} is a dag; nested DAGs are")
-        deps = [str(d) for d in _list(rt.get("dependencies"), f"{path}.dependencies")]
-        if "depends" in rt:
-            deps += _depends(rt["depends"], f"{path}.depends")
-        given: dict[str, str] = {}
-        late: dict[str, str] = {}
-        targs = _check(rt.get("arguments", {}), f"{path}.arguments", "arguments")
-        for j, p in enumerate(_list(targs.get("parameters"), f"{path}.arguments.parameters")):
-            ppath = f"{path}.arguments.parameters[{j}]"
-            value = _scalar(p.get("value"), f"{ppath}.value")
-            pname = _name(_check(p, ppath, "task_param"), ppath)
-            refs = [m.group(1) for m in _REF.finditer(value)]
-            if refs and all(_TASK_OUTPUT.fullmatch(r) for r in refs):  # a dependency's outputs, known at start
-                for r in refs:
-                    if _TASK_OUTPUT.fullmatch(r).group(1) not in deps:
-                        raise UnsupportedSpec(f"{ppath}.value: {r} names a task this one does not depend on")
-                late[pname] = value
-                given[pname] = value
-            else:
-                given[pname] = _subst(value, wf_ctx, f"{ppath}.value")
-        inputs: dict[str, str] = {}
-        ins = _check(tmpl.get("inputs", {}), f"{tmpl_path}.inputs", "inputs")
-        for j, p in enumerate(_list(ins.get("parameters"), f"{tmpl_path}.inputs.parameters")):
-            ppath = f"{tmpl_path}.inputs.parameters[{j}]"
-            pname = _name(_check(p, ppath, "input_param"), ppath)
-            if pname in given:
-                inputs[pname] = given.pop(pname)
-            elif "default" in p:
-                inputs[pname] = _subst(_scalar(p["default"], f"{ppath}.default"), wf_ctx, f"{ppath}.default")
-            else:
-                raise UnsupportedSpec(f"{path}.arguments: no value for input {pname!r} of {ref!r}")
-        if given:
-            raise UnsupportedSpec(f"{path}.arguments.parameters: {sorted(given)} are not inputs of {ref!r}")
-        ictx = dict(wf_ctx, **{f"inputs.parameters.{k}": v for k, v in inputs.items()})
-        tdl = tmpl.get("activeDeadlineSeconds")
-        con = _check(rt.get("continueOn", {}), f"{path}.continueOn", "continueOn")
-        for k, v in con.items():
-            if not isinstance(v, bool):
-                raise UnsupportedSpec(f"{path}.continueOn.{k}: expected true or false, got {v!r}")
-        task = _Task(task_name, ref, tmpl_path, tmpl, deps, inputs, _retry(tmpl, tmpl_path, ictx),
-                     None if tdl is None else _seconds(tdl, f"{tmpl_path}.activeDeadlineSeconds", ictx),
-                     frozenset(st for k, st in (("failed", "Failed"), ("error", "Error")) if con.get(k)),
-                     {k: v for k, v in late.items() if k in inputs})
-        if task.suspend:
-            plan.tasks[task_name] = task
-            continue
-        # Resolve everything now with stand-in per-attempt values, so a bad reference fails before any pod.
-        ctx = _pod_ctx(plan, task, f"{name}-{task_name}-0", 0)
-        _argv_env(plan, task, ctx)
-        _artifacts(task, ctx)
-        _out_params(task, ctx)
-        _grace(task, ctx)
-        plan.tasks[task_name] = task
+        group = _name(_check(rt, path, "task"), path)
+        if group in groups:
+            raise UnsupportedSpec(f"{path}.name: duplicate task {group!r}")
+        items: list[str | None] = [None]
+        if "withSequence" in rt:
+            seq = _check(rt["withSequence"], f"{path}.withSequence", "withSequence")
+            if "count" not in seq:
+                raise _refuse(f"{path}.withSequence", "anything but count is")
+            items = [str(k) for k in range(int(_seconds(_scalar(seq["count"], f"{path}.withSequence.count"),
+                                                        f"{path}.withSequence.count", wf_ctx)))]
+        groups[group] = []
+        for item in items:
+            task_name = group if item is None else f"{group}({item}:{item})"  # Argo's generateNodeName
+            groups[group].append(task_name)
+            _plan_task(plan, templates, rt, path, group, task_name, item)
 
     for tname, task in plan.tasks.items():
+        task.deps = [member for d in task.deps for member in groups.get(d, [d])]
         for d in task.deps:
             if d not in plan.tasks:
                 raise UnsupportedSpec(f"task {tname!r}: unknown dependency {d!r}")
     _check_acyclic(plan.tasks)
     return plan
+
+
+def _plan_task(plan: _Plan, templates: dict[str, tuple[str, dict]], rt: dict, path: str, group: str,
+               task_name: str, item: str | None) -> None:
+    """One task (or one withSequence item of it) into `plan`."""
+    name, wf_ctx = plan.name, plan.wf_ctx
+    ref = rt.get("template")
+    if ref not in templates:
+        raise UnsupportedSpec(f"{path}.template: unknown template {ref!r}")
+    tmpl_path, tmpl = templates[ref]
+    if "dag" in tmpl:
+        raise _refuse(f"{path}.template", f"{ref!r} is a dag; nested DAGs are")
+    deps = [str(d) for d in _list(rt.get("dependencies"), f"{path}.dependencies")]
+    if "depends" in rt:
+        deps += _depends(rt["depends"], f"{path}.depends")
+    given: dict[str, str] = {}
+    late: dict[str, str] = {}
+    targs = _check(rt.get("arguments", {}), f"{path}.arguments", "arguments")
+    for j, p in enumerate(_list(targs.get("parameters"), f"{path}.arguments.parameters")):
+        ppath = f"{path}.arguments.parameters[{j}]"
+        value = _scalar(p.get("value"), f"{ppath}.value")
+        pname = _name(_check(p, ppath, "task_param"), ppath)
+        refs = [m.group(1) for m in _REF.finditer(value)]
+        if refs and all(_TASK_OUTPUT.fullmatch(r) for r in refs):  # a dependency's outputs, known at start
+            for r in refs:
+                if _TASK_OUTPUT.fullmatch(r).group(1) not in deps:
+                    raise UnsupportedSpec(f"{ppath}.value: {r} names a task this one does not depend on")
+            late[pname] = value
+            given[pname] = value
+        else:  # `{{item}}` only in a task's arguments, as in Argo (validate.go)
+            given[pname] = _subst(value, {**wf_ctx, **({"item": item} if item is not None else {})},
+                                  f"{ppath}.value")
+    inputs: dict[str, str] = {}
+    ins = _check(tmpl.get("inputs", {}), f"{tmpl_path}.inputs", "inputs")
+    for j, p in enumerate(_list(ins.get("parameters"), f"{tmpl_path}.inputs.parameters")):
+        ppath = f"{tmpl_path}.inputs.parameters[{j}]"
+        pname = _name(_check(p, ppath, "input_param"), ppath)
+        if pname in given:
+            inputs[pname] = given.pop(pname)
+        elif "default" in p:
+            inputs[pname] = _subst(_scalar(p["default"], f"{ppath}.default"), wf_ctx, f"{ppath}.default")
+        else:
+            raise UnsupportedSpec(f"{path}.arguments: no value for input {pname!r} of {ref!r}")
+    if given:
+        raise UnsupportedSpec(f"{path}.arguments.parameters: {sorted(given)} are not inputs of {ref!r}")
+    ictx = dict(wf_ctx, **{f"inputs.parameters.{k}": v for k, v in inputs.items()})
+    tdl = tmpl.get("activeDeadlineSeconds")
+    con = _check(rt.get("continueOn", {}), f"{path}.continueOn", "continueOn")
+    for k, v in con.items():
+        if not isinstance(v, bool):
+            raise UnsupportedSpec(f"{path}.continueOn.{k}: expected true or false, got {v!r}")
+    task = _Task(task_name, ref, tmpl_path, tmpl, deps, inputs, _retry(tmpl, tmpl_path, ictx),
+                 None if tdl is None else _seconds(tdl, f"{tmpl_path}.activeDeadlineSeconds", ictx),
+                 frozenset(st for k, st in (("failed", "Failed"), ("error", "Error")) if con.get(k)),
+                 {k: v for k, v in late.items() if k in inputs}, group, item)
+    if task.suspend:
+        plan.tasks[task_name] = task
+        return
+    # Resolve everything now with stand-in per-attempt values, so a bad reference fails before any pod.
+    ctx = _pod_ctx(plan, task, f"{name}-{task.slug}-0", 0)
+    _argv_env(plan, task, ctx)
+    _artifacts(task, ctx)
+    _out_params(task, ctx)
+    _grace(task, ctx)
+    plan.tasks[task_name] = task
 
 
 def _check_acyclic(tasks: dict[str, _Task]) -> None:

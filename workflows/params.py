@@ -44,6 +44,10 @@ PARAMETERS: dict[str, tuple[str, str]] = {
     "baseline_pool": ("spot", "where reference and reference-replay run on GKE: spot (preemptible like the trial; an "
                               "interrupted baseline may leave the verdict open) or on-demand (never preempted; costs "
                               "about 3x while it runs); the gke overlay's node pools gpu-spot and gpu-on-demand"),
+    "nodes": ("1", "pods (nodes) in each of reference, reference-replay and trial, each with `ranks` ranks; above 1, "
+                   "each role is a group of pods (docs/multinode.md); set when the workflow is rendered or submitted"),
+    "evict_node": ("", "with nodes > 1: the node whose pod evict ends (0 .. nodes-1); empty: drawn under the seed "
+                       "at each eviction"),
 }
 BASELINE_POOLS = ("spot", "on-demand")
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
@@ -51,10 +55,10 @@ QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 _LABEL_VALUE = re.compile(r"(?:[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?")
 EVICTION_MODES = ("evict", "delete", "node-shutdown", "lost-vm", "kueue")
 CLUSTER_EVICTION_MODES = ("evict",)  # what steps.evict can do through the Kubernetes API
-_INTEGERS = ("total_steps", "evictions", "retry_limit", "seed", "grace", "ranks", "every_steps", "deadline")
+_INTEGERS = ("total_steps", "evictions", "retry_limit", "seed", "grace", "ranks", "every_steps", "deadline", "nodes")
 # The lower bounds the steps themselves would enforce inside the pod (steps.train --nproc, the grace,
 # eviction_points): refused here, before anything runs or is submitted.
-_AT_LEAST = {"ranks": 1, "grace": 1, "total_steps": 2}
+_AT_LEAST = {"ranks": 1, "grace": 1, "total_steps": 2, "nodes": 1}
 # Booleans, normalised to "1"/"0" (BATON_DISABLE_SIGTERM_HANDLER is read as exactly that): a negative
 # control asked for as "true" must not quietly run as a normal trial.
 _BOOLEANS = ("disable_sigterm_handler",)
@@ -80,6 +84,11 @@ def role_root(root: str, role: str) -> str:
 def evidence_root(root: str, role: str | None = None) -> str:
     """The evidence (record lines) of a drill, or of one role."""
     return f"{root}/evidence" + (f"/{role}" if role else "")
+
+
+def rounds_root(root: str, role: str) -> str:
+    """Where a role's node 0 publishes each round of its group (steps/group.py), with nodes > 1."""
+    return f"{root}/rounds/{role}"
 
 
 def report_root(root: str) -> str:
@@ -134,6 +143,9 @@ def resolve_params(overrides: dict[str, str], cluster: bool = False) -> dict[str
     if values["baseline_pool"] not in BASELINE_POOLS:
         raise SystemExit(f"error: parameter baseline_pool must be one of {', '.join(BASELINE_POOLS)}, "
                          f"got {values['baseline_pool']!r}")
+    if values["evict_node"] and not (re.fullmatch(r"[0-9]+", values["evict_node"]) and int(values["evict_node"]) < int(values["nodes"])):
+        raise SystemExit(f"error: parameter evict_node must be empty or a node 0 .. {int(values['nodes']) - 1}, "
+                         f"got {values['evict_node']!r}")
     if values["tier"] not in TIERS:
         raise SystemExit(f"error: parameter tier must be one of {', '.join(TIERS)}, got {values['tier']!r}")
     try:
