@@ -102,3 +102,27 @@ def test_a_drill_that_can_never_schedule_fails_by_its_deadline(tmp_path):
     from workflows.params import drill_deadline_s, values_of
 
     assert drill_deadline_s(values_of({"total_steps": "10", "evictions": "1"})) > 0
+
+
+def test_a_drill_across_two_nodes_passes_with_every_tensor_equal_and_names_each_evicted_pod(tmp_path):
+    """Every role is a group of two pods (docs/multinode.md); each eviction ends one pod of the trial's group
+    (drawn under the seed: node 1, then node 0), both pods of the group exit 75 at the same step, and each
+    comes back through its own retry."""
+    out = tmp_path / "drill"
+    p = drill(out, "nodes=2", "evictions=2", "total_steps=48")
+    assert p.returncode == 0, p.stdout + p.stderr[-3000:]
+    report = json.loads((out / "report.json").read_text())
+    assert report["passed"] is True and report["tier"] == 1 and report["max_abs_diff"] == 0.0
+    assert report["equal_tensors"] == report["tensors"] > 100
+    s = report["steps"]
+    assert (s["total"], s["distinct"], s["replayed"], s["preemptions"]) == (48, 48, 0, 2)
+    evicted = [(c["node"], c["pod"], c["exit_code"]) for c in report["comebacks"]]
+    assert [(n, code) for n, _, code in evicted] == [(1, 75), (0, 75)]
+    assert all(f"-trial-{n}-" in pod for n, pod, _ in evicted)
+    assert all(c["back_s"] is not None and c["back_s"] > 0 for c in report["comebacks"])
+    nodes = json.loads((out / "argo" / "nodes.json").read_text())["nodes"]
+    for node in ("trial(0:0)", "trial(1:1)"):  # both pods of the group stop at each eviction
+        assert [n["exit_code"] for n in nodes if n["task"] == node] == [75, 75, 0]
+    for role in ("reference", "reference-replay"):
+        assert [n["status"] for n in nodes if n["task"].startswith(f"{role}(")] == ["Succeeded"] * 2
+    assert "pod evicted" in (out / "report.md").read_text() and "drill PASSED" in p.stdout

@@ -707,3 +707,36 @@ def test_expression_semantics():
     ):
         with pytest.raises(argo_expr.ExprError):
             argo_expr.parse(bad)
+
+
+def test_with_sequence_expands_into_items_named_as_argo_names_them_each_retried_on_its_own(tmp_path):
+    spec = wf(
+        [{"name": "grp", "template": "node", "withSequence": {"count": "{{workflow.parameters.n}}"},
+          "arguments": {"parameters": [{"name": "code", "value": "7{{item}}"}]}},
+         {"name": "after", "template": "dump", "dependencies": ["grp"]}],
+        ctr("node", "seq", "{{retries}}", "{{inputs.parameters.code}}", "0", inputs={"parameters": [{"name": "code"}]},
+            retry={"limit": 2, "retryPolicy": "OnFailure"}),
+        ctr("dump", "argv", str(tmp_path / "after.json"), "x"),
+        params={"n": "2"},
+    )
+    spec["spec"]["templates"][2]["container"]["env"] = [
+        {"name": "T_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}]
+    res, out, _ = run(spec, tmp_path)
+    assert res.phase == "Succeeded", res.nodes
+    for item in (0, 1):
+        assert statuses(res, f"grp({item}:{item})") == [("Failed", 70 + item, f"main: Error (exit code {70 + item})"),
+                                                        ("Succeeded", 0, "")]
+        assert [n.pod_name for n in res.attempts(f"grp({item}:{item})")] == [f"{res.name}-grp-{item}-{a}" for a in (0, 1)]
+    registry = {p["name"]: p for p in list_pods(out / "pods")}
+    assert (registry[f"{res.name}-grp-1-0"]["task"], registry[f"{res.name}-grp-1-0"]["item"]) == ("grp", "1")
+    after = res.attempts("after")[0]
+    assert after.started >= max(n.finished for n in res.nodes if n.task.startswith("grp("))
+    assert json.loads((tmp_path / "after.json").read_text())["env"]["T_IP"] == "127.0.0.1"
+    assert_no_pods_alive(out)
+
+
+def test_item_is_substituted_only_in_a_tasks_arguments(tmp_path):
+    spec = wf([{"name": "grp", "template": "t", "withSequence": {"count": "2"}}], ctr("t", "argv", "{{item}}"))
+    with pytest.raises(UnsupportedSpec, match=r"cannot resolve \{\{item\}\}"):
+        run(spec, tmp_path)
+    assert not (tmp_path / "out" / "pods").exists()
