@@ -222,7 +222,7 @@ def _define_dag(nodes: int = 1) -> None:
         node_arg = {"node": "{{item}}"} if nodes > 1 else {}
         train(name="reference", arguments={"role": "reference", **node_arg}, continue_on=keep_going, **each)
         train(name="reference-replay", arguments={"role": "replay", **node_arg}, continue_on=keep_going, **each)
-        trial(name="trial", arguments=node_arg or None, continue_on=keep_going, **each)
+        trial(name="trial", continue_on=keep_going, **({"arguments": node_arg} if nodes > 1 else {}), **each)
         evict(name="evict", continue_on=keep_going)
         verify(name="verify", dependencies=["trial", "evict"])
         compare(name="compare", dependencies=["reference", "reference-replay", "verify"])

@@ -106,7 +106,8 @@ resource "google_container_node_pool" "gpu" {
   # zone has Spot capacity right now instead of balancing zones that have none.
   autoscaling {
     total_min_node_count = var.gpu_min_nodes
-    total_max_node_count = var.gpu_max_nodes
+    # A drill of N nodes per role holds 3 x N at once (README, "Several nodes").
+    total_max_node_count = max(var.gpu_max_nodes, 3 * var.drill_nodes)
     location_policy      = "ANY"
   }
 
@@ -168,7 +169,7 @@ resource "google_container_node_pool" "gpu_on_demand" {
 
   autoscaling {
     total_min_node_count = 0
-    total_max_node_count = var.gpu_on_demand_max_nodes
+    total_max_node_count = max(var.gpu_on_demand_max_nodes, 2 * var.drill_nodes)
     location_policy      = "ANY"
   }
 

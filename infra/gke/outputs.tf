@@ -55,3 +55,8 @@ output "ui_gsa_email" {
   description = "Google service account the argo-server KSA acts as to read artifacts (its iam.gke.io/gcp-service-account annotation)."
   value       = google_service_account.ui_reader.email
 }
+
+output "drill_nodes" {
+  description = "Pods per role of the largest drill the pools and the Kueue quota allow (make gke-up scales the ClusterQueue by it)."
+  value       = var.drill_nodes
+}

@@ -102,6 +102,17 @@ variable "gpu_max_nodes" {
   }
 }
 
+variable "drill_nodes" {
+  description = "Pods (GPU nodes) per role of the largest drill this cluster runs (-p nodes=N). A drill runs reference, reference-replay and trial at once, each a group of N nodes: the Spot pool allows at least 3 x N nodes, the on-demand pool 2 x N, and the Kueue ClusterQueue's GPU quotas scale by N (make gke-up writes them)."
+  type        = number
+  default     = 1
+
+  validation {
+    condition     = var.drill_nodes >= 1 && floor(var.drill_nodes) == var.drill_nodes
+    error_message = "drill_nodes must be a whole number, at least 1."
+  }
+}
+
 variable "gpu_zones" {
   description = "Zones for the GPU pool. Empty: the cluster's own zone(s). Set it when some zones of the region lack the accelerator."
   type        = list(string)

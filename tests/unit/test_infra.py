@@ -124,7 +124,9 @@ def test_gpu_pool_is_spot_l4_tainted_and_scales_from_zero():
     assert {"key": "nvidia.com/gpu", "value": "present", "effect": "NO_SCHEDULE"} in node.get("taint", [])
     scaling = _block(pool, "autoscaling")
     assert _var_default(tf, scaling["total_min_node_count"]) == 0
-    assert _var_default(tf, scaling["total_max_node_count"]) >= 1
+    # At least 3 x drill_nodes: reference, reference-replay and trial, each a group of drill_nodes pods.
+    assert scaling["total_max_node_count"] == "${max(var.gpu_max_nodes, 3 * var.drill_nodes)}"
+    assert _var_default(tf, "${var.gpu_max_nodes}") >= 3 and _var_default(tf, "${var.drill_nodes}") == 1
     # The baseline's pool: the same GPUs, not Spot, the same taint, at size 0 until a drill asks for it.
     demand = _block(gpu["gpu_on_demand"], "node_config")
     assert demand.get("spot") is False and demand["machine_type"] == node["machine_type"]
@@ -132,6 +134,7 @@ def test_gpu_pool_is_spot_l4_tainted_and_scales_from_zero():
     assert '"baton.dev/pool" = "gpu-on-demand"' in demand["labels"]
     scaling = _block(gpu["gpu_on_demand"], "autoscaling")
     assert scaling["total_min_node_count"] == 0 and gpu["gpu_on_demand"]["initial_node_count"] == 0
+    assert scaling["total_max_node_count"] == "${max(var.gpu_on_demand_max_nodes, 2 * var.drill_nodes)}"
 
 
 def test_system_pool_is_on_demand_and_untainted():

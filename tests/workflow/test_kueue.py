@@ -208,3 +208,80 @@ def test_the_kueue_schema_check_can_fail():
         validate_kueue(typo)
     with pytest.raises(AssertionError, match="does not serve"):
         validate_kueue({**cq, "apiVersion": "kueue.x-k8s.io/v1alpha9"})
+
+
+def _overlays_for(tmp_path, drill_nodes: int):
+    """The overlays as make gke-up writes them for a cluster whose Terraform says drill_nodes."""
+    import shutil
+
+    from tests.workflow.test_argo import CLUSTER_IMAGE, TERRAFORM_OUTPUT, cluster_overlay
+
+    gen = cluster_overlay()
+    shutil.copytree(REPO / "templates", tmp_path / "templates", ignore=shutil.ignore_patterns(gen.FOLDER))
+    raw = json.loads(TERRAFORM_OUTPUT.read_text())
+    raw["drill_nodes"] = {"sensitive": False, "type": "number", "value": drill_nodes}
+    (tmp_path / "tf.json").write_text(json.dumps(raw))
+    gen.write(tmp_path / "templates" / "overlays" / "gke" / gen.FOLDER, gen.outputs(tmp_path / "tf.json"), CLUSTER_IMAGE)
+    return tmp_path / "templates" / "overlays"
+
+
+@needs_kubectl
+def test_a_cluster_for_two_node_drills_has_quota_for_three_groups_of_two_and_one_node_quota_does_not(tmp_path):
+    built: dict[int, list[dict]] = {}
+
+    def quota_and_use(drill_nodes: int, nodes: int) -> list[str]:
+        if drill_nodes not in built:
+            built[drill_nodes] = kustomize(_overlays_for(tmp_path / f"tf{drill_nodes}", drill_nodes) / "gke-kueue")
+        docs = built[drill_nodes]
+        kueue = [d for d in docs if d["apiVersion"] == KUEUE]
+        flavors = {d["metadata"]["name"]: d for d in kueue if d["kind"] == "ResourceFlavor"}
+        [group] = _one(kueue, "ClusterQueue")["spec"]["resourceGroups"]
+        quota = {f["name"]: {r["name"]: _quantity(r["nominalQuota"]) for r in f["resources"]} for f in group["flavors"]}
+        cron = _one(docs, "CronWorkflow")
+        values = {p["name"]: p["value"] for p in cron["spec"]["workflowSpec"]["arguments"]["parameters"]}
+        ts = templates_of(cron)
+        over = []
+        for pool in ("spot", "on-demand"):
+            at = {**values, "grace": "15", "baseline_pool": pool}
+            used = {f: dict.fromkeys(group["coveredResources"], 0.0) for f in quota}
+            for t in [ts["train"], ts["train"], ts["trial"]] * nodes + [ts["evict"]]:
+                for r, v in _requests(t, at).items():
+                    used[_flavor_for(t, flavors, at)][r] += v
+            over += [f"{pool}: {f} {r} {v:g} > {quota[f][r]:g}" for f, res in used.items() for r, v in res.items()
+                     if v > quota[f][r]]
+        return over
+
+    assert quota_and_use(2, 2) == []
+    assert quota_and_use(1, 1) == []
+    assert quota_and_use(1, 2), "the one-node quota admitted a two-node drill: the check cannot fail"
+
+
+def test_at_two_nodes_each_role_is_one_kueue_pod_group_whose_size_is_the_nodes_parameter():
+    p = _render("nodes=2", "queue=baton")
+    assert p.returncode == 0, p.stderr
+    wf = next(d for d in yaml.safe_load_all(p.stdout) if d and d["kind"] == "Workflow")
+    validate(wf)
+    spec = wf["spec"]
+    assert {x["name"]: x["value"] for x in spec["arguments"]["parameters"]}["nodes"] == "2"
+    assert spec["podMetadata"]["labels"][LABEL] == "baton"
+    ts = templates_of(wf)
+    tasks = {t["name"]: t for t in ts["drill"]["dag"]["tasks"]}
+    groups = {}
+    for task in ("reference", "reference-replay", "trial"):
+        t = tasks[task]
+        assert t["withSequence"] == {"count": "{{workflow.parameters.nodes}}"}
+        args = {a["name"]: a["value"] for a in t["arguments"]["parameters"]}
+        assert args["node"] == "{{item}}"
+        meta = ts[t["template"]]["metadata"]
+        # Kueue v0.19.2 (pkg/controller/jobs/pod/constants/constants.go): the group's name and its size.
+        assert meta["annotations"]["kueue.x-k8s.io/pod-group-total-count"] == "{{workflow.parameters.nodes}}"
+        name = meta["labels"]["kueue.x-k8s.io/pod-group-name"].replace("{{inputs.parameters.role}}", args.get("role", ""))
+        assert "retries" not in name and "pod.name" not in name  # one group per role, across every retry
+        groups[task] = name
+    assert groups == {"reference": "{{workflow.name}}-reference", "reference-replay": "{{workflow.name}}-replay",
+                      "trial": "{{workflow.name}}-trial"}
+    assert "withSequence" not in tasks["evict"] and "metadata" not in ts["evict"]  # evict is no group
+    # At one node the DAG is what it always was: no group, no expansion.
+    one = eq.rendered(1)[0]
+    assert all("withSequence" not in t for t in templates_of(one)["drill"]["dag"]["tasks"])
+    assert all("metadata" not in t for t in templates_of(one).values())
