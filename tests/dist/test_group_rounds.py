@@ -23,15 +23,31 @@ def rdzv_cmd(model, root, rdzv, node: int, attempt: int = 0) -> list[str]:
             "--rendezvous", str(rdzv), "--master-port", "0", "--name", f"node-{node}-{attempt}"]
 
 
-def test_a_lost_nodes_retry_waits_for_node_0s_next_round_and_the_run_is_exact(tiny_model, reference, tmp_path):
+@pytest.fixture
+def pods():
+    """Every pod a test starts; whatever is still running at its end (a failed assertion) is killed."""
+    started: list[Pod] = []
+    yield started
+    for pod in started:
+        if pod.p.poll() is None:
+            pod.kill_all()
+            pod.wait()
+
+
+def test_a_lost_nodes_retry_waits_for_node_0s_next_round_and_the_run_is_exact(tiny_model, reference, tmp_path, pods):
     root, rdzv = tmp_path / "ckpt", tmp_path / "rounds"
     env = base_env(BATON_GRACE="5", BATON_PAUSE_AFTER_STEP="6")
-    first = [Pod(rdzv_cmd(tiny_model, root, rdzv, node), env) for node in (0, 1)]
+
+    def start(node: int, attempt: int, env: dict[str, str]) -> Pod:
+        pods.append(Pod(rdzv_cmd(tiny_model, root, rdzv, node, attempt), env))
+        return pods[-1]
+
+    first = [start(node, 0, env) for node in (0, 1)]
     first[0].wait_for("step", 6)
     old_round = json.loads((rdzv / "node-0.json").read_text())["round"]
     assert json.loads((rdzv / "node-1.json").read_text())["joined"] == old_round
     first[1].kill_all()  # node 1's VM is lost; Argo starts its retry at once
-    retry1 = Pod(rdzv_cmd(tiny_model, root, rdzv, 1, 1), base_env(BATON_GRACE="20"))
+    retry1 = start(1, 1, base_env(BATON_GRACE="20"))
     assert first[0].wait() == 75, first[0].err[-3000:]  # peer_lost, after the collective timeout
     first[1].wait()
     # All that time node 1's retry waited: it joined no round and trained nothing.
@@ -39,7 +55,7 @@ def test_a_lost_nodes_retry_waits_for_node_0s_next_round_and_the_run_is_exact(ti
     assert json.loads((rdzv / "node-1.json").read_text()) | {"time": 0} == {"joined": old_round, "pod": "node-1-0",
                                                                              "time": 0}
     assert committed(root) == [4]
-    retry0 = Pod(rdzv_cmd(tiny_model, root, rdzv, 0, 1), base_env(BATON_GRACE="20"))
+    retry0 = start(0, 1, base_env(BATON_GRACE="20"))
     rcs = finish([retry0, retry1])
     assert rcs == [0, 0], [p.err[-2000:] for p in (retry0, retry1)]
     new_round = json.loads((rdzv / "node-0.json").read_text())
