@@ -3,8 +3,9 @@ published in the bucket, and the rule that keeps a pod from joining a round that
 
 Argo retries each pod of a group on its own, so rounds overlap: node 1's next attempt can start while
 node 0's previous attempt still runs (waiting out the collective timeout after node 1 was lost, say).
-torchrun's static rendezvous has no notion of a round (its workers' keys are `/worker/attempt_0` on
-every start), so a pod that reached the previous round's store would join a group that is over. Here:
+torchrun's static rendezvous has no notion of a round (its workers use the agent's store with no prefix:
+torch/distributed/rendezvous.py, _create_c10d_store), so a pod that reached the previous round's store
+would join a group that is over. Here:
 
 - node 0, at each start, picks a port (never the previous round's) and publishes
   `<folder>/node-0.json` = {round, addr, port, pod}; `round` is new at every start;
