@@ -299,7 +299,7 @@ def _evict_all(args: argparse.Namespace, pods, points: list[int], done_evictions
             finishing = rate is not None and (args.total_steps - step) / rate < FINISH_GUARD_S
             if (step >= point or finishing) and attempt > last_attempt:
                 target = (getattr(args, "targets", None) or [None] * len(points))[len(done_evictions)]
-                name = pods.running(target)
+                name = pods.running() if target is None else pods.running(target)
                 if name:
                     ev = {"event": "evict", "point": point, "observed_step": step, "attempt": attempt,
                           "pod": name, **({"node": target} if target is not None else {}),

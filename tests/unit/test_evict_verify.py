@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from steps.evict import bands, eviction_points, latest
+from steps.evict import bands, eviction_nodes, eviction_points, latest
 from steps.verify import verify
 
 
@@ -332,3 +332,11 @@ def test_the_summary_names_an_interrupted_baseline_and_is_silent_for_a_clean_one
     assert "baseline replay" not in summary(report(interrupted))
     clean = baseline_interruptions({"reference": _clean_run(10, ()), "replay": _clean_run(10, ())})
     assert "baseline" not in summary(report(clean))
+
+
+def test_the_node_each_eviction_ends_is_drawn_under_the_seed_or_pinned():
+    assert eviction_nodes(3, 1, seed=0) == [None, None, None]  # one pod: no choice to make
+    drawn = eviction_nodes(8, 2, seed=0)
+    assert drawn == eviction_nodes(8, 2, seed=0) and set(drawn) == {0, 1}  # repeatable, and both nodes come up
+    assert drawn != eviction_nodes(8, 2, seed=1)
+    assert eviction_nodes(3, 4, seed=0, pinned=3) == [3, 3, 3]

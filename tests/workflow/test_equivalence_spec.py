@@ -135,6 +135,10 @@ def test_no_step_runs_a_shell():
     ({"dropout": "1.5"}, r"dropout must be a number in \[0, 1\)"),
     ({"dropout": "nan"}, r"dropout must be a number in \[0, 1\)"),
     ({"disable_sigterm_handler": "yes"}, "must be true, false, 1 or 0"),
+    ({"nodes": "0"}, "nodes must be at least 1"),
+    ({"nodes": "²"}, "nodes must be a non-negative integer"),
+    ({"nodes": "2", "evict_node": "2"}, r"evict_node must be empty or a node 0 \.\. 1"),
+    ({"nodes": "2", "evict_node": "¹"}, "evict_node must be empty or a node"),
 ])
 def test_bad_parameters_are_refused_before_anything_runs(params, message):
     with pytest.raises(SystemExit, match=message):
@@ -168,3 +172,20 @@ def test_the_render_command_refuses_a_bad_parameter_with_one_line(capsys):
     with pytest.raises(SystemExit) as e:
         cli.main(["render", "-p", "ranks=0"])
     assert "ranks must be at least 1" in str(e.value)
+
+
+def test_a_file_rendered_for_one_shape_refuses_another_nodes_at_submit():
+    from workflows.argo import ArgoError, apply_parameters
+
+    wf = eq.rendered(1)[0]
+    with pytest.raises(ArgoError, match="rendered for 1 node"):
+        apply_parameters(wf, {"nodes": "2"})
+    two = eq.rendered(2)[0]
+    assert apply_parameters(two, {"nodes": "2", "evict_node": "1"})["evict_node"] == "1"  # the control
+
+
+@pytest.mark.parametrize("index", [0, 1])
+def test_the_two_node_rendering_validates_against_argo_crds(index):
+    from tests.crd import validate
+
+    validate(eq.rendered(2)[index])
