@@ -740,3 +740,22 @@ def test_item_is_substituted_only_in_a_tasks_arguments(tmp_path):
     with pytest.raises(UnsupportedSpec, match=r"cannot resolve \{\{item\}\}"):
         run(spec, tmp_path)
     assert not (tmp_path / "out" / "pods").exists()
+
+
+def test_chaos_deletes_a_pod_of_a_group_and_only_that_item_is_retried(tmp_path):
+    from workflows.chaos import Chaos
+
+    spec = wf(
+        [{"name": "grp", "template": "node", "withSequence": {"count": "2"},
+          "arguments": {"parameters": [{"name": "out", "value": str(tmp_path / "pid-{{item}}")}]}}],
+        ctr("node", "sleep", "{{inputs.parameters.out}}", "3", inputs={"parameters": [{"name": "out"}]},
+            retry={"limit": 2, "retryPolicy": "Always"}),
+    )
+    res, out, _ = run(spec, tmp_path, chaos=Chaos(1, 0, ["grp"], delay_s=0.3))
+    assert res.phase == "Succeeded", res.nodes
+    [d] = res.chaos["deletions"]
+    assert d["outcome"] == "deleted" and d["task"] == "grp"
+    hit = next(item for item in (0, 1) if f"-grp-{item}-" in d["pod"])
+    assert [n.status for n in res.attempts(f"grp({hit}:{hit})")] == ["Failed", "Succeeded"]
+    assert [n.status for n in res.attempts(f"grp({1 - hit}:{1 - hit})")] == ["Succeeded"]
+    assert_no_pods_alive(out)
