@@ -75,6 +75,16 @@ def init_distributed(timeout: timedelta | None = None) -> tuple[int, int, torch.
     return dist.get_rank(), dist.get_world_size(), device
 
 
+def deterministic_algorithms(compiled: bool) -> None:
+    """torch.use_deterministic_algorithms(True). Without torch.compile, its C flag alone: the Python call
+    imports torch._inductor only to set inductor's own flag (torch 2.13, torch/__init__.py), 1-2 s of
+    every start here."""
+    if compiled:
+        torch.use_deterministic_algorithms(True)
+    else:
+        torch._C._set_deterministic_algorithms(True, warn_only=False)
+
+
 class Trainer:
     def __init__(self, cfg: Config, preempt: Preemption) -> None:
         self.times: dict[str, float] = {"startup_s": round(time.time() - process_start(), 3)}
@@ -90,7 +100,7 @@ class Trainer:
         self.preempt.device = torch.device("cpu")  # gloo carries the flag; under NCCL the cpu:gloo half does
         if cfg.deterministic:
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-            torch.use_deterministic_algorithms(True)
+            deterministic_algorithms(compiled=cfg.model.compile)
         self.ckpt = Checkpointer(cfg.checkpoint, cfg.run_id, cfg.fingerprint, frozenset(self.skip), self.swap_ranks)
         mark = self._phase("init_store_s", mark)
         self.attempt = self.ckpt.claim_attempt({"host": os.uname().nodename, "pid": os.getpid(),

@@ -16,6 +16,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import fully_shard
 
 from trainer.config import Config, ConfigError
+from trainer.empty import unfilled
 from trainer.records import log
 from trainer.weights import Weights, materialize
 
@@ -86,12 +87,14 @@ def build_empty_model(cfg: Config, path: Path, device: torch.device) -> torch.nn
         model = AutoModelForCausalLM.from_config(config, attn_implementation=cfg.model.attn_implementation,
                                                  dtype=DTYPES[cfg.model.dtype])
     made: dict[int, torch.nn.Parameter] = {}
-    for module in model.modules():
-        for name, p in list(module._parameters.items()):
-            if p is not None and p.is_meta:
-                if id(p) not in made:
-                    made[id(p)] = torch.nn.Parameter(torch.empty_like(p, device=device), requires_grad=p.requires_grad)
-                module._parameters[name] = made[id(p)]
+    with unfilled():  # the resume overwrites every parameter (or the pretrained fallback, strictly)
+        for module in model.modules():
+            for name, p in list(module._parameters.items()):
+                if p is not None and p.is_meta:
+                    if id(p) not in made:
+                        made[id(p)] = torch.nn.Parameter(torch.empty_like(p, device=device),
+                                                         requires_grad=p.requires_grad)
+                    module._parameters[name] = made[id(p)]
     return model.to(device)
 
 

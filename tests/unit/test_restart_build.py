@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -114,3 +115,33 @@ def test_the_resume_record_times_each_phase(tiny_model, tmp_path):
     assert "built empty for the resume" in err
     # The first start tokenized the corpus and kept it packed; the restart read it back (trainer/packed.py).
     assert resume["corpus"]["packed"] == "cache"
+
+
+def test_deterministic_mode_is_set_without_importing_inductor_unless_compiled():
+    import subprocess
+    import sys
+
+    probe = ("import sys, torch; from trainer.loop import deterministic_algorithms; "
+             "deterministic_algorithms(compiled={}); "
+             "print(torch.are_deterministic_algorithms_enabled(), 'torch._inductor' in sys.modules)")
+    for compiled, expected in ((False, "True False"), (True, "True True")):  # True: the full call, the control
+        out = subprocess.run([sys.executable, "-c", probe.format(compiled)], capture_output=True, text=True,
+                             timeout=120, cwd=Path(__file__).resolve().parents[2])
+        assert out.stdout.strip() == expected, out.stderr[-2000:]
+
+
+def test_unfilled_skips_the_nan_fill_only_inside_and_puts_it_back():
+    import torch
+
+    from trainer.empty import unfilled
+
+    before = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        assert torch.empty(4).isnan().all()  # deterministic mode fills: the cost unfilled avoids
+        with unfilled():
+            assert torch.utils.deterministic.fill_uninitialized_memory is False
+        assert torch.utils.deterministic.fill_uninitialized_memory is True
+        assert torch.empty(4).isnan().all()
+    finally:
+        torch.use_deterministic_algorithms(before)

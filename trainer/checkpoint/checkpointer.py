@@ -29,11 +29,12 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_model_st
 
 from trainer import rng
 from trainer.checkpoint.layout import CorruptCheckpoint
-from trainer.checkpoint.resolve import LoadTimes, resolve_and_load, unfilled
+from trainer.checkpoint.resolve import LoadTimes, resolve_and_load
 from trainer.checkpoint.store import Store
 from trainer.checkpoint.write import SaveResult
 from trainer.collectives import broadcast, rank
 from trainer.config import CheckpointConfig
+from trainer.empty import unfilled
 from trainer.faults import retry_reads
 from trainer.records import log
 from trainer.storage import StorageError, describe
