@@ -41,6 +41,8 @@ from bench.common import (
     write_result,
 )
 from bench.models import BIG_ARCH, n_params, tiny_model
+from bench.resume import baton_fabricate
+from trainer.checkpoint import step_name
 
 CONFIG = REPO / "trainer" / "configs" / "tiny.yaml"
 K = 10
@@ -83,23 +85,11 @@ def sets(model: Path, ckpt: Path) -> list[str]:
             "notice.enabled=false", "log_every=100000"]
 
 
-def fabricate(s: list[str]) -> tuple[Path, int]:
-    """Commit a checkpoint at step K (data position K batches in); its folder and its bytes."""
-    from bench.state import close, manifest_of
-    from trainer.config import load_config
-    from trainer.loop import Trainer
-    from trainer.preemption import Preemption
-
-    t = Trainer(load_config(CONFIG, s), Preemption())
-    try:
-        t.build()
-        for _ in range(K):
-            t.data.next_batch()
-        t.step = K
-        t.ckpt.store.save(K, t.ckpt.state(t.boundary()), manifest_of(t), t.attempt)
-        folder = Path(t.ckpt.store.step_path(K).removeprefix("file://"))
-    finally:
-        close(t)
+def fabricate(s: list[str], ckpt: Path) -> tuple[Path, int]:
+    """Commit a checkpoint at step K (data position K batches in, as bench.resume does); its folder and
+    its bytes."""
+    baton_fabricate(s, K)
+    folder = next(p for p in ckpt.rglob(step_name(K)) if p.is_dir())
     return folder, sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
 
 
@@ -139,7 +129,7 @@ def main() -> None:
         model, count = build_model(name, SIZES[name])
         ckpt = root / name
         s = sets(model, ckpt)
-        folder, nbytes = fabricate(s)
+        folder, nbytes = fabricate(s, ckpt)
         log(f"startup {name}: {count / 1e6:.1f} M parameters, checkpoint at step {K}: {nbytes / 1e9:.2f} GB")
         cmd = [PY, "-m", "steps.train", "--nproc", "1", "--config", str(CONFIG)]
         for x in s:

@@ -14,7 +14,7 @@ would join a group that is over. Here:
 
 Argo never runs two attempts of one pod at once, so a newer round of node 0 means the node 0 that
 hosted the previous round has ended. A node 0 that finished the run (`done` in node-0.json) ends the
-wait with nothing to do. Every file here is read as untrusted: a malformed one counts as absent.
+wait with nothing to do; one that ended with 1 (`failed`: nothing retries it) ends it with 1. Every file here is read as untrusted: a malformed one counts as absent.
 """
 
 from __future__ import annotations
@@ -91,19 +91,25 @@ def finish(folder: str, rnd: Round, pod: str) -> None:
                                                      "pod": pod, "state": "done", "time": time.time()})
 
 
+def fail(folder: str, rnd: Round, pod: str) -> None:
+    """Node 0 ended with 1, which nothing retries: a node that comes back has nothing to wait for."""
+    write_json(f"{folder.rstrip('/')}/node-0.json", {"round": rnd.round_id, "addr": rnd.addr, "port": rnd.port,
+                                                     "pod": pod, "state": "failed", "time": time.time()})
+
+
 def join(folder: str, node: int, pod: str, timeout_s: float, stop: Callable[[], bool],
          poll_s: float = 0.2) -> Round | str:
     """Node `node` > 0: wait for a round of node 0 newer than the one this node joined last, record it
-    as joined and return it; or "done" (node 0 finished the run), "stopped" (`stop()` became true) or
-    "timeout"."""
+    as joined and return it; or "done" (node 0 finished the run), "failed" (node 0 ended for good),
+    "stopped" (`stop()` became true) or "timeout"."""
     mine = _read(folder, f"node-{node}.json") or {}
     last = mine.get("joined") if isinstance(mine.get("joined"), str) else None
     start = reported = time.monotonic()
     while True:
         doc = _read(folder, "node-0.json")
         rnd = _round_of(doc)
-        if rnd is not None and doc.get("state") == "done":
-            return "done"
+        if rnd is not None and doc.get("state") in ("done", "failed"):
+            return doc["state"]
         if rnd is not None and rnd.round_id != last:
             write_json(f"{folder.rstrip('/')}/node-{node}.json", {"joined": rnd.round_id, "pod": pod, "time": time.time()})
             return rnd

@@ -230,6 +230,10 @@ def form_round(args: argparse.Namespace, nodes: Nodes, stop) -> Nodes | int:
         if rnd == "done":
             print("[steps.train] node 0 finished the run: nothing to do -> exit 0", file=sys.stderr)
             return EXIT_OK
+        if rnd == "failed":
+            print(f"[steps.train] node 0 ended with {EXIT_FAIL}, which nothing retries -> exit {EXIT_FAIL}",
+                  file=sys.stderr)
+            return EXIT_FAIL
         if isinstance(rnd, str):  # stopped (a SIGTERM while waiting) or timeout: nothing trained
             print(f"[steps.train] no round of node 0 to join ({rnd}) -> exit {EXIT_PREEMPTED}", file=sys.stderr)
             return EXIT_PREEMPTED
@@ -349,7 +353,9 @@ def main(argv: list[str] | None = None) -> int:
         code = EXIT_OK
     elif preempted or (signalled.is_set() and not stepped):
         code = EXIT_PREEMPTED
-    elif args.rendezvous and not recorded:  # the group never formed (node 0 went): the next round may
+    elif args.rendezvous and not recorded:
+        # The group never formed (node 0 went), or this node's trainer failed before its first step: the
+        # retry waits for node 0's next round, and ends with 1 if node 0 ended with 1 (steps/group.py).
         print("[steps.train] torchrun ended before the trainer wrote any record: the group did not form",
               file=sys.stderr)
         code = EXIT_PREEMPTED
@@ -357,10 +363,11 @@ def main(argv: list[str] | None = None) -> int:
         code = EXIT_FAIL
     print(f"[steps.train] {'the rank' if direct else 'torchrun'} exited {rc}; preempt record: {preempted}, done record: {done}, "
           f"signalled: {signalled.is_set()}, step records: {stepped} -> exit {code}", file=sys.stderr)
-    if nodes is not None and args.rendezvous and nodes.rank == 0 and code == EXIT_OK:
+    if nodes is not None and args.rendezvous and nodes.rank == 0 and code in (EXIT_OK, EXIT_FAIL):
         from steps import group
 
-        group.finish(args.rendezvous, group.Round(nodes.round_id, nodes.addr, nodes.port), args.name)
+        end = group.finish if code == EXIT_OK else group.fail
+        end(args.rendezvous, group.Round(nodes.round_id, nodes.addr, nodes.port), args.name)
     return code
 
 

@@ -10,7 +10,8 @@ import json
 import pytest
 
 from steps import group
-from tests.dist.test_multinode import Pod, equal_to, finish, reference  # noqa: F401 (a fixture)
+from tests.dist.test_multinode import Pod, equal_to, finish
+from tests.dist.test_multinode import reference as reference  # noqa: F401 - the 2-rank fixture
 from tests.dist.test_multirank import entry_cmd
 from tests.dist.test_peer_faults import SETS, committed
 from tests.helpers import base_env
@@ -77,6 +78,8 @@ def test_join_takes_only_a_round_newer_than_the_last_one_joined(tmp_path):
     assert group.join(folder, 1, "pod-c", 5, lambda: False) == new
     group.finish(folder, new, "pod-d")
     assert group.join(folder, 1, "pod-e", 5, lambda: False) == "done"
+    group.fail(folder, new, "pod-d")  # node 0 ended with 1: nothing to wait for, and the retry says so
+    assert group.join(folder, 1, "pod-e", 5, lambda: False) == "failed"
     # The control: a node that forgot which round it joined (no node-1.json) takes the old one back.
     (tmp_path / "node-1.json").unlink()
     group.host(folder, "127.0.0.1", "pod-f")
@@ -93,3 +96,20 @@ def test_join_takes_only_a_round_newer_than_the_last_one_joined(tmp_path):
 def test_a_malformed_round_file_counts_as_absent(tmp_path, doc):
     (tmp_path / "node-0.json").write_text(doc)
     assert group.join(str(tmp_path), 1, "pod", 0.2, lambda: False, poll_s=0.05) == "timeout"
+
+
+def test_a_group_whose_trainer_fails_ends_with_1_on_every_node_after_one_retry(tiny_model, tmp_path, pods):
+    # A config error fails every rank before any record: node 0 exits 1 and marks its round failed; node 1,
+    # which saw no record of its own (the group might not have formed), exits 75, and its retry ends with 1.
+    root, rdzv = tmp_path / "ckpt", tmp_path / "rounds"
+    env = base_env(BATON_GRACE="5")
+
+    def start(node: int, attempt: int) -> Pod:
+        pods.append(Pod([*rdzv_cmd(tiny_model, root, rdzv, node, attempt), "--set", "no_such_key=1"], env))
+        return pods[-1]
+
+    first = [start(0, 0), start(1, 0)]
+    assert [p.wait() for p in first] == [1, 75], [p.err[-2000:] for p in first]
+    assert json.loads((rdzv / "node-0.json").read_text())["state"] == "failed"
+    retry = start(1, 1)
+    assert retry.wait() == 1 and "nothing retries" in retry.err, retry.err[-2000:]
