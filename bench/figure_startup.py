@@ -11,10 +11,10 @@ GOAL = 1.5
 
 def startup_figure(r: dict[str, Any]) -> Figure:
     rows = []
-    for name, v in r["sizes"].items():
+    for name, v in sorted(r["sizes"].items(), key=lambda kv: kv[1]["params"]):
         ph = v.get("phases") or {}
-        parts = ", ".join(f"{k.removesuffix('_s')} {ph[k]:.2f}" for k in ("startup_s", "init_s", "build_s", "load_s",
-                                                                          "restore_s") if k in ph)
+        parts = ", ".join(f"{k.removesuffix('_s')} {ph[k]:.2f}" for k in ("startup_s", "init_s", "build_model_s",
+                                                                          "load_verify_s", "restore_s") if k in ph)
         rows.append((f"start: {name} ({v['params'] / 1e6:.0f} M parameters, {v['checkpoint_bytes'] / 1e9:.2f} GB "
                      f"checkpoint): spawn to first step vs imports + raw read + one step (goal <= {GOAL}x)"
                      + (f"; phases, s: {parts}" if parts else ""),
