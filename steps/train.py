@@ -353,9 +353,10 @@ def main(argv: list[str] | None = None) -> int:
         code = EXIT_OK
     elif preempted or (signalled.is_set() and not stepped):
         code = EXIT_PREEMPTED
-    elif args.rendezvous and not recorded:
-        # The group never formed (node 0 went), or this node's trainer failed before its first step: the
-        # retry waits for node 0's next round, and ends with 1 if node 0 ended with 1 (steps/group.py).
+    elif args.rendezvous and nodes is not None and nodes.rank > 0 and not recorded:
+        # The group never formed (node 0 went), or this node's trainer failed before its first step (a
+        # node > 0 writes no record before it): the retry waits for node 0's next round, and ends with 1
+        # if node 0 ended with 1 (steps/group.py). Node 0 decides as a single node does.
         print("[steps.train] torchrun ended before the trainer wrote any record: the group did not form",
               file=sys.stderr)
         code = EXIT_PREEMPTED
