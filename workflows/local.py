@@ -16,10 +16,13 @@ Supported (anything else is refused with ``UnsupportedSpec`` naming the field, b
 - ``dag`` templates: ``tasks`` with name, template (a container template), ``dependencies``,
   ``continueOn`` (failed, error: the task's failure lets its dependents run and does not fail the
   workflow) and, because Hera's ``a >> b`` renders it, ``depends`` limited to ``a && b`` (optionally
-  ``a.Succeeded``).
+  ``a.Succeeded``); ``withSequence`` with ``count`` (items named ``task(i:i)`` as Argo names them,
+  ``{{item}}`` only in the task's arguments, each item retried on its own, a dependency on the task
+  waiting for every item).
   A container template may also be the entrypoint on its own.
 - ``container`` templates: ``command`` (required here: there is no image entrypoint), ``args``, ``env``
-  (``value``, or ``valueFrom.fieldRef.fieldPath: metadata.name`` for the pod name); ``inputs.parameters``
+  (``value``, or ``valueFrom.fieldRef.fieldPath``: ``metadata.name``, the pod name, or ``status.podIP``,
+  127.0.0.1 here); ``inputs.parameters``
   (name, default); ``outputs.artifacts`` (name, path: copied to ``<out_dir>/artifacts/<task>/<name>``
   after a successful attempt); ``retryStrategy`` (limit, retryPolicy, expression, see ``argo_expr``);
   ``podSpecPatch`` with only ``terminationGracePeriodSeconds``; ``activeDeadlineSeconds`` (per pod).
