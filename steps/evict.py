@@ -212,18 +212,18 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    args.targets = eviction_nodes(len(points), args.nodes, args.seed, pinned)
+    targets = eviction_nodes(len(points), args.nodes, args.seed, pinned)
     pods_dir = os.environ.get(LOCAL_PODS_ENV)
     pods = LocalPods(pods_dir, args.workflow, args.task) if pods_dir else ClusterPods(args.workflow, args.task)
     gone_timeout = args.gone_timeout if args.gone_timeout is not None else (10.0 if pods_dir else 90.0)
     print(f"[evict] points {points} of {args.total_steps} steps ({'local' if pods_dir else 'cluster'}, "
-          f"{args.how})" + (f", nodes {args.targets}" if args.nodes > 1 else ""), file=sys.stderr)
+          f"{args.how})" + (f", nodes {targets}" if args.nodes > 1 else ""), file=sys.stderr)
     done_evictions = _resume(args.out, points)
     result = {"points": points, "evictions": done_evictions, "planned": len(points), "how": args.how,
-              **({"nodes": args.nodes, "targets": args.targets} if args.nodes > 1 else {}),
+              **({"nodes": args.nodes, "targets": targets} if args.nodes > 1 else {}),
               "bands": bands(args.total_steps, args.evictions) if args.evictions else [], "problem": None}
     try:
-        rc = _evict_all(args, pods, points, done_evictions, gone_timeout, result)
+        rc = _evict_all(args, pods, points, done_evictions, gone_timeout, result, targets)
     finally:
         if args.out:
             write_json(args.out, result)
@@ -262,7 +262,9 @@ def _finish_pending(args: argparse.Namespace, pods, ev: dict, deadline: float) -
 
 
 def _evict_all(args: argparse.Namespace, pods, points: list[int], done_evictions: list[dict],
-               gone_timeout: float, result: dict) -> int:
+               gone_timeout: float, result: dict, targets: list[int | None] | None = None) -> int:
+    """Evict at each point not done yet; `targets`: the node of the group each one ends (None: any pod)."""
+    targets = targets or [None] * len(points)
     deadline = time.monotonic() + args.timeout
     if done_evictions and "ended" in done_evictions[-1] and done_evictions[-1]["ended"] is None:  # pending
         _finish_pending(args, pods, done_evictions[-1], deadline)
@@ -298,8 +300,8 @@ def _evict_all(args: argparse.Namespace, pods, points: list[int], done_evictions
             rate = step_rate(records, attempt) if step < point else None
             finishing = rate is not None and (args.total_steps - step) / rate < FINISH_GUARD_S
             if (step >= point or finishing) and attempt > last_attempt:
-                target = (getattr(args, "targets", None) or [None] * len(points))[len(done_evictions)]
-                name = pods.running() if target is None else pods.running(target)
+                target = targets[len(done_evictions)]
+                name = pods.running(target)
                 if name:
                     ev = {"event": "evict", "point": point, "observed_step": step, "attempt": attempt,
                           "pod": name, **({"node": target} if target is not None else {}),

@@ -74,27 +74,27 @@ def free_port(avoid: int | None = None) -> int:
             return port
 
 
+def _publish(folder: str, rnd: Round, pod: str, state: str) -> None:
+    write_json(f"{folder.rstrip('/')}/node-0.json", {"round": rnd.round_id, "addr": rnd.addr, "port": rnd.port,
+                                                     "pod": pod, "state": state, "time": time.time()})
+
+
 def host(folder: str, addr: str, pod: str, port: int = 0) -> Round:
     """Node 0: publish a new round at `addr` (`port`, or 0: a free one other than the last round's)."""
     last = _round_of(_read(folder, "node-0.json"))
     if not port:
         port = free_port(last.port if last else None)
     rnd = Round(uuid.uuid4().hex[:12], addr, port)
-    write_json(f"{folder.rstrip('/')}/node-0.json", {"round": rnd.round_id, "addr": addr, "port": port, "pod": pod,
-                                                     "state": "running", "time": time.time()})
+    _publish(folder, rnd, pod, "running")
     return rnd
 
 
-def finish(folder: str, rnd: Round, pod: str) -> None:
-    """Node 0 finished the run: a node that comes back later has nothing to join."""
-    write_json(f"{folder.rstrip('/')}/node-0.json", {"round": rnd.round_id, "addr": rnd.addr, "port": rnd.port,
-                                                     "pod": pod, "state": "done", "time": time.time()})
-
-
-def fail(folder: str, rnd: Round, pod: str) -> None:
-    """Node 0 ended with 1, which nothing retries: a node that comes back has nothing to wait for."""
-    write_json(f"{folder.rstrip('/')}/node-0.json", {"round": rnd.round_id, "addr": rnd.addr, "port": rnd.port,
-                                                     "pod": pod, "state": "failed", "time": time.time()})
+def end(folder: str, rnd: Round, pod: str, state: str) -> None:
+    """Node 0 ended for good: `done` (it finished the run) or `failed` (it ended with 1, which nothing
+    retries). A node that comes back after it has nothing to wait for."""
+    if state not in ("done", "failed"):
+        raise ValueError(f"a round ends done or failed, not {state!r}")
+    _publish(folder, rnd, pod, state)
 
 
 def join(folder: str, node: int, pod: str, timeout_s: float, stop: Callable[[], bool],

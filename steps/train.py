@@ -367,8 +367,8 @@ def main(argv: list[str] | None = None) -> int:
     if nodes is not None and args.rendezvous and nodes.rank == 0 and code in (EXIT_OK, EXIT_FAIL):
         from steps import group
 
-        end = group.finish if code == EXIT_OK else group.fail
-        end(args.rendezvous, group.Round(nodes.round_id, nodes.addr, nodes.port), args.name)
+        group.end(args.rendezvous, group.Round(nodes.round_id, nodes.addr, nodes.port), args.name,
+                  "done" if code == EXIT_OK else "failed")
     return code
 
 

@@ -141,8 +141,8 @@ def _train_args(role: str, nodes: int = 1) -> list[str]:
 
 
 def _group(role: str, nodes: int) -> dict[str, Any]:
-    """A training template's part in a group of `nodes` pods: the node input, node 0's address from the
-    pod's IP, and Kueue's pod group, one per role and workflow (never per attempt)."""
+    """A training template's labels and annotations in a group of `nodes` pods: Kueue's pod group, one
+    per role and workflow (never per attempt), and the pod's node."""
     if nodes == 1:
         return {}
     return dict(labels={POD_GROUP_LABEL: "{{workflow.name}}-" + role, "baton.dev/node": NODE},

@@ -76,9 +76,9 @@ def test_join_takes_only_a_round_newer_than_the_last_one_joined(tmp_path):
     new = group.host(folder, "127.0.0.1", "pod-d")
     assert new.round_id != old.round_id and new.port != old.port
     assert group.join(folder, 1, "pod-c", 5, lambda: False) == new
-    group.finish(folder, new, "pod-d")
+    group.end(folder, new, "pod-d", "done")
     assert group.join(folder, 1, "pod-e", 5, lambda: False) == "done"
-    group.fail(folder, new, "pod-d")  # node 0 ended with 1: nothing to wait for, and the retry says so
+    group.end(folder, new, "pod-d", "failed")  # node 0 ended with 1: nothing to wait for, and the retry says so
     assert group.join(folder, 1, "pod-e", 5, lambda: False) == "failed"
     # The control: a node that forgot which round it joined (no node-1.json) takes the old one back.
     (tmp_path / "node-1.json").unlink()

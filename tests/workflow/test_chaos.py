@@ -101,7 +101,7 @@ class FakePods:
     def __init__(self, running: set[str]) -> None:
         self.run, self.asked = set(running), []
 
-    def running(self):
+    def running(self, node=None):
         return next(iter(sorted(self.run)), None)
 
     def alive(self):
@@ -308,9 +308,9 @@ def test_evict_does_not_give_up_on_a_trial_whose_preemption_save_outlasts_the_go
                 self.run.add("trial-1")
                 _write_steps(tmp_path / "ev", 1, range(7, 12))
 
-        def running(self):
+        def running(self, node=None):
             self._retry_comes()
-            return super().running()
+            return super().running(node)
 
         def alive(self):
             self._retry_comes()
