@@ -17,13 +17,16 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.distributed.checkpoint.api import CheckpointException
 
 from steps.evidence import read_evidence, read_json
 from steps.judge import judge, resolve_tier
 from steps.report import write_report
-from steps.verdict import assemble, verdict_of  # noqa: F401 - verdict_of: compare's API before steps/verdict.py
+from steps.verdict import ROLES, assemble, verdict_of  # noqa: F401 - verdict_of: compare's API before steps/verdict.py
+from steps.verify import evictions_record
 from trainer.checkpoint import CorruptCheckpoint, open_root
 from trainer.checkpoint.hf_read import BadCheckpoint
+from trainer.untrusted import Refused
 
 
 def final_checkpoint(root: str) -> tuple[str, dict[str, Any]]:
@@ -53,8 +56,10 @@ def compare(reference: str, replay: str, trial: str, total_steps: int | None = N
         try:
             finals[role] = root.final()
             flats[role], parts[role] = root.load(*finals[role])
-        except (FileNotFoundError, CorruptCheckpoint, BadCheckpoint) as e:
+        except (FileNotFoundError, CorruptCheckpoint, BadCheckpoint, Refused) as e:
             return {**base, "problem": f"{role}: {e}"}
+        except (Exception, CheckpointException) as e:  # DCP's CheckpointException is a BaseException
+            return {**base, "problem": f"{role}: its final checkpoint cannot be read: {failure(e)}"}
     steps = {role: m["step"] for role, (_, m) in finals.items()}
     if total_steps is not None and set(steps.values()) != {total_steps}:
         return {**base, "problem": f"final checkpoints are not all at step {total_steps}: {steps}"}
@@ -64,6 +69,50 @@ def compare(reference: str, replay: str, trial: str, total_steps: int | None = N
         "steps_compared": {"reference": steps["reference"], "trial": steps["trial"]},
         "checkpoints": {role: url for role, (url, _) in finals.items()},
     }
+
+
+def failure(e: BaseException) -> str:
+    """An exception as one line: its type and message, or the first failure a DCP CheckpointException wraps."""
+    inner = next(iter((getattr(e, "failures", None) or {}).values()), None)
+    if inner is not None:
+        e = inner[0] if isinstance(inner, tuple) else getattr(inner, "exc", e)
+    return f"{type(e).__name__}: {e}".splitlines()[0][:300]
+
+
+# What compare reads of verify.json, with its type: a file that lacks one is refused and judged as failed.
+VERIFY_FIELDS = {"passed": bool, "problems": list, "inconclusive": list, "preempt": list, "attempts": int,
+                 "total": int, "distinct": int, "replayed": int, "resumed_from": list, "preemptions": int}
+
+
+def verify_result(uri: str, refused: list[str]) -> dict[str, Any]:
+    """verify.json, its fields checked by type; a failed verification naming the reason when it is absent
+    or refused (compare always writes a report)."""
+    try:
+        doc = read_json(uri)
+        bad = [k for k, t in VERIFY_FIELDS.items() if not isinstance(doc.get(k), t) or
+               (t is int and isinstance(doc.get(k), bool))]
+        if bad:
+            raise Refused(f"verify.json field(s) {bad} are missing or of the wrong type")
+        if not all(isinstance(p, dict) and isinstance(p.get("step"), int) for p in doc["preempt"]):
+            raise Refused("verify.json field 'preempt' must list objects with a step")
+        return doc
+    except (FileNotFoundError, Refused) as e:
+        why = f"verify.json is {'missing' if isinstance(e, FileNotFoundError) else 'refused'}: {e}"
+        refused.append(why)
+        return {"passed": False, "problems": [why], "inconclusive": [], "preempt": [], "attempts": 0, "total": 0,
+                "distinct": 0, "replayed": 0, "resumed_from": [], "preemptions": 0}
+
+
+def evictions_of(uri: str | None, refused: list[str]) -> dict[str, Any]:
+    if not uri:
+        return {}
+    try:
+        return evictions_record(read_json(uri))
+    except FileNotFoundError:
+        return {}
+    except Refused as e:
+        refused.append(f"evictions.json is refused: {e}")
+        return {}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -83,16 +132,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--report-uri", help="also copy the report there (the bucket)")
     args = ap.parse_args(argv)
 
+    failed = {"equivalent": False, "tier": 1, "tensors": 0, "max_abs_diff": float("inf"), "floor": 0.0,
+              "differing": []}
     try:
         result = compare(args.reference, args.replay, args.trial, args.total_steps, args.tier)
     except FileNotFoundError as e:  # e.g. a trial that died before its first checkpoint: still a report
-        result = {"equivalent": False, "tier": 1, "tensors": 0, "max_abs_diff": float("inf"), "floor": 0.0,
-                  "differing": [], "problem": str(e)}
-    verify = read_json(args.verify)
-    evictions = read_json(args.evictions) if args.evictions else {}
+        result = {**failed, "problem": str(e)}
+    except (Exception, CheckpointException) as e:  # whatever the checkpoints hold, a report comes out
+        result = {**failed, "problem": f"comparing the final checkpoints failed: {failure(e)}"}
+    refused: list[str] = []
+    verify = verify_result(args.verify, refused)
+    evictions = evictions_of(args.evictions, refused)
     ev_root = args.evidence.rstrip("/")
-    records = {role: read_evidence(f"{ev_root}/{role}") for role in ("reference", "replay", "trial")}
-    report = assemble(result, verify, evictions, records, args.total_steps)
+    records = {role: read_evidence(f"{ev_root}/{role}", refused, role) for role in ROLES}
+    report = assemble(result, verify, evictions, records, args.total_steps, refused)
     write_report(Path(args.out), report, records["reference"], records["trial"], args.report_uri)
     print(report["verdict"], file=sys.stderr)
     verdict = "bit-identical" if result["tier"] == 1 and result["equivalent"] else (

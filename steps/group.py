@@ -14,12 +14,25 @@ would join a group that is over. Here:
 
 Argo never runs two attempts of one pod at once, so a newer round of node 0 means the node 0 that
 hosted the previous round has ended. A node 0 that finished the run (`done` in node-0.json) ends the
-wait with nothing to do; one that ended with 1 (`failed`: nothing retries it) ends it with 1. Every file here is read as untrusted: a malformed one counts as absent.
+wait with nothing to do; one that ended with 1 (`failed`: nothing retries it) ends it with 1.
+
+Every round file is authenticated: an HMAC-SHA256 (`mac`) over the folder, the file's name and every
+other field, keyed by a per-drill secret that is not in the bucket (BATON_ROUND_KEY; the drill passes
+its Workflow's uid, which only the Workflow holds). Anyone who can write to the bucket could otherwise
+plant a node-0.json that sends node 1 to a store of their own, and the ranks of a group exchange
+pickles inside DCP and accelerate: code would run. A file that fails the check, is malformed, is not a
+regular file or is larger than its cap (trainer/untrusted.py) counts as absent. What the check does not
+stop: a valid file of this drill copied back over a newer one (a replay), which sends a node to a store
+of its own drill that is gone; its wait ends at --rendezvous-timeout with 75, like any round that does
+not form.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
+import os
 import socket
 import sys
 import time
@@ -30,8 +43,11 @@ from typing import Any
 
 from steps.evidence import write_json
 from trainer.storage import url_to_fs
+from trainer.untrusted import Refused, read_json
 
 WAIT_REPORT_EVERY_S = 10.0
+KEY_ENV = "BATON_ROUND_KEY"
+MIN_KEY_LEN = 16
 
 
 @dataclass(frozen=True)
@@ -43,15 +59,39 @@ class Round:
     port: int
 
 
-def _read(folder: str, name: str) -> dict[str, Any] | None:
+def round_key(environ: dict[str, str] | None = None) -> bytes:
+    """The drill's secret for its round files, from BATON_ROUND_KEY; ValueError naming the variable when
+    it is unset or shorter than MIN_KEY_LEN characters."""
+    value = (os.environ if environ is None else environ).get(KEY_ENV, "")
+    if len(value) < MIN_KEY_LEN:
+        raise ValueError(f"{KEY_ENV} must hold the drill's secret (at least {MIN_KEY_LEN} characters; the "
+                         f"drill passes its Workflow's uid), {'not set' if not value else 'too short'}: a round "
+                         "file in the bucket is trusted only when it carries this key's signature")
+    return value.encode()
+
+
+def _mac(key: bytes, folder: str, name: str, doc: dict[str, Any]) -> str:
+    body = json.dumps({"folder": folder.rstrip("/"), "file": name, "doc": {k: v for k, v in doc.items() if k != "mac"}},
+                      sort_keys=True, separators=(",", ":"))
+    return hmac.new(key, body.encode(), hashlib.sha256).hexdigest()
+
+
+def _write(folder: str, name: str, doc: dict[str, Any], key: bytes) -> None:
+    write_json(f"{folder.rstrip('/')}/{name}", {**doc, "mac": _mac(key, folder, name, doc)})
+
+
+def _read(folder: str, name: str, key: bytes) -> dict[str, Any] | None:
+    """The round file `name`, or None when it is absent, unreadable, malformed or not signed by `key`."""
     fs, base = url_to_fs(folder)
     try:
         fs.invalidate_cache()
-        with fs.open(f"{base.rstrip('/')}/{name}", "r") as f:
-            doc = json.loads(f.read(65536))
-    except (OSError, ValueError):
+        doc = read_json(fs, f"{base.rstrip('/')}/{name}", "round", what=name)
+    except (OSError, Refused):
         return None
-    return doc if isinstance(doc, dict) else None
+    mac = doc.get("mac")
+    if not isinstance(mac, str) or not hmac.compare_digest(mac, _mac(key, folder, name, doc)):
+        return None
+    return doc
 
 
 def _round_of(doc: dict[str, Any] | None) -> Round | None:
@@ -74,44 +114,45 @@ def free_port(avoid: int | None = None) -> int:
             return port
 
 
-def _publish(folder: str, rnd: Round, pod: str, state: str) -> None:
-    write_json(f"{folder.rstrip('/')}/node-0.json", {"round": rnd.round_id, "addr": rnd.addr, "port": rnd.port,
-                                                     "pod": pod, "state": state, "time": time.time()})
+def _publish(folder: str, rnd: Round, pod: str, state: str, key: bytes) -> None:
+    _write(folder, "node-0.json", {"round": rnd.round_id, "addr": rnd.addr, "port": rnd.port, "pod": pod,
+                                   "state": state, "time": time.time()}, key)
 
 
-def host(folder: str, addr: str, pod: str, port: int = 0) -> Round:
-    """Node 0: publish a new round at `addr` (`port`, or 0: a free one other than the last round's)."""
-    last = _round_of(_read(folder, "node-0.json"))
+def host(folder: str, addr: str, pod: str, key: bytes, port: int = 0) -> Round:
+    """Node 0: publish a new round at `addr` (`port`, or 0: a free one other than the last round's),
+    signed with `key`."""
+    last = _round_of(_read(folder, "node-0.json", key))
     if not port:
         port = free_port(last.port if last else None)
     rnd = Round(uuid.uuid4().hex[:12], addr, port)
-    _publish(folder, rnd, pod, "running")
+    _publish(folder, rnd, pod, "running", key)
     return rnd
 
 
-def end(folder: str, rnd: Round, pod: str, state: str) -> None:
+def end(folder: str, rnd: Round, pod: str, state: str, key: bytes) -> None:
     """Node 0 ended for good: `done` (it finished the run) or `failed` (it ended with 1, which nothing
     retries). A node that comes back after it has nothing to wait for."""
     if state not in ("done", "failed"):
         raise ValueError(f"a round ends done or failed, not {state!r}")
-    _publish(folder, rnd, pod, state)
+    _publish(folder, rnd, pod, state, key)
 
 
-def join(folder: str, node: int, pod: str, timeout_s: float, stop: Callable[[], bool],
+def join(folder: str, node: int, pod: str, key: bytes, timeout_s: float, stop: Callable[[], bool],
          poll_s: float = 0.2) -> Round | str:
-    """Node `node` > 0: wait for a round of node 0 newer than the one this node joined last, record it
-    as joined and return it; or "done" (node 0 finished the run), "failed" (node 0 ended for good),
-    "stopped" (`stop()` became true) or "timeout"."""
-    mine = _read(folder, f"node-{node}.json") or {}
+    """Node `node` > 0: wait for a round of node 0 (signed with `key`) newer than the one this node
+    joined last, record it as joined and return it; or "done" (node 0 finished the run), "failed" (node
+    0 ended for good), "stopped" (`stop()` became true) or "timeout"."""
+    mine = _read(folder, f"node-{node}.json", key) or {}
     last = mine.get("joined") if isinstance(mine.get("joined"), str) else None
     start = reported = time.monotonic()
     while True:
-        doc = _read(folder, "node-0.json")
+        doc = _read(folder, "node-0.json", key)
         rnd = _round_of(doc)
         if rnd is not None and doc.get("state") in ("done", "failed"):
             return doc["state"]
         if rnd is not None and rnd.round_id != last:
-            write_json(f"{folder.rstrip('/')}/node-{node}.json", {"joined": rnd.round_id, "pod": pod, "time": time.time()})
+            _write(folder, f"node-{node}.json", {"joined": rnd.round_id, "pod": pod, "time": time.time()}, key)
             return rnd
         if stop():
             return "stopped"

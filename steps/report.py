@@ -5,15 +5,18 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
 from steps.evidence import put_atomic, write_local_atomic
 from trainer.storage import is_local, url_to_fs
+from trainer.untrusted import printable
 
 
 def losses(records: list[dict[str, Any]]) -> dict[int, float]:
-    return {r["step"]: r["loss"] for r in records if r.get("event") == "step"}
+    """Step -> loss of checked records (steps/evidence.py: a number, or "nan"/"inf" as records.py writes them)."""
+    return {r["step"]: float(r["loss"]) for r in records if r.get("event") == "step" and "loss" in r}
 
 
 def plot(path: Path, reference: dict[int, float], trial: list[dict[str, Any]], preempt_steps: list[int]) -> None:
@@ -28,8 +31,8 @@ def plot(path: Path, reference: dict[int, float], trial: list[dict[str, Any]], p
         ax.plot(xs, [reference[s] for s in xs], color="#9bb8d8", linewidth=5, alpha=0.6, label="reference")
     by_attempt: dict[int, list[tuple[int, float]]] = {}
     for r in trial:
-        if r.get("event") == "step":
-            by_attempt.setdefault(r["attempt"], []).append((r["step"], r["loss"]))
+        if r.get("event") == "step" and "loss" in r:
+            by_attempt.setdefault(r["attempt"], []).append((r["step"], float(r["loss"])))
     for i, (_attempt, pts) in enumerate(sorted(by_attempt.items())):
         pts.sort()
         ax.plot([p[0] for p in pts], [p[1] for p in pts], color="#c0392b", linewidth=1.2,
@@ -109,59 +112,71 @@ def summary(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+_MD_SPECIAL = re.compile(r"([\\`*_\[\](){}#|!~<>&])")
+
+
+def md(value: Any) -> str:
+    """A value as inert Markdown text on one line: record text is data, never markup. Control characters
+    are escaped, newlines flattened, and every character that Markdown or HTML gives a meaning (`<` of
+    an HTML comment, `#` of a heading, `|` of a table cell, `[` of a link) is backslash-escaped, so a
+    trainer's record cannot write a forged heading or hide the report's problems."""
+    text = printable(str(value)).replace("\r", " ").replace("\n", " ")
+    return _MD_SPECIAL.sub(r"\\\1", text)
+
+
 def markdown(report: dict[str, Any]) -> str:
     s = report["steps"]
     verdict = "PASS" if report["passed"] else (
         "INCONCLUSIVE" if str(report.get("verdict", "")).startswith("INCONCLUSIVE") else "FAIL")
     traj = report.get("trajectory") or {}
     lines = [f"# baton equivalence drill: {verdict}", "",
-             *([f"- verdict: {report['verdict']}"] if report.get("verdict") else []),
+             *([f"- verdict: {md(report['verdict'])}"] if report.get("verdict") else []),
              f"- tier {report['tier']}: {report.get('equal_tensors', 0)}/{report['tensors']} "
              f"{'checkpoint entries' if report.get('format', 'dcp') == 'dcp' else 'entries'} equal; "
              f"max |diff| {report['max_abs_diff']:.3g}; floor {report['floor']:.3g}"
              + (f"; L2 {report['l2_diff']:.3g} against a floor of {report['floor_l2']:.3g} "
                 f"({report['diff_over_floor']:.3g}x, slack {report['floor_slack']})" if report["tier"] == 2
                 and "l2_diff" in report else ""),
-             *([f"- trajectory: {traj.get('finding') or _equal_trajectory(traj)}"] if traj else []),
+             *([f"- trajectory: {md(traj.get('finding') or _equal_trajectory(traj))}"] if traj else []),
              *([f"- the reference and its replay already differ in {report['floor_differing']} entries"]
                if report["tier"] == 1 and report.get("floor_differing") else []),
              f"- step records {s['total']} total, {s['distinct']} distinct; replayed {s['replayed']}",
              f"- resumed from {s['resumed_from']}; preemptions {s['preemptions']}; "
-             f"trial retries {report.get('trial_retries', '?')}; trial {report.get('trial_outcome') or '?'}",
-             f"- checkpoint format {report.get('format', 'dcp')}"
-             + (f"; compared: {', '.join(f'{k} {n}' for k, n in sorted(report['parts'].items()))}"
+             f"trial retries {md(report.get('trial_retries', '?'))}; trial {md(report.get('trial_outcome') or '?')}",
+             f"- checkpoint format {md(report.get('format', 'dcp'))}"
+             + (f"; compared: {md(', '.join(f'{k} {n}' for k, n in sorted(report['parts'].items())))}"
                 if report.get("parts") else ""), ""]
     if report.get("components"):
         lines += ["| component | entries | differ | share of the L2 | differ in the floor |", "|---|---:|---:|---:|---:|"]
         floor = {r["component"]: r["differing"] for r in report.get("floor_components", [])}
         for r in report["components"]:
-            lines.append(f"| {r['component']} | {r['entries']} | {r['differing']} | {r['l2_share']:.1%} | "
-                         f"{floor.get(r['component'], 0)} |")
+            lines.append(f"| {md(r['component'])} | {md(r['entries'])} | {md(r['differing'])} | {r['l2_share']:.1%} | "
+                         f"{md(floor.get(r['component'], 0))} |")
         lines.append("")
     lines += ["| step | save ms | grace left s | exit | outcome | signal during |", "|---:|---:|---:|---:|---|---|"]
     for p in report["preempt"]:
-        lines.append(f"| {p['step']} | {p['save_ms']} | {p['grace_left_s']} | {p['exit']} | {p['outcome']} | "
-                     f"{p.get('during') or '-'} |")
+        lines.append(f"| {md(p['step'])} | {md(p['save_ms'])} | {md(p['grace_left_s'])} | {md(p['exit'])} | {md(p['outcome'])} | "
+                     f"{md(p.get('during') or '-')} |")
     if report.get("comebacks"):
         lines += ["", "| eviction at step | pod evicted | node | its exit | group back after s | at step |",
                   "|---:|---|---:|---:|---:|---:|"]
         for c in report["comebacks"]:
-            lines.append(f"| {c['point']} | {c['pod']} | {'-' if c['node'] is None else c['node']} | "
-                         f"{'-' if c['exit_code'] is None else c['exit_code']} | "
-                         f"{'never' if c['back_s'] is None else c['back_s']} | {c['back_at_step'] or '-'} |")
+            lines.append(f"| {md(c['point'])} | {md(c['pod'])} | {'-' if c['node'] is None else md(c['node'])} | "
+                         f"{'-' if c['exit_code'] is None else md(c['exit_code'])} | "
+                         f"{'never' if c['back_s'] is None else md(c['back_s'])} | {md(c['back_at_step'] or '-')} |")
     for clause in report.get("contract", []):
-        lines.append(f"\n- contract: {clause}")
+        lines.append(f"\n- contract: {md(clause)}")
     if report.get("problem"):
-        lines.append(f"\n- problem: {report['problem']}")
+        lines.append(f"\n- problem: {md(report['problem'])}")
     for problem in report.get("verify_problems", []):
-        lines.append(f"\n- problem: {problem}")
+        lines.append(f"\n- problem: {md(problem)}")
     for reason in report.get("inconclusive", []):
-        lines.append(f"\n- inconclusive: {reason}")
+        lines.append(f"\n- inconclusive: {md(reason)}")
     if report.get("differing"):
         lines.append(f"\nDiffering entries ({report.get('differing_count', len(report['differing']))}; "
-                     f"the first 20, the telling ones first): {', '.join(report['differing'])}")
+                     f"the first 20, the telling ones first): {md(', '.join(map(str, report['differing'])))}")
     if report.get("excluded"):
-        lines.append("\nLeft out at Tier 2 (kernels or timing change them): " + "; ".join(report["excluded"]))
+        lines.append("\nLeft out at Tier 2 (kernels or timing change them): " + md("; ".join(map(str, report["excluded"]))))
     lines.append("\n![loss](loss.png)\n")
     return "\n".join(lines)
 

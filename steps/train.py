@@ -162,10 +162,14 @@ class Nodes:
     round_id: str = "none"
     """torchrun's --rdzv-id: the round (steps/group.py), so that one round's agents never share keys with
     another's."""
+    timeout_s: float = 600.0
+    """How long torchrun's static rendezvous waits for the other nodes (its `timeout`; --rendezvous-timeout):
+    a round whose store never answers ends after this, never hangs the pod."""
 
     def torchrun_args(self) -> list[str]:
         return [f"--nnodes={self.count}", f"--node-rank={self.rank}", "--rdzv-backend=static",
-                f"--rdzv-id={self.round_id}", f"--master-addr={self.addr}", f"--master-port={self.port}"]
+                f"--rdzv-id={self.round_id}", f"--rdzv-conf=timeout={max(1, int(self.timeout_s))}",
+                f"--master-addr={self.addr}", f"--master-port={self.port}"]
 
 
 def rank0_of_1_env() -> dict[str, str]:
@@ -207,7 +211,8 @@ def parse_nodes(ap: argparse.ArgumentParser, args: argparse.Namespace) -> Nodes 
                  "there by node 0 at each start)")
     if not 0 <= args.master_port < 65536 or (args.master_addr and not args.master_port):
         ap.error(f"--master-port must be 1 .. 65535 (0: a free one, with --rendezvous), not {args.master_port}")
-    return Nodes(args.nnodes, args.node_rank, args.master_addr or "", args.master_port)
+    return Nodes(args.nnodes, args.node_rank, args.master_addr or "", args.master_port,
+                 timeout_s=args.rendezvous_timeout)
 
 
 def advertised_addr() -> str:
@@ -223,10 +228,10 @@ def form_round(args: argparse.Namespace, nodes: Nodes, stop) -> Nodes | int:
     from steps import group
 
     if nodes.rank == 0:
-        rnd = group.host(args.rendezvous, advertised_addr(), args.name, nodes.port)
+        rnd = group.host(args.rendezvous, advertised_addr(), args.name, args.round_key, nodes.port)
         print(f"[steps.train] node 0 hosts round {rnd.round_id} at {rnd.addr}:{rnd.port}", file=sys.stderr)
     else:
-        rnd = group.join(args.rendezvous, nodes.rank, args.name, args.rendezvous_timeout, stop)
+        rnd = group.join(args.rendezvous, nodes.rank, args.name, args.round_key, args.rendezvous_timeout, stop)
         if rnd == "done":
             print("[steps.train] node 0 finished the run: nothing to do -> exit 0", file=sys.stderr)
             return EXIT_OK
@@ -238,7 +243,25 @@ def form_round(args: argparse.Namespace, nodes: Nodes, stop) -> Nodes | int:
             print(f"[steps.train] no round of node 0 to join ({rnd}) -> exit {EXIT_PREEMPTED}", file=sys.stderr)
             return EXIT_PREEMPTED
         print(f"[steps.train] node {nodes.rank} joins round {rnd.round_id} at {rnd.addr}:{rnd.port}", file=sys.stderr)
-    return Nodes(nodes.count, nodes.rank, rnd.addr, rnd.port, rnd.round_id)
+    return Nodes(nodes.count, nodes.rank, rnd.addr, rnd.port, rnd.round_id, nodes.timeout_s)
+
+
+def round_not_formed(evidence: Evidence, nodes: Nodes, rc: int) -> dict:
+    """The `retry_later` record that this wrapper writes itself when its round never formed: no trainer
+    ran, so none wrote one. Its fields: `event`, `reason` (`round_not_formed`), `round`, `node`, `step`
+    (0: nothing trained), `time`, `launcher_exit`, `source` (`steps.train`), and `attempt`: null, since
+    only a trainer claims an attempt number (readers count such a record under no attempt)."""
+    rec = {"event": "retry_later", "reason": "round_not_formed", "round": nodes.round_id, "node": nodes.rank,
+           "step": 0, "attempt": None, "time": round(time.time(), 3), "launcher_exit": rc, "source": "steps.train"}
+    line = json.dumps(rec)
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+    try:
+        evidence.add(line)
+        evidence.flush()
+    except Exception as e:  # noqa: BLE001 - evidence is a copy
+        print(f"[steps.train] could not copy a record to the evidence: {e}", file=sys.stderr)
+    return rec
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -266,11 +289,21 @@ def main(argv: list[str] | None = None) -> int:
                     help="instead of --master-addr: a folder where node 0 publishes each round's address "
                          "(steps/group.py); every other node joins only a round newer than its last")
     ap.add_argument("--rendezvous-timeout", type=float, default=900.0,
-                    help="seconds a node waits for node 0's next round before exiting 75 (default 900)")
+                    help="seconds a node waits for node 0's next round, and torchrun's rendezvous for the other "
+                         "nodes, before exiting 75 (default 900)")
     args = ap.parse_args(argv)
     if args.nproc < 1:
         ap.error("--nproc must be >= 1")
+    if args.rendezvous_timeout <= 0:
+        ap.error(f"--rendezvous-timeout must be > 0 seconds, not {args.rendezvous_timeout:g}")
     nodes = parse_nodes(ap, args)
+    if args.rendezvous:
+        from steps.group import round_key
+
+        try:
+            args.round_key = round_key()
+        except ValueError as e:
+            ap.error(f"--rendezvous: {e}")
     direct = args.launcher == "direct" or (args.launcher == "auto" and args.nproc == 1 and nodes is None)
     if direct and args.nproc != 1:
         ap.error("--launcher direct runs one rank: use torchrun for --nproc > 1")
@@ -359,6 +392,7 @@ def main(argv: list[str] | None = None) -> int:
         # if node 0 ended with 1 (steps/group.py). Node 0 decides as a single node does.
         print("[steps.train] torchrun ended before the trainer wrote any record: the group did not form",
               file=sys.stderr)
+        round_not_formed(evidence, nodes, rc)
         code = EXIT_PREEMPTED
     else:
         code = EXIT_FAIL
@@ -368,7 +402,7 @@ def main(argv: list[str] | None = None) -> int:
         from steps import group
 
         group.end(args.rendezvous, group.Round(nodes.round_id, nodes.addr, nodes.port), args.name,
-                  "done" if code == EXIT_OK else "failed")
+                  "done" if code == EXIT_OK else "failed", args.round_key)
     return code
 
 

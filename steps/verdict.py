@@ -26,7 +26,8 @@ def lost_steps(trial_records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     and the steps lost: trained, then gone with the process."""
     by_attempt: dict[int, list[dict[str, Any]]] = {}
     for r in trial_records:
-        by_attempt.setdefault(r.get("attempt", 0), []).append(r)
+        if isinstance(r.get("attempt"), int):  # steps.train's own retry_later has none: no trainer ran
+            by_attempt.setdefault(r["attempt"], []).append(r)
     out = []
     attempts = sorted(by_attempt)
     for i, a in enumerate(attempts):
@@ -182,8 +183,11 @@ def comebacks(evictions: dict[str, Any], trial: list[dict[str, Any]]) -> list[di
 
 
 def assemble(result: dict[str, Any], verify: dict[str, Any], evictions: dict[str, Any],
-             records: dict[str, list[dict[str, Any]]], total_steps: int) -> dict[str, Any]:
-    """report.json: the comparison, verify's counts, the trajectory, the contract, and the verdict."""
+             records: dict[str, list[dict[str, Any]]], total_steps: int,
+             refused: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
+    """report.json: the comparison, verify's counts, the trajectory, the contract, and the verdict.
+    `refused`: the records and files that were refused as malformed (steps/evidence.py), each naming the
+    role and the field; any makes the drill fail, since what was refused may have been the evidence."""
     steps = {k: verify[k] for k in ("total", "distinct", "replayed", "resumed_from", "preemptions")}
     report = {**result, "steps": steps, "verify_passed": verify["passed"], "verify_problems": verify["problems"],
               "preempt": verify["preempt"], "evictions": evictions, "total_steps": total_steps,
@@ -191,7 +195,7 @@ def assemble(result: dict[str, Any], verify: dict[str, Any], evictions: dict[str
               "trial_outcome": verify.get("trial_outcome"), "trial_retries": max(verify["attempts"] - 1, 0),
               "trajectory": trajectory.check(records.get("reference", []), records.get("replay", []),
                                              records.get("trial", [])),
-              "contract": contract_breaks(records, result),
+              "contract": [*contract_breaks(records, result), *(f"refused: {x}" for x in refused)],
               "baseline": baseline_interruptions(records),
               "comebacks": comebacks(evictions, records.get("trial", []))}
     report["inconclusive"] = [*report["inconclusive"],

@@ -17,6 +17,7 @@ from collections import Counter
 from typing import Any
 
 from steps.evidence import read_evidence, read_json, write_json
+from trainer.untrusted import Refused
 
 
 def trial_outcome(records: list[dict[str, Any]], eviction_list: list[dict[str, Any]]) -> tuple[str, str]:
@@ -24,7 +25,7 @@ def trial_outcome(records: list[dict[str, Any]], eviction_list: list[dict[str, A
     attempt came after it: the drill's negative control, a trainer that dies on SIGTERM); or failed."""
     if any(r.get("event") == "done" for r in records):
         return "finished", ""
-    attempts = [r["attempt"] for r in records if "attempt" in r]
+    attempts = [r["attempt"] for r in records if isinstance(r.get("attempt"), int)]
     last = max(attempts, default=None)
     saved = {r["attempt"] for r in records if r.get("event") == "preempt"}
     for ev in reversed(eviction_list):
@@ -46,7 +47,7 @@ def classify_evictions(records: list[dict[str, Any]], eviction_list: list[dict[s
     or `lost` (none of these: the attempt died without committing the step it reached)."""
     by_attempt: dict[int, set[str]] = {}
     for r in records:
-        by_attempt.setdefault(r.get("attempt", 0), set()).add(str(r.get("event")))
+        by_attempt.setdefault(r.get("attempt"), set()).add(str(r.get("event")))
     out = []
     for ev in eviction_list:
         events = by_attempt.get(ev.get("attempt"), set())
@@ -133,12 +134,28 @@ def verify(records: list[dict[str, Any]], total_steps: int, evictions: int | Non
                      "exit": p.get("exit"), "outcome": p.get("outcome"), "attempt": p["attempt"],
                      "during": p.get("during")}
                     for p in preempts],
-        "attempts": len({r["attempt"] for r in records if "attempt" in r}),
+        "attempts": len({r["attempt"] for r in records if isinstance(r.get("attempt"), int)}),
         "trial_outcome": outcome,
         "evictions_met": {k: sum(1 for e in met if e["met"] == k) for k in ("landed", "missed", "killed", "lost")}
         if met is not None else None,
         "passed": not problems and not inconclusive, "problems": problems, "inconclusive": inconclusive,
     }
+
+
+def evictions_record(doc: dict[str, Any]) -> dict[str, Any]:
+    """evictions.json (steps.evict) with the fields verify reads checked: `evictions`, a list of objects,
+    and `planned`, a count; Refused for anything else."""
+    evs, planned = doc.get("evictions"), doc.get("planned")
+    if not isinstance(evs, list) or not all(isinstance(e, dict) for e in evs):
+        raise Refused("evictions.json field 'evictions' must be a list of objects")
+    if isinstance(planned, bool) or not isinstance(planned, int) or planned < 0:
+        raise Refused("evictions.json field 'planned' must be a non-negative integer")
+    for i, e in enumerate(evs):
+        if "attempt" in e and e["attempt"] is not None and (isinstance(e["attempt"], bool) or not isinstance(e["attempt"], int)):
+            raise Refused(f"evictions.json evictions[{i}].attempt must be an integer")
+        if not isinstance(e.get("ended") or {}, dict):
+            raise Refused(f"evictions.json evictions[{i}].ended must be an object")
+    return doc
 
 
 def summary(v: dict[str, Any]) -> str:
@@ -164,20 +181,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-fail", action="store_true",
                     help="exit 0 whenever a verdict was written (the drill's compare step is the gate)")
     args = ap.parse_args(argv)
-    ev = None
+    ev, refused = None, None
     if args.evictions:
         try:
-            ev = read_json(args.evictions)
+            ev = evictions_record(read_json(args.evictions))
         except FileNotFoundError:  # evict failed before its first write; say so rather than crash
             print(f"[verify] no evictions record at {args.evictions}", file=sys.stderr)
-    v = verify(read_evidence(args.evidence), args.total_steps, len(ev["evictions"]) if ev else None,
-               ev["planned"] if ev else None, ev["evictions"] if ev else None)
-    if args.evictions and ev is None:
+        except Refused as e:
+            refused = str(e)
+    malformed: list[str] = []
+    v = verify(read_evidence(args.evidence, malformed, "trial"), args.total_steps,
+               len(ev["evictions"]) if ev else None, ev["planned"] if ev else None, ev["evictions"] if ev else None)
+    v["problems"] += malformed
+    if refused:
+        v["problems"].append(f"the evictions record is refused: {refused}")
+    elif args.evictions and ev is None:
         v["problems"].append("no evictions record: the evict step failed before it wrote one")
-        v["passed"] = False
     elif ev and ev.get("problem"):
         v["problems"].append(f"evict: {ev['problem']}")
-        v["passed"] = False
+    v["passed"] = not v["problems"] and not v["inconclusive"]
     print(summary(v), file=sys.stderr)
     if args.out:
         write_json(args.out, v)

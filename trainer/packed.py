@@ -31,6 +31,7 @@ from trainer.data import documents, pack
 from trainer.model import load_tokenizer  # transformers is imported only when it is called
 from trainer.records import log
 from trainer.storage import is_local, url_to_fs
+from trainer.untrusted import Refused, parse_json, read_bytes
 
 LAYOUT = 1
 DTYPE = "int32"
@@ -72,17 +73,15 @@ class PackedCorpus:
         try:
             if not self.fs.exists(head):
                 return None
-            with self.fs.open(head, "rb") as f:
-                raw_header = f.read(1 << 16)
-            with self.fs.open(body, "rb") as f:
-                data = f.read()
+            header = _header(read_bytes(self.fs, head, "corpus_header", "its header"), key, seq_len)
+            # Never more than the header declares: a planted samples file of many GB is refused unread.
+            data = read_bytes(self.fs, body, "corpus_samples", "its samples file", cap=header["size"])
+            return _checked(header, data, vocab_size)
+        except (Refused, ValueError) as e:
+            log(f"the packed corpus {key[:12]} is refused ({e}); packing again")
+            return None
         except Exception as e:  # noqa: BLE001 - a cache that cannot be read is packed again
             log(f"the packed corpus {key[:12]} could not be read ({type(e).__name__}: {str(e)[:200]}); packing again")
-            return None
-        try:
-            return _checked(raw_header, data, key, seq_len, vocab_size)
-        except ValueError as e:
-            log(f"the packed corpus {key[:12]} is refused ({e}); packing again")
             return None
 
     def save(self, key: str, samples: torch.Tensor) -> None:
@@ -101,15 +100,10 @@ class PackedCorpus:
             log(f"warning: the packed corpus could not be written ({type(e).__name__}: {str(e)[:200]})")
 
 
-def _checked(raw_header: bytes, data: bytes, key: str, seq_len: int, vocab_size: int | None) -> torch.Tensor:
-    """The samples of a packing read from the store; ValueError for anything that does not hold."""
-    def refuse_constant(name: str) -> None:
-        raise ValueError(f"the header holds {name[:20]!r}, not JSON")
-
-    try:
-        header = json.loads(raw_header, parse_constant=refuse_constant)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise ValueError(f"its header is not JSON: {str(e)[:100]}") from None
+def _header(raw_header: bytes, key: str, seq_len: int) -> dict[str, Any]:
+    """A packing's header read from the store (untrusted.parse_json: strict, depth-capped); ValueError for
+    anything that does not hold."""
+    header = parse_json(raw_header, "its header")
     if not isinstance(header, dict) or set(header) != HEADER_FIELDS:
         raise ValueError(f"its header must have exactly the fields {sorted(HEADER_FIELDS)}")
     if header["layout"] != LAYOUT or header["dtype"] != DTYPE or header["key"] != key:
@@ -117,7 +111,15 @@ def _checked(raw_header: bytes, data: bytes, key: str, seq_len: int, vocab_size:
     n, length, size = header["samples"], header["seq_len"], header["size"]
     if not all(type(v) is int for v in (n, length, size)) or length != seq_len or n < 1:
         raise ValueError(f"its shape is not [samples >= 1, {seq_len}]")
-    if size != n * length * 4 or len(data) != size:
+    if size != n * length * 4:
+        raise ValueError(f"its header says {size} bytes of {n} x {length} int32")
+    return header
+
+
+def _checked(header: dict[str, Any], data: bytes, vocab_size: int | None) -> torch.Tensor:
+    """The samples of a packing whose header `_header` accepted; ValueError for anything that does not hold."""
+    n, length, size = header["samples"], header["seq_len"], header["size"]
+    if len(data) != size:
         raise ValueError(f"its samples file has {len(data)} bytes, its header says {size} of {n} x {length} int32")
     if not isinstance(header[ALGORITHM], str) or digest.of_bytes(ALGORITHM, data) != header[ALGORITHM]:
         raise ValueError(f"its samples do not match their {ALGORITHM}")

@@ -37,6 +37,7 @@ from typing import Any
 
 from trainer.redaction import redact
 from trainer.storage import local_path, retrying, url_to_fs
+from trainer.untrusted import Refused, open_regular, parse_json, read_bytes
 from trainer.validation import ConfigError
 
 MANIFEST = "baton-weights.json"
@@ -92,13 +93,10 @@ def parse_manifest(raw: bytes, where: str) -> dict[str, dict[str, Any]]:
     if len(raw) > MAX_MANIFEST_BYTES:
         raise WeightsRefused(f"{KEY}: {where} is larger than {MAX_MANIFEST_BYTES} bytes")
 
-    def no_constants(c: str) -> Any:
-        raise ValueError(f"{c} is not JSON")
-
     try:
-        doc = json.loads(raw.decode("utf-8"), parse_constant=no_constants)
-    except (UnicodeDecodeError, ValueError) as e:
-        raise WeightsRefused(f"{KEY}: {where} is not JSON ({str(e)[:80]})") from None
+        doc = parse_json(raw, where)
+    except Refused as e:
+        raise WeightsRefused(f"{KEY}: {e}") from None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT or not isinstance(doc.get("files"), dict):
         raise WeightsRefused(f"{KEY}: {where} is not a {FORMAT} manifest (format, files)")
     files = doc["files"]
@@ -161,8 +159,9 @@ def _read_remote_manifest(uri: str) -> dict[str, dict[str, Any]]:
 
     def read() -> bytes:
         try:
-            with fs.open(path, "rb") as f:
-                return f.read(MAX_MANIFEST_BYTES + 1)
+            return read_bytes(fs, path, "weights_manifest", f"{redact(uri)}/{MANIFEST}", cap=MAX_MANIFEST_BYTES)
+        except Refused as e:
+            raise WeightsRefused(f"{KEY}: {e}") from None
         except FileNotFoundError:  # raised here, past retrying(): a missing manifest is not transient
             raise WeightsRefused(f"{KEY}: {redact(uri)} has no {MANIFEST}: stage the weights with "
                                  f"`python -m trainer.weights stage FOLDER {redact(uri)}`") from None
@@ -194,7 +193,7 @@ def _copy_checked(fs: Any, src: str, dst: Path, name: str, entry: dict[str, Any]
     def copy() -> None:
         nonlocal h, n
         h, n = hashlib.sha256(), 0
-        with fs.open(src, "rb") as fin, open(dst, "wb") as fout:
+        with open_regular(fs, src, f"{redact(uri)}/{name}") as fin, open(dst, "wb") as fout:
             while chunk := fin.read(CHUNK):
                 n += len(chunk)
                 if n > entry["bytes"]:
@@ -202,7 +201,10 @@ def _copy_checked(fs: Any, src: str, dst: Path, name: str, entry: dict[str, Any]
                 h.update(chunk)
                 fout.write(chunk)
 
-    retrying(copy, uri, f"{KEY}: copying {name} from")
+    try:
+        retrying(copy, uri, f"{KEY}: copying {name} from")
+    except Refused as e:  # not a regular file (a FIFO would block the copy for ever)
+        raise WeightsRefused(f"{KEY}: {e}") from None
     if n != entry["bytes"] or h.hexdigest() != entry["sha256"]:
         got = f"more than {entry['bytes']}" if n > entry["bytes"] else str(n)
         raise WeightsRefused(f"{KEY}: {redact(uri)}/{name} does not match {MANIFEST} "

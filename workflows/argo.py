@@ -34,6 +34,7 @@ from typing import Any
 import requests
 import yaml
 
+from trainer.untrusted import printable
 from workflows.params import (
     PARAMETERS,
     ROLES,
@@ -336,9 +337,10 @@ def status(args: argparse.Namespace) -> int:
     with _service(server) as svc:
         _call(server, svc, "get workflow", lambda: svc.get_workflow(name))
         wf = svc.session.last.json()  # as Argo sent it; Hera's model above checked that it is a workflow
-    print("\n".join(workflow_lines(wf, server.ui_url(name))))
+    # What the server and the bucket hold is shown, never obeyed: control characters are printed escaped.
+    print(printable("\n".join(workflow_lines(wf, server.ui_url(name)))))
     lines, ok = store_lines(wf)
-    print("\n".join(lines))
+    print(printable("\n".join(lines)))
     return 0 if ok else 1
 
 

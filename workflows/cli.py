@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from trainer.untrusted import printable
 from workflows.equivalence import (
     REPO,
     REPORT_FILES,
@@ -88,7 +89,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         if result.chaos is not None:  # the runner's doing, not the workflow's: only this copy has it
             report["chaos"] = result.chaos
             report_path.write_text(json.dumps(report, indent=1, sort_keys=True, default=str))
-        print(drill_summary(report))
+        print(printable(drill_summary(report)))
     else:
         print(f"no report: the workflow ended {result.phase}; logs in {out / 'argo' / 'logs'}")
     print(f"workflow {result.phase}; report and logs in {out}")

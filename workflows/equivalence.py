@@ -121,6 +121,12 @@ def _pod_ip_env() -> m.EnvVar:
                     value_from=m.EnvVarSource(field_ref=m.ObjectFieldSelector(field_path="status.podIP")))
 
 
+def _round_key_env() -> m.EnvVar:
+    """The secret that signs a group's round files (steps/group.py): the Workflow's uid, which only the
+    Workflow holds; it is never written to the bucket."""
+    return m.EnvVar(name="BATON_ROUND_KEY", value="{{workflow.uid}}")
+
+
 NODE = "{{inputs.parameters.node}}"
 # Kueue's plain-pod groups (v0.19.2, pkg/controller/jobs/pod/constants/constants.go): no Workload, hence no
 # quota, until total-count pods of the group exist; a retried pod of an admitted group joins it as a replacement.
@@ -166,7 +172,7 @@ def _define_dag(nodes: int = 1) -> None:
     trainer_retry = RetryStrategy(retry_policy="Always", limit=p("retry_limit"), expression=RETRY_EXPRESSION)
     helper_retry = RetryStrategy(retry_policy="Always", limit=HELPER_RETRY_LIMIT, expression=HELPER_RETRY_EXPRESSION)
     node_input = [Parameter(name="node")] if nodes > 1 else []
-    node_env = [_pod_ip_env()] if nodes > 1 else []
+    node_env = [_pod_ip_env(), _round_key_env()] if nodes > 1 else []
     train = Container(name="train", inputs=[Parameter(name="role"), *node_input],
                       args=_train_args("{{inputs.parameters.role}}", nodes),
                       env=[Env(name="BATON_GRACE", value=p("grace")), _pod_name_env(), *node_env],

@@ -28,7 +28,7 @@ Supported (anything else is refused with ``UnsupportedSpec`` naming the field, b
   ``podSpecPatch`` with only ``terminationGracePeriodSeconds``; ``activeDeadlineSeconds`` (per pod).
 - Substitution in command, args, env values, artifact paths, podSpecPatch, task argument values,
   ``retryStrategy.limit`` and ``activeDeadlineSeconds``: ``{{inputs.parameters.X}}``,
-  ``{{workflow.parameters.X}}``, ``{{workflow.name}}``, ``{{pod.name}}``, and ``{{retries}}`` (only in
+  ``{{workflow.parameters.X}}``, ``{{workflow.name}}``, ``{{workflow.uid}}``, ``{{pod.name}}``, and ``{{retries}}`` (only in
   templates with a retryStrategy, as in Argo). It is one textual pass into argv elements, never through a
   shell: a substituted value stays data, even if it holds quotes, ``$(...)`` or ``{{...}}``.
 

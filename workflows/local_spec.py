@@ -9,6 +9,7 @@ from __future__ import annotations
 import random
 import re
 import string
+import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -305,7 +306,9 @@ def _plan(spec: dict, params: dict[str, str] | None) -> _Plan:
         value = wf_params[p["name"]] = _scalar(value, f"{ppath}.value")
         if "enum" in p and value not in [str(x) for x in _list(p["enum"], f"{ppath}.enum")]:
             raise UnsupportedSpec(f"{ppath}: value {value!r} is not in enum {p['enum']!r}")
-    wf_ctx = {"workflow.name": name, **{f"workflow.parameters.{k}": v for k, v in wf_params.items()}}
+    # workflow.uid: new at each run, as the API server's is; the drill signs its round files with it.
+    wf_ctx = {"workflow.name": name, "workflow.uid": str(uuid.uuid4()),
+              **{f"workflow.parameters.{k}": v for k, v in wf_params.items()}}
     deadline = s.get("activeDeadlineSeconds")
     deadline = None if deadline is None else _seconds(deadline, "spec.activeDeadlineSeconds")
     plan = _Plan(name, wf_ctx, {}, deadline)

@@ -14,9 +14,17 @@ from tests.dist.test_multinode import Pod, equal_to, finish
 from tests.dist.test_multinode import reference as reference  # noqa: F401 - the 2-rank fixture
 from tests.dist.test_multirank import entry_cmd
 from tests.dist.test_peer_faults import SETS, committed
-from tests.helpers import base_env
+from tests.helpers import base_env as _base_env
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(900)]
+
+
+KEY = "k" * 8 + "this-drill-uid"
+BKEY = KEY.encode()
+
+
+def base_env(**extra: str) -> dict[str, str]:
+    return _base_env(BATON_ROUND_KEY=KEY, **extra)
 
 
 def rdzv_cmd(model, root, rdzv, node: int, attempt: int = 0) -> list[str]:
@@ -68,26 +76,26 @@ def test_a_lost_nodes_retry_waits_for_node_0s_next_round_and_the_run_is_exact(ti
 
 def test_join_takes_only_a_round_newer_than_the_last_one_joined(tmp_path):
     folder = str(tmp_path)
-    old = group.host(folder, "127.0.0.1", "pod-a")
-    assert group.join(folder, 1, "pod-b", 5, lambda: False) == old  # the first round: joined
+    old = group.host(folder, "127.0.0.1", "pod-a", BKEY)
+    assert group.join(folder, 1, "pod-b", BKEY, 5, lambda: False) == old  # the first round: joined
     # node 1's next attempt, node 0 still the same: it waits (here until its timeout).
-    assert group.join(folder, 1, "pod-c", 0.3, lambda: False, poll_s=0.05) == "timeout"
-    assert group.join(folder, 1, "pod-c", 5, lambda: True, poll_s=0.05) == "stopped"
-    new = group.host(folder, "127.0.0.1", "pod-d")
+    assert group.join(folder, 1, "pod-c", BKEY, 0.3, lambda: False, poll_s=0.05) == "timeout"
+    assert group.join(folder, 1, "pod-c", BKEY, 5, lambda: True, poll_s=0.05) == "stopped"
+    new = group.host(folder, "127.0.0.1", "pod-d", BKEY)
     assert new.round_id != old.round_id and new.port != old.port
-    assert group.join(folder, 1, "pod-c", 5, lambda: False) == new
-    group.end(folder, new, "pod-d", "done")
-    assert group.join(folder, 1, "pod-e", 5, lambda: False) == "done"
-    group.end(folder, new, "pod-d", "failed")  # node 0 ended with 1: nothing to wait for, and the retry says so
-    assert group.join(folder, 1, "pod-e", 5, lambda: False) == "failed"
+    assert group.join(folder, 1, "pod-c", BKEY, 5, lambda: False) == new
+    group.end(folder, new, "pod-d", "done", BKEY)
+    assert group.join(folder, 1, "pod-e", BKEY, 5, lambda: False) == "done"
+    group.end(folder, new, "pod-d", "failed", BKEY)  # node 0 ended with 1: nothing to wait for, and the retry says so
+    assert group.join(folder, 1, "pod-e", BKEY, 5, lambda: False) == "failed"
     # The control: a node that forgot which round it joined (no node-1.json) takes the old one back.
     (tmp_path / "node-1.json").unlink()
-    group.host(folder, "127.0.0.1", "pod-f")
+    group.host(folder, "127.0.0.1", "pod-f", BKEY)
     stale = json.loads((tmp_path / "node-0.json").read_text())
-    (tmp_path / "node-1.json").write_text(json.dumps({"joined": stale["round"]}))
-    assert group.join(folder, 1, "pod-g", 0.3, lambda: False, poll_s=0.05) == "timeout"
+    group._write(folder, "node-1.json", {"joined": stale["round"]}, BKEY)
+    assert group.join(folder, 1, "pod-g", BKEY, 0.3, lambda: False, poll_s=0.05) == "timeout"
     (tmp_path / "node-1.json").unlink()
-    assert group.join(folder, 1, "pod-g", 5, lambda: False).round_id == stale["round"]
+    assert group.join(folder, 1, "pod-g", BKEY, 5, lambda: False).round_id == stale["round"]
 
 
 @pytest.mark.parametrize("doc", ['{"round": 1, "addr": "h", "port": 5}', '{"round": "r", "addr": "", "port": 5}',
@@ -95,7 +103,7 @@ def test_join_takes_only_a_round_newer_than_the_last_one_joined(tmp_path):
                                  "[1, 2]", "not json", '{"round": "r", "addr": "h"}'])
 def test_a_malformed_round_file_counts_as_absent(tmp_path, doc):
     (tmp_path / "node-0.json").write_text(doc)
-    assert group.join(str(tmp_path), 1, "pod", 0.2, lambda: False, poll_s=0.05) == "timeout"
+    assert group.join(str(tmp_path), 1, "pod", BKEY, 0.2, lambda: False, poll_s=0.05) == "timeout"
 
 
 def test_a_group_whose_trainer_fails_ends_with_1_on_every_node_after_one_retry(tiny_model, tmp_path, pods):

@@ -88,9 +88,9 @@ def _every_kind_of_store_access(root: str, tmp_path: Path) -> None:
     assert final_checkpoint(f"{root}")[1]["step"] == 4
 
     evidence = Evidence(f"{root}/evidence/trial", "pod-1")
-    evidence.add('{"event": "step", "step": 1}')
+    evidence.add('{"event": "step", "step": 1, "attempt": 1}')
     evidence.flush()
-    evidence.add('{"event": "step", "step": 2}')
+    evidence.add('{"event": "step", "step": 2, "attempt": 1}')
     evidence.flush()  # an overwrite of the same object
     assert [r["step"] for r in read_evidence(f"{root}/evidence/trial")] == [1, 2]
     write_json(f"{root}/verify.json", {"ok": True})

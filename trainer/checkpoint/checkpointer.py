@@ -38,6 +38,7 @@ from trainer.empty import unfilled
 from trainer.faults import retry_reads
 from trainer.records import log
 from trainer.storage import StorageError, describe
+from trainer.untrusted import Refused, parse_json
 
 RESTORABLE = ("rng", "data", "optimizer", "scheduler")
 
@@ -47,7 +48,9 @@ def tensor_from_json(obj: Any) -> torch.Tensor:
 
 
 def json_from_tensor(t: torch.Tensor) -> Any:
-    return json.loads(bytes(t.to(torch.uint8).tolist()).decode())
+    """A JSON object held in a byte tensor of a checkpoint (a loader's state): strict and depth-capped
+    (trainer/untrusted.py); Refused for anything else."""
+    return parse_json(t.to(torch.uint8).numpy().tobytes(), "the loader state", expect=dict)
 
 
 @dataclass
@@ -316,7 +319,15 @@ def _progress_matches(step: int, staged: dict[str, Any]) -> str | None:
     if not isinstance(progress, torch.Tensor) or progress.numel() != 4:
         return "the checkpoint holds no progress record"
     saved = int(progress[0])
-    return None if saved == step else f"the folder is step {step} but the checkpoint holds progress for step {saved}"
+    if saved != step:
+        return f"the folder is step {step} but the checkpoint holds progress for step {saved}"
+    for key, blob in staged.items():  # parsed here, so that a malformed one falls back before the restore
+        if key.startswith("loader.rank") and isinstance(blob, torch.Tensor):
+            try:
+                json_from_tensor(blob)
+            except Refused as e:
+                return str(e)
+    return None
 
 
 def empty_adam_state(optim: torch.optim.Optimizer) -> bool:

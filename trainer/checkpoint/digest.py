@@ -21,6 +21,8 @@ import hashlib
 import re
 from typing import Any, Protocol
 
+from trainer.untrusted import open_regular
+
 ALGORITHMS = ("crc32c", "sha256", "blake3")
 CRYPTOGRAPHIC = ("sha256", "blake3")
 DATA_DEFAULT = "crc32c"
@@ -103,10 +105,19 @@ def expected(meta: dict[str, Any], what: str) -> tuple[str, str]:
     return algorithm, value
 
 
-def file_hexdigest(fs: Any, path: str, algorithm: str) -> str:
-    """The checksum of a file on any fsspec filesystem (None: a local path, with Python's own open)."""
+def file_hexdigest(fs: Any, path: str, algorithm: str, max_bytes: int | None = None) -> str:
+    """The checksum of a file on any fsspec filesystem (None: a local path, with Python's own open). On a
+    filesystem the file must be a regular one (untrusted.open_regular: a planted FIFO would block the
+    read for ever). With `max_bytes` (the size a manifest declares), at most one byte more is read: a
+    longer file then fails its checksum without being read whole."""
     h = new(algorithm)
-    with (fs.open(path, "rb") if fs is not None else open(path, "rb")) as f:
-        while chunk := f.read(CHUNK):
+    left = max_bytes + 1 if max_bytes is not None else None
+    with (open_regular(fs, path) if fs is not None else open(path, "rb")) as f:
+        while left is None or left > 0:
+            chunk = f.read(CHUNK if left is None else min(CHUNK, left))
+            if not chunk:
+                break
             h.update(chunk)
+            if left is not None:
+                left -= len(chunk)
     return h.hexdigest()

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import hashlib
 import io
-import json
 import pickle
 from typing import Any
 
@@ -26,6 +25,7 @@ import torch
 
 from trainer.checkpoint.layout import COMMIT, CorruptCheckpoint, hf_step_name, hf_step_of, parse_hf_commit
 from trainer.storage import full_url, url_to_fs
+from trainer.untrusted import Refused, parse_json, read_bytes
 
 SKIPPED = ("training_args.bin",)
 # Paths and wall-clock values in trainer_state.json that say where or when, not what was computed.
@@ -73,11 +73,9 @@ def final_hf_checkpoint(root: str) -> tuple[str, dict[str, Any]]:
         raise FileNotFoundError(f"no committed checkpoint-N (with {COMMIT}) under {root}")
     step, url = found[-1]
     fs, path = url_to_fs(url)
-    with fs.open(f"{path}/{COMMIT}", "rb") as f:
-        text = f.read()
     try:
-        manifest = parse_hf_commit(text, step)
-    except CorruptCheckpoint as e:
+        manifest = parse_hf_commit(read_bytes(fs, f"{path}/{COMMIT}", "manifest", f"{url}/{COMMIT}"), step)
+    except (CorruptCheckpoint, Refused) as e:
         raise BadCheckpoint(f"{url}: {e}") from None
     manifest.setdefault("step", step)
     return url, manifest
@@ -134,20 +132,26 @@ def load_hf_checkpoint(url: str) -> tuple[dict[str, Any], dict[str, int]]:
     fs, path = url_to_fs(url)
     path = path.rstrip("/")
     try:
-        with fs.open(f"{path}/{COMMIT}", "rb") as f:
-            files = parse_hf_commit(f.read(), hf_step_of(path.rsplit("/", 1)[-1]) or 0)["files"]
+        files = parse_hf_commit(read_bytes(fs, f"{path}/{COMMIT}", "manifest", f"{url}/{COMMIT}"),
+                                hf_step_of(path.rsplit("/", 1)[-1]) or 0)["files"]
     except OSError as e:
         raise BadCheckpoint(f"{url}: unreadable {COMMIT}: {e}") from None
-    except CorruptCheckpoint as e:
+    except (CorruptCheckpoint, Refused) as e:
         raise BadCheckpoint(f"{url}: {e}") from None
     flat: dict[str, Any] = {}
     parts: dict[str, int] = {}
     for name in sorted(files):
         if name in SKIPPED:
             continue
-        with fs.open(f"{path}/{name}", "rb") as f:
-            data = f.read()
         meta = files[name]
+        try:  # never more than the manifest declares, and only from a regular file
+            data = read_bytes(fs, f"{path}/{name}", "hf_file", f"{url}/{name}", cap=meta["size"])
+        except FileNotFoundError:
+            raise BadCheckpoint(f"{url}/{name} is missing") from None
+        except OSError as e:
+            raise BadCheckpoint(f"{url}/{name} is unreadable: {e}") from None
+        except Refused as e:
+            raise BadCheckpoint(f"{e}: it does not match its size in {COMMIT}") from None
         if len(data) != meta["size"] or hashlib.sha256(data).hexdigest() != meta["sha256"]:
             raise BadCheckpoint(f"{url}/{name} does not match its size or sha256 in {COMMIT}")
         part = _part(name)
@@ -161,12 +165,12 @@ def load_hf_checkpoint(url: str) -> tuple[dict[str, Any], dict[str, int]]:
                     obj = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
                 _flatten(part if part != "rng" and part != "other" else f"{part}.{name}", obj, flat)
             elif part == "trainer_state":
-                state = json.loads(data)
+                state = parse_json(data, f"{url}/{name}", expect=dict)
                 for k in TRAINER_STATE_SKIPPED:
                     state.pop(k, None)
                 _flatten("trainer_state", state, flat)
             elif part == "config":
-                _flatten(f"config.{name}", json.loads(data), flat)
+                _flatten(f"config.{name}", parse_json(data, f"{url}/{name}"), flat)
             else:
                 flat[f"file.{name}"] = hashlib.sha256(data).hexdigest()
                 part = "file"

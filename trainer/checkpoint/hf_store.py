@@ -20,10 +20,12 @@ from typing import Any
 
 import torch
 
+from trainer.checkpoint.digest import CHUNK
 from trainer.checkpoint.layout import COMMIT, CorruptCheckpoint, hf_step_name, hf_step_of, parse_hf_commit
 from trainer.checkpoint.write import sha256_file
 from trainer.records import log
 from trainer.storage import full_url, is_local, retrying, storage_error, url_to_fs
+from trainer.untrusted import Refused, open_regular, read_bytes
 
 # Left out of the manifest and the mirror: it pickles 9 transformers/accelerate classes, holds no
 # state that a resume needs (the script builds its own TrainingArguments), and cannot be loaded safely.
@@ -130,8 +132,11 @@ class HFStore:
     def manifest(self, step: int) -> dict[str, Any]:
         """The `_COMMIT` of `step`, checked against its schema: CorruptCheckpoint when malformed (names
         that are not plain file names included)."""
-        with self.fs.open(f"{self.base}/{hf_step_name(step)}/{COMMIT}", "rb") as f:
-            return parse_hf_commit(f.read(), step)
+        path = f"{self.base}/{hf_step_name(step)}/{COMMIT}"
+        try:
+            return parse_hf_commit(read_bytes(self.fs, path, "manifest", f"{hf_step_name(step)}/{COMMIT}"), step)
+        except Refused as e:  # too large, or not a regular file
+            raise CorruptCheckpoint(str(e)) from None
 
     def fetch(self, step: int) -> str:
         """The checkpoint as a local folder the Trainer can resume from, its files checked against the
@@ -158,11 +163,13 @@ class HFStore:
         else:
             _remove(local)  # a stale local copy is never trusted
             os.makedirs(local)
-            for n in files:
+            for n, meta in files.items():
                 try:
-                    self.fs.get_file(f"{self.base}/{hf_step_name(step)}/{n}", os.path.join(local, n))
+                    _copy_capped(self.fs, f"{self.base}/{hf_step_name(step)}/{n}", os.path.join(local, n), meta["size"])
                 except FileNotFoundError:
                     raise TornCheckpoint(f"{n} is missing") from None
+                except Refused as e:
+                    raise TornCheckpoint(str(e)) from None
                 except Exception as e:
                     raise storage_error(self.url(step), f"reading {n} of", e) from None
         for n, meta in files.items():
@@ -193,6 +200,16 @@ class HFStore:
         with self.fs.open(f"{folder}/{n:08d}-{uuid.uuid4().hex[:8]}.json", "w") as f:
             f.write(json.dumps({"attempt": n, "time": time.time(), "pid": os.getpid()}))
         return n
+
+
+def _copy_capped(fs: Any, src: str, dst: str, size: int) -> None:
+    """Copy `src` to the local `dst`: only from a regular file (untrusted.open_regular), and never more
+    than one byte past the `size` its manifest declares (the check after it then refuses the copy)."""
+    left = size + 1
+    with open_regular(fs, src, src.rsplit("/", 1)[-1]) as fin, open(dst, "wb") as fout:
+        while left > 0 and (chunk := fin.read(min(CHUNK, left))):
+            fout.write(chunk)
+            left -= len(chunk)
 
 
 def _remove(path: str) -> None:

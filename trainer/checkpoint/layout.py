@@ -10,17 +10,21 @@ never a path: it must be a plain file name (`plain_name`) before it is joined to
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from typing import Any
 
 import trainer.checkpoint.digest as digest
+from trainer.untrusted import Refused, parse_json
 
 COMMIT = "_COMMIT"
 MANIFEST = "manifest.json"
 STEP_PREFIX = "step-"
 MAX_NAME_LEN = 255  # a file name on ext4, xfs and GCS/S3 keys' practical limit per segment
+# The most files a manifest may list: DCP writes one per rank and I/O thread (plus .metadata), HF a few
+# dozen per checkpoint. Each listed file costs a request to the store; a planted manifest of millions
+# would hold a restart for hours before anything could be refused.
+MAX_MANIFEST_FILES = 16384
 _STEP_DIGITS = re.compile(r"[0-9]{8}")  # ASCII only: str.isdigit() and \d accept other scripts' digits
 _HF_STEP = re.compile(r"checkpoint-([0-9]{1,12})")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
@@ -73,13 +77,12 @@ def plain_name(name: Any, where: str = "the manifest") -> str:
 
 
 def _object(text: str | bytes, what: str) -> dict[str, Any]:
+    """A JSON object, nested at most untrusted.MAX_DEPTH deep (CorruptCheckpoint otherwise, never a
+    RecursionError)."""
     try:
-        obj = json.loads(text)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise CorruptCheckpoint(f"{what} is not JSON: {str(e)[:200]}") from None
-    if not isinstance(obj, dict):
-        raise CorruptCheckpoint(f"{what} is not a JSON object (a {type(obj).__name__})")
-    return obj
+        return parse_json(text, what, expect=dict)
+    except Refused as e:
+        raise CorruptCheckpoint(str(e)) from None
 
 
 def _count(obj: dict[str, Any], key: str, what: str) -> int:
@@ -101,6 +104,9 @@ def _files(obj: dict[str, Any], what: str, algorithms: tuple[str, ...]) -> dict[
     files = obj.get("files")
     if not isinstance(files, dict) or not files:
         raise CorruptCheckpoint(f"{what} field 'files' must be a non-empty object")
+    if len(files) > MAX_MANIFEST_FILES:
+        raise CorruptCheckpoint(f"{what} lists {len(files)} files, more than any checkpoint has "
+                                f"(at most {MAX_MANIFEST_FILES})")
     for name, meta in files.items():
         plain_name(name, what)
         if not isinstance(meta, dict):

@@ -22,8 +22,10 @@ from __future__ import annotations
 import dataclasses
 import io
 import pickle
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, cast
+from contextlib import contextmanager
+from typing import IO, Any, cast
 
 import torch
 from torch.distributed._shard._utils import narrow_tensor_by_index
@@ -35,6 +37,7 @@ from torch.futures import Future
 import trainer.checkpoint.digest as digest
 from trainer.checkpoint.layout import CorruptCheckpoint, checksum, plain_name
 from trainer.storage import storage_options, url_to_fs
+from trainer.untrusted import CAPS, Refused, open_regular, read_bytes
 
 _HASH_CHUNK = digest.CHUNK
 
@@ -65,16 +68,34 @@ class _MetadataUnpickler(pickle.Unpickler):
 
 
 class SafeReader(FsspecReader):
-    """DCP's fsspec reader, with `.metadata` read under an allowlist instead of plain `pickle.load`."""
+    """DCP's fsspec reader, with `.metadata` read under an allowlist instead of plain `pickle.load`, and
+    every file opened only if it is a regular one (trainer/untrusted.py), `.metadata` under a cap."""
 
     def _check_metadata(self, raw: bytes) -> None:
         """Hook: VerifyingReader checks the bytes against the manifest."""
 
+    def _metadata_cap(self) -> int:
+        """The most bytes `.metadata` may have (VerifyingReader: the size its manifest declares)."""
+        return CAPS["metadata"]
+
+    @contextmanager
+    def _open(self, path: str) -> Iterator[IO[bytes]]:
+        """A checkpoint file for reading: CorruptCheckpoint unless it is a regular file (a planted FIFO
+        would block the read for ever)."""
+        try:
+            with open_regular(self.fs.fs, str(path), str(path).rsplit("/", 1)[-1]) as f:
+                yield f
+        except Refused as e:
+            raise CorruptCheckpoint(str(e)) from None
+
     def read_metadata(self, *args: Any, **kwargs: Any):
         from torch.distributed.checkpoint.metadata import StorageMeta
 
-        with self.fs.create_stream(self._get_metadata_path(kwargs.get("rank")), "rb") as f:
-            raw = f.read()
+        try:
+            raw = read_bytes(self.fs.fs, str(self._get_metadata_path(kwargs.get("rank"))), "metadata", ".metadata",
+                             cap=self._metadata_cap())
+        except Refused as e:
+            raise CorruptCheckpoint(str(e)) from None
         self._check_metadata(raw)
         try:
             metadata = _MetadataUnpickler(io.BytesIO(raw)).load()
@@ -122,6 +143,13 @@ class VerifyingReader(SafeReader):
         self.files = files
         self.threads = max(1, threads)
         self.hashed: set[str] = set()
+
+    def _metadata_cap(self) -> int:
+        want = self.files.get(".metadata")
+        size = want.get("size") if isinstance(want, dict) else None
+        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+            raise CorruptCheckpoint("manifest lists no .metadata with a size")
+        return min(size, CAPS["metadata"])
 
     def _check_metadata(self, raw: bytes) -> None:
         want = self.files.get(".metadata")
@@ -185,7 +213,7 @@ class VerifyingReader(SafeReader):
         want = self.files[name]
         algorithm, hexdigest = checksum(want, f"manifest entry {name!r}")
         sha, pos = digest.new(algorithm), 0
-        with self.fs.create_stream(self.fs.concat_path(self.path, name), "rb") as stream:
+        with self._open(self.fs.concat_path(self.path, name)) as stream:
             def take(n: int, keep: bool) -> bytes:
                 nonlocal pos
                 parts = []
@@ -207,7 +235,8 @@ class VerifyingReader(SafeReader):
                 data = take(info.length, keep=True)
                 for req in group:
                     self._deliver(req, info, data, planner)
-            while chunk := stream.read(_HASH_CHUNK):
+            # The rest, but never more than one byte past the size the manifest declares.
+            while pos <= want["size"] and (chunk := stream.read(min(_HASH_CHUNK, want["size"] + 1 - pos))):
                 sha.update(chunk)
                 pos += len(chunk)
         if pos != want["size"]:
@@ -217,7 +246,7 @@ class VerifyingReader(SafeReader):
         self.hashed.add(name)
 
     def _read_items(self, name: str, reqs: list[ReadItem], planner: LoadPlanner) -> None:
-        with self.fs.create_stream(self.fs.concat_path(self.path, name), "rb") as stream:
+        with self._open(self.fs.concat_path(self.path, name)) as stream:
             for info, group in self._by_item(reqs):
                 stream.seek(info.offset)
                 data = stream.read(info.length)
@@ -284,7 +313,7 @@ def load_flat(url: str, files: dict[str, dict[str, Any]] | None = None) -> dict[
         fs, path = url_to_fs(url)
         for name in unread:  # a file no item was read from still has to be what the manifest says
             algorithm, hexdigest = checksum(files[name], f"manifest entry {name!r}")
-            if digest.file_hexdigest(fs, f"{path.rstrip('/')}/{name}", algorithm) != hexdigest:
+            if digest.file_hexdigest(fs, f"{path.rstrip('/')}/{name}", algorithm, files[name]["size"]) != hexdigest:
                 raise CorruptCheckpoint(f"{name} fails its {algorithm} checksum")
     flat: dict[str, torch.Tensor] = {}
 

@@ -136,8 +136,8 @@ def resolve_and_load(store: Store, fingerprint: str, build_state: Callable[[int,
                 state = _staging_like(build_state(step, manifest))
                 hashed = store.load_verified(step, manifest, state)
                 verdict = _all_hashed(store, step, manifest, hashed)
-                if verdict is None and check_staged is not None:
-                    verdict = check_staged(step, state)
+                if verdict is None and check_staged is not None:  # each rank checks its part; all agree
+                    verdict = next((v for v in gather(check_staged(step, state)) if v), None)
             except (Exception, CheckpointException) as e:  # DCP raises it on every rank together
                 verdict = _load_failure(e)
             times.load += time.perf_counter() - t

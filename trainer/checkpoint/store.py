@@ -33,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import math
 import threading
 import time
 import uuid
@@ -86,6 +87,7 @@ from trainer.storage import (
     storage_options,
     url_to_fs,
 )
+from trainer.untrusted import Refused, read_bytes, read_json
 
 _file_hexdigest = digest.file_hexdigest  # the store's full-file hash, one name a test can count calls through
 
@@ -137,6 +139,8 @@ class Store:
             yield
         except (CheckpointRefused, CorruptCheckpoint, FencedOut, StorageError):
             raise
+        except Refused as e:  # a file of the wrong type or size: the checkpoint's fault, never the store's
+            raise CorruptCheckpoint(str(e)) from None
         except (Exception, CheckpointException) as e:  # DCP's CheckpointException is a BaseException
             raise storage_error(self.url(path or self.run_path), what, e) from None
 
@@ -216,10 +220,11 @@ class Store:
         starts = []
         for n, token in self._attempts():
             try:
-                with self.fs.open(self._attempt_path(n, token), "r") as f:
-                    starts.append(float(json.loads(f.read())["time"]))
-            except (OSError, ValueError, KeyError):
+                t = read_json(self.fs, self._attempt_path(n, token), "attempt").get("time")
+            except (OSError, Refused):
                 continue
+            if isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t):
+                starts.append(float(t))
         return sorted(starts)
 
     def claim_attempt(self, info: dict[str, Any]) -> int:
@@ -430,12 +435,12 @@ class Store:
         only for a read that failed."""
         path = self.step_path(step)
         try:
-            with self.fs.open(f"{path}/{COMMIT}", "rb") as f:
-                commit_text = f.read()
-            with self.fs.open(f"{path}/{MANIFEST}", "rb") as f:
-                text = f.read()
+            commit_text = read_bytes(self.fs, f"{path}/{COMMIT}", "commit", f"{step_name(step)}/{COMMIT}")
+            text = read_bytes(self.fs, f"{path}/{MANIFEST}", "manifest", f"{step_name(step)}/{MANIFEST}")
         except FileNotFoundError as e:
             raise CorruptCheckpoint(f"commit or manifest missing: {e}") from e
+        except Refused as e:  # too large, or not a regular file: the checkpoint's fault, never the store's
+            raise CorruptCheckpoint(str(e)) from None
         except Exception as e:
             raise storage_error(self.url(path), "reading the manifest of", e) from None
         commit = parse_commit(commit_text, step)
@@ -455,13 +460,17 @@ class Store:
             want, full = files[name], f"{path}/{name}"
             with self._io("verifying", full):
                 try:
-                    size = self.fs.size(full)
+                    info = self.fs.info(full)
                 except FileNotFoundError:
                     raise CorruptCheckpoint(f"{name} is missing") from None
+                # An early refusal only: the read itself checks the open descriptor (untrusted.open_regular).
+                if info.get("type", "file") != "file" or info.get("islink"):
+                    raise CorruptCheckpoint(f"{name} is not a regular file")
+                size = info.get("size")
                 if size != want["size"]:
                     raise CorruptCheckpoint(f"{name} has {size} bytes, the manifest says {want['size']}")
                 algorithm, hexdigest = checksum(want, f"manifest entry {name!r}")
-                if hash_files and _file_hexdigest(self.fs, full, algorithm) != hexdigest:
+                if hash_files and _file_hexdigest(self.fs, full, algorithm, want["size"]) != hexdigest:
                     raise CorruptCheckpoint(f"{name} fails its {algorithm} checksum")
 
         self._each_file(check, sorted(names if names is not None else files))
