@@ -462,3 +462,75 @@ def test_an_hf_resume_falls_back_past_a_traversal_commit_and_finishes_bit_identi
     _, (a, _) = final(ref)
     _, (b, _) = final(f"file://{bucket}")
     assert compare_flat(a, b)[1] == []
+
+
+# ---- the second round: files that hang, exhaust or recurse (trainer/untrusted.py) ---------------------
+
+DEEP = "[" * 20_000 + "]" * 20_000
+
+
+def test_a_resume_falls_back_past_a_fifo_commit_and_a_deep_manifest_and_finishes_bit_identically(
+        dcp_runs, tiny_model, tmp_path):
+    """Step 6's _COMMIT is a FIFO (a plain open blocks for ever, and SIGTERM cannot end it); step 4's
+    manifest nests 20,000 deep and is resealed (json.loads raises RecursionError, which was a traceback
+    and exit 1 at every restart). The resume refuses both by name, resumes from 2 and ends bit-identical."""
+    from tests.unit.test_untrusted import blocks_on_plain_open
+
+    ref, stopped = dcp_runs
+    bucket = tmp_path / "bucket"
+    shutil.copytree(stopped, bucket)
+    run_dir = _run_dir(bucket)
+    (run_dir / "step-00000006" / "_COMMIT").unlink()
+    os.mkfifo(run_dir / "step-00000006" / "_COMMIT")
+    assert blocks_on_plain_open(run_dir / "step-00000006" / "_COMMIT"), "control: the FIFO blocks a plain open"
+    _rewrite_manifest(run_dir / "step-00000004", lambda m: DEEP)
+    with pytest.raises(RecursionError):  # the control for the manifest
+        json.loads((run_dir / "step-00000004" / "manifest.json").read_text())
+    rc, recs, err = run(trainer_cmd(tiny_model, bucket, *SETS), env=base_env())
+    assert rc == 0, err[-3000:]
+    refused = {r["step"]: r["reason"] for r in recs if r["event"] == "checkpoint_refused"}
+    assert "not a regular file (a FIFO)" in refused[6] and "nests deeper" in refused[4], refused
+    assert [r["from_step"] for r in recs if r["event"] == "resume"] == [2]
+    equal, n = equal_count(model_and_optim(tensors(ref, TOTAL)), model_and_optim(tensors(bucket, TOTAL)))
+    assert equal == n > 50
+
+
+def test_an_hf_checkpoint_with_one_byte_flipped_and_its_size_kept_is_refused(hf_runs, tmp_path):
+    """A fetch that compared sizes alone would take it: the sizes match (the control); the sha256 does not."""
+    from trainer.hf import HFStore, TornCheckpoint
+
+    _, stopped = hf_runs
+    bucket = tmp_path / "bucket"
+    shutil.copytree(stopped, bucket)
+    target = bucket / "checkpoint-7" / "optimizer.pt"
+    data = bytearray(target.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    target.write_bytes(bytes(data))
+    listed = json.loads((bucket / "checkpoint-7" / "_COMMIT").read_text())["files"]["optimizer.pt"]
+    assert listed["size"] == target.stat().st_size  # control: the size alone says nothing is wrong
+    store = HFStore(f"file://{bucket}", str(tmp_path / "local"))
+    with pytest.raises(TornCheckpoint, match="optimizer.pt does not match its size or sha256"):
+        store.fetch(7)
+    assert store.fetch(5) == str(tmp_path / "local" / "checkpoint-5")
+
+
+def test_an_hf_checkpoint_with_a_deep_trainer_state_is_refused_before_the_trainer_parses_it(hf_runs, tmp_path):
+    from steps.hf_checkpoint import compare_hf
+    from trainer.hf import HFStore, TornCheckpoint
+
+    _, stopped = hf_runs
+    bucket = tmp_path / "bucket"
+    shutil.copytree(stopped, bucket)
+    state = bucket / "checkpoint-7" / "trainer_state.json"
+    state.write_text(DEEP)
+
+    def edit(m):
+        m["files"]["trainer_state.json"] = {"size": len(DEEP), "sha256": hashlib.sha256(DEEP.encode()).hexdigest()}
+        return json.dumps(m)
+    _reseal_hf(bucket / "checkpoint-7", edit)
+    with pytest.raises(RecursionError):  # the control: what the Trainer's json.load does with it
+        json.loads(state.read_text())
+    with pytest.raises(TornCheckpoint, match="trainer_state.json nests deeper"):
+        HFStore(f"file://{bucket}", str(tmp_path / "local")).fetch(7)
+    result = compare_hf(f"file://{bucket}", f"file://{bucket}", f"file://{bucket}")
+    assert result["equivalent"] is False and "nests deeper" in result["problem"], result

@@ -25,7 +25,7 @@ from trainer.checkpoint.layout import COMMIT, CorruptCheckpoint, hf_step_name, h
 from trainer.checkpoint.write import sha256_file
 from trainer.records import log
 from trainer.storage import full_url, is_local, retrying, storage_error, url_to_fs
-from trainer.untrusted import Refused, open_regular, read_bytes
+from trainer.untrusted import Refused, open_regular, parse_json, read_bytes
 
 # Left out of the manifest and the mirror: it pickles 9 transformers/accelerate classes, holds no
 # state that a resume needs (the script builds its own TrainingArguments), and cannot be loaded safely.
@@ -185,6 +185,12 @@ class HFStore:
         for n in files:
             if n.endswith((".pt", ".pth", ".bin")):
                 _loads_safely(os.path.join(local, n))
+            elif n.endswith(".json"):  # the Trainer json.loads these (trainer_state.json): strict and depth-capped here
+                try:
+                    with open(os.path.join(local, n), "rb") as f:
+                        parse_json(f.read(), n)
+                except Refused as e:
+                    raise TornCheckpoint(str(e)) from None
         return local
 
     def claim_attempt(self) -> int:
