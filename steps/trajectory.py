@@ -49,6 +49,22 @@ def first_divergence(ref: dict[int, dict[str, Any]], other: dict[int, dict[str, 
     return None
 
 
+START_FIELDS = ("weights_sha", "optim_sha")
+SEED_ADVICE = ("seed before the model is built (transformers.set_seed(seed) or torch.manual_seed(seed) before "
+               "from_config / from_pretrained / the model's constructor), then drill again")
+
+
+def start_of(records: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The `start` record of the role's fresh start (trainer/trajectory.py; the lowest attempt's), or None."""
+    starts = [r for r in records if r.get("event") == "start"]
+    return min(starts, key=lambda r: (r.get("attempt", 0), r.get("time", 0))) if starts else None
+
+
+def first_start_difference(a: dict[str, Any], b: dict[str, Any]) -> str | None:
+    """The first of START_FIELDS that both records hold and that differs."""
+    return next((f for f in START_FIELDS if f in a and f in b and a[f] != b[f]), None)
+
+
 def check(reference: list[dict[str, Any]], replay: list[dict[str, Any]],
           trial: list[dict[str, Any]]) -> dict[str, Any]:
     """The trajectory section of report.json.
@@ -57,13 +73,35 @@ def check(reference: list[dict[str, Any]], replay: list[dict[str, Any]],
     step where the replay leaves the reference (None: equal), `trial`: the same for the trial; `finding`:
     one sentence, or None when all three agree."""
     roles = {"reference": by_step(reference), "replay": by_step(replay), "trial": by_step(trial)}
+    starts = {"reference": start_of(reference), "replay": start_of(replay), "trial": start_of(trial)}
     missing = [role for role, steps in roles.items() if not recorded(steps)]
-    out: dict[str, Any] = {"recorded": not missing, "missing": missing, "replay": None, "trial": None,
+    no_start = [role for role, rec in starts.items() if rec is None]
+    out: dict[str, Any] = {"recorded": not missing and not no_start, "missing": sorted(set(missing) | set(no_start)),
+                           "replay": None, "trial": None,
                            "steps_compared": len(roles["reference"].keys() & roles["trial"].keys()),
                            "finding": None}
-    if missing:
-        out["finding"] = (f"the trajectory is missing: the step records of {', '.join(missing)} lack batch_sha "
-                          "and rng_sha (trainer/trajectory.py; the HF callback writes them)")
+    # The exact start first: two fresh starts of one seed that begin from different models leave nothing
+    # to certify at any tier, however close their checkpoints end (an integer hash sees what a floor absorbs).
+    ref0, rep0, tri0 = starts["reference"], starts["replay"], starts["trial"]
+    field = first_start_difference(ref0, rep0) if ref0 and rep0 else None
+    if field:
+        what = "initial model" if field == "weights_sha" else "initial optimizer state"
+        out["replay"] = {"step": 0, "field": field, "reference": ref0[field], "other": rep0[field],
+                         "cause": f"the {what} differs at every start"}
+        out["finding"] = (f"not certifiable: the {what} differs at every start (the reference's and its replay's "
+                          f"{field} differ before their first step): {SEED_ADVICE}")
+        return out
+    if missing or no_start:
+        lacks = ([f"the step records of {', '.join(missing)} lack batch_sha and rng_sha"] if missing else []) + \
+                ([f"{', '.join(no_start)} wrote no start record (weights_sha)"] if no_start else [])
+        out["finding"] = (f"the trajectory is missing: {'; '.join(lacks)} (trainer/trajectory.py; the HF callback "
+                          "writes them)")
+        return out
+    field = first_start_difference(ref0, tri0)
+    if field:
+        out["trial"] = {"step": 0, "field": field, "reference": ref0[field], "other": tri0[field],
+                        "cause": "the trial started from another initial model"}
+        out["finding"] = f"step 0: the trial started from another initial model ({field} differs)"
         return out
     start = first_divergence(roles["reference"], roles["replay"])
     if start:

@@ -167,18 +167,21 @@ def baseline_doubts(tier: int, baseline: dict[str, dict[str, list[int]]], trial_
 
 def comebacks(evictions: dict[str, Any], trial: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Each eviction: the pod (and node of the group) it ended, how that pod ended, and how long the group
-    took to come back: from the eviction to the first step record of a later attempt (None: it never did)."""
+    took to come back (`back_s`): from the eviction's request (its `time` in evictions.json) to the first
+    step record of a later attempt written after that request; never negative. None: it never came back,
+    or the eviction has no time."""
     out = []
     for ev in evictions.get("evictions", []):
+        at = ev.get("time") if isinstance(ev.get("time"), int | float) and not isinstance(ev.get("time"), bool) else None
         after = [r for r in trial if r.get("event") == "step" and isinstance(r.get("attempt"), int)
                  and isinstance(ev.get("attempt"), int) and r["attempt"] > ev["attempt"]
-                 and isinstance(r.get("time"), int | float)]
+                 and isinstance(r.get("time"), int | float) and at is not None and r["time"] >= at]
         first = min(after, key=lambda r: r["time"], default=None)
         ended = ev.get("ended") or {}
         out.append({"point": ev.get("point"), "pod": ev.get("pod"), "node": ev.get("node"),
                     "attempt": ev.get("attempt"), "exit_code": ended.get("exit_code"),
-                    "back_s": round(first["time"] - ev["time"], 2) if first and isinstance(ev.get("time"), int | float)
-                    else None, "back_at_step": first["step"] if first else None})
+                    "back_s": round(first["time"] - at, 2) if first and at is not None else None,
+                    "back_at_step": first["step"] if first else None})
     return out
 
 

@@ -128,6 +128,7 @@ class BatonCallback(TrainerCallback):
         self.prefetch: PrefetchRng | None = None
         self.rng_at_step_begin = 0
         self._hooked = False
+        self.fresh = False  # a fresh start (no checkpoint to resume): its first on_train_begin writes `start`
 
     # -- records --
     def emit(self, event: str, step: int, **fields: Any) -> None:
@@ -155,7 +156,9 @@ class BatonCallback(TrainerCallback):
                              "state that an exact resume needs")
         if torch.cuda.is_available() and args.device.type == "cuda":
             self.preempt.device = args.device  # the stop all-reduce runs on NCCL there
-        attempt = self.store.claim_attempt() if self.rank == 0 else 0
+        # Rank 0 claims; every rank records the same attempt (a node's first rank writes its pod's records,
+        # and verify counts them by attempt: attempt 0 on node 1 read as "trained without a resume record").
+        attempt = collectives.broadcast(self.store.claim_attempt() if self.rank == 0 else None)
         self.rec = Records(self.run_id, attempt, self.rank)
         bound = self.faults.collective_timeout(self.preempt.grace).total_seconds()
         if self.world > 1 and self.rank == 0 and args.ddp_timeout > bound:
@@ -189,6 +192,7 @@ class BatonCallback(TrainerCallback):
             raise StoreUnreachable(unreachable)
         if step is None:
             self.emit("resume", 0, from_step=0, fresh=True)
+            self.fresh = True  # on_train_begin writes the exact start, once the optimizer exists
             return None
         if not self.shared_disk:
             local = self._fetch_on_every_node(step)
@@ -268,6 +272,9 @@ class BatonCallback(TrainerCallback):
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         self._setup(args)
+        if self.fresh and model is not None:  # the exact start (trainer/trajectory.py): before any step
+            self.emit(trajectory.START_EVENT, 0, **trajectory.start_digests(model, kwargs.get("optimizer")))
+            self.fresh = False
         if model is not None and not self._hooked:
             # Every micro-batch's inputs, and whether the raw loss (before HF's logging_nan_inf_filter
             # replaces a non-finite one) stayed finite: read once a step, in on_log.

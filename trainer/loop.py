@@ -212,6 +212,8 @@ class Trainer:
                 self._pretrained_fallback()
             self.times["restore_s"] = round(time.perf_counter() - t, 3)
             self.emit("resume", 0, from_step=0, fresh=True, phases=self.times, corpus=self.packing)
+            # The exact start: what the drill compares between two fresh starts (trainer/trajectory.py).
+            self.emit(trajectory.START_EVENT, 0, **trajectory.start_digests(self.model, self.optim))
             log("no committed checkpoint: starting fresh")
             return
         step, manifest = resumed.step, resumed.manifest

@@ -117,3 +117,48 @@ class InputDigest:
         acc, finite = self._acc, self._finite
         self._acc = self._finite = None
         return (int(acc.item()) if acc is not None else 0), (bool(finite.item()) if finite is not None else True)
+
+
+# ---- the exact start ---------------------------------------------------------------------------------------
+
+START_EVENT = "start"
+"""The record a fresh start writes before its first step: `weights_sha` and `optim_sha` (start_digests).
+The drill compares the reference's with its replay's: two fresh starts of one seed must begin from the same
+model, or nothing can be certified (a resume bug would hide in the difference, at Tier 2 in the floor)."""
+
+
+def _full(t: torch.Tensor) -> torch.Tensor:
+    """The whole tensor of a parameter or state entry, gathered across shards (collective for a DTensor:
+    every rank calls this for the same names in the same order)."""
+    full = getattr(t, "full_tensor", None)
+    return full() if callable(full) else t
+
+
+def start_digests(model: torch.nn.Module, optim: torch.optim.Optimizer | None = None) -> dict[str, str]:
+    """sha256 (hex) of the full initial trainable weights, each in its stored dtype, by name in sorted
+    order; and of the optimizer's state if it holds any (its tensors full, its hyperparameters as JSON).
+    Collective on a sharded model: call it on every rank."""
+    import json
+
+    h = hashlib.sha256()
+    for name, p in sorted(model.named_parameters(), key=lambda kv: kv[0]):
+        if not p.requires_grad:
+            continue
+        t = _full(p.detach())
+        h.update(f"{name}:{t.dtype}:{tuple(t.shape)}".encode())
+        h.update(_tensor_bytes(t))
+    out = {"weights_sha": h.hexdigest()}
+    if optim is not None:
+        o = hashlib.sha256()
+        names = {id(p): n for n, p in model.named_parameters()}
+        groups = [{k: v for k, v in g.items() if k != "params" and isinstance(v, (int, float, str, bool, list, tuple))}
+                  for g in optim.param_groups]
+        o.update(json.dumps(groups, sort_keys=True, default=str).encode())
+        for p in sorted((p for g in optim.param_groups for p in g["params"]), key=lambda p: names.get(id(p), "")):
+            for key, value in sorted(optim.state.get(p, {}).items()):
+                if isinstance(value, torch.Tensor):
+                    v = _full(value.detach())
+                    o.update(f"{names.get(id(p), '?')}.{key}:{v.dtype}:{tuple(v.shape)}".encode())
+                    o.update(_tensor_bytes(v))
+        out["optim_sha"] = o.hexdigest()
+    return out

@@ -89,6 +89,8 @@ def test_every_checkpoint_refused_falls_back_to_the_pretrained_weights(tiny_mode
     assert [r["step"] for r in recs if r["event"] == "checkpoint_refused"] == [2]
     resume = [r for r in recs if r["event"] == "resume"][0]
     assert resume.get("fresh") and "load_verify_s" in resume["phases"]
+    (start,) = [r for r in recs if r["event"] == "start"]  # the exact start, before the first step
+    assert len(start["weights_sha"]) == len(start["optim_sha"]) == 64
     assert "reading the pretrained weights" in err
     first = [r for r in recs if r["event"] == "step"][0]
     assert first["step"] == 1 and first["since_process_start_s"] > 0
