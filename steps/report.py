@@ -4,6 +4,7 @@ the evictions marked)."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from pathlib import Path
@@ -100,11 +101,14 @@ def summary(report: dict[str, Any]) -> str:
     if report["tier"] == 1:
         unit = "tensors" if report.get("format", "dcp") == "dcp" else "entries (tensors and values)"
         lines.append(f"bit-identical: {report['tensors']} {unit}" if report["equivalent"] else
-                     f"NOT bit-identical: {report.get('equal_tensors', 0)}/{report['tensors']} entries equal, "
-                     f"max |diff| {report['max_abs_diff']:.3g}")
+                     f"NOT bit-identical: {report['tensors'] - report.get('equal_tensors', 0)} of {report['tensors']} "
+                     f"entries differ" + (f", max |diff| {report['max_abs_diff']:.3g}"
+                                          if math.isfinite(report["max_abs_diff"]) else " (a non-float entry among them)"))
     else:
-        lines.append(f"tier 2: max |diff| {report['max_abs_diff']:.3g} against a floor of {report['floor']:.3g}: "
-                     + ("within the floor" if report["equivalent"] else "ABOVE the floor"))
+        ratio = report.get("diff_over_floor")
+        lines.append(f"tier 2: L2 distance {ratio:.3g}x the floor: " if isinstance(ratio, (int, float)) else
+                     f"tier 2: max |diff| {report['max_abs_diff']:.3g} against a floor of {report['floor']:.3g}: ")
+        lines[-1] += "within the floor" if report["equivalent"] else "ABOVE the floor"
     for reason in report.get("inconclusive", []):
         lines.append(f"inconclusive: {reason}")
     lines.append("drill PASSED" if report.get("passed") else

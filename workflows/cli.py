@@ -49,6 +49,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     overrides = parse_params(rest)
     if "trainer" in overrides:
         overrides["trainer"] = script_from_here(overrides["trainer"], Path.cwd())
+    if "config" in overrides:
+        overrides["config"] = config_from_here(overrides["config"], Path.cwd())
     if chaos_n and "retry_limit" not in overrides:  # room for every eviction and every chaos deletion, and more
         evictions = int(values_of(overrides)["evictions"]) if values_of(overrides)["evictions"].isdigit() else 0
         overrides["retry_limit"] = str(default_retry_limit(evictions, chaos_n))
@@ -115,6 +117,21 @@ def script_from_here(trainer: str, cwd: Path) -> str:
     return trainer
 
 
+def config_from_here(config: str, cwd: Path) -> str:
+    """`-p config=ft.yaml` as the caller means it, like `-p trainer`: a relative path is taken from the caller's
+    folder and made absolute (the local pods run in baton's root). A config that does not exist there is
+    an error naming it, before any pod starts."""
+    path = Path(config)
+    if path.is_absolute():
+        if not path.is_file():
+            raise SystemExit(f"error: -p config={config}: no such file")
+        return config
+    if (cwd / path).is_file():
+        return str((cwd / path).resolve())
+    raise SystemExit(f"error: -p config={config}: no such file in {cwd} (a relative path is taken from the "
+                     "folder you run from)")
+
+
 # `run` only: the local runner's own options, not workflow parameters (a cluster has its own chaos).
 LOCAL_PARAMETERS = {
     "chaos": "pods to delete at random among every step of the drill, at random moments (workflows/chaos.py)",
@@ -144,6 +161,19 @@ def _local_params(items: list[str]) -> tuple[dict[str, str], list[str]]:
     return local, rest
 
 
+def parameters_help() -> str:
+    """The -p parameters, for `run --help`: the workflow's (workflows/params.py, with their defaults) and the
+    runner's own."""
+    from workflows.params import PARAMETERS
+
+    lines = ["workflow parameters (-p NAME=VALUE; default in brackets):"]
+    for name, (default, help_text) in PARAMETERS.items():
+        lines.append(f"  {name:<24} {help_text} [{default}]")
+    lines.append("the local runner's own:")
+    lines += [f"  {name:<24} {help_text}" for name, help_text in LOCAL_PARAMETERS.items()]
+    return "\n".join(lines)
+
+
 def drill_summary(report: dict[str, Any]) -> str:
     from steps.report import summary
 
@@ -158,7 +188,8 @@ def main(argv: list[str] | None = None) -> int:
     rd.add_argument("-p", "--param", action="append", default=[], metavar="NAME=VALUE",
                     help="parameter values to render (checked as for submit; -p queue=Q adds the Kueue label)")
     sub.add_parser("write-templates", help="regenerate templates/*.yaml")
-    r = sub.add_parser("run", help="run the rendered workflow on this machine")
+    r = sub.add_parser("run", help="run the rendered workflow on this machine", epilog=parameters_help(),
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     r.add_argument("--out", default="out/drill", help="folder for the report, logs and the local bucket")
     r.add_argument("--force", action="store_true", help="clear --out first if it is not empty")
     r.add_argument("-p", "--param", action="append", default=[], metavar="NAME=VALUE",
