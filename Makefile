@@ -1,4 +1,5 @@
-# Every target sets up .venv by itself (idempotent); torch stays pinned to the CPU build on disk.
+# Every target sets up .venv by itself (idempotent). torch is pinned to 2.13.0, PyPI's CUDA build (several
+# GB of CUDA libraries, which run on a CPU too): a fresh install takes about 3 minutes here (docs/results.md).
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PYTEST := $(PY) -m pytest
@@ -6,14 +7,14 @@ STAMP  := $(VENV)/.installed
 OUT    ?= out/drill
 
 .PHONY: install test test-unit test-dist test-workflow test-gpu drill render templates lint bench \
-        image gke-up gke-destroy e2e-kind gpu-check clean
+        image gke-up gke-destroy e2e-kind cluster-build gpu-check clean
 
 install: $(STAMP)
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	# Pinned first and alone: an unpinned torch would pull a CUDA build of several GB.
+	# Pinned first and alone, so that nothing else decides its version.
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $(STAMP)
@@ -64,6 +65,10 @@ gke-destroy:
 
 e2e-kind:
 	bash infra/scripts/e2e-kind.sh
+
+# ---- the real control plane on this machine (see infra/local/README.md): built from Go modules, cached ----
+cluster-build:
+	bash infra/local/build.sh
 
 # ---- benchmarks (not tests: nothing asserts on time; writes docs/results.md) ----
 bench: install

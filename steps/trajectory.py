@@ -91,13 +91,11 @@ def check(reference: list[dict[str, Any]], replay: list[dict[str, Any]],
         out["finding"] = (f"not certifiable: the {what} differs at every start (the reference's and its replay's "
                           f"{field} differ before their first step): {SEED_ADVICE}")
         return out
-    if missing or no_start:
-        lacks = ([f"the step records of {', '.join(missing)} lack batch_sha and rng_sha"] if missing else []) + \
-                ([f"{', '.join(no_start)} wrote no start record (weights_sha)"] if no_start else [])
-        out["finding"] = (f"the trajectory is missing: {'; '.join(lacks)} (trainer/trajectory.py; the HF callback "
-                          "writes them)")
+    if missing:
+        out["finding"] = (f"the trajectory is missing: the step records of {', '.join(missing)} lack batch_sha "
+                          "and rng_sha (trainer/trajectory.py; the HF callback writes them)")
         return out
-    field = first_start_difference(ref0, tri0)
+    field = first_start_difference(ref0, tri0) if ref0 and tri0 else None
     if field:
         out["trial"] = {"step": 0, "field": field, "reference": ref0[field], "other": tri0[field],
                         "cause": "the trial started from another initial model"}
@@ -114,4 +112,7 @@ def check(reference: list[dict[str, Any]], replay: list[dict[str, Any]],
     if left:
         out["trial"] = {**left, "cause": TRIAL_CAUSE[left["field"]]}
         out["finding"] = f"step {left['step']}: {TRIAL_CAUSE[left['field']]}"
+    elif no_start:  # the trajectory agrees, but the exact start cannot be checked: not certifiable at Tier 2
+        out["finding"] = (f"the trajectory is missing: {', '.join(no_start)} wrote no start record (weights_sha; "
+                          "trainer/trajectory.py, the HF callback writes it)")
     return out

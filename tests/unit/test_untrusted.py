@@ -317,3 +317,21 @@ def test_record_text_lands_in_report_md_as_text_never_as_markup():
     # The control: the same text raw, as report.md was built before, holds a PASS heading and the comment.
     raw = text.replace(text[text.index("| 3 |"):text.index("\n", text.index("| 3 |"))], f"| 3 | {forged} |")
     assert "\n# baton equivalence drill: PASS" in raw and "<!--" in raw
+
+
+def test_compare_reports_a_final_checkpoint_with_a_missing_data_file_instead_of_a_traceback(tmp_path):
+    """DCP raises CheckpointException (a BaseException) for a missing data file; compare turns it into a
+    problem naming the role. Control: the intact roots compare equal."""
+    import shutil
+
+    from steps.compare import compare
+
+    _committed_step(tmp_path / "reference")
+    for role in ("replay", "trial"):
+        shutil.copytree(tmp_path / "reference" / "root", tmp_path / role / "root")
+    roots = {role: f"file://{tmp_path / role / 'root'}" for role in ("reference", "replay", "trial")}
+    assert compare(roots["reference"], roots["replay"], roots["trial"], tier="1")["equivalent"] is True
+    folder = tmp_path / "trial" / "root" / "runs" / "run" / "step-00000001"
+    next(p for p in folder.iterdir() if p.suffix == ".distcp").unlink()
+    result = compare(roots["reference"], roots["replay"], roots["trial"], tier="1")
+    assert result["equivalent"] is False and result["problem"].startswith("trial: "), result
