@@ -102,6 +102,8 @@ cleanup() {
   if [ -n "$child" ] && kill -0 "$child" 2>/dev/null; then
     # shellcheck disable=SC2046
     kill -TERM $(descendants "$child") "$child" 2>/dev/null || true
+    # shellcheck disable=SC2046
+    kill -CONT $(descendants "$child") "$child" 2>/dev/null || true
   fi
   rm -rf "$work"
 }
@@ -109,6 +111,7 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 mkdir -p "$work/bin" "$work/crds"
 figures="$work/build-figures.txt"
+row='%-24s %7s %8s %7s %16s %12s %8s\n'
 timer=""
 if [ -x /usr/bin/time ]; then
   timer=/usr/bin/time
@@ -118,9 +121,11 @@ fi
 {
   echo "# $key"
   echo "# Go $have_go, $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GB", $2/1048576}' /proc/meminfo), go build -p=${BATON_BUILD_JOBS:-2}, $(date -u +%Y-%m-%dT%H:%M:%SZ)"
-  echo "# seconds: wall time of the go build; max_proc_rss_mb: the largest single process (compile or link, from"
-  echo "# /usr/bin/time); tree_rss_mb: the sum over the go build's process tree, sampled every second; size_mb: the binary"
-  printf '%-24s %8s %16s %12s %8s\n' binary seconds max_proc_rss_mb tree_rss_mb size_mb
+  echo "# wall_s: wall time of the go command; paused_s: the part of it during which it was seen stopped (SIGSTOP"
+  echo "# from outside, or this script itself stopped); cpu_s: user+system CPU of the go command and its children;"
+  echo "# max_proc_rss_mb: the largest single process (compile or link; /usr/bin/time); tree_rss_mb: the summed RSS"
+  echo "# of the go command's process tree, sampled every second; size_mb: the binary"
+  printf "$row" binary wall_s paused_s cpu_s max_proc_rss_mb tree_rss_mb size_mb
 } > "$figures"
 
 # descendants PID: the process ids below PID.
@@ -139,13 +144,13 @@ tree_rss() {
                               if (q == top) sum += rss[p] } print sum + 0 }'
 }
 
-# run_timed NAME DIR CMD...: run CMD in DIR; set $secs, $max_rss (kB) and $tree_peak (kB).
+# run_timed NAME DIR CMD...: run CMD in DIR; set $secs, $paused, $cpu (s), $max_rss and $tree_peak (kB).
 run_timed() {
   local name="$1" dir="$2"; shift 2
-  local t0 pid peak=0 r rc=0
-  t0=$(date +%s)
+  local t0 pid peak=0 r rc=0 now last state u sy
+  t0=$(date +%s); last=$t0; paused=0
   if [ -n "$timer" ]; then
-    (cd "$dir" && exec "$timer" -f "%M" -o "$work/$name.rss" "$@") &
+    (cd "$dir" && exec "$timer" -f "%U %S %M" -o "$work/$name.time" "$@") &
   else
     (cd "$dir" && exec "$@") &
   fi
@@ -154,14 +159,21 @@ run_timed() {
   while kill -0 "$pid" 2>/dev/null; do
     r="$(tree_rss "$pid")"
     [ "$r" -le "$peak" ] || peak="$r"
+    # Paused: a gap in this loop (the script was stopped), or the go command seen stopped.
+    now=$(date +%s)
+    [ $(( now - last )) -le 3 ] || paused=$(( paused + now - last - 1 ))
+    last=$now
+    state="$(ps -o stat= -p "$pid" --ppid "$pid" 2>/dev/null || true)"
+    case "$state" in *T*) paused=$(( paused + 1 )) ;; esac
     sleep 1
   done
   wait "$pid" || rc=$?
   child=""
   secs=$(( $(date +%s) - t0 ))
-  max_rss="n/a"
-  if [ -n "$timer" ] && [ -s "$work/$name.rss" ]; then
-    max_rss="$(tail -1 "$work/$name.rss")"
+  cpu="n/a"; max_rss="n/a"
+  if [ -n "$timer" ] && [ -s "$work/$name.time" ]; then
+    read -r u sy max_rss < <(tail -1 "$work/$name.time")
+    cpu="$(awk -v u="$u" -v s="$sy" 'BEGIN { printf "%.0f", u + s }')"
   fi
   tree_peak="$peak"
   return "$rc"
@@ -177,8 +189,9 @@ build() {
   fi
   size=$(stat -c %s "$work/bin/$name")
   mb="n/a"; [ "$max_rss" = "n/a" ] || mb=$(( max_rss / 1024 ))
-  printf '%-24s %8s %16s %12s %8s\n' "$name" "$secs" "$mb" "$(( tree_peak / 1024 ))" "$(( size / 1048576 ))" >> "$figures"
-  echo "[build] $name: done in ${secs} s (largest process ${mb} MB, process tree ${tree_peak:+$(( tree_peak / 1024 ))} MB), $(( size / 1048576 )) MB"
+  # shellcheck disable=SC2059
+  printf "$row" "$name" "$secs" "$paused" "$cpu" "$mb" "$(( tree_peak / 1024 ))" "$(( size / 1048576 ))" >> "$figures"
+  echo "[build] $name: done in ${secs} s (${paused} s of it paused; CPU ${cpu} s; largest process ${mb} MB, process tree $(( tree_peak / 1024 )) MB), $(( size / 1048576 )) MB"
 }
 
 # fetch NAME DIR PACKAGES...: download the modules the packages need, timed apart from the compiling.
@@ -189,7 +202,8 @@ fetch() {
     echo "error: fetching the modules of $name failed (in $dir)" >&2
     exit 1
   fi
-  printf '%-24s %8s %16s %12s %8s\n' "(fetch $name)" "$secs" "-" "-" "-" >> "$figures"
+  # shellcheck disable=SC2059
+  printf "$row" "(fetch $name)" "$secs" "$paused" "$cpu" - - - >> "$figures"
   echo "[build] $name: modules fetched in ${secs} s"
 }
 
@@ -260,7 +274,7 @@ for cmd in "${ARGO_CMDS[@]}"; do
 done
 cp "$work/argo-src/manifests/base/crds/full/"argoproj.io_*.yaml "$work/crds/"
 cp -r "$work/argo-src/manifests" "$work/argo-manifests"
-rm -rf "$work/argo-src" "$work"/*.rss "$work"/*.json
+rm -rf "$work/argo-src" "$work"/*.time "$work"/*.json
 
 # --- Each binary says the version it was built as, before the cache is stamped.
 check_version() {
@@ -277,7 +291,8 @@ check_version argo "argo: $ARGO_VERSION" version
 check_version argoexec "argoexec: $ARGO_VERSION" version
 
 total=$(( $(date +%s) - start ))
-printf '%-24s %8s\n' total "$total" >> "$figures"
+# shellcheck disable=SC2059
+printf "$row" total "$total" - - - - - >> "$figures"
 {
   echo "key=$key"
   echo "k8s=$K8S_VERSION etcd=$ETCD_VERSION argo=$ARGO_VERSION go=$have_go"
