@@ -239,8 +239,9 @@ def _resume(out: str | None, points: list[int]) -> list[dict]:
         earlier = read_json(out)
     except (OSError, ValueError):
         return []
-    if earlier.get("points") != points:
-        return []
+    evs = earlier.get("evictions")
+    if earlier.get("points") != points or not isinstance(evs, list) or not all(isinstance(e, dict) for e in evs):
+        return []  # another plan, or a file that is not this step's (read as untrusted: steps/evidence.py)
     print(f"[evict] resuming after {len(earlier['evictions'])} evictions recorded by an earlier attempt",
           file=sys.stderr)
     return list(earlier["evictions"])

@@ -170,6 +170,7 @@ class BatonCallback(TrainerCallback):
         """The local folder of the newest committed checkpoint that verifies (fetched from the bucket
         when it lives there), or None for a fresh start. Rank 0 chooses; every rank gets its answer."""
         self._setup(args)
+        self.preempt.phase = "restore"  # what a signal met: the `preempt` record's `during`
         assert self.store is not None
         chosen: list[Any] = [None, None, None]  # step, local folder, why the store could not be read
         if self.rank == 0:
@@ -272,6 +273,7 @@ class BatonCallback(TrainerCallback):
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         self._setup(args)
+        self.preempt.phase = "step"
         if self.fresh and model is not None:  # the exact start (trainer/trajectory.py): before any step
             self.emit(trajectory.START_EVENT, 0, **trajectory.start_digests(model, kwargs.get("optimizer")))
             self.fresh = False
@@ -296,6 +298,8 @@ class BatonCallback(TrainerCallback):
         control.should_log = True  # every step gets its loss, and its record, in on_log
         if state.global_step >= state.max_steps:
             control.should_save = True  # the final checkpoint, whatever the save strategy
+        if control.should_save:  # HF writes the checkpoint next, then on_save commits it
+            self.preempt.phase = "save"
         return control
 
     def on_log(self, args, state, control, logs=None, **kwargs):
@@ -375,13 +379,15 @@ class BatonCallback(TrainerCallback):
                 self._emit_preempt(step, url, started)
         else:
             self._save_failed(step, reason, error, control)
+        self.preempt.phase = "step"
         return control
 
     def _emit_preempt(self, step: int, url: str, started: float) -> None:
         save_ms = round((time.perf_counter() - started) * 1000, 1)
         self.emit("preempt", step, signal=self.preempt.signal_name, save_ms=save_ms,
                   grace_left_s=round(self.preempt.grace_left(), 2), grace_s=self.preempt.grace, exit=EXIT_PREEMPTED,
-                  checkpoint=url, already_committed=False, outcome="saved", warning=False)
+                  checkpoint=url, already_committed=False, outcome="saved", warning=False,
+                  during=self.preempt.during)
 
     def _upload_other_nodes(self, step: int) -> tuple[dict[str, Any], str | None]:
         """On nodes that share no disk: each other node's first rank uploads the files of this checkpoint

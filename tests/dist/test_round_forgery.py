@@ -153,3 +153,39 @@ def test_a_peers_pickle_runs_under_torchs_object_collectives_and_never_under_bat
     else:
         assert not marker.exists(), "a peer's pickle ran"
         assert "REFUSED broadcast" in p.stdout and "REFUSED gather" in p.stdout, p.stdout
+
+
+def _node1_workflow(rounds, key_value: str) -> dict:
+    """One pod under the local runner: node 1 of a group, its key from the container's env as the drill
+    renders it (`{{workflow.uid}}`), waiting for node 0's round in `rounds`."""
+    args = ["-m", "steps.train", "--nnodes", "2", "--node-rank", "1", "--rendezvous", str(rounds),
+            "--rendezvous-timeout", "3", "--nproc", "1"]
+    return {"apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow", "metadata": {"generateName": "forged-"},
+            "spec": {"entrypoint": "main",
+                     "templates": [{"name": "main", "dag": {"tasks": [{"name": "trial", "template": "node1"}]}},
+                                   {"name": "node1", "container": {
+                                       "image": "baton:test", "command": [PY], "args": args,
+                                       "env": [{"name": "BATON_ROUND_KEY", "value": key_value}]}}]}}
+
+
+def test_under_run_a_forged_round_file_is_refused_and_the_signed_one_is_joined(tmp_path, listener):
+    """The local runner gives the pod the Workflow's uid as its key, as Argo does: a file planted in the
+    bucket beforehand, which cannot know that uid, is refused (the pod joins nothing and ends with 75).
+    Control: the same runner with a key the planter knows joins the planted round."""
+    import io
+
+    from workflows.local import run_workflow
+
+    rounds = tmp_path / "bucket" / "rounds" / "trial"
+    plant(rounds, listener.port, None)  # unsigned
+    forged = rounds / "node-0.json"
+    guess = group._mac(KEY.encode(), str(rounds), "node-0.json", json.loads(forged.read_text()))
+    forged.write_text(json.dumps({**json.loads(forged.read_text()), "mac": guess}))  # signed with a guessed key
+    res = run_workflow(_node1_workflow(rounds, "{{workflow.uid}}"), tmp_path / "out", progress=io.StringIO(),
+                       cwd=REPO, env={"PYTHONPATH": str(REPO)})
+    assert res.phase == "Failed" and listener.connections == 0
+    log = next((tmp_path / "out").rglob("*.log")).read_text()
+    assert "no round of node 0 to join (timeout)" in log, log[-2000:]
+    res = run_workflow(_node1_workflow(rounds, KEY), tmp_path / "out2", progress=io.StringIO(), cwd=REPO,
+                       env={"PYTHONPATH": str(REPO)})
+    assert listener.connections >= 1, "control: with the planter's key the pod joins the planted round"

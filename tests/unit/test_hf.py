@@ -75,6 +75,7 @@ def test_sigterm_mid_accumulation_then_at_a_boundary_exits_75_and_resume_is_bit_
     assert "1 micro-batch(es) into the next" in err
     (pre,) = [r for r in recs if r["event"] == "preempt"]
     assert (pre["step"], pre["signal"], pre["outcome"], pre["exit"]) == (4, "SIGTERM", "saved", 75)
+    assert pre["during"] == "step"  # mid-step (between micro-batches), as baton's own trainer records it
     assert steps_of(recs) == [1, 2, 3, 4]
     ckpts = [r for r in recs if r["event"] == "checkpoint"]
     assert [(c["step"], c["reason"]) for c in ckpts] == [(4, "preempt")]
