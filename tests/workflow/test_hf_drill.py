@@ -92,3 +92,18 @@ def test_the_trainer_parameter_reaches_every_training_step_as_one_argv_element()
             assert t["container"]["command"] == ["python"]  # no shell anywhere
             i = args.index("--trainer")
             assert args[i + 1] == "{{workflow.parameters.trainer}}"
+
+
+def test_an_hf_drill_across_two_nodes_passes_with_each_node_evicted_once(tmp_path):
+    """nodes=2 with the HF example: every node's records carry the true attempt (before the fix, a rank
+    other than 0 wrote attempt 0, and the drill failed with "trained without a resume record in
+    attempt(s) [0]" and "back after" a negative time)."""
+    out = tmp_path / "drill"
+    p = drill(out, "nodes=2", "evictions=2", "total_steps=48")
+    report = json.loads((out / "report.json").read_text())
+    assert p.returncode == 0 and report["passed"] is True, report["verdict"] + p.stderr[-3000:]
+    assert report["contract"] == [] and report["tier"] == 1 and report["differing"] == []
+    s = report["steps"]
+    assert (s["total"], s["distinct"], s["replayed"], s["preemptions"]) == (48, 48, 0, 2)
+    assert sorted(c["node"] for c in report["comebacks"]) == [0, 1]
+    assert all(c["exit_code"] == 75 and c["back_s"] is not None and c["back_s"] >= 0 for c in report["comebacks"])
