@@ -293,6 +293,12 @@ class BatonCallback(TrainerCallback):
         self.micro += 1
         hooks().at_point(self._point(state.global_step, self.micro))
 
+    def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
+        # The step's gradients exist (accumulated, clipped): the test seam baton's loop calls after each
+        # backward (trainer/hooks.py; tests/faultfs's BATON_NOISE), here once a step, as micro-batch 0.
+        if model is not None:
+            hooks().after_backward(model, state.global_step, 0, self.rank)
+
     def on_step_end(self, args, state, control, **kwargs):
         self.pending_step = state.global_step
         control.should_log = True  # every step gets its loss, and its record, in on_log

@@ -311,3 +311,20 @@ def test_failing_saves_go_on_then_end_with_75_a_store_down_at_resume_passes_over
     # All equal but the cadence the reference was saved with (every 5 steps), which trainer_state records.
     assert tri_step == TOTAL and differing == ["trainer_state.save_steps"]
     assert sum(isinstance(v, torch.Tensor) for v in tri.values()) > 100  # compare_flat: torch.equal on each
+
+
+def test_the_gradient_noise_seam_reaches_an_hf_script(tmp_path, tiny_model):
+    """BATON_NOISE (tests/faultfs) perturbs the HF Trainer's gradients too, through trainer/hooks.py at
+    on_pre_optimizer_step, so that Tier 2 can be tried on a CPU with one's own script: one seed gives one
+    run (a resume redraws the same noise), another seed another. Control: without the seam both seeds'
+    runs would be equal, as the two runs of one seed are."""
+    def model_of(seed: str, name: str) -> dict:
+        bucket = f"file://{tmp_path}/{name}"
+        rc, _, err = run(hf_cmd(tiny_model, bucket, "total_steps=4"), env=base_env(BATON_NOISE=f"1e-3,{seed}"))
+        assert rc == 0, err[-3000:]
+        _, (flat, _) = final(bucket)
+        return {k: v for k, v in flat.items() if k.startswith("model.")}
+
+    a, a2, b = model_of("1", "a"), model_of("1", "a2"), model_of("2", "b")
+    assert a and all(torch.equal(a[k], a2[k]) for k in a)
+    assert not all(torch.equal(a[k], b[k]) for k in a), "the noise did not reach the HF Trainer's gradients"
