@@ -58,7 +58,9 @@ from trainer.storage import StorageError
 def baton_args(argv: list[str] | None = None, description: str | None = None) -> Config:
     """The arguments every trainer under the drill gets, parsed: `--config FILE` and any number of `--set
     dotted.key=value` (baton's config schema, trainer/config.py: `seed`, `total_steps`, `model.dropout`,
-    `checkpoint.uri`, `checkpoint.every_steps`, ...). A bad config is one line on stderr and exit 1."""
+    `checkpoint.uri`, `checkpoint.every_steps`, ...). A bad config is one line on stderr and exit 1. The
+    script's own flags are left alone (parse_known_args): parse them with your own parser's
+    `parse_known_args()`, since `--config` and `--set` are on the same command line."""
     import argparse
     import sys
 
@@ -67,7 +69,7 @@ def baton_args(argv: list[str] | None = None, description: str | None = None) ->
     ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--config", required=True, help="YAML config in baton's schema")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
-    args = ap.parse_args(argv)
+    args, _theirs = ap.parse_known_args(argv)
     try:
         return load_config(args.config, args.overrides)
     except ConfigError as e:

@@ -62,3 +62,21 @@ def test_a_users_script_beside_its_own_trainer_py_runs_one_rank_without_ddp(tmp_
     assert p.returncode == 0, p.stderr[-3000:]
     assert "wrapped as Qwen2ForCausalLM" in p.stderr, p.stderr[-2000:]
     assert [r["event"] for r in records(p.stdout)][-1] == "done"
+
+
+def test_baton_args_leaves_the_scripts_own_flags_alone(tmp_path):
+    """A user's script with flags of its own: baton_args() parses --config and --set and ignores the rest,
+    which the script's own parser reads with parse_known_args. Control: a bad baton key is still refused."""
+    import argparse
+
+    from trainer.hf import baton_args
+
+    argv = ["--lr", "0.5", "--config", str(REPO / "trainer" / "configs" / "tiny.yaml"), "--set", "total_steps=7", "--warmup", "3"]
+    cfg = baton_args(argv)
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--lr", type=float)
+    ap.add_argument("--warmup", type=int)
+    mine, _ = ap.parse_known_args(argv)
+    assert cfg.total_steps == 7 and (mine.lr, mine.warmup) == (0.5, 3)
+    with pytest.raises(SystemExit):
+        baton_args([*argv, "--set", "no_such_key=1"])
