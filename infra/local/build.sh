@@ -257,6 +257,14 @@ fi
 argo_date="$(sed -n 's/.*"Time": *"\([^"]*\)".*/\1/p' "$(json_field "$work/argo.json" Info)" | head -1)"
 cp -r "$argo_mod" "$work/argo-src"
 chmod -R u+w "$work/argo-src"
+# In Argo's repository workflow/executor/osspecific/signal_linux.go is a symbolic link to signal_darwin.go.
+# Module zips leave symbolic links out, so without it argoexec fails on Linux with "undefined: Setpgid"
+# (argoproj/argo-workflows#9590 shows the link). Put the link back, as it is in the tagged tree.
+osdir="$work/argo-src/workflow/executor/osspecific"
+if [ ! -e "$osdir/signal_linux.go" ]; then
+  [ -f "$osdir/signal_darwin.go" ] || { echo "error: Argo $ARGO_VERSION has no $osdir/signal_darwin.go to link signal_linux.go to; see infra/local/README.md" >&2; exit 1; }
+  ln -s signal_darwin.go "$osdir/signal_linux.go"
+fi
 mkdir -p "$work/argo-src/ui/dist/app"
 cat > "$work/argo-src/ui/dist/app/index.html" <<'EOF'
 <!doctype html><title>Argo Workflows</title>

@@ -23,9 +23,9 @@ echo "[smoke] versions"
 for cmd in kube-apiserver kube-controller-manager kube-scheduler; do
   echo "  $cmd: $("$bin/$cmd" --version)"
 done
-echo "  argo: $("$bin/argo" version --short 2>/dev/null || "$bin/argo" version | head -1)"
-echo "  argoexec: $("$bin/argoexec" version 2>/dev/null | head -1)"
-echo "  workflow-controller: $("$bin/workflow-controller" --help 2>&1 | head -1)"
+echo "  $("$bin/argo" version 2>/dev/null | head -1)"
+echo "  $("$bin/argoexec" version 2>/dev/null | head -1)"
+echo "  workflow-controller --help: $("$bin/workflow-controller" --help 2>/dev/null | head -1)"
 
 tmp="$(mktemp -d /tmp/baton-smoke.XXXXXX)"
 pids=()
@@ -96,7 +96,9 @@ for i in $(seq 1 100); do
 done
 echo "[smoke] etcd healthy: $(curl -s "http://127.0.0.1:$etcd_client/version")"
 
-# --- kube-apiserver.
+# --- kube-apiserver. --endpoint-reconciler-type none: the default (lease) reconciler refuses a loopback
+# --advertise-address ("may not be in the loopback range"); with none, the default/kubernetes Service gets
+# no endpoints, which nothing in this check needs.
 echo "[smoke] kube-apiserver on 127.0.0.1:$api_port"
 t0=$(date +%s)
 "$bin/kube-apiserver" \
@@ -106,6 +108,7 @@ t0=$(date +%s)
   --service-account-issuer "https://127.0.0.1:$api_port" \
   --service-account-key-file "$tmp/sa.pub" --service-account-signing-key-file "$tmp/sa.key" \
   --service-cluster-ip-range 10.96.0.0/24 \
+  --endpoint-reconciler-type none \
   --authorization-mode RBAC --token-auth-file "$tmp/tokens.csv" \
   --profiling=false \
   > "$tmp/kube-apiserver.log" 2>&1 &
