@@ -297,7 +297,7 @@ class BatonCallback(TrainerCallback):
 
     def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
         # The step's gradients exist (accumulated, clipped): the test seam baton's loop calls after each
-        # backward (trainer/hooks.py; tests/faultfs's BATON_NOISE), here once a step, as micro-batch 0.
+        # backward (trainer/hooks.py; the gradient-noise seam of tests/faultfs), here once a step, as micro-batch 0.
         if model is not None:
             hooks().after_backward(model, state.global_step, 0, self.rank)
 
