@@ -26,6 +26,7 @@ from steps.verdict import ROLES, assemble, verdict_of  # noqa: F401 - verdict_of
 from steps.verify import evictions_record
 from trainer.checkpoint import CorruptCheckpoint, open_root
 from trainer.checkpoint.hf_read import BadCheckpoint
+from trainer.checkpoint.read import wrapped_failures
 from trainer.untrusted import Refused
 
 
@@ -73,9 +74,7 @@ def compare(reference: str, replay: str, trial: str, total_steps: int | None = N
 
 def failure(e: BaseException) -> str:
     """An exception as one line: its type and message, or the first failure a DCP CheckpointException wraps."""
-    inner = next(iter((getattr(e, "failures", None) or {}).values()), None)
-    if inner is not None:
-        e = inner[0] if isinstance(inner, tuple) else getattr(inner, "exc", e)
+    e = next(iter(wrapped_failures(e)), e)
     return f"{type(e).__name__}: {e}".splitlines()[0][:300]
 
 

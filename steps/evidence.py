@@ -43,9 +43,9 @@ _BY_EVENT: dict[str, dict[str, tuple[Any, str]]] = {
     "preempt": {"during": (lambda v: v is None or isinstance(v, str), _TEXT),
                 "save_ms": (lambda v: v is None or _is_number(v), _NUMBER),
                 "grace_left_s": (lambda v: v is None or _is_number(v), _NUMBER)},
+    "start": {"weights_sha": (lambda v: isinstance(v, str) and 0 < len(v) <= 128, _TEXT),
+              "optim_sha": (lambda v: isinstance(v, str) and 0 < len(v) <= 128, _TEXT)},
 }
-_BY_EVENT["start"] = {"weights_sha": (lambda v: isinstance(v, str) and 0 < len(v) <= 128, _TEXT),
-                      "optim_sha": (lambda v: isinstance(v, str) and 0 < len(v) <= 128, _TEXT)}
 _REQUIRED_BY_EVENT = {"start": ("weights_sha",), "resume": ("time",), "preempt": ("time",)}  # verify orders them by (attempt, time)
 
 

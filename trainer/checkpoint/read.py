@@ -274,15 +274,19 @@ class VerifyingReader(SafeReader):
 
 # ---- a whole checkpoint, without a process group (compare) ----------------------------------------------
 
+def wrapped_failures(e: BaseException) -> list[BaseException]:
+    """The ranks' exceptions that DCP's CheckpointException wraps (its `failures`: rank -> (exception,
+    traceback), or an object with `exc`), in rank order; [] for any other exception."""
+    inners = [w[0] if isinstance(w, tuple) else getattr(w, "exc", None)
+              for w in (getattr(e, "failures", None) or {}).values()]
+    return [x for x in inners if isinstance(x, BaseException)]
+
+
 def corrupt_reason(e: BaseException) -> str | None:
     """The message of a CorruptCheckpoint, raised directly or by a rank inside DCP's CheckpointException."""
     if isinstance(e, CorruptCheckpoint):
         return str(e)
-    for wrapped in (getattr(e, "failures", None) or {}).values():  # rank -> (exception, traceback)
-        inner = wrapped[0] if isinstance(wrapped, tuple) else getattr(wrapped, "exc", None)
-        if isinstance(inner, CorruptCheckpoint):
-            return str(inner)
-    return None
+    return next((str(x) for x in wrapped_failures(e) if isinstance(x, CorruptCheckpoint)), None)
 
 
 def load_flat(url: str, files: dict[str, dict[str, Any]] | None = None) -> dict[str, torch.Tensor]:

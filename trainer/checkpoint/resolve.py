@@ -17,7 +17,7 @@ import torch
 from torch.distributed.checkpoint.api import CheckpointException
 
 from trainer.checkpoint.layout import CorruptCheckpoint
-from trainer.checkpoint.read import corrupt_reason
+from trainer.checkpoint.read import corrupt_reason, wrapped_failures
 from trainer.checkpoint.store import CheckpointRefused, Store
 from trainer.collectives import broadcast, gather, rank, world
 from trainer.empty import unfilled
@@ -39,8 +39,7 @@ def _load_failure(e: BaseException) -> str:
     reason = corrupt_reason(e)
     if reason is not None:
         return reason
-    inners = [wrapped[0] if isinstance(wrapped, tuple) else getattr(wrapped, "exc", None)
-              for wrapped in (getattr(e, "failures", None) or {}).values()]  # rank -> (exception, traceback)
+    inners = wrapped_failures(e)
     # A store that failed while DCP read from it (an I/O error, a connection): not a reason to pass over
     # this checkpoint. "storage:" makes the caller raise a StorageError, which the resume retries
     # (trainer/faults.py). A missing file is the checkpoint's fault (its sizes were checked just before).
