@@ -1,0 +1,617 @@
+"""A real local control plane from the binaries that infra/local/build.sh caches.
+
+    python -m infra.local.cluster up        start etcd, kube-apiserver, kube-controller-manager, kube-scheduler,
+                                            Argo's workflow-controller and the node agent (infra/local/node.py)
+    python -m infra.local.cluster down      stop them all, by process id, in reverse order
+    python -m infra.local.cluster status    one line per component
+    python -m infra.local.cluster env       `export KUBECONFIG=...` lines for a shell (eval "$(... env)")
+
+State (certificates, tokens, kubeconfigs, etcd's data, logs/, pids.json) lives in
+${BATON_CLUSTER_STATE:-~/.cache/baton/cluster-state}. Every server listens on 127.0.0.1 only, on free ports
+chosen at each `up`, except Argo's workflow-controller health port, which Argo hard-codes to :6060 on every
+interface (docs/cluster-local.md).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+BUILD = REPO / "infra" / "local" / "build.sh"
+NAMESPACE = "baton"
+NODE_NAME = "baton-local"
+ARGO_VERSION = "v3.7.18"
+EXECUTOR_IMAGE = f"quay.io/argoproj/argoexec:{ARGO_VERSION}"
+# The Argo controller's health server: `http.ListenAndServe(":6060", nil)` in cmd/workflow-controller/main.go.
+ARGO_HEALTH_PORT = 6060
+# Every process a pod runs carries this variable, so that `down` finds what a crashed node agent left.
+POD_MARKER = "BATON_LOCAL_POD_OF"
+COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "workflow-controller",
+              "node-agent")
+# kube-controller-manager's controllers: what pods, service accounts and workflows need here. No node IPAM,
+# no volumes, no workload controllers (Argo creates bare pods).
+KCM_CONTROLLERS = ("serviceaccount-controller,serviceaccount-token-controller,namespace-controller,"
+                   "garbage-collector-controller,root-ca-certificate-publisher-controller,"
+                   "node-lifecycle-controller,pod-garbage-collector-controller,"
+                   "clusterrole-aggregation-controller,ttl-after-finished-controller")
+
+
+class ClusterError(Exception):
+    """An expected failure, reported as one line without a traceback."""
+
+
+def state_dir() -> Path:
+    return Path(os.environ.get("BATON_CLUSTER_STATE") or Path.home() / ".cache/baton/cluster-state")
+
+
+def binaries() -> Path:
+    """The cached build's folder, checked complete by build.sh itself."""
+    check = subprocess.run(["bash", str(BUILD), "--check"], capture_output=True, text=True)
+    if check.returncode != 0:
+        raise ClusterError(check.stderr.strip() or "the cluster binaries are not built: bash infra/local/build.sh")
+    out = subprocess.run(["bash", str(BUILD), "--print-dir"], capture_output=True, text=True, check=True)
+    return Path(out.stdout.strip())
+
+
+def kubectl() -> str:
+    path = os.environ.get("KUBECTL") or shutil.which("kubectl")
+    if not path:
+        raise ClusterError("no kubectl on PATH (or $KUBECTL): it installs the Argo CRDs and RBAC")
+    return path
+
+
+def free_port(taken: set[int]) -> int:
+    """A port the kernel says is free on 127.0.0.1 now (a race with another program is possible; the
+    component's start then fails with its log named)."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in taken and port != ARGO_HEALTH_PORT:
+            taken.add(port)
+            return port
+
+
+# --- certificates, tokens, kubeconfigs -------------------------------------------------------------------
+
+def _openssl(*args: str) -> None:
+    r = subprocess.run(["openssl", *args], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise ClusterError(f"openssl {args[0]} failed: {r.stderr.strip().splitlines()[-1:]}")
+
+
+def _signed(pki: Path, name: str, cn: str, ext: str, org: str = "") -> None:
+    """pki/name.{key,crt}: a key and a certificate signed by the cluster CA with the given extensions."""
+    subj = f"/CN={cn}" + (f"/O={org}" if org else "")
+    _openssl("req", "-new", "-newkey", "rsa:2048", "-nodes", "-subj", subj,
+             "-keyout", str(pki / f"{name}.key"), "-out", str(pki / f"{name}.csr"))
+    (pki / f"{name}.ext").write_text(ext + "\n")
+    _openssl("x509", "-req", "-in", str(pki / f"{name}.csr"), "-CA", str(pki / "ca.crt"), "-CAkey",
+             str(pki / "ca.key"), "-CAcreateserial", "-days", "3650", "-sha256",
+             "-extfile", str(pki / f"{name}.ext"), "-out", str(pki / f"{name}.crt"))
+
+
+def ensure_pki(pki: Path) -> None:
+    """A CA, the API server's and the node agent's serving certificates, the API server's client certificate
+    for the node agent, and the service-account key pair. Kept across `up`s (only 127.0.0.1 is named in them)."""
+    if (pki / ".complete").exists():
+        return
+    if pki.exists():
+        shutil.rmtree(pki)
+    pki.mkdir(parents=True, mode=0o700)
+    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "3650", "-subj", "/CN=baton-local-ca",
+             "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign",
+             "-keyout", str(pki / "ca.key"), "-out", str(pki / "ca.crt"))
+    # The in-cluster names are there because pods read KUBERNETES_SERVICE_HOST=127.0.0.1, and a client that
+    # dials kubernetes.default.svc still gets a certificate that names it.
+    _signed(pki, "apiserver", "kube-apiserver",
+            "subjectAltName=IP:127.0.0.1,IP:10.96.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,"
+            "DNS:kubernetes.default.svc\nextendedKeyUsage=serverAuth")
+    _signed(pki, "node", NODE_NAME, "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth")
+    _signed(pki, "apiserver-kubelet-client", "kube-apiserver-kubelet-client", "extendedKeyUsage=clientAuth",
+            org="system:masters")
+    _openssl("genrsa", "-out", str(pki / "sa.key"), "2048")
+    _openssl("rsa", "-in", str(pki / "sa.key"), "-pubout", "-out", str(pki / "sa.pub"))
+    for p in pki.iterdir():
+        p.chmod(0o600)
+    (pki / ".complete").write_text("")
+
+
+# user name, groups: one token each, in the API server's --token-auth-file.
+USERS = {
+    "admin": ("baton:admin", "system:masters"),
+    "kube-controller-manager": ("system:kube-controller-manager", ""),
+    "kube-scheduler": ("system:kube-scheduler", ""),
+    "workflow-controller": ("baton:workflow-controller", ""),
+    "node-agent": (f"system:node:{NODE_NAME}", "system:nodes"),
+}
+
+
+def ensure_tokens(state: Path) -> dict[str, str]:
+    path = state / "tokens.json"
+    tokens: dict[str, str] = json.loads(path.read_text()) if path.exists() else {}
+    for who in USERS:
+        tokens.setdefault(who, secrets.token_hex(24))
+    path.write_text(json.dumps(tokens, indent=1))
+    path.chmod(0o600)
+    lines = [f'{tokens[who]},{user},{who}-uid,"{groups}"' for who, (user, groups) in USERS.items()]
+    (state / "tokens.csv").write_text("\n".join(lines) + "\n")
+    (state / "tokens.csv").chmod(0o600)
+    return tokens
+
+
+def write_kubeconfig(path: Path, server: str, ca: Path, token: str, namespace: str = "default") -> None:
+    # JSON is YAML: client-go and kubectl read it as a kubeconfig.
+    cfg = {
+        "apiVersion": "v1", "kind": "Config", "current-context": "baton-local",
+        "clusters": [{"name": "baton-local", "cluster": {"server": server, "certificate-authority": str(ca)}}],
+        "users": [{"name": "baton-local", "user": {"token": token}}],
+        "contexts": [{"name": "baton-local",
+                      "context": {"cluster": "baton-local", "user": "baton-local", "namespace": namespace}}],
+    }
+    path.write_text(json.dumps(cfg, indent=1))
+    path.chmod(0o600)
+
+
+# --- processes -----------------------------------------------------------------------------------------
+
+def _start_time(pid: int) -> str | None:
+    """The process's start time in clock ticks (field 22 of /proc/PID/stat): with the pid, it names one
+    process, so a recycled pid is never signalled."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+def alive(entry: dict[str, Any]) -> bool:
+    start = _start_time(entry["pid"])
+    if start is None or start != entry["start"]:
+        return False
+    # A zombie has exited: it only waits to be reaped.
+    return Path(f"/proc/{entry['pid']}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def spawn(name: str, argv: list[str], state: Path, env: dict[str, str] | None = None) -> dict[str, Any]:
+    """Start one component in its own session (so `down` can signal its whole process group), its output
+    appended to logs/NAME.log."""
+    log = state / "logs" / f"{name}.log"
+    with open(log, "ab") as f:
+        f.write(f"\n=== {time.strftime('%Y-%m-%dT%H:%M:%S')} {' '.join(argv)}\n".encode())
+        f.flush()
+        p = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=REPO,
+                             env=env, start_new_session=True)
+    return {"pid": p.pid, "start": _start_time(p.pid), "log": str(log), "argv": argv}
+
+
+def stop(entry: dict[str, Any], grace: float = 10.0) -> None:
+    """SIGTERM the component's process group, SIGKILL it after `grace` seconds."""
+    if not alive(entry):
+        return
+    pid = entry["pid"]
+    try:
+        os.killpg(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and alive(entry):
+        _reap(pid)
+        time.sleep(0.1)
+    if alive(entry):
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        for _ in range(50):
+            _reap(pid)
+            if not alive(entry):
+                break
+            time.sleep(0.1)
+    _reap(pid)
+
+
+def _reap(pid: int) -> None:
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+
+
+def pod_processes(state: Path) -> list[int]:
+    """Processes that a node agent of this state folder started for pods (their environment says so)."""
+    mark = f"{POD_MARKER}={state}".encode()
+    found = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            if mark in (d / "environ").read_bytes().split(b"\0"):
+                found.append(int(d.name))
+        except OSError:
+            continue
+    return found
+
+
+# --- readiness -----------------------------------------------------------------------------------------
+
+_INSECURE = ssl.create_default_context()
+_INSECURE.check_hostname = False
+_INSECURE.verify_mode = ssl.CERT_NONE
+
+
+def _get(url: str, token: str | None = None, ca: Path | None = None) -> str:
+    """The body of a GET, or '' on any error. Health ports of the controller manager and scheduler serve
+    self-signed certificates they make themselves, so those are read without verification (loopback only)."""
+    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
+    ctx = ssl.create_default_context(cafile=str(ca)) if ca else _INSECURE
+    try:
+        with urllib.request.urlopen(req, timeout=5, context=ctx if url.startswith("https") else None) as r:
+            return r.read().decode(errors="replace")
+    except Exception:  # noqa: BLE001 -- any failure means "not ready yet"
+        return ""
+
+
+def wait_ready(name: str, entry: dict[str, Any], ready: Callable[[], bool], timeout: float) -> float:
+    t0 = time.monotonic()
+    while True:
+        if ready():
+            return time.monotonic() - t0
+        if not alive(entry):
+            raise ClusterError(f"{name} exited during start-up; see {entry['log']}")
+        if time.monotonic() - t0 > timeout:
+            raise ClusterError(f"{name} not ready after {timeout:.0f} s; see {entry['log']}")
+        time.sleep(0.3)
+
+
+def _listener_pids(port: int) -> set[int]:
+    out = subprocess.run(["ss", "-Htlnp", f"sport = :{port}"], capture_output=True, text=True).stdout
+    return {int(x.split("=")[1]) for x in out.replace(",", " ").split() if x.startswith("pid=")}
+
+
+class Cluster:
+    def __init__(self, state: Path):
+        self.state = state
+        self.pids_file = state / "pids.json"
+
+    # The state written by `up`: ports, and each component's process.
+    def load(self) -> dict[str, Any]:
+        if not self.pids_file.exists():
+            return {}
+        return json.loads(self.pids_file.read_text())
+
+    def save(self, info: dict[str, Any]) -> None:
+        tmp = self.pids_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(info, indent=1))
+        tmp.replace(self.pids_file)
+
+    def health(self, info: dict[str, Any]) -> dict[str, str]:
+        """Each component: 'ok', or why not (a few words)."""
+        out: dict[str, str] = {}
+        procs = info.get("procs", {})
+        tokens = json.loads((self.state / "tokens.json").read_text()) if (self.state / "tokens.json").exists() else {}
+        ports = info.get("ports", {})
+        ca = self.state / "pki" / "ca.crt"
+        for name in COMPONENTS:
+            e = procs.get(name)
+            if not e:
+                out[name] = "not started"
+            elif not alive(e):
+                out[name] = f"not running (log {e['log']})"
+            else:
+                ok = {
+                    "etcd": lambda: '"health":"true"' in _get(f"http://127.0.0.1:{ports['etcd']}/health"),
+                    "kube-apiserver": lambda: _get(f"https://127.0.0.1:{ports['apiserver']}/readyz",
+                                                   tokens.get("admin"), ca) == "ok",
+                    "kube-controller-manager": lambda: _get(f"https://127.0.0.1:{ports['kcm']}/healthz") == "ok",
+                    "kube-scheduler": lambda: _get(f"https://127.0.0.1:{ports['scheduler']}/healthz") == "ok",
+                    "workflow-controller": lambda e=e: self._argo_ready(e),
+                    "node-agent": lambda: self._node_ready(ports, tokens, ca),
+                }[name]()
+                out[name] = "ok" if ok else "running, not ready"
+        return out
+
+    def _argo_ready(self, entry: dict[str, Any]) -> bool:
+        # The health port is Argo's fixed :6060. When another cluster's controller holds it, this one's
+        # health server failed to start (Argo logs it and goes on), so fall back to its log.
+        if entry["pid"] in _listener_pids(ARGO_HEALTH_PORT):
+            return _get(f"http://127.0.0.1:{ARGO_HEALTH_PORT}/healthz") != ""
+        try:
+            return "Starting Workflow Controller" in Path(entry["log"]).read_text(errors="replace")[-200000:]
+        except OSError:
+            return False
+
+    def _node_ready(self, ports: dict[str, int], tokens: dict[str, str], ca: Path) -> bool:
+        body = _get(f"https://127.0.0.1:{ports['apiserver']}/api/v1/nodes/{NODE_NAME}", tokens.get("admin"), ca)
+        if not body:
+            return False
+        conds = json.loads(body).get("status", {}).get("conditions", [])
+        return any(c["type"] == "Ready" and c["status"] == "True" for c in conds)
+
+    # --- up ---
+    def up(self, timeout: float = 180.0) -> None:
+        bindir = binaries()
+        self.state.mkdir(parents=True, exist_ok=True)
+        (self.state / "logs").mkdir(exist_ok=True)
+        info = self.load()
+        if info:
+            health = self.health(info)
+            if all(v == "ok" for v in health.values()):
+                print(f"cluster: already up, all {len(health)} components healthy "
+                      f"(state {self.state}; `python -m infra.local.cluster status`)")
+                return
+            if any(alive(e) for e in info.get("procs", {}).values()):
+                bad = ", ".join(f"{k}: {v}" for k, v in health.items() if v != "ok")
+                print(f"cluster: partly up ({bad}); stopping what runs and starting again")
+            self.down(quiet=True)
+        t_start = time.monotonic()
+        kc = kubectl()
+        pki = self.state / "pki"
+        ensure_pki(pki)
+        tokens = ensure_tokens(self.state)
+        taken: set[int] = set()
+        ports = {k: free_port(taken) for k in ("etcd", "etcd_peer", "apiserver", "kcm", "scheduler", "node")}
+        server = f"https://127.0.0.1:{ports['apiserver']}"
+        kcfg = {}
+        for who in USERS:
+            kcfg[who] = self.state / f"{who}.kubeconfig"
+            write_kubeconfig(kcfg[who], server, pki / "ca.crt", tokens[who],
+                             NAMESPACE if who in ("admin", "workflow-controller") else "default")
+        info = {"ports": ports, "server": server, "bin": str(bindir), "procs": {}, "figures": {}}
+        self.save(info)
+        procs: dict[str, Any] = info["procs"]
+        figures: dict[str, float] = info["figures"]
+
+        def started(name: str, entry: dict[str, Any], ready: Callable[[], bool]) -> None:
+            procs[name] = entry
+            self.save(info)
+            figures[name] = round(wait_ready(name, entry, ready, timeout), 1)
+            self.save(info)
+
+        try:
+            b = bindir / "bin"
+            etcd_dir = self.state / "etcd"
+            started("etcd", spawn("etcd", [
+                str(b / "etcd"), "--name", "baton-local", "--data-dir", str(etcd_dir),
+                "--listen-client-urls", f"http://127.0.0.1:{ports['etcd']}",
+                "--advertise-client-urls", f"http://127.0.0.1:{ports['etcd']}",
+                "--listen-peer-urls", f"http://127.0.0.1:{ports['etcd_peer']}",
+                "--initial-advertise-peer-urls", f"http://127.0.0.1:{ports['etcd_peer']}",
+                "--initial-cluster", f"baton-local=http://127.0.0.1:{ports['etcd_peer']}",
+                "--initial-cluster-state", "existing" if (etcd_dir / "member").exists() else "new",
+            ], self.state), lambda: '"health":"true"' in _get(f"http://127.0.0.1:{ports['etcd']}/health"))
+
+            # --endpoint-reconciler-type none: the lease reconciler refuses a loopback --advertise-address.
+            # The kubelet flags let `kubectl logs` reach the node agent over TLS checked both ways.
+            started("kube-apiserver", spawn("kube-apiserver", [
+                str(b / "kube-apiserver"),
+                "--etcd-servers", f"http://127.0.0.1:{ports['etcd']}",
+                "--bind-address", "127.0.0.1", "--advertise-address", "127.0.0.1",
+                "--secure-port", str(ports["apiserver"]),
+                "--tls-cert-file", str(pki / "apiserver.crt"), "--tls-private-key-file", str(pki / "apiserver.key"),
+                "--cert-dir", str(self.state / "apiserver-certs"),
+                "--client-ca-file", str(pki / "ca.crt"),
+                "--service-account-issuer", server,
+                "--service-account-key-file", str(pki / "sa.pub"),
+                "--service-account-signing-key-file", str(pki / "sa.key"),
+                "--service-cluster-ip-range", "10.96.0.0/24",
+                "--endpoint-reconciler-type", "none",
+                "--authorization-mode", "RBAC", "--token-auth-file", str(self.state / "tokens.csv"),
+                "--kubelet-certificate-authority", str(pki / "ca.crt"),
+                "--kubelet-client-certificate", str(pki / "apiserver-kubelet-client.crt"),
+                "--kubelet-client-key", str(pki / "apiserver-kubelet-client.key"),
+                "--kubelet-preferred-address-types", "InternalIP",
+                "--allow-privileged=true", "--profiling=false",
+            ], self.state), lambda: _get(f"{server}/readyz", tokens["admin"], pki / "ca.crt") == "ok")
+
+            self.bootstrap(kc, kcfg["admin"], bindir)
+
+            started("kube-controller-manager", spawn("kube-controller-manager", [
+                str(b / "kube-controller-manager"),
+                "--kubeconfig", str(kcfg["kube-controller-manager"]),
+                "--authentication-kubeconfig", str(kcfg["kube-controller-manager"]),
+                "--authorization-kubeconfig", str(kcfg["kube-controller-manager"]),
+                "--bind-address", "127.0.0.1", "--secure-port", str(ports["kcm"]),
+                "--cert-dir", str(self.state / "kcm-certs"),
+                "--service-account-private-key-file", str(pki / "sa.key"),
+                "--root-ca-file", str(pki / "ca.crt"),
+                "--use-service-account-credentials", "--leader-elect=false",
+                "--controllers", KCM_CONTROLLERS, "--profiling=false",
+            ], self.state), lambda: _get(f"https://127.0.0.1:{ports['kcm']}/healthz") == "ok")
+
+            started("kube-scheduler", spawn("kube-scheduler", [
+                str(b / "kube-scheduler"),
+                "--kubeconfig", str(kcfg["kube-scheduler"]),
+                "--authentication-kubeconfig", str(kcfg["kube-scheduler"]),
+                "--authorization-kubeconfig", str(kcfg["kube-scheduler"]),
+                "--bind-address", "127.0.0.1", "--secure-port", str(ports["scheduler"]),
+                "--cert-dir", str(self.state / "scheduler-certs"),
+                "--leader-elect=false", "--profiling=false",
+            ], self.state), lambda: _get(f"https://127.0.0.1:{ports['scheduler']}/healthz") == "ok")
+
+            # Pods need the namespace's default ServiceAccount (the ServiceAccount admission plugin refuses a
+            # pod until it exists) and kube-root-ca.crt (the token volume projects it): both come from the
+            # controller manager, so wait for them before anything creates a pod.
+            self._wait_api(kc, kcfg["admin"], ["get", "serviceaccount", "default", "-n", NAMESPACE],
+                           "the default ServiceAccount in namespace baton (kube-controller-manager)", timeout)
+            self._wait_api(kc, kcfg["admin"], ["get", "configmap", "kube-root-ca.crt", "-n", NAMESPACE],
+                           "ConfigMap kube-root-ca.crt in namespace baton (kube-controller-manager)", timeout)
+
+            argo_env = dict(os.environ, LEADER_ELECTION_DISABLE="true")
+            started("workflow-controller", spawn("workflow-controller", [
+                str(b / "workflow-controller"), "--kubeconfig", str(kcfg["workflow-controller"]),
+                "--namespace", NAMESPACE, "--executor-image", EXECUTOR_IMAGE, "--loglevel", "info",
+            ], self.state, argo_env), lambda: self._argo_ready(procs["workflow-controller"]))
+
+            node_cfg = self.state / "node.json"
+            node_cfg.write_text(json.dumps({
+                "server": server, "token": tokens["node-agent"], "ca": str(pki / "ca.crt"),
+                "node_name": NODE_NAME, "port": ports["node"], "state": str(self.state),
+                "cert": str(pki / "node.crt"), "key": str(pki / "node.key"), "bin": str(b),
+                "executor_image_prefix": "quay.io/argoproj/argoexec", "marker": POD_MARKER,
+            }, indent=1))
+            node_cfg.chmod(0o600)
+            started("node-agent", spawn("node-agent", [
+                sys.executable, "-m", "infra.local.node", "--config", str(node_cfg),
+            ], self.state), lambda: self._node_ready(ports, tokens, pki / "ca.crt"))
+        except BaseException:
+            self.down(quiet=True)
+            raise
+        figures["up_total"] = round(time.monotonic() - t_start, 1)
+        self.save(info)
+        print(f"cluster: up in {figures['up_total']:.0f} s: {', '.join(COMPONENTS)} on 127.0.0.1 "
+              f"(API {server}); eval \"$(python -m infra.local.cluster env)\"")
+
+    def _wait_api(self, kc: str, kubeconfig: Path, args: list[str], what: str, timeout: float) -> None:
+        t0 = time.monotonic()
+        while subprocess.run([kc, "--kubeconfig", str(kubeconfig), *args], capture_output=True).returncode:
+            if time.monotonic() - t0 > timeout:
+                raise ClusterError(f"{what} did not appear within {timeout:.0f} s; see {self.state}/logs/")
+            time.sleep(0.5)
+
+    def bootstrap(self, kc: str, kubeconfig: Path, bindir: Path) -> None:
+        """Argo's CRDs, namespace baton, the RBAC of Argo's own manifests, and the node agent's binding."""
+        rbac = bindir / "argo-manifests" / "cluster-install-no-crds" / "workflow-controller-rbac"
+
+        def apply(args: list[str], what: str, stdin: str | None = None) -> None:
+            r = subprocess.run([kc, "--kubeconfig", str(kubeconfig), *args], input=stdin,
+                               capture_output=True, text=True)
+            if r.returncode:
+                raise ClusterError(f"installing {what} failed: {r.stderr.strip().splitlines()[-1:]}")
+
+        # Server-side apply: the full CRDs are too large for client-side apply's last-applied annotation.
+        apply(["apply", "--server-side", "--force-conflicts", "-f", str(bindir / "crds")], "Argo's CRDs")
+        apply(["apply", "--server-side", "-f", "-"], "namespace baton",
+              json.dumps({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}))
+        # The controller's ClusterRole (argo-cluster-role) and Role (argo-role) as Argo ships them, bound to
+        # the controller's token user instead of Argo's service account (it runs outside the cluster).
+        apply(["apply", "--server-side", "-f", str(rbac / "workflow-controller-clusterrole.yaml")],
+              "Argo's ClusterRole")
+        apply(["apply", "--server-side", "-n", NAMESPACE, "-f", str(rbac / "workflow-controller-role.yaml")],
+              "Argo's Role")
+        executor_role = (bindir / "argo-manifests" / "quick-start" / "base" / "executor" / "emissary"
+                         / "executor-role.yaml")
+        apply(["apply", "--server-side", "-n", NAMESPACE, "-f", str(executor_role)], "Argo's executor Role")
+        user = USERS["workflow-controller"][0]
+        docs: list[dict[str, Any]] = [
+            _binding("ClusterRoleBinding", "baton-argo-controller", "ClusterRole", "argo-cluster-role",
+                     {"kind": "User", "name": user, "apiGroup": "rbac.authorization.k8s.io"}),
+            _binding("RoleBinding", "baton-argo-controller", "Role", "argo-role",
+                     {"kind": "User", "name": user, "apiGroup": "rbac.authorization.k8s.io"}, NAMESPACE),
+            # The executor (the pods' wait container) writes WorkflowTaskResults as the pod's service account.
+            _binding("RoleBinding", "executor-default", "Role", "executor",
+                     {"kind": "ServiceAccount", "name": "default", "namespace": NAMESPACE}, NAMESPACE),
+            # The bootstrap ClusterRole system:node, which RBAC no longer binds to system:nodes by itself.
+            _binding("ClusterRoleBinding", "baton-node-agent", "ClusterRole", "system:node",
+                     {"kind": "User", "name": USERS["node-agent"][0], "apiGroup": "rbac.authorization.k8s.io"}),
+            # The controller's configuration: no metrics servers, which would listen on every interface.
+            {"apiVersion": "v1", "kind": "ConfigMap",
+             "metadata": {"name": "workflow-controller-configmap", "namespace": NAMESPACE},
+             "data": {"metricsConfig": "enabled: false\n", "telemetryConfig": "enabled: false\n"}},
+        ]
+        apply(["apply", "--server-side", "-f", "-"], "the RBAC bindings",
+              json.dumps({"apiVersion": "v1", "kind": "List", "items": docs}))
+
+    # --- down ---
+    def down(self, quiet: bool = False) -> None:
+        info = self.load()
+        procs = info.get("procs", {})
+        for name in reversed(COMPONENTS):
+            if name in procs:
+                stop(procs[name])
+        # What a node agent killed with SIGKILL could not stop itself.
+        stray = pod_processes(self.state)
+        for pid in stray:
+            try:
+                os.killpg(os.getpgid(pid), signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        left = [n for n, e in procs.items() if alive(e)]
+        if left:
+            raise ClusterError(f"still running after SIGKILL: {', '.join(left)}")
+        if self.pids_file.exists():
+            self.pids_file.unlink()
+        if not quiet:
+            extra = f", and {len(stray)} stray pod processes" if stray else ""
+            print(f"cluster: down ({len(procs)} components stopped{extra}); state kept in {self.state}"
+                  if procs else f"cluster: not running (state {self.state})")
+
+    # --- status / env ---
+    def status(self) -> int:
+        info = self.load()
+        if not info:
+            print(f"cluster: not running (state {self.state})")
+            return 1
+        health = self.health(info)
+        for name in COMPONENTS:
+            e = info["procs"].get(name)
+            extra = f"pid {e['pid']}, RSS {rss_mb(e['pid']):.0f} MB" if e and alive(e) else ""
+            print(f"{name:24} {health[name]:20} {extra}")
+        return 0 if all(v == "ok" for v in health.values()) else 1
+
+    def env(self) -> None:
+        info = self.load()
+        if not info:
+            raise ClusterError(f"cluster: not running (state {self.state}); run: python -m infra.local.cluster up")
+        print(f"export KUBECONFIG={self.state / 'admin.kubeconfig'}")
+        print(f"export BATON_CLUSTER_STATE={self.state}")
+        print(f"export ARGO_NAMESPACE={NAMESPACE}")
+        print(f"export PATH={info['bin']}/bin:$PATH")
+
+
+def _binding(kind: str, name: str, role_kind: str, role: str, subject: dict[str, str],
+             namespace: str | None = None) -> dict[str, Any]:
+    meta: dict[str, str] = {"name": name}
+    if namespace:
+        meta["namespace"] = namespace
+    return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": kind, "metadata": meta,
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": role_kind, "name": role},
+            "subjects": [subject]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m infra.local.cluster", description=__doc__.split("\n\n")[0])
+    ap.add_argument("command", choices=["up", "down", "status", "env"])
+    ap.add_argument("--timeout", type=float, default=180.0, help="seconds each component may take to be ready")
+    args = ap.parse_args(argv)
+    cluster = Cluster(state_dir())
+    try:
+        if args.command == "up":
+            cluster.up(args.timeout)
+        elif args.command == "down":
+            cluster.down()
+        elif args.command == "status":
+            return cluster.status()
+        else:
+            cluster.env()
+    except ClusterError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("error: interrupted; what had started was stopped", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
