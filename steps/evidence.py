@@ -37,8 +37,19 @@ _RULES: dict[str, tuple[Any, str]] = {
     "time": (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v), _NUMBER),
 }
 _REQUIRED = ("event", "step", "attempt")
+_DIGEST = "a digest (a string of at most 128 characters, or an integer)"
+
+
+def _is_digest(v: Any) -> bool:
+    return (isinstance(v, str) and 0 < len(v) <= 128) or (isinstance(v, int) and not isinstance(v, bool))
+
+
 _BY_EVENT: dict[str, dict[str, tuple[Any, str]]] = {
-    "step": {"loss": (_is_number, _NUMBER)},
+    # The trajectory's fields (steps/trajectory.py) are compared with ==: a list or a dict there would compare
+    # too, but nothing a trainer is meant to write.
+    "step": {"loss": (_is_number, _NUMBER), "lr": (lambda v: v is None or _is_number(v), _NUMBER),
+             "batch_sha": (_is_digest, _DIGEST), "rng_sha": (_is_digest, _DIGEST),
+             "batch_rng_sha": (_is_digest, _DIGEST)},
     "resume": {"from_step": (_is_count, _COUNT), "fresh": (lambda v: isinstance(v, bool), "true or false")},
     "preempt": {"during": (lambda v: v is None or isinstance(v, str), _TEXT),
                 "save_ms": (lambda v: v is None or _is_number(v), _NUMBER),
@@ -51,12 +62,12 @@ _REQUIRED_BY_EVENT = {"start": ("weights_sha",), "resume": ("time",), "preempt":
 
 def check_record(rec: dict[str, Any]) -> str | None:
     """Why `rec` cannot be used as a record (the first field that is missing or of the wrong type), or
-    None. A `retry_later` record that steps.train wrote itself (`source: steps.train`, its round never
-    formed) has `attempt: null`: no trainer claimed one."""
+    None. A `retry_later` or `failed` record that steps.train wrote itself (`source: steps.train`: its round
+    never formed, or its trainer exited before writing a record) has `attempt: null`: no trainer claimed one."""
     event = rec.get("event")
     rules = {**_RULES, **_BY_EVENT.get(event if isinstance(event, str) else "", {})}
     required = (*_REQUIRED, *_REQUIRED_BY_EVENT.get(event if isinstance(event, str) else "", ()))
-    own = rec.get("source") == "steps.train" and event == "retry_later"
+    own = rec.get("source") == "steps.train" and event in ("retry_later", "failed")
     for field, (ok, kind) in rules.items():
         if field == "attempt" and own and rec.get("attempt") is None:
             continue

@@ -135,10 +135,13 @@ def components(ref: dict[str, Any], keys: list[str], found: dict[str, Any]) -> l
 
 def _telling_order(ref: dict[str, Any], found: dict[str, Any]) -> list[str]:
     """The differing keys, the ones that point at a cause first: exact entries (RNG, data, scheduler,
-    counters) before floating ones, each group by its distance, largest first."""
+    counters) before floating ones (weights, moments), each group by its distance, largest first; logged
+    metrics (`EXCLUDED_AT_TIER_2`: a loss, a gradient norm) last at every tier, since they are results of
+    what differs, never its cause."""
     def rank(k: str) -> tuple:
         exact = not floor_judged(k, ref.get(k))
-        return (not exact, COMPONENTS.index(component_of(k)) if exact else 0, -found["per_key"][k], k)
+        return (excluded_at_tier_2(k) is not None, not exact, COMPONENTS.index(component_of(k)) if exact else 0,
+                -found["per_key"][k], k)
     return sorted(found["differing"], key=rank)
 
 

@@ -246,13 +246,11 @@ def form_round(args: argparse.Namespace, nodes: Nodes, stop) -> Nodes | int:
     return Nodes(nodes.count, nodes.rank, rnd.addr, rnd.port, rnd.round_id, nodes.timeout_s)
 
 
-def round_not_formed(evidence: Evidence, nodes: Nodes, rc: int) -> dict:
-    """The `retry_later` record that this wrapper writes itself when its round never formed: no trainer
-    ran, so none wrote one. Its fields: `event`, `reason` (`round_not_formed`), `round`, `node`, `step`
-    (0: nothing trained), `time`, `launcher_exit`, `source` (`steps.train`), and `attempt`: null, since
-    only a trainer claims an attempt number (readers count such a record under no attempt)."""
-    rec = {"event": "retry_later", "reason": "round_not_formed", "round": nodes.round_id, "node": nodes.rank,
-           "step": 0, "attempt": None, "time": round(time.time(), 3), "launcher_exit": rc, "source": "steps.train"}
+def own_record(evidence: Evidence, rec: dict) -> dict:
+    """A record this wrapper writes itself, where no trainer wrote one: on stdout and into the evidence.
+    Its `attempt` is null, since only a trainer claims an attempt number (readers count such a record under
+    no attempt), and its `source` is `steps.train`."""
+    rec = {**rec, "attempt": None, "time": round(time.time(), 3), "source": "steps.train"}
     line = json.dumps(rec)
     sys.stdout.write(line + "\n")
     sys.stdout.flush()
@@ -262,6 +260,37 @@ def round_not_formed(evidence: Evidence, nodes: Nodes, rc: int) -> dict:
     except Exception as e:  # noqa: BLE001 - evidence is a copy
         print(f"[steps.train] could not copy a record to the evidence: {e}", file=sys.stderr)
     return rec
+
+
+def round_not_formed(evidence: Evidence, nodes: Nodes, rc: int) -> dict:
+    """The `retry_later` record written when this node's round never formed: no trainer ran, so none wrote
+    one. Its fields: `event`, `reason` (`round_not_formed`), `round`, `node`, `step` (0: nothing trained),
+    `launcher_exit`, and own_record's."""
+    return own_record(evidence, {"event": "retry_later", "reason": "round_not_formed", "round": nodes.round_id,
+                                 "node": nodes.rank, "step": 0, "launcher_exit": rc})
+
+
+class ErrorLine:
+    """The trainer's stderr, passed through line by line, remembering its last `error: ...` line (baton's
+    trainer and `baton_args` print a bad config that way): what the `failed` record of a trainer that
+    exited before any record names."""
+
+    def __init__(self, stream) -> None:
+        self.last: str | None = None
+        self._thread = threading.Thread(target=self._pump, args=(stream,), daemon=True)
+        self._thread.start()
+
+    def _pump(self, stream) -> None:
+        for line in stream:
+            sys.stderr.write(line)
+            sys.stderr.flush()
+            text = line.strip()
+            if text.startswith("error:"):
+                self.last = text[:500]
+
+    def join(self, timeout: float = 10.0) -> str | None:
+        self._thread.join(timeout)
+        return self.last
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -352,7 +381,10 @@ def main(argv: list[str] | None = None) -> int:
     # glibc's mmap threshold fixed at 1 MiB unless set: freed staging and load buffers go back to the OS
     # instead of staying on the heap (an async save's peak: 1.29 -> 1.06 checkpoints, docs/results.md).
     env.setdefault("MALLOC_MMAP_THRESHOLD_", str(MMAP_THRESHOLD))
-    child = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, bufsize=1, env=env)
+    child = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1, env=env,
+                             errors="replace")
+    assert child.stderr is not None
+    errors = ErrorLine(child.stderr)
     if signalled.is_set():  # the SIGTERM came while the launcher was starting: pass it on now
         child.send_signal(signal.SIGTERM)
         if direct:
@@ -378,6 +410,7 @@ def main(argv: list[str] | None = None) -> int:
             stepped |= rec.get("event") == "step"
             recorded = True
     rc = child.wait()
+    error = errors.join()
     try:
         evidence.flush()
     except Exception as e:  # noqa: BLE001
@@ -396,6 +429,9 @@ def main(argv: list[str] | None = None) -> int:
         code = EXIT_PREEMPTED
     else:
         code = EXIT_FAIL
+        if not recorded:  # the trainer ended before its first record: the drill's report names why
+            own_record(evidence, {"event": "failed", "reason": "trainer_error", "step": 0, "launcher_exit": rc,
+                                  "error": error or f"the trainer exited {rc} before writing any record (see its log)"})
     print(f"[steps.train] {'the rank' if direct else 'torchrun'} exited {rc}; preempt record: {preempted}, done record: {done}, "
           f"signalled: {signalled.is_set()}, step records: {stepped} -> exit {code}", file=sys.stderr)
     if nodes is not None and args.rendezvous and nodes.rank == 0 and code in (EXIT_OK, EXIT_FAIL):

@@ -5,7 +5,8 @@ trajectory (steps/trajectory.py), the trial's records (steps/verify.py) and the 
 The first finding that explains a failure wins, in this order: an eviction the trial did not survive, a
 role that broke the contract (no step records, no resume record, no `done`, no committed checkpoint), a
 trainer whose every start differs (not certifiable), the first step where the trial left the reference's
-trajectory, a Tier 2 judgment without a trajectory, final checkpoints that differ (grouped by component),
+trajectory (at Tier 1 its loss too: the same batch and RNG with another loss is state outside the
+checkpoint, named with the checkpoint entries that differ), a Tier 2 judgment without a trajectory, final checkpoints that differ (grouped by component),
 the rest of verify's problems. An eviction that reached a finished trainer makes the drill inconclusive,
 never a failure of the trainer.
 """
@@ -52,8 +53,13 @@ def contract_breaks(records: dict[str, list[dict[str, Any]]], result: dict[str, 
         recs = records.get(role, [])
         steps = [r for r in recs if r.get("event") == "step"]
         if not steps:
-            out.append(f"the {role} wrote no step records (an HF script: is BatonCallback attached and "
-                       "baton.run(trainer) called? see the role's log)")
+            failed = next((r for r in recs if r.get("event") == "failed" and r.get("reason") == "trainer_error"), None)
+            if failed:  # steps.train's own record: the trainer ended before its first record, and said why
+                out.append(f"the {role} wrote no step records: its trainer exited {failed.get('launcher_exit')} "
+                           f"before its first record: {str(failed.get('error'))[:300]}")
+            else:
+                out.append(f"the {role} wrote no step records (an HF script: is BatonCallback attached and "
+                           "baton.run(trainer) called? see the role's log)")
             continue
         stepped = sorted({r.get("attempt", 0) for r in steps})
         resumed = {r.get("attempt", 0) for r in recs if r.get("event") == "resume"}
@@ -111,6 +117,9 @@ def verdict_of(report: dict[str, Any], evictions: dict[str, Any], trial_records:
     if traj.get("replay"):
         return f"NOT certifiable: {traj['finding'].removeprefix('not certifiable: ')}"
     if traj.get("trial"):
+        if traj["trial"]["field"] == "loss" and not report["equivalent"] and not report.get("problem"):
+            # The trajectory agrees: the loss says where it began, the checkpoints what was lost.
+            return f"NOT preemption-safe: {traj['finding']}; {_checkpoints_differ(report)}"
         return f"NOT preemption-safe: {traj['finding']}"
     if report.get("tier") == 2 and traj and not traj.get("recorded"):
         return f"NOT certifiable at Tier 2: {traj['finding']}"
@@ -197,7 +206,7 @@ def assemble(result: dict[str, Any], verify: dict[str, Any], evictions: dict[str
               "inconclusive": verify.get("inconclusive", []), "evictions_met": verify.get("evictions_met"),
               "trial_outcome": verify.get("trial_outcome"), "trial_retries": max(verify["attempts"] - 1, 0),
               "trajectory": trajectory.check(records.get("reference", []), records.get("replay", []),
-                                             records.get("trial", [])),
+                                             records.get("trial", []), result["tier"]),
               "contract": [*contract_breaks(records, result), *(f"refused: {x}" for x in refused)],
               "baseline": baseline_interruptions(records),
               "comebacks": comebacks(evictions, records.get("trial", []))}

@@ -62,8 +62,6 @@ class ModelConfig:
     arithmetic and draws dropout from its own RNG stream."""
 
     def __post_init__(self) -> None:
-        _require(bool(self.path), "model.path", "is required (a Hugging Face model folder, or a bucket URI of staged "
-                 "weights)")
         _require(0.0 <= self.dropout < 1.0, "model.dropout", f"must be in [0, 1), got {self.dropout}")
         _require(self.dtype in ("float32", "bfloat16"), "model.dtype", f"must be float32 or bfloat16, got {self.dtype!r}")
         _require(self.create_if_missing in ("", "tiny-qwen2"), "model.create_if_missing",
@@ -92,7 +90,6 @@ class DataConfig:
     change what is computed."""
 
     def __post_init__(self) -> None:
-        _require(bool(self.uri), "data.uri", "is required (a corpus path or fsspec URI)")
         _require(self.seq_len >= 2, "data.seq_len", f"must be >= 2, got {self.seq_len}")
         _require(self.batch_size >= 1, "data.batch_size", f"must be >= 1, got {self.batch_size}")
         _require(self.grad_accum >= 1, "data.grad_accum", f"must be >= 1, got {self.grad_accum}")
@@ -165,6 +162,13 @@ class CheckpointConfig:
                  f"must be true or false, got {self.async_save!r}")
 
 
+TRAINER_KEYS = ("name", "model.path", "data.uri")
+"""What baton's own trainer needs beyond the defaults (a script of one's own builds its model and data)."""
+REQUIRED_WHY = {"name": "the run's name: the run_id is <name>-<fingerprint>",
+                "model.path": "a Hugging Face model folder, or a bucket URI of staged weights",
+                "data.uri": "a corpus path or fsspec URI"}
+
+
 @dataclass
 class Config:
     name: str = ""
@@ -189,12 +193,21 @@ class Config:
     """Failed periodic saves and the collective timeout (trainer/faults.py)."""
 
     def __post_init__(self) -> None:
-        _require(bool(self.name), "name", "is required")
         _require(all(c.isalnum() or c in "-_." for c in self.name), "name",
                  f"may hold letters, digits, '-', '_' and '.', got {self.name!r}")
         _require(self.seed >= 0, "seed", f"must be >= 0, got {self.seed}")
         _require(self.total_steps >= 1, "total_steps", f"must be >= 1, got {self.total_steps}")
         _require(self.log_every >= 1, "log_every", f"must be >= 1, got {self.log_every}")
+
+    def require(self, keys: tuple[str, ...]) -> Config:
+        """Refuse the config if any of `keys` (dotted) is empty, naming the first; returns self. baton's
+        trainer needs TRAINER_KEYS; a script of one's own (`baton_args`) only what the drill sets."""
+        for key in keys:
+            value: Any = self
+            for part in key.split("."):
+                value = getattr(value, part)
+            _require(bool(value), key, f"is required ({REQUIRED_WHY[key]})")
+        return self
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -308,8 +321,10 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
     return raw
 
 
-def load_config(path: str | Path | None, overrides: list[str] | None = None) -> Config:
-    """Read a YAML config (or start empty), apply `dotted.key=value` overrides, validate."""
+def load_config(path: str | Path | None, overrides: list[str] | None = None,
+                required: tuple[str, ...] = TRAINER_KEYS) -> Config:
+    """Read a YAML config (or start empty), apply `dotted.key=value` overrides, validate; `required`: the
+    keys that may not be left empty (Config.require)."""
     raw: dict[str, Any] = {}
     if path is not None:
         p = Path(path)
@@ -324,8 +339,9 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
         except yaml.YAMLError as e:
             raise ConfigError(f"config file {str(p)!r} is not valid YAML: {str(e)[:300]}") from None
     apply_overrides(raw, overrides or [])
-    return _build(Config, raw, "")
+    return _build(Config, raw, "").require(required)
 
 
 def config_from_dict(raw: dict[str, Any]) -> Config:
-    return _build(Config, json.loads(json.dumps(raw)), "")
+    """A config from a dict, validated as load_config validates it, TRAINER_KEYS required."""
+    return _build(Config, json.loads(json.dumps(raw)), "").require(TRAINER_KEYS)

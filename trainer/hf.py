@@ -48,7 +48,7 @@ from trainer.checkpoint import COMMIT, HFStore, TornCheckpoint, hf_step_name  # 
 from trainer.config import Config
 from trainer.exits import EXIT_FAIL, EXIT_OK, EXIT_PREEMPTED
 from trainer.faults import FaultsConfig, SaveFailures, StoreUnreachable, is_peer_failure, retry_reads
-from trainer.hf_rng import PrefetchRng
+from trainer.hf_rng import EpochRng, PrefetchRng, UnsupportedSampler, refuse_private_samplers
 from trainer.hooks import Point, hooks
 from trainer.preemption import Preemption
 from trainer.records import POD_EVENTS, Records, log
@@ -71,10 +71,14 @@ def baton_args(argv: list[str] | None = None, description: str | None = None) ->
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     args, _theirs = ap.parse_known_args(argv)
     try:
-        return load_config(args.config, args.overrides)
+        # Only what the drill sets is needed (checkpoint.uri and the rest have defaults): the script builds
+        # its own model and data, so name, model.path and data.uri may be left out.
+        cfg = load_config(args.config, args.overrides, required=())
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(1) from None
+    cfg.name = cfg.name or "hf"
+    return cfg
 
 
 _LAUNCHER_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
@@ -128,6 +132,7 @@ class BatonCallback(TrainerCallback):
         self.failed: str | None = None  # why the run must end with 1 (a loss that is not finite)
         self.inputs = trajectory.InputDigest()
         self.prefetch: PrefetchRng | None = None
+        self.epoch_rng: EpochRng | None = None
         self.rng_at_step_begin = 0
         self._hooked = False
         self.fresh = False  # a fresh start (no checkpoint to resume): its first on_train_begin writes `start`
@@ -231,12 +236,17 @@ class BatonCallback(TrainerCallback):
             trainer.add_callback(self)
         try:
             checkpoint = self.resume_checkpoint(trainer.args)
+            self.epoch_rng = EpochRng(self.rank, checkpoint)  # the sampler runs here, whatever the workers
             if trainer.args.dataloader_num_workers == 0:  # the collator runs here, where its RNG can be kept
                 self.prefetch = PrefetchRng(self.rank)
                 self.prefetch.install(trainer, checkpoint)
             trainer.train(resume_from_checkpoint=checkpoint)
         except StoreUnreachable as e:
             return self._retry_later("store_unreachable", getattr(trainer.state, "global_step", 0), str(e))
+        except UnsupportedSampler as e:  # refused before the first step: a retry cannot help
+            log(f"error: {e}")
+            self.emit("failed", getattr(trainer.state, "global_step", 0), reason="unsupported_sampler", error=str(e))
+            return EXIT_FAIL
         except Exception as e:
             if self.world > 1 and is_peer_failure(e):
                 # A dead or hung peer (bounded by ddp_timeout): every commit waits for every rank and is
@@ -275,6 +285,8 @@ class BatonCallback(TrainerCallback):
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         self._setup(args)
+        if kwargs.get("train_dataloader") is not None:
+            refuse_private_samplers(kwargs["train_dataloader"])
         self.preempt.phase = "step"
         if self.fresh and model is not None:  # the exact start (trainer/trajectory.py): before any step
             self.emit(trajectory.START_EVENT, 0, **trajectory.start_digests(model, kwargs.get("optimizer")))
@@ -285,6 +297,10 @@ class BatonCallback(TrainerCallback):
             model.register_forward_pre_hook(self.inputs.on_forward, with_kwargs=True)
             model.register_forward_hook(self.inputs.on_output)
             self._hooked = True
+
+    def on_epoch_begin(self, args, state, control, **kwargs):
+        if self.epoch_rng is not None:  # before the epoch's iterator draws the sampler's shuffle
+            self.epoch_rng.begin(state.epoch or 0.0)
 
     def on_step_begin(self, args, state, control, **kwargs):
         self.micro = 0
@@ -317,8 +333,9 @@ class BatonCallback(TrainerCallback):
         step, self.pending_step = state.global_step, None
         # The step's one collective: every rank logs every step, so every rank is here.
         batch, loss_finite = self.inputs.take()
-        rows = collectives.gather_rows([int(self.preempt.local), int(not loss_finite), batch, self.rng_at_step_begin],
-                                       device=self.preempt.device)
+        batch_rng = self.prefetch.take_batch_rng() if self.prefetch is not None else 0
+        rows = collectives.gather_rows([int(self.preempt.local), int(not loss_finite), batch, self.rng_at_step_begin,
+                                        batch_rng], device=self.preempt.device)
         bad = [f"{k} {v}" for k, v in (("loss", logs["loss"]), ("grad_norm", logs.get("grad_norm")),
                                        ("learning_rate", logs.get("learning_rate")))
                if isinstance(v, (int, float)) and not math.isfinite(v)]
@@ -334,7 +351,9 @@ class BatonCallback(TrainerCallback):
             return control
         self.emit("step", step, loss=logs["loss"], lr=logs.get("learning_rate"), grad_norm=logs.get("grad_norm"),
                   epoch=state.epoch, batch_sha=trajectory.combine(r[2] for r in rows),
-                  rng_sha=trajectory.combine(r[3] for r in rows))
+                  rng_sha=trajectory.combine(r[3] for r in rows),
+                  # the RNG before the step's batches were collated: only where baton sees the collator
+                  **({"batch_rng_sha": trajectory.combine(r[4] for r in rows)} if self.prefetch is not None else {}))
         stop = any(r[0] for r in rows)
         if hooks().at_point(self._point(step)):
             stop = self.preempt.should_stop()  # a signal came during the test's pause
@@ -353,8 +372,11 @@ class BatonCallback(TrainerCallback):
         step = state.global_step
         started = self.stop_decided_at if self.stopping == step else self.last_hook_at
         reason = "final" if step >= state.max_steps else ("preempt" if self.stopping == step else "periodic")
+        folder = os.path.join(args.output_dir, hf_step_name(step))
         if self.prefetch is not None:  # this rank's RNG before the batch it collated ahead (trainer/hf_rng.py)
-            self.prefetch.save(os.path.join(args.output_dir, hf_step_name(step)))
+            self.prefetch.save(folder)
+        if self.epoch_rng is not None:  # and at the epoch's start, which the sampler drew from
+            self.epoch_rng.save(folder)
         collectives.barrier()  # HF has none before on_save: every rank's rng_state_<i>.pth is on disk after it
         other_nodes, node_error = ({}, None) if self.shared_disk else self._upload_other_nodes(step)
         outcome: list[Any] = [None, node_error]  # rank 0's: the committed url, or why the commit failed

@@ -17,10 +17,19 @@ What this module does instead (one data loader process, `dataloader_num_workers=
   and each save writes the snapshot taken before the newest call (the batch that is collated but not yet
   trained on) beside HF's own RNG file: `baton_prefetch_rng_<rank>.pth`;
 - on a mid-epoch resume the first collator call (that pending batch) runs from that snapshot, and the
-  second from the checkpoint's RNG (HF's own `_load_rng_state`, called by baton before the collator),
-  after the sampler has drawn its shuffle from the process's start state, as in the uninterrupted run;
+  second from the checkpoint's RNG (HF's own `_load_rng_state`, called by baton before the collator);
   the Trainer's own restore that follows is skipped. At an epoch boundary nothing is pending and the
   Trainer's restore, which comes before any fetch there, is left as it is.
+- the sampler draws its shuffle from the global RNG when each epoch's iterator is made (`RandomSampler`
+  without a generator, HF's `LengthGroupedSampler` for `group_by_length`), after `on_epoch_begin`.
+  EpochRng snapshots the global RNG at each `on_epoch_begin` and each save writes it
+  (`baton_epoch_rng_<rank>.pth`, with its epoch); a mid-epoch resume gives it back at the resumed
+  epoch's `on_epoch_begin`, so the sampler draws the uninterrupted run's shuffle (without it, the
+  process's start state: right in epoch 0 only);
+- each collator call's RNG is digested as well: the step record's `batch_rng_sha` (the RNG before the
+  step's batches were drawn), which tells an RNG that was not restored from a data order that was not.
+- a sampler with a torch.Generator of its own and no `set_epoch` draws from a state no checkpoint holds:
+  it is refused at the start (UnsupportedSampler), by name.
 Limits: with DataLoader workers the collator runs in the workers, whose RNG restarts at every epoch
 start and is not saved: a random collator or dataset is then not exact across a mid-epoch resume
 (README; the drill reports a batch that differs right after a resume). A checkpoint without the snapshot
@@ -29,6 +38,7 @@ start and is not saved: a random collator or dataset is then not exact across a 
 
 from __future__ import annotations
 
+import math
 import os
 import random
 from collections.abc import Callable
@@ -38,6 +48,7 @@ import numpy as np
 import torch
 
 PREFETCH_FILE = "baton_prefetch_rng_{rank}.pth"
+EPOCH_FILE = "baton_epoch_rng_{rank}.pth"
 
 
 def capture() -> dict[str, Any]:
@@ -66,11 +77,20 @@ def load(path: str) -> dict[str, Any] | None:
         return torch.load(path, weights_only=True)
 
 
+def digest() -> int:
+    """The live global RNG, digested as the step record's rng_sha is (trainer/trajectory.py)."""
+    from trainer.trajectory import rng_digest
+
+    return rng_digest()
+
+
 class PrefetchRng:
     """Installed on a Trainer by `BatonCallback.run` (see the module docstring)."""
 
     def __init__(self, rank: int) -> None:
         self.rank = rank
+        self.collated: list[int] = []  # the RNG digest before each collator call not yet handed to a step
+        self.batch_rng: list[int] = []  # those of the batches of the step being fetched
         self.before_newest: dict[str, Any] | None = None  # the RNG before the newest collator call
         self.phase = "off"  # off | waiting (a resume, nothing fetched) | pending_done | restored | done
         self.snapshot: dict[str, Any] | None = None
@@ -84,6 +104,15 @@ class PrefetchRng:
 
             inner = default_data_collator
         trainer.data_collator = self._collate(inner)
+        fetch = trainer.get_batch_samples
+
+        def get_batch_samples(epoch_iterator: Any, num_batches: int, device: Any) -> Any:
+            batches, items = fetch(epoch_iterator, num_batches, device)
+            # The loader collates one batch ahead: the oldest digests are this step's batches'.
+            self.batch_rng, self.collated = self.collated[:len(batches)], self.collated[len(batches):]
+            return batches, items
+
+        trainer.get_batch_samples = get_batch_samples
         if checkpoint is None:
             return
         self.checkpoint, self.phase = checkpoint, "waiting"
@@ -111,10 +140,77 @@ class PrefetchRng:
                 self._load_rng_state(self.checkpoint)
                 self.phase = "restored"
             self.before_newest = capture()
+            self.collated.append(digest())
             return inner(items)
         return collate
+
+    def take_batch_rng(self) -> int:
+        """One digest of the RNG before each of the step's batches was collated (0: none was)."""
+        from trainer.trajectory import combine
+
+        return int(combine(self.batch_rng), 16) - 2**63 if self.batch_rng else 0
 
     def save(self, folder: str) -> None:
         """Beside HF's RNG file, before the commit lists the folder's files."""
         if self.before_newest is not None and os.path.isdir(folder):
             torch.save(self.before_newest, os.path.join(folder, PREFETCH_FILE.format(rank=self.rank)))
+
+
+class EpochRng:
+    """The global RNG at each epoch's start, which the epoch's sampler draws its shuffle from (see the
+    module docstring). `begin` at every `on_epoch_begin`; `save` beside HF's RNG file."""
+
+    def __init__(self, rank: int, checkpoint: str | None) -> None:
+        self.rank = rank
+        self.current: dict[str, Any] | None = None  # {"epoch": int, "state": capture()}
+        self.saved = load(os.path.join(checkpoint, EPOCH_FILE.format(rank=rank))) if checkpoint else None
+        self.first = True
+
+    def begin(self, epoch_position: float) -> None:
+        """`epoch_position`: the Trainer's state.epoch at on_epoch_begin (fractional on a mid-epoch resume)."""
+        epoch = int(math.floor(epoch_position))
+        mid_epoch = epoch_position != epoch
+        if self.first and mid_epoch and isinstance(self.saved, dict) and self.saved.get("epoch") == epoch:
+            restore(self.saved["state"])  # the resumed epoch: its sampler draws what it drew before
+        self.first = False
+        self.current = {"epoch": epoch, "state": capture()}
+
+    def save(self, folder: str) -> None:
+        if self.current is not None and os.path.isdir(folder):
+            torch.save(self.current, os.path.join(folder, EPOCH_FILE.format(rank=self.rank)))
+
+
+class UnsupportedSampler(ValueError):
+    """A training sampler whose shuffle a checkpoint cannot hold: refused before the first step."""
+
+
+def _own_generator(obj: Any) -> str | None:
+    """The name of an attribute of `obj` that is a generator of its own (torch's, numpy's or python's)."""
+    for name, value in vars(obj).items() if hasattr(obj, "__dict__") else ():
+        if isinstance(value, (torch.Generator, np.random.Generator, np.random.RandomState, random.Random)):
+            return name
+    return None
+
+
+def refuse_private_samplers(dataloader: Any) -> None:
+    """Raise UnsupportedSampler for a sampler (or batch sampler) with a generator of its own (torch's,
+    numpy's or python's) and no `set_epoch`: its state after N epochs is in no checkpoint, so a resume in a
+    later epoch draws another data order. Samplers that draw from the global RNG (EpochRng keeps it) or
+    that are re-seeded per epoch (`set_epoch`; accelerate turns every torch RandomSampler into its
+    SeedableRandomSampler) are exact."""
+    seen: set[int] = set()
+    todo = [getattr(dataloader, "sampler", None), getattr(dataloader, "batch_sampler", None)]
+    while todo:
+        obj = todo.pop()
+        if obj is None or id(obj) in seen or len(seen) > 16:
+            continue
+        seen.add(id(obj))
+        attribute = _own_generator(obj)
+        if attribute is not None and not hasattr(obj, "set_epoch"):
+            name = type(obj).__name__
+            raise UnsupportedSampler(
+                f"the training sampler {name} draws its shuffle from a generator of its own ({name}.{attribute}), "
+                f"whose state no checkpoint holds (a resume in a later epoch would draw another data order); give "
+                f"{name} a set_epoch(epoch) that re-seeds it from the seed and the epoch, or let it draw from the "
+                "global RNG, which baton restores")
+        todo += [getattr(obj, "sampler", None), getattr(obj, "batch_sampler", None)]

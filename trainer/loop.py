@@ -436,7 +436,8 @@ class Trainer:
             if self.first_step_pending:  # the restart's last phase: process start to its first step done
                 since, self.first_step_pending = {"since_process_start_s": round(time.time() - process_start(), 3)}, False
             self.emit("step", self.step, loss=loss_value, lr=lr, tokens_per_s=round(tokens_per_step / dt, 1),
-                      epoch=b.epoch, batch_sha=batch_sha, rng_sha=rng_sha, **since)
+                      # the data loader draws from no global RNG: the RNG before the batch is the step's own
+                      epoch=b.epoch, batch_sha=batch_sha, rng_sha=rng_sha, batch_rng_sha=rng_sha, **since)
             if self.rank == 0 and (self.step % cfg.log_every == 0 or self.step == cfg.total_steps):
                 log(f"step {self.step}/{cfg.total_steps} loss {loss_value:.4f} lr {lr:.2e} epoch {b.epoch}")
             if self.step == cfg.total_steps:

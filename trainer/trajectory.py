@@ -3,7 +3,8 @@ that kernel nondeterminism cannot change.
 
 Every `step` record carries `batch_sha` (the inputs of every micro-batch of every rank) and `rng_sha`
 (every RNG state the step starts from: python, numpy, torch's CPU generator and every CUDA device's, on
-every rank). Each rank digests its own into a signed 64-bit integer; the ranks' integers travel in the
+every rank), and `batch_rng_sha` (the RNG before the step's batches were drawn: for baton's loader, which
+draws from no global RNG, the same state; the HF callback digests it before each collator call). Each rank digests its own into a signed 64-bit integer; the ranks' integers travel in the
 step's one collective (each rank fills its own slot of a SUM all-reduce, which gathers them in rank
 order), and `combine` hashes them in rank order. The drill compares them step by step: a data order or
 an RNG that was not restored shows at the first step it changes, whatever the tier (steps/trajectory.py).

@@ -52,3 +52,25 @@ def test_direct_refuses_several_ranks():
     p = subprocess.run([PY, "-m", "steps.train", "--nproc", "2", "--launcher", "direct", "--trainer", "-c pass"],
                        capture_output=True, text=True, env=base_env(), cwd=REPO, timeout=60)
     assert p.returncode == 2 and "--launcher direct runs one rank" in p.stderr
+
+
+def test_a_trainer_that_ends_before_any_record_is_named_by_its_own_error(tmp_path):
+    """A trainer that exits 1 before its first record (a bad config, say): steps.train writes a `failed`
+    record of its own (reason trainer_error, attempt null) carrying the trainer's last `error:` line, and
+    still passes the trainer's stderr through. Control: a trainer that wrote a record gets none."""
+    from steps.evidence import check_record
+
+    script = tmp_path / "bad.py"
+    script.write_text("import sys\nprint('loading', file=sys.stderr)\n"
+                      "print(\"error: config key 'seed': must be >= 0, got -1\", file=sys.stderr)\nsys.exit(1)\n")
+    p = subprocess.run([PY, "-m", "steps.train", "--trainer", str(script)], capture_output=True, text=True,
+                       env=base_env(), cwd=REPO, timeout=120)
+    assert p.returncode == 1 and "loading" in p.stderr
+    (rec,) = [json.loads(x) for x in p.stdout.splitlines() if x.startswith("{")]
+    assert (rec["event"], rec["reason"], rec["attempt"], rec["source"]) == ("failed", "trainer_error", None, "steps.train")
+    assert rec["error"] == "error: config key 'seed': must be >= 0, got -1" and rec["launcher_exit"] == 1
+    assert check_record(rec) is None
+    script.write_text("import json, sys\nprint(json.dumps({'event': 'resume', 'step': 0, 'attempt': 1}))\nsys.exit(1)\n")
+    p = subprocess.run([PY, "-m", "steps.train", "--trainer", str(script)], capture_output=True, text=True,
+                       env=base_env(), cwd=REPO, timeout=120)
+    assert p.returncode == 1 and '"trainer_error"' not in p.stdout

@@ -99,13 +99,15 @@ def replay(tiny_model, tmp_path_factory):
 
 
 # What the drill's verdict must name for each skipped restore (steps/verdict.py): the trajectory finds the
-# RNG, the data order and the schedule at the first step after the resume (14; the scheduler's lr was
-# restored with the optimizer's param groups, so its own state shows one step later); the optimizer's
-# moments leave the trajectory equal and show in the checkpoints.
-SKIPPED_CAUSE = {"rng": "step 14: RNG differs (RNG not restored)",
-                 "data": "step 14: batch differs (data order not restored)",
+# RNG (before the batch was drawn), the data order (with the same RNG) and the schedule at the first step
+# after the resume (14; the scheduler's lr was restored with the optimizer's param groups, so its own state
+# shows one step later); the optimizer's moments leave the trajectory equal and show in the checkpoints,
+# and at Tier 1 in the loss of the step after the first update that used them (LOSS_AT_TIER_1).
+SKIPPED_CAUSE = {"rng": "step 14: the RNG differed before this batch was drawn (RNG not restored, or consumed at start)",
+                 "data": "step 14: the data order differs with the same RNG (the data order not restored",
                  "scheduler": "step 15: lr differs (scheduler not restored)",
                  "optimizer": "final checkpoints differ: optimizer"}
+LOSS_AT_TIER_1 = "step 15: the same batch and RNG, but the loss differs (state outside the checkpoint"
 
 
 @pytest.mark.parametrize("component", ["rng", "data", "optimizer", "scheduler"])
@@ -120,6 +122,8 @@ def test_negative_control_skipping_one_restore_breaks_equivalence(tiny_model, re
     report = judged({"reference": ref_ckpt, "replay": replay[0], "trial": tmp_path / "trial"},
                     {"reference": ref_recs, "replay": replay[1], "trial": interrupted[1] + recs}, TOTAL, tier=1)
     assert not report["passed"] and SKIPPED_CAUSE[component] in report["verdict"], report["verdict"]
+    if component == "optimizer":
+        assert report["verdict"].startswith(f"NOT preemption-safe: {LOSS_AT_TIER_1}"), report["verdict"]
 
 
 def test_the_correct_resume_is_certified_by_the_drills_judgment(tiny_model, reference, replay, interrupted, tmp_path):

@@ -80,3 +80,20 @@ def test_baton_args_leaves_the_scripts_own_flags_alone(tmp_path):
     assert cfg.total_steps == 7 and (mine.lr, mine.warmup) == (0.5, 3)
     with pytest.raises(SystemExit):
         baton_args([*argv, "--set", "no_such_key=1"])
+
+
+def test_a_scripts_config_needs_only_the_keys_the_drill_sets(tmp_path):
+    """A script that builds its own model and data: a config of one line, with the drill's --set keys.
+    Control: baton's own trainer still requires name, model.path and data.uri, naming the first."""
+    from trainer.config import ConfigError, load_config
+    from trainer.hf import baton_args
+
+    config = tmp_path / "ft.yaml"
+    config.write_text("seed: 3\n")
+    drill = ["--set", "checkpoint.uri=file:///x/trial", "--set", "total_steps=5", "--set", "model.dropout=0.1"]
+    cfg = baton_args(["--config", str(config), *drill])
+    assert (cfg.seed, cfg.total_steps, cfg.name, cfg.checkpoint.uri) == (3, 5, "hf", "file:///x/trial")
+    with pytest.raises(ConfigError, match="config key 'name': is required"):
+        load_config(config, [o for o in drill if o != "--set"])
+    with pytest.raises(ConfigError, match="config key 'model.path': is required"):
+        load_config(config, ["name=x", "data.uri=/c", "checkpoint.uri=/k"])
