@@ -266,7 +266,8 @@ def _get(url: str, token: str | None = None, ca: Path | None = None) -> str:
     req = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
     ctx = ssl.create_default_context(cafile=str(ca)) if ca else _INSECURE
     try:
-        with urllib.request.urlopen(req, timeout=5, context=ctx if url.startswith("https") else None) as r:
+        handlers = [urllib.request.ProxyHandler({}), urllib.request.HTTPSHandler(context=ctx)]
+        with urllib.request.build_opener(*handlers).open(req, timeout=5) as r:
             return r.read().decode(errors="replace")
     except Exception:  # noqa: BLE001 -- any failure means "not ready yet"
         return ""

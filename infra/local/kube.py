@@ -32,6 +32,9 @@ class Kube:
         self.session = requests.Session()
         self.session.headers["Authorization"] = f"Bearer {token}"
         self.session.verify = ca_file
+        # Not the environment's: REQUESTS_CA_BUNDLE would override `verify`, and a proxy variable would send
+        # loopback calls elsewhere.
+        self.session.trust_env = False
 
     def request(self, method: str, path: str, body: Any = None, content_type: str = "application/json",
                 params: dict[str, Any] | None = None, ok404: bool = False) -> dict[str, Any] | None:
