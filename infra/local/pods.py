@@ -434,9 +434,21 @@ class PodWorker:
             c.message = "no command or args: images are not run here, only host processes"
             return
         workdir = spec.get("workingDir") or ("/" if executor else str(REPO))
-        # The container's mounts, parents before children, then its folder, then its command.
-        lines = ["set -e"]
-        for m in sorted(spec.get("volumeMounts", []), key=lambda m: m["mountPath"].count("/")):
+        mounts = list(spec.get("volumeMounts", []))
+        # A private /tmp, as an image would give: pods never share the host's /tmp (an Argo output
+        # parameter at /tmp/x is the pod's own). Host files reach a pod through a hostPath volume.
+        if not any(m["mountPath"].rstrip("/") == "/tmp" for m in mounts):
+            (self.dir / "tmp" / c.name).mkdir(parents=True, exist_ok=True)
+            volumes = dict(volumes, **{"\0tmp": self.dir / "tmp" / c.name})
+            mounts.append({"name": "\0tmp", "mountPath": "/tmp"})
+        # Each source is first bound under a tmpfs of this namespace, then onto its mount path, parents
+        # before children: a mount path (/tmp) that hides a later source (the state folder under /tmp) or
+        # a child mount's source then hides nothing that is still needed.
+        stage = "/run/baton-stage"
+        lines = ["set -e", f"mkdir -p {stage}", f"mount -t tmpfs -o size=1m tmpfs {stage}"]
+        ordered = sorted(mounts, key=lambda m: m["mountPath"].rstrip("/").count("/"))
+        is_dir = []
+        for i, m in enumerate(ordered):
             src = volumes.get(m["name"])
             if src is None:
                 c.exit_code, c.reason, c.finished_at = 1, "CreateContainerConfigError", now()
@@ -446,14 +458,19 @@ class PodWorker:
                 src = src / m["subPath"]
                 if not src.exists():
                     src.mkdir(parents=True)
+            is_dir.append(src.is_dir())
+            lines += [f"{'mkdir -p' if is_dir[i] else 'touch'} {stage}/{i}",
+                      f"mount --bind {shlex.quote(str(src))} {stage}/{i}"]
+        for i, m in enumerate(ordered):
             dst = shlex.quote(m["mountPath"])
-            if src.is_dir():
+            if is_dir[i]:
                 lines.append(f"mkdir -p {dst}")
             else:
-                lines.append(f"mkdir -p $(dirname {dst}); [ -e {dst} ] || touch {dst}")
-            lines.append(f"mount --bind {shlex.quote(str(src))} {dst}")
+                lines.append(f'mkdir -p "$(dirname {dst})"; [ -e {dst} ] || touch {dst}')
+            lines.append(f"mount --bind {stage}/{i} {dst}")
             if m.get("readOnly"):
                 lines.append(f"mount -o remount,bind,ro {dst}")
+        lines.append(f"umount -l {stage}")
         lines.append(f"cd {shlex.quote(workdir)}")
         lines.append('exec "$@"')
         script = self.dir / f"start-{c.name}.sh"
