@@ -338,7 +338,9 @@ class Cluster:
         if entry["pid"] in _listener_pids(ARGO_HEALTH_PORT):
             return _get(f"http://127.0.0.1:{ARGO_HEALTH_PORT}/healthz") != ""
         try:
-            return "Starting Workflow Controller" in Path(entry["log"]).read_text(errors="replace")[-200000:]
+            # Only this start's part of the log (each start appends after a "=== " line).
+            text = Path(entry["log"]).read_text(errors="replace").rsplit("\n=== ", 1)[-1]
+            return "Starting Workflow Controller" in text
         except OSError:
             return False
 
@@ -352,6 +354,9 @@ class Cluster:
     # --- up ---
     def up(self, timeout: float = 180.0) -> None:
         bindir = binaries()
+        if os.geteuid() != 0:
+            raise ClusterError("the node agent needs root: each container runs in a private mount namespace "
+                               "(unshare --mount) with the pod's volumes bound at their mount paths")
         self.state.mkdir(parents=True, exist_ok=True)
         (self.state / "logs").mkdir(exist_ok=True)
         info = self.load()
