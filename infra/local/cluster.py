@@ -210,6 +210,8 @@ def stop(entry: dict[str, Any], grace: float = 10.0) -> None:
     if not alive(entry):
         return
     pid = entry["pid"]
+    if pid <= 1:
+        return
     try:
         os.killpg(pid, signal.SIGTERM)
     except ProcessLookupError:
@@ -549,7 +551,9 @@ class Cluster:
         stray = pod_processes(self.state)
         for pid in stray:
             try:
-                os.killpg(os.getpgid(pid), signal.SIGKILL)
+                pgid = os.getpgid(pid)
+                if pgid > 1 and pgid != os.getpgid(0):  # never kill(-1) or our own group
+                    os.killpg(pgid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
         left = [n for n, e in procs.items() if alive(e)]

@@ -8,6 +8,11 @@ There are no images and no container runtime here, so a container is a process o
   the pod's volumes are bind-mounted at their absolute mountPaths (/var/run/argo, /tmp with a subPath,
   /var/run/secrets/kubernetes.io/serviceaccount), seen by that process tree only, as in a container. A
   mount point that the host lacks is created as an empty folder on the host (mkdir is not namespaced).
+- Each container gets its own PID namespace (`--pid --fork --mount-proc`). This is not optional: Argo's
+  emissary forwards a signal with `kill(-pgid)` where pgid comes from `Getpgid(command.Process.Pid)`, and
+  `osspecific.Wait` has already called `Process.Release()`, which sets that Pid to -1, so the forward is
+  `kill(-1, SIGTERM)`: in a container, every process of the container; on the host as root, every process
+  of the machine. Signals go to the container's PID 1 only, as the kubelet sends them.
 - The network is the host's: no network namespace; podIP is 127.0.0.1.
 """
 from __future__ import annotations
@@ -80,6 +85,7 @@ class Container:
         self.name: str = spec["name"]
         self.init = init
         self.proc: subprocess.Popen[bytes] | None = None
+        self.pid1: int | None = None  # the container's PID 1, seen from the host
         self.started_at = ""
         self.finished_at = ""
         self.exit_code: int | None = None
@@ -231,11 +237,12 @@ class PodWorker:
         running = [c for c in self.init_containers + self.containers
                    if c.proc is not None and c.exit_code is None and c.proc.poll() is None]
         for c in running:
-            _signal_group(c.proc, signal.SIGTERM)  # type: ignore[arg-type]
+            _signal_pid1(c, signal.SIGTERM)
         end = time.monotonic() + grace
         while time.monotonic() < end and any(c.proc.poll() is None for c in running):  # type: ignore[union-attr]
             time.sleep(0.1)
         for c in running:
+            _signal_pid1(c, signal.SIGKILL)
             _signal_group(c.proc, signal.SIGKILL)  # type: ignore[arg-type]
         for c in running:
             c.proc.wait()  # type: ignore[union-attr]
@@ -478,7 +485,8 @@ class PodWorker:
         log = open(self.log_path(c.name), "ab")  # noqa: SIM115 -- the child keeps it; closed below
         try:
             c.proc = subprocess.Popen(
-                ["unshare", "--mount", "--propagation", "private", "--", "/bin/sh", str(script), *argv],
+                ["unshare", "--mount", "--propagation", "private", "--pid", "--fork", "--mount-proc", "--",
+                 "/bin/sh", str(script), *argv],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env, cwd="/",
                 start_new_session=True)
         except OSError as e:
@@ -486,10 +494,44 @@ class PodWorker:
         finally:
             log.close()
         c.started_at = now()
+        if c.proc is not None:
+            c.pid1 = _child_of(c.proc)
         (self.dir / f"{c.name}.json").write_text(json.dumps({"argv": argv, "pid": c.proc.pid if c.proc else None}))
 
 
+def _child_of(proc: subprocess.Popen[bytes]) -> int | None:
+    """unshare's one child: the container's PID 1 (unshare --fork stays outside the new PID namespace)."""
+    for _ in range(250):
+        try:
+            kids = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+        except OSError:
+            return None
+        if kids:
+            return int(kids[0])
+        if proc.poll() is not None:
+            return None
+        time.sleep(0.02)
+    return None
+
+
+def _signal_pid1(c: Container, sig: int) -> None:
+    """Signal the container's PID 1 only, as the kubelet does (with no handler, PID 1 ignores SIGTERM, as in a
+    container). Checked to be still unshare's child, so a recycled pid is never hit. When PID 1 of a PID
+    namespace dies, the kernel kills the rest of that namespace."""
+    if c.pid1 is None or c.proc is None:
+        return
+    try:
+        stat = Path(f"/proc/{c.pid1}/stat").read_text()
+        if int(stat.rsplit(")", 1)[1].split()[1]) != c.proc.pid:
+            return
+        os.kill(c.pid1, sig)
+    except (OSError, ValueError):
+        pass
+
+
 def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
+    if proc.pid <= 1:  # never kill(-1) or our own group
+        return
     try:
         os.killpg(proc.pid, sig)
     except (ProcessLookupError, PermissionError):
