@@ -147,7 +147,7 @@ def _workflow(name: str, steps: list[list[dict[str, Any]]], templates: list[dict
 
 
 def _nodes(wf: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    return {n["displayName"]: n for n in wf["status"]["nodes"].values()}
+    return {n["displayName"]: n for n in wf.get("status", {}).get("nodes", {}).values()}
 
 
 def test_two_step_workflow_passes_a_parameter_and_succeeds(cluster: Local):
@@ -186,3 +186,89 @@ def test_a_step_that_exits_3_fails_the_workflow_with_that_exit_code(cluster: Loc
     pod = json.loads(cluster.kubectl("get", "pods", "-l", "workflows.argoproj.io/workflow=exits-3", "-o", "json"))
     main = [s for s in pod["items"][0]["status"]["containerStatuses"] if s["name"] == "main"][0]
     assert main["state"]["terminated"]["exitCode"] == 3
+
+
+def _pod_processes(cluster: Local, pod: str) -> list[int]:
+    """The host pids of a pod's processes (the node agent marks each one's environment)."""
+    mark, host = f"BATON_LOCAL_POD_OF={cluster.state}".encode(), f"HOSTNAME={pod}".encode()
+    found = []
+    for d in Path("/proc").iterdir():
+        try:
+            env = (d / "environ").read_bytes().split(b"\0") if d.name.isdigit() else []
+        except OSError:
+            continue
+        if mark in env and host in env:
+            found.append(int(d.name))
+    return found
+
+
+def _assert_own_pid_namespace(cluster: Local, pod: str) -> None:
+    """Before anything signals the pod: its processes are in a PID namespace of their own. Argo's emissary
+    forwards signals as kill(-1) (infra/local/pods.py says why), which on the host would hit every process."""
+    pids = _pod_processes(cluster, pod)
+    assert pids, f"no processes found for pod {pod}"
+    ours = os.readlink("/proc/self/ns/pid")
+    # unshare itself stays outside the namespace it makes: only what runs under it must be inside.
+    inside = [p for p in pids if Path(f"/proc/{p}/comm").read_text().strip() != "unshare"]
+    assert inside, f"only unshare found for pod {pod}"
+    shared = [p for p in inside if os.readlink(f"/proc/{p}/ns/pid") == ours]
+    assert not shared, f"pod {pod} processes {shared} share the host's PID namespace"
+
+
+def _wait_log(cluster: Local, pod: str, container: str, text: str, timeout: float = 120) -> None:
+    t0 = time.monotonic()
+    while text not in cluster.kubectl("logs", pod, "-c", container, check=False):
+        assert time.monotonic() - t0 < timeout, f"{pod}/{container} never logged {text!r}"
+        time.sleep(0.5)
+
+
+def test_deleting_a_pod_whose_pid1_ignores_sigterm_kills_it_after_the_grace_period(cluster: Local):
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "ignores-term"},
+           "spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": 2, "containers": [{
+               "name": "main", "image": "python:3.11",
+               "command": ["python", "-c", "import time; print('up', flush=True); time.sleep(300)"]}]}}
+    cluster.kubectl("create", "-f", "-", stdin=json.dumps(pod))
+    _wait_log(cluster, "ignores-term", "main", "up")
+    _assert_own_pid_namespace(cluster, "ignores-term")
+    t0 = time.monotonic()
+    cluster.kubectl("delete", "pod", "ignores-term", "--wait=true", "--timeout=60s")
+    took = time.monotonic() - t0
+    # PID 1 with no handler ignores SIGTERM, as in a container: only the SIGKILL at 2 s ends it.
+    assert 2 <= took < 15, took
+    assert not _pod_processes(cluster, "ignores-term")
+
+
+def test_a_deleted_argo_step_gets_sigterm_through_the_emissary_and_the_workflow_does_not_succeed(cluster: Local):
+    train = {"name": "train", "container": {"image": "python:3.11", "command": ["python", "-c", (
+        "import signal, sys, time\n"
+        "signal.signal(signal.SIGTERM, lambda *a: (print('SIGTERM: saving', flush=True), sys.exit(75)))\n"
+        "print('training', flush=True)\n"
+        "time.sleep(300)\n")]}}
+    cluster.kubectl("create", "-f", "-", stdin=_workflow("preempted", [[{"name": "train", "template": "train"}]],
+                                                         [train]))
+    t0 = time.monotonic()
+    while not (pods := json.loads(cluster.kubectl(
+            "get", "pods", "-l", "workflows.argoproj.io/workflow=preempted", "-o", "json"))["items"]):
+        assert time.monotonic() - t0 < 120, "no pod for workflow preempted"
+        time.sleep(0.5)
+    name = pods[0]["metadata"]["name"]
+    _wait_log(cluster, name, "main", "training")
+    # Argo must have seen the pod running first: a pod that vanishes while its node is still Pending in the
+    # workflow's status is created again under the same name, as if it had never been made.
+    t0 = time.monotonic()
+    while _nodes(cluster.get("workflow", "preempted")).get("train", {}).get("phase") != "Running":
+        assert time.monotonic() - t0 < 120, "Argo never marked step train Running"
+        time.sleep(0.5)
+    _assert_own_pid_namespace(cluster, name)
+    t0 = time.monotonic()
+    cluster.kubectl("delete", "pod", name, "--grace-period=30", "--wait=true", "--timeout=90s")
+    # Far less than the 30 s grace: the SIGTERM reached the Python process through argoexec emissary.
+    assert time.monotonic() - t0 < 15
+    wf = cluster.wait_phase("workflow", "preempted", ("Succeeded", "Failed", "Error"))
+    node = _nodes(wf)["train"]
+    assert wf["status"]["phase"] in ("Failed", "Error") and node["phase"] in ("Failed", "Error"), json.dumps(node)
+    # Which one Argo records is a race: the final status if it saw it before the pod was gone, else
+    # "pod deleted" (shared/ARGO-FACTS.md, ARGO_POD_STATUS_CAPTURE_FINALIZER).
+    msg = node.get("message", "")
+    print(f"\n[e2e] Argo recorded the deleted step as {node['phase']}: {msg!r}")
+    assert "exit code 75" in msg or "pod deleted" in msg, msg
