@@ -61,7 +61,8 @@ def binaries() -> Path:
     """The cached build's folder, checked complete by build.sh itself."""
     check = subprocess.run(["bash", str(BUILD), "--check"], capture_output=True, text=True)
     if check.returncode != 0:
-        raise ClusterError(check.stderr.strip() or "the cluster binaries are not built: bash infra/local/build.sh")
+        why = check.stderr.strip().removeprefix("error: ")
+        raise ClusterError(why or "the cluster binaries are not built: bash infra/local/build.sh")
     out = subprocess.run(["bash", str(BUILD), "--print-dir"], capture_output=True, text=True, check=True)
     return Path(out.stdout.strip())
 
