@@ -139,11 +139,21 @@ class Agent:
 
     def _fail_orphan(self, pod: dict[str, Any]) -> None:
         m = pod["metadata"]
+        status: dict[str, Any] = {"phase": "Failed", "reason": "NodeAgentRestarted",
+                                  "message": "the node agent restarted; the pod's processes had been stopped"}
+        # What was running is gone with an unknown end, as the kubelet reports a container it lost.
+        for key in ("initContainerStatuses", "containerStatuses"):
+            statuses = pod["status"].get(key)
+            if not statuses:
+                continue
+            status[key] = [dict(cs, ready=False, started=False, state={"terminated": {
+                "exitCode": 137, "reason": "ContainerStatusUnknown", "finishedAt": now(),
+                "startedAt": cs["state"]["running"].get("startedAt"),
+                "message": "The container could not be located when the pod was terminated"}})
+                if "running" in cs.get("state", {}) else cs for cs in statuses]
         try:
             self.kube.merge_patch(f"/api/v1/namespaces/{m['namespace']}/pods/{m['name']}/status", {
-                "metadata": {"uid": m["uid"]},
-                "status": {"phase": "Failed", "reason": "NodeAgentRestarted",
-                           "message": "the node agent restarted; the pod's processes had been stopped"}})
+                "metadata": {"uid": m["uid"]}, "status": status})
         except ApiError as e:
             print(f"node-agent: failing orphan {m['namespace']}/{m['name']}: {e}", flush=True)
 

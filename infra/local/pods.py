@@ -191,11 +191,8 @@ class PodWorker:
             self.phase = "Succeeded" if ok and not self.killing else "Failed"
         else:
             self.phase = "Failed"
-        for c in everything:
-            if c.exit_code is None:
-                # Never started, because an earlier one failed or the pod was stopped first.
-                c.exit_code, c.reason, c.finished_at = 137 if c.proc else 0, "ContainerStatusUnknown", now()
-                c.message = "The container could not be located when the pod was terminated"
+        # A container that never started (an earlier one failed, or the pod was stopped first) stays
+        # waiting, as the kubelet leaves it.
         self._report()
 
     def _stopping(self) -> bool:
