@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 OUT    ?= out/drill
 
 .PHONY: install test test-unit test-dist test-workflow test-gpu drill render templates lint bench \
-        image gke-up gke-destroy e2e-kind cluster-build gpu-check clean
+        image gke-up gke-destroy e2e-kind cluster-build cluster-up cluster-down cluster-status e2e gpu-check clean
 
 install: $(STAMP)
 
@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml
 # Two workers (pytest-xdist), each test module on one of them (its fixtures built once): the suite's
 # processes mostly wait on each other, on sockets and on the disk, so two keep two cores busy.
 test: install lint
-	$(PYTEST) -q -n 2 --dist loadscope tests
+	$(PYTEST) -q -n 2 --dist loadscope --ignore=tests/e2e tests
 
 test-unit: install
 	$(PYTEST) -q tests/unit
@@ -69,6 +69,23 @@ e2e-kind:
 # ---- the real control plane on this machine (see infra/local/README.md): built from Go modules, cached ----
 cluster-build:
 	bash infra/local/build.sh
+
+cluster-up: install
+	bash infra/local/build.sh --check
+	$(PY) -m infra.local.cluster up
+
+cluster-down: install
+	$(PY) -m infra.local.cluster down
+
+cluster-status: install
+	$(PY) -m infra.local.cluster status
+
+# The real-cluster suite (tests/e2e): on the real kube-apiserver and Argo controller, built by cluster-build
+# (25 min cold, docs/results.md); root, for the pods' mount and PID namespaces. Not part of `make test`.
+# In a PID namespace of its own: a signal sent to pid -1 by anything it starts reaches only its own processes
+# (argoexec's emissary once did: docs/cluster-local.md).
+e2e: install cluster-build
+	unshare --pid --fork --mount-proc $(PYTEST) -q tests/e2e
 
 # ---- benchmarks (not tests: nothing asserts on time; writes docs/results.md) ----
 bench: install

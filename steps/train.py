@@ -288,7 +288,9 @@ class ErrorLine:
             if text.startswith("error:"):
                 self.last = text[:500]
 
-    def join(self, timeout: float = 10.0) -> str | None:
+    def join(self, timeout: float = 2.0) -> str | None:
+        # Short: a grandchild that outlives the trainer (a data loader worker) may hold the pipe open, and
+        # the pod's grace is still running after a preemption.
         self._thread.join(timeout)
         return self.last
 

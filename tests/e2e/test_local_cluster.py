@@ -32,7 +32,7 @@ def _why_skip() -> str:
 
 
 _SKIP = _why_skip()
-pytestmark = [pytest.mark.skipif(bool(_SKIP), reason=_SKIP), pytest.mark.slow]
+pytestmark = [pytest.mark.skipif(bool(_SKIP), reason=_SKIP), pytest.mark.slow, pytest.mark.e2e]
 
 
 class Local:
