@@ -1,21 +1,26 @@
 """A real local control plane from the binaries that infra/local/build.sh caches.
 
-    python -m infra.local.cluster up        start etcd, kube-apiserver, kube-controller-manager, kube-scheduler,
-                                            Argo's workflow-controller and the node agent (infra/local/node.py)
+    python -m infra.local.cluster up        start moto's S3 server, etcd, kube-apiserver, kube-controller-manager,
+                                            kube-scheduler, Argo's workflow-controller and Argo Server, and the
+                                            node agent (infra/local/node.py); apply templates/overlays/local
     python -m infra.local.cluster down      stop them all, by process id, in reverse order
     python -m infra.local.cluster status    one line per component
-    python -m infra.local.cluster env       `export KUBECONFIG=...` lines for a shell (eval "$(... env)")
+    python -m infra.local.cluster env       the `export` lines a user needs (eval "$(... env)"): KUBECONFIG,
+                                            ARGO_SERVER, ARGO_TOKEN, ARGO_SECURE, ARGO_INSECURE_SKIP_VERIFY,
+                                            ARGO_NAMESPACE, BATON_S3_ENDPOINT and the bucket's keys
 
 State (certificates, tokens, kubeconfigs, etcd's data, logs/, pids.json) lives in
 ${BATON_CLUSTER_STATE:-~/.cache/baton/cluster-state}. Every server listens on 127.0.0.1 only, on free ports
-chosen at each `up`, except Argo's workflow-controller health port, which Argo hard-codes to :6060 on every
-interface (docs/cluster-local.md).
+chosen at each `up`, except two that Argo binds on every interface with no flag to change it: the
+workflow-controller's health port :6060 and the Argo Server's port (docs/cluster-local.md).
 """
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -32,11 +37,14 @@ from infra.local.components import (
     NAMESPACE,
     NODE_NAME,
     POD_MARKER,
+    S3_KEYS,
+    SUBMITTER_TOKEN_SECRET,
     USERS,
     ClusterError,
     alive,
     binaries,
     binding,
+    create_bucket,
     ensure_pki,
     ensure_tokens,
     free_port,
@@ -50,6 +58,7 @@ from infra.local.components import (
     stop,
     wait_ready,
     write_kubeconfig,
+    write_overlay,
 )
 
 
@@ -84,6 +93,8 @@ class Cluster:
                 out[name] = f"not running (log {e['log']})"
             else:
                 ok = {
+                    "s3": lambda: "ListAllMyBucketsResult" in http_get(f"http://127.0.0.1:{ports['s3']}/"),
+                    "argo-server": lambda: http_get(f"https://127.0.0.1:{ports['argo_server']}/") != "",
                     "etcd": lambda: '"health":"true"' in http_get(f"http://127.0.0.1:{ports['etcd']}/health"),
                     "kube-apiserver": lambda: http_get(f"https://127.0.0.1:{ports['apiserver']}/readyz",
                                                    tokens.get("admin"), ca) == "ok",
@@ -139,13 +150,14 @@ class Cluster:
         ensure_pki(pki)
         tokens = ensure_tokens(self.state)
         taken: set[int] = set()
-        ports = {k: free_port(taken) for k in ("etcd", "etcd_peer", "apiserver", "kcm", "scheduler", "node")}
+        ports = {k: free_port(taken) for k in ("s3", "etcd", "etcd_peer", "apiserver", "kcm", "scheduler", "node",
+                                              "argo_server")}
         server = f"https://127.0.0.1:{ports['apiserver']}"
         kcfg = {}
         for who in USERS:
             kcfg[who] = self.state / f"{who}.kubeconfig"
             write_kubeconfig(kcfg[who], server, pki / "ca.crt", tokens[who],
-                             NAMESPACE if who in ("admin", "workflow-controller") else "default")
+                             NAMESPACE if who in ("admin", "workflow-controller", "argo-server") else "default")
         info = {"ports": ports, "server": server, "bin": str(bindir), "procs": {}, "figures": {}}
         self.save(info)
         procs: dict[str, Any] = info["procs"]
@@ -159,6 +171,16 @@ class Cluster:
 
         try:
             b = bindir / "bin"
+            # moto's S3 server: the drill's bucket and Argo's artifact repository. Its objects live in its
+            # memory, so they are gone after `down`.
+            moto = Path(sys.executable).parent / "moto_server"
+            if not moto.exists():
+                raise ClusterError(f"no moto_server beside {sys.executable}: run make install (moto is a test "
+                                   "dependency) and start the cluster with .venv/bin/python")
+            started("s3", spawn("s3", [str(moto), "-H", "127.0.0.1", "-p", str(ports["s3"])], self.state),
+                    lambda: "ListAllMyBucketsResult" in http_get(f"http://127.0.0.1:{ports['s3']}/"))
+            create_bucket(ports["s3"])
+
             etcd_dir = self.state / "etcd"
             started("etcd", spawn("etcd", [
                 str(b / "etcd"), "--name", "baton-local", "--data-dir", str(etcd_dir),
@@ -226,11 +248,23 @@ class Cluster:
             self._wait_api(kc, kcfg["admin"], ["get", "configmap", "kube-root-ca.crt", "-n", NAMESPACE],
                            "ConfigMap kube-root-ca.crt in namespace baton (kube-controller-manager)", timeout)
 
+            self.apply_overlay(kc, kcfg["admin"], ports["s3"], timeout)
+
             argo_env = dict(os.environ, LEADER_ELECTION_DISABLE="true")
             started("workflow-controller", spawn("workflow-controller", [
                 str(b / "workflow-controller"), "--kubeconfig", str(kcfg["workflow-controller"]),
                 "--namespace", NAMESPACE, "--executor-image", EXECUTOR_IMAGE, "--loglevel", "info",
             ], self.state, argo_env), lambda: self._argo_ready(procs["workflow-controller"]))
+
+            # The Argo Server in `client` auth mode: each request is made with the caller's own token
+            # (ARGO_TOKEN, baton-submitter's). Its TLS certificate is self-signed, made at each start
+            # (--secure, the default, with no --tls-certificate-secret-name). It listens on every interface:
+            # argoserver.go's net.Listen("tcp", ":PORT") takes no address (docs/cluster-local.md).
+            server_env = {k: v for k, v in os.environ.items() if not k.startswith("ARGO_")}
+            started("argo-server", spawn("argo-server", [
+                str(b / "argo"), "server", "--kubeconfig", str(kcfg["argo-server"]), "--namespace", NAMESPACE,
+                "--auth-mode", "client", "--port", str(ports["argo_server"]), "--secure=true", "--loglevel", "info",
+            ], self.state, server_env), lambda: http_get(f"https://127.0.0.1:{ports['argo_server']}/") != "")
 
             node_cfg = self.state / "node.json"
             node_cfg.write_text(json.dumps({
@@ -249,7 +283,8 @@ class Cluster:
         figures["up_total"] = round(time.monotonic() - t_start, 1)
         self.save(info)
         print(f"cluster: up in {figures['up_total']:.0f} s: {', '.join(COMPONENTS)} on 127.0.0.1 "
-              f"(API {server}); eval \"$(python -m infra.local.cluster env)\"")
+              f"(API {server}); paste these, or eval \"$(python -m infra.local.cluster env)\":")
+        self.env()
 
     def _wait_api(self, kc: str, kubeconfig: Path, args: list[str], what: str, timeout: float) -> None:
         t0 = time.monotonic()
@@ -257,6 +292,39 @@ class Cluster:
             if time.monotonic() - t0 > timeout:
                 raise ClusterError(f"{what} did not appear within {timeout:.0f} s; see {self.state}/logs/")
             time.sleep(0.5)
+
+    def apply_overlay(self, kc: str, kubeconfig: Path, s3_port: int, timeout: float) -> None:
+        """templates/overlays/local (namespace, the drill's RBAC, the bucket's ConfigMap and Secret, Argo's
+        artifact repository, the submitter's token Secret, the nightly CronWorkflow), with this `up`'s moto
+        port; then the submitter's token, once the token controller has filled it in, saved for `env`."""
+        overlay = write_overlay(self.state, s3_port)
+        built = subprocess.run([kc, "kustomize", str(overlay)], capture_output=True, text=True)
+        if built.returncode:
+            raise ClusterError(f"kubectl kustomize {overlay} failed: {built.stderr.strip().splitlines()[-1:]}")
+        docs = built.stdout
+        r = subprocess.run([kc, "--kubeconfig", str(kubeconfig), "apply", "--server-side", "--force-conflicts",
+                            "-f", "-"], input=docs, capture_output=True, text=True)
+        if r.returncode:
+            raise ClusterError(f"applying templates/overlays/local failed: {r.stderr.strip().splitlines()[-1:]}")
+        # The nightly drill is installed suspended: a cluster left up at 03:00 would otherwise run a full
+        # drill. `argo cron resume baton-equivalence-nightly` turns it on.
+        subprocess.run([kc, "--kubeconfig", str(kubeconfig), "-n", NAMESPACE, "patch", "cronworkflow",
+                        "baton-equivalence-nightly", "--type", "merge", "-p", '{"spec":{"suspend":true}}'],
+                       capture_output=True)
+        t0 = time.monotonic()
+        while True:
+            out = subprocess.run([kc, "--kubeconfig", str(kubeconfig), "-n", NAMESPACE, "get", "secret",
+                                  SUBMITTER_TOKEN_SECRET, "-o", "jsonpath={.data.token}"],
+                                 capture_output=True, text=True).stdout.strip()
+            if out:
+                break
+            if time.monotonic() - t0 > timeout:
+                raise ClusterError(f"Secret {SUBMITTER_TOKEN_SECRET} got no token within {timeout:.0f} s "
+                                   f"(kube-controller-manager's token controller); see {self.state}/logs/")
+            time.sleep(0.5)
+        path = self.state / "submitter.token"
+        path.write_text(base64.b64decode(out).decode())
+        path.chmod(0o600)
 
     def bootstrap(self, kc: str, kubeconfig: Path, bindir: Path) -> None:
         """Argo's CRDs, namespace baton, the RBAC of Argo's own manifests, and the node agent's binding."""
@@ -278,6 +346,9 @@ class Cluster:
               "Argo's ClusterRole")
         apply(["apply", "--server-side", "-n", NAMESPACE, "-f", str(rbac / "workflow-controller-role.yaml")],
               "Argo's Role")
+        server_rbac = bindir / "argo-manifests" / "cluster-install-no-crds" / "argo-server-rbac"
+        apply(["apply", "--server-side", "-f", str(server_rbac / "argo-server-clusterole.yaml")],
+              "the Argo Server's ClusterRole")
         executor_role = (bindir / "argo-manifests" / "quick-start" / "base" / "executor" / "emissary"
                          / "executor-role.yaml")
         apply(["apply", "--server-side", "-n", NAMESPACE, "-f", str(executor_role)], "Argo's executor Role")
@@ -285,6 +356,8 @@ class Cluster:
         docs: list[dict[str, Any]] = [
             binding("ClusterRoleBinding", "baton-argo-controller", "ClusterRole", "argo-cluster-role",
                      {"kind": "User", "name": user, "apiGroup": "rbac.authorization.k8s.io"}),
+            binding("ClusterRoleBinding", "baton-argo-server", "ClusterRole", "argo-server-cluster-role",
+                    {"kind": "User", "name": USERS["argo-server"][0], "apiGroup": "rbac.authorization.k8s.io"}),
             binding("RoleBinding", "baton-argo-controller", "Role", "argo-role",
                      {"kind": "User", "name": user, "apiGroup": "rbac.authorization.k8s.io"}, NAMESPACE),
             # The executor (the pods' wait container) writes WorkflowTaskResults as the pod's service account.
@@ -344,10 +417,25 @@ class Cluster:
         info = self.load()
         if not info:
             raise ClusterError(f"cluster: not running (state {self.state}); run: python -m infra.local.cluster up")
-        print(f"export KUBECONFIG={self.state / 'admin.kubeconfig'}")
-        print(f"export BATON_CLUSTER_STATE={self.state}")
-        print(f"export ARGO_NAMESPACE={NAMESPACE}")
-        print(f"export PATH={info['bin']}/bin:$PATH")
+        ports = info["ports"]
+        token_file = self.state / "submitter.token"
+        token = token_file.read_text().strip() if token_file.exists() else ""
+        lines = {
+            "KUBECONFIG": str(self.state / "admin.kubeconfig"),
+            "BATON_CLUSTER_STATE": str(self.state),
+            "ARGO_SERVER": f"127.0.0.1:{ports['argo_server']}",
+            "ARGO_TOKEN": f"Bearer {token}",
+            # The server's certificate is self-signed, made at its start: TLS, not verified (loopback).
+            "ARGO_SECURE": "true",
+            "ARGO_INSECURE_SKIP_VERIFY": "true",
+            "ARGO_NAMESPACE": NAMESPACE,
+            # What `status` needs to read the drill's bucket on moto.
+            "BATON_S3_ENDPOINT": f"http://127.0.0.1:{ports['s3']}",
+            **S3_KEYS,
+        }
+        for k, v in lines.items():
+            print(f"export {k}={shlex.quote(v)}")
+        print(f"export PATH={shlex.quote(info['bin'] + '/bin')}:$PATH")
 
 
 def main(argv: list[str] | None = None) -> int:

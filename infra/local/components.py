@@ -11,6 +11,7 @@ import socket
 import ssl
 import subprocess
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
@@ -26,8 +27,17 @@ EXECUTOR_IMAGE = f"quay.io/argoproj/argoexec:{ARGO_VERSION}"
 ARGO_HEALTH_PORT = 6060
 # Every process a pod runs carries this variable, so that `down` finds what a crashed node agent left.
 POD_MARKER = "BATON_LOCAL_POD_OF"
-COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "workflow-controller",
-              "node-agent")
+COMPONENTS = ("s3", "etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "workflow-controller",
+              "argo-server", "node-agent")
+# The drill's bucket on moto, and its placeholder keys (moto checks no signature): the same values are in
+# templates/overlays/local/s3.yaml, which the pods and Argo's artifact repository read.
+BUCKET = "baton"
+S3_KEYS = {"AWS_ACCESS_KEY_ID": "baton-local", "AWS_SECRET_ACCESS_KEY": "baton-local-secret",
+           "AWS_DEFAULT_REGION": "us-east-1"}
+OVERLAY = REPO / "templates" / "overlays" / "local"
+# The endpoint written in the overlay, replaced by moto's port of this `up` (write_overlay).
+OVERLAY_S3_PLACEHOLDER = "127.0.0.1:9000"
+SUBMITTER_TOKEN_SECRET = "baton-submitter.service-account-token"
 # kube-controller-manager's controllers: what pods, service accounts and workflows need here. No node IPAM,
 # no volumes, no workload controllers (Argo creates bare pods).
 KCM_CONTROLLERS = ("serviceaccount-controller,serviceaccount-token-controller,namespace-controller,"
@@ -125,6 +135,7 @@ USERS = {
     "kube-controller-manager": ("system:kube-controller-manager", ""),
     "kube-scheduler": ("system:kube-scheduler", ""),
     "workflow-controller": ("baton:workflow-controller", ""),
+    "argo-server": ("baton:argo-server", ""),
     "node-agent": (f"system:node:{NODE_NAME}", "system:nodes"),
 }
 
@@ -290,3 +301,40 @@ def binding(kind: str, name: str, role_kind: str, role: str, subject: dict[str, 
     return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": kind, "metadata": meta,
             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": role_kind, "name": role},
             "subjects": [subject]}
+
+
+# --- the drill's bucket and overlay -------------------------------------------------------------------------
+
+def create_bucket(port: int, bucket: str = BUCKET) -> None:
+    """PUT /bucket on moto (which needs no signature); an existing bucket is fine."""
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/{bucket}", method="PUT")
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        opener.open(req, timeout=10).close()
+    except urllib.error.HTTPError as e:
+        if e.code != 409:  # BucketAlreadyOwnedByYou
+            raise ClusterError(f"creating bucket {bucket} on moto (127.0.0.1:{port}) failed: HTTP {e.code}") from None
+    except OSError as e:
+        raise ClusterError(f"creating bucket {bucket} on moto (127.0.0.1:{port}) failed: {e}") from None
+
+
+def write_overlay(state: Path, s3_port: int) -> Path:
+    """state/overlay: templates/overlays/local with moto's endpoint of this `up` in ConfigMaps baton-s3 and
+    artifact-repositories. Kustomize refuses an absolute path to a base, so the base is named relative to it."""
+    out = state / "overlay"
+    out.mkdir(exist_ok=True)
+    repo_text = (OVERLAY / "artifact-repositories.yaml").read_text()
+    if repo_text.count(OVERLAY_S3_PLACEHOLDER) != 1:
+        raise ClusterError(f"{OVERLAY / 'artifact-repositories.yaml'}: expected the endpoint "
+                           f"{OVERLAY_S3_PLACEHOLDER} exactly once, to replace with moto's port")
+    (out / "artifact-repositories.yaml").write_text(
+        repo_text.replace(OVERLAY_S3_PLACEHOLDER, f"127.0.0.1:{s3_port}"))
+    endpoint = json.dumps([{"op": "replace", "path": "/data/endpoint", "value": f"http://127.0.0.1:{s3_port}"}])
+    # JSON is YAML: kustomize reads this file as a Kustomization.
+    (out / "kustomization.yaml").write_text(json.dumps({
+        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+        "resources": [os.path.relpath(OVERLAY, out)],
+        "patches": [{"path": "artifact-repositories.yaml"},
+                    {"target": {"kind": "ConfigMap", "name": "baton-s3"}, "patch": endpoint}],
+    }, indent=1) + "\n")
+    return out
