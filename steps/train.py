@@ -50,6 +50,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from trainer import env as baton_env
 from trainer.exits import EXIT_FAIL, EXIT_OK, EXIT_PREEMPTED
 
 
@@ -62,7 +63,7 @@ class Evidence:
         self.last_flush = 0.0
         # On an object store each flush rewrites the whole file: throttled (BATON_EVIDENCE_FLUSH_S,
         # default 2 s). What the drill's evict step sees of the trial lags by about this much.
-        self.flush_every_s = float(os.environ.get("BATON_EVIDENCE_FLUSH_S", "2"))
+        self.flush_every_s = baton_env.number("BATON_EVIDENCE_FLUSH_S", 2.0, minimum=0)
         if not uri:
             return
         from trainer.storage import is_local, url_to_fs
@@ -219,7 +220,7 @@ def advertised_addr() -> str:
     """Where the other pods reach this one: BATON_POD_IP (a pod's status.podIP), else this host's name's address."""
     import socket
 
-    return os.environ.get("BATON_POD_IP") or socket.gethostbyname(socket.gethostname())
+    return baton_env.text("BATON_POD_IP") or socket.gethostbyname(socket.gethostname())
 
 
 def form_round(args: argparse.Namespace, nodes: Nodes, stop) -> Nodes | int:
@@ -303,11 +304,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="baton (default), hf (the HF Trainer example), or 'SCRIPT ARGS...' / '-m MODULE ARGS...'")
     ap.add_argument("--config", help="config file, passed on as --config (baton's trainer requires one)")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
-    ap.add_argument("--evidence", default=os.environ.get("BATON_EVIDENCE_URI"),
+    ap.add_argument("--evidence", default=baton_env.text("BATON_EVIDENCE_URI") or None,
                     help="fsspec folder to copy the record lines to as they happen")
     ap.add_argument("--shutdown-timeout", type=float, default=None,
                     help="torchrun's --shutdown-timeout and the workers' BATON_GRACE (default: BATON_GRACE or 30)")
-    ap.add_argument("--name", default=os.environ.get("BATON_POD_NAME") or f"attempt-{uuid.uuid4().hex[:8]}",
+    ap.add_argument("--name", default=baton_env.text("BATON_POD_NAME") or f"attempt-{uuid.uuid4().hex[:8]}",
                     help="name of this attempt's evidence file")
     ap.add_argument("--launcher", default="auto", choices=("auto", "torchrun", "direct"),
                     help="auto (default): direct for one rank on one node, torchrun otherwise")
@@ -444,5 +445,13 @@ def main(argv: list[str] | None = None) -> int:
     return code
 
 
+def _main() -> int:
+    try:
+        return main()
+    except baton_env.EnvError as e:  # a variable in a spelling baton does not read: one line, and no retry helps
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_FAIL
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(_main())

@@ -20,7 +20,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor
 
-from trainer import faults, rng, trajectory
+from trainer import env, faults, rng, trajectory
 from trainer.cadence import Attempt, Cadence
 from trainer.checkpoint import RESTORABLE, Boundary, Checkpointer, FencedOut, LoadTimes, Parts
 from trainer.config import Config
@@ -45,7 +45,7 @@ def lr_factor(step: int, warmup: int, total: int, min_ratio: float) -> float:
 
 def skipped_restores() -> set[str]:
     """`BATON_SKIP_RESTORE=rng,data,...`: the negative controls. Never set this for real work."""
-    raw = os.environ.get("BATON_SKIP_RESTORE", "")
+    raw = env.text("BATON_SKIP_RESTORE")
     items = {s.strip() for s in raw.split(",") if s.strip()}
     unknown = items - set(RESTORABLE)
     if unknown:
@@ -91,7 +91,7 @@ class Trainer:
         t = time.perf_counter()
         self.cfg, self.preempt = cfg, preempt
         self.skip = skipped_restores()
-        self.swap_ranks = os.environ.get("BATON_SWAP_RANK_STATE") == "1"
+        self.swap_ranks = env.flag("BATON_SWAP_RANK_STATE")
         self.rank, self.world, self.device = init_distributed(cfg.faults.collective_timeout())
         # The first rank of each node speaks for its pod (records.POD_EVENTS); torchrun sets LOCAL_RANK.
         self.node_first = int(os.environ.get("LOCAL_RANK", "0")) == 0

@@ -24,7 +24,6 @@ from __future__ import annotations
 import http.client
 import json
 import math
-import os
 import threading
 import time
 import urllib.error
@@ -34,6 +33,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+from trainer import env
 from trainer.records import log
 from trainer.validation import require as _require
 
@@ -78,7 +78,7 @@ class NoticeConfig:
                  f"must be in (0, 30] seconds, got {self.gcp_timeout_s}")
 
     def podinfo_path(self) -> Path:
-        return Path(self.podinfo_dir or os.environ.get("BATON_PODINFO") or DEFAULT_PODINFO)
+        return Path(self.podinfo_dir or env.text("BATON_PODINFO") or DEFAULT_PODINFO)
 
 
 @dataclass(frozen=True)

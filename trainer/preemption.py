@@ -12,26 +12,20 @@ nothing slow (a save, a commit, a test pause) has happened since; `invalidate` m
 
 from __future__ import annotations
 
-import os
 import signal
 import time
 
 import torch
 import torch.distributed as dist
 
+from trainer import env
 from trainer.grace import grace_seconds
 
 
 def sigterm_handler_disabled() -> bool:
-    """`BATON_DISABLE_SIGTERM_HANDLER`: 1 or true (the drill's negative control), 0, false or unset.
-    Any other value is refused (ValueError): a control asked for in a spelling that went unread would
-    quietly run as a normal trial, and pass."""
-    raw = os.environ.get("BATON_DISABLE_SIGTERM_HANDLER", "").strip().lower()
-    if raw in ("", "0", "false"):
-        return False
-    if raw in ("1", "true"):
-        return True
-    raise ValueError(f"BATON_DISABLE_SIGTERM_HANDLER must be 1, true, 0 or false, got {raw!r}")
+    """`BATON_DISABLE_SIGTERM_HANDLER`: the drill's negative control, a flag (trainer/env.py: any other
+    spelling is refused, since a control that went unread would quietly run as a normal trial, and pass)."""
+    return env.flag("BATON_DISABLE_SIGTERM_HANDLER")
 
 
 class Preemption:

@@ -1,10 +1,13 @@
 """Credentials never reach a message, a record or a report: `redact` takes them out of any text.
-No imports of the project's own, so that every module can use it (records, storage, reports)."""
+No imports of the project's own but trainer.env (which has none), so that every module can use it
+(records, storage, reports)."""
 
 from __future__ import annotations
 
 import os
 import re
+
+from trainer import env
 
 _SECRET_ENV = ("AWS_SECRET_ACCESS_KEY", "AWS_ACCESS_KEY_ID", "AWS_SESSION_TOKEN", "GOOGLE_OAUTH_ACCESS_TOKEN")
 
@@ -19,7 +22,7 @@ def redact(text: str) -> str:
         value = os.environ.get(name)
         if value and len(value) >= 4:
             text = text.replace(value, "***")
-    token = os.environ.get("BATON_GCS_TOKEN", "")
+    token = env.text("BATON_GCS_TOKEN")
     if len(token) >= 8 and token not in ("google_default", "anon"):  # a raw token or a key file's path
         text = text.replace(token, "***")
     return text

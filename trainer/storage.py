@@ -41,6 +41,7 @@ from typing import Any, TypeVar
 import fsspec
 from fsspec import AbstractFileSystem
 
+from trainer import env
 from trainer.redaction import redact  # noqa: F401 - storage errors redact with it; callers import it from here
 from trainer.validation import ConfigError
 
@@ -54,14 +55,10 @@ class StorageError(ConfigError):
 
 
 def _max_attempts(var: str, default: int) -> int:
-    raw = os.environ.get(var, "")
     try:
-        n = int(raw) if raw else default
-    except ValueError:
-        raise ConfigError(f"{var} must be a positive integer, got {raw!r}") from None
-    if n < 1:
-        raise ConfigError(f"{var} must be a positive integer, got {raw!r}")
-    return n
+        return env.integer(var, default, minimum=1)
+    except env.EnvError as e:  # a StorageError's parent: the CLI reports it as a config error, exit 1
+        raise ConfigError(str(e)) from None
 
 
 def _s3_max_attempts() -> int:
@@ -109,7 +106,7 @@ def storage_options(uri: str) -> dict[str, Any]:
             "config_kwargs": {"retries": {"max_attempts": _s3_max_attempts(), "mode": "standard"},
                               "connect_timeout": 10, "read_timeout": 60},
         }
-        endpoint = os.environ.get("BATON_S3_ENDPOINT")
+        endpoint = env.text("BATON_S3_ENDPOINT")
         if endpoint:
             opts["client_kwargs"] = {"endpoint_url": endpoint}
         return opts
@@ -147,14 +144,17 @@ _gcs_class: type | None = None
 
 
 def _flag(name: str) -> bool:
-    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+    try:
+        return env.flag(name)
+    except env.EnvError as e:
+        raise ConfigError(str(e)) from None
 
 
 def gcs_token() -> str:
     """gcsfs's `token`: BATON_GCS_TOKEN, else "anon" against an emulator (STORAGE_EMULATOR_HOST), else
     Application Default Credentials. Never None: gcsfs would then try ADC, its token cache and the GCE
     metadata server in turn and fall back to anonymous access without a word."""
-    explicit = os.environ.get("BATON_GCS_TOKEN", "").strip()
+    explicit = env.text("BATON_GCS_TOKEN")
     if explicit:
         return explicit
     emulator = os.environ.get("STORAGE_EMULATOR_HOST", "").strip()
