@@ -28,8 +28,8 @@ What this module does instead (one data loader process, `dataloader_num_workers=
   process's start state: right in epoch 0 only);
 - each collator call's RNG is digested as well: the step record's `batch_rng_sha` (the RNG before the
   step's batches were drawn), which tells an RNG that was not restored from a data order that was not.
-- a sampler with a torch.Generator of its own and no `set_epoch` draws from a state no checkpoint holds:
-  it is refused at the start (UnsupportedSampler), by name.
+- a sampler with a generator of its own (torch's, numpy's or python's) and no `set_epoch` draws from a
+  state no checkpoint holds: it is refused at the start (UnsupportedSampler), by name.
 Limits: with DataLoader workers the collator runs in the workers, whose RNG restarts at every epoch
 start and is not saved: a random collator or dataset is then not exact across a mid-epoch resume
 (README; the drill reports a batch that differs right after a resume). A checkpoint without the snapshot
@@ -163,15 +163,29 @@ class EpochRng:
     def __init__(self, rank: int, checkpoint: str | None) -> None:
         self.rank = rank
         self.current: dict[str, Any] | None = None  # {"epoch": int, "state": capture()}
-        self.saved = load(os.path.join(checkpoint, EPOCH_FILE.format(rank=rank))) if checkpoint else None
+        saved = load(os.path.join(checkpoint, EPOCH_FILE.format(rank=rank))) if checkpoint else None
+        # Loaded safely (weights_only) and checked against its manifest, but of a shape that is the writer's
+        # word: one that is not this module's is left unused, as a checkpoint without the file is.
+        ok = (isinstance(saved, dict) and isinstance(saved.get("epoch"), int) and isinstance(saved.get("state"), dict)
+              and {"python", "numpy", "cpu"} <= set(saved["state"]))
+        if saved is not None and not ok:
+            from trainer.records import log
+
+            log(f"warning: {EPOCH_FILE.format(rank=rank)} in {checkpoint} is not an epoch RNG snapshot: not used")
+        self.saved = saved if ok else None
         self.first = True
 
     def begin(self, epoch_position: float) -> None:
         """`epoch_position`: the Trainer's state.epoch at on_epoch_begin (fractional on a mid-epoch resume)."""
         epoch = int(math.floor(epoch_position))
         mid_epoch = epoch_position != epoch
-        if self.first and mid_epoch and isinstance(self.saved, dict) and self.saved.get("epoch") == epoch:
-            restore(self.saved["state"])  # the resumed epoch: its sampler draws what it drew before
+        if self.first and mid_epoch and self.saved is not None and self.saved["epoch"] == epoch:
+            try:
+                restore(self.saved["state"])  # the resumed epoch: its sampler draws what it drew before
+            except (TypeError, ValueError, RuntimeError) as e:  # a state of the wrong types: as if absent
+                from trainer.records import log
+
+                log(f"warning: the epoch RNG snapshot cannot be restored ({str(e)[:200]}): not used")
         self.first = False
         self.current = {"epoch": epoch, "state": capture()}
 
