@@ -192,6 +192,15 @@ class Cluster:
                 "--initial-cluster-state", "existing" if (etcd_dir / "member").exists() else "new",
             ], self.state), lambda: '"health":"true"' in http_get(f"http://127.0.0.1:{ports['etcd']}/health"))
 
+            # An audit log of evictions and pod deletions only: what shows that a drill's evict step went through
+            # the Eviction API, as whom, and what deleted each pod (tests/e2e reads it).
+            audit_policy = self.state / "audit-policy.json"
+            audit_policy.write_text(json.dumps({
+                "apiVersion": "audit.k8s.io/v1", "kind": "Policy", "omitStages": ["RequestReceived"],
+                "rules": [{"level": "Metadata", "verbs": ["create"],
+                           "resources": [{"group": "", "resources": ["pods/eviction"]}]},
+                          {"level": "Metadata", "verbs": ["delete"], "resources": [{"group": "", "resources": ["pods"]}]},
+                          {"level": "None"}]}))
             # --endpoint-reconciler-type none: the lease reconciler refuses a loopback --advertise-address.
             # The kubelet flags let `kubectl logs` reach the node agent over TLS checked both ways.
             started("kube-apiserver", spawn("kube-apiserver", [
@@ -213,6 +222,8 @@ class Cluster:
                 "--kubelet-client-key", str(pki / "apiserver-kubelet-client.key"),
                 "--kubelet-preferred-address-types", "InternalIP",
                 "--allow-privileged=true", "--profiling=false",
+                "--audit-policy-file", str(audit_policy), "--audit-log-path", str(self.state / "logs" / "audit.log"),
+                "--audit-log-maxsize", "50", "--audit-log-maxbackup", "2",
             ], self.state), lambda: http_get(f"{server}/readyz", tokens["admin"], pki / "ca.crt") == "ok")
 
             self.bootstrap(kc, kcfg["admin"], bindir)
@@ -261,6 +272,10 @@ class Cluster:
             # (--secure, the default, with no --tls-certificate-secret-name). It listens on every interface:
             # argoserver.go's net.Listen("tcp", ":PORT") takes no address (docs/cluster-local.md).
             server_env = {k: v for k, v in os.environ.items() if not k.startswith("ARGO_")}
+            # In `client` mode each request's REST config comes from client-go's default loading rules
+            # (util/kubeconfig.DefaultRestConfig: $KUBECONFIG, else in-cluster), not from --kubeconfig; its
+            # credentials are then replaced by the caller's token.
+            server_env["KUBECONFIG"] = str(kcfg["argo-server"])
             started("argo-server", spawn("argo-server", [
                 str(b / "argo"), "server", "--kubeconfig", str(kcfg["argo-server"]), "--namespace", NAMESPACE,
                 "--auth-mode", "client", "--port", str(ports["argo_server"]), "--secure=true", "--loglevel", "info",

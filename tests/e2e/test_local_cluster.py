@@ -1,112 +1,23 @@
 """The local control plane end to end: real etcd, kube-apiserver, kube-controller-manager, kube-scheduler and
 Argo's workflow-controller (infra/local/build.sh), with the node agent running pods as host processes.
 
-One cluster for the module, in a temporary state folder, brought down at the end whatever happens; the
-teardown then checks that none of its processes is left. Skipped when the binaries are not built.
+The cluster is conftest.py's, shared with test_drill_real_argo.py. Skipped when the binaries are not built.
 """
 from __future__ import annotations
 
 import json
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-BUILD = REPO / "infra" / "local" / "build.sh"
+from tests.e2e.localcluster import Local, why_skip
 
-
-def _why_skip() -> str:
-    check = subprocess.run(["bash", str(BUILD), "--check"], capture_output=True, text=True)
-    if check.returncode != 0:
-        return f"local cluster binaries not built (bash infra/local/build.sh): {check.stderr.strip()}"
-    if os.geteuid() != 0:
-        return "the node agent needs root (a private mount namespace per container)"
-    if not any((Path(d) / "kubectl").exists() for d in os.environ.get("PATH", "").split(os.pathsep)):
-        return "no kubectl on PATH"
-    return ""
-
-
-_SKIP = _why_skip()
-pytestmark = [pytest.mark.skipif(bool(_SKIP), reason=_SKIP), pytest.mark.slow, pytest.mark.e2e]
-
-
-class Local:
-    """The running cluster: its state folder and a kubectl bound to its admin kubeconfig."""
-
-    def __init__(self, state: Path):
-        self.state = state
-        self.env = dict(os.environ, BATON_CLUSTER_STATE=str(state))
-
-    def cli(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "infra.local.cluster", *args], cwd=REPO, env=self.env,
-                              capture_output=True, text=True, timeout=timeout)
-
-    def kubectl(self, *args: str, stdin: str | None = None, check: bool = True) -> str:
-        r = subprocess.run(["kubectl", "--kubeconfig", str(self.state / "admin.kubeconfig"), "-n", "baton", *args],
-                           input=stdin, capture_output=True, text=True, timeout=60)
-        if check and r.returncode:
-            raise AssertionError(f"kubectl {' '.join(args)}: {r.stderr.strip()}")
-        return r.stdout
-
-    def get(self, kind: str, name: str) -> dict[str, Any]:
-        return json.loads(self.kubectl("get", kind, name, "-o", "json"))
-
-    def wait_phase(self, kind: str, name: str, phases: tuple[str, ...], timeout: float = 180) -> dict[str, Any]:
-        t0 = time.monotonic()
-        while True:
-            obj = self.get(kind, name)
-            if obj.get("status", {}).get("phase") in phases:
-                return obj
-            if time.monotonic() - t0 > timeout:
-                raise AssertionError(f"{kind} {name} not in {phases} after {timeout:.0f} s: "
-                                     f"{json.dumps(obj.get('status', {}))[:1500]}")
-            time.sleep(0.5)
-
-    def pids(self) -> list[int]:
-        info = json.loads((self.state / "pids.json").read_text())
-        return [p["pid"] for p in info["procs"].values()]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory):
-    local = Local(tmp_path_factory.mktemp("cluster-state"))
-    t0 = time.monotonic()
-    up = local.cli("up")
-    pids: list[int] = []
-    try:
-        assert up.returncode == 0, f"cluster up failed: {up.stderr.strip()}"
-        print(f"\n[e2e] {up.stdout.strip()} (measured {time.monotonic() - t0:.1f} s)")
-        pids = local.pids()
-        yield local
-    finally:
-        if (local.state / "pids.json").exists() and not pids:
-            pids = local.pids()
-        marker = f"BATON_LOCAL_POD_OF={local.state}".encode()
-        down = local.cli("down")
-        assert down.returncode == 0, f"cluster down failed: {down.stderr.strip()}"
-        left = [p for p in pids if _alive(p)]
-        assert not left, f"processes left running after down: {left}"
-        strays = []
-        for d in Path("/proc").iterdir():
-            try:
-                if d.name.isdigit() and marker in (d / "environ").read_bytes().split(b"\0"):
-                    strays.append(int(d.name))
-            except OSError:
-                continue
-        assert not strays, f"pod processes left running after down: {strays}"
+_SKIP = why_skip()
+pytestmark = [pytest.mark.skipif(bool(_SKIP), reason=_SKIP), pytest.mark.slow]
 
 
 def test_up_again_says_healthy_and_everything_listens_on_loopback(cluster: Local):
@@ -118,8 +29,10 @@ def test_up_again_says_healthy_and_everything_listens_on_loopback(cluster: Local
     listening = [line.split()[3] for line in out.splitlines()
                  if any(f"pid={p}," in line for p in ours)]
     assert listening, out
-    # Argo's health port is hard-coded to ":6060" (cmd/workflow-controller/main.go): the one exception.
-    beyond = [a for a in listening if not a.startswith("127.0.0.1:") and not a.endswith(":6060")]
+    # Two exceptions, each hard-coded by Argo with no flag to change it: the controller's health port ":6060"
+    # (cmd/workflow-controller/main.go) and the Argo Server's ":PORT" (server/apiserver/argoserver.go).
+    exceptions = (":6060", f":{cluster.ports()['argo_server']}")
+    beyond = [a for a in listening if not a.startswith("127.0.0.1:") and not a.endswith(exceptions)]
     assert not beyond, f"listening beyond 127.0.0.1: {beyond}"
 
 

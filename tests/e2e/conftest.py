@@ -1,0 +1,42 @@
+"""One local cluster for the whole e2e session (both modules), in a temporary state folder, brought down at
+the end whatever happens; the teardown then checks that none of its processes is left."""
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.localcluster import Local, alive, why_skip
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Local]:
+    if why_skip():
+        pytest.skip(why_skip())
+    local = Local(tmp_path_factory.mktemp("cluster-state"))
+    t0 = time.monotonic()
+    up = local.cli("up")
+    pids: list[int] = []
+    try:
+        assert up.returncode == 0, f"cluster up failed: {up.stderr.strip()}"
+        print(f"\n[e2e] {up.stdout.strip().splitlines()[0]} (measured {time.monotonic() - t0:.1f} s)")
+        pids = local.pids()
+        yield local
+    finally:
+        if (local.state / "pids.json").exists() and not pids:
+            pids = local.pids()
+        marker = f"BATON_LOCAL_POD_OF={local.state}".encode()
+        down = local.cli("down")
+        assert down.returncode == 0, f"cluster down failed: {down.stderr.strip()}"
+        left = [p for p in pids if alive(p)]
+        assert not left, f"processes left running after down: {left}"
+        strays = []
+        for d in Path("/proc").iterdir():
+            try:
+                if d.name.isdigit() and marker in (d / "environ").read_bytes().split(b"\0"):
+                    strays.append(int(d.name))
+            except OSError:
+                continue
+        assert not strays, f"pod processes left running after down: {strays}"

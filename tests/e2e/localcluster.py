@@ -1,0 +1,86 @@
+"""What the e2e tests share: why they are skipped, and a handle on one running local cluster
+(infra/local/cluster.py) in a temporary state folder. The cluster fixture itself is in conftest.py."""
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+BUILD = REPO / "infra" / "local" / "build.sh"
+
+
+def why_skip() -> str:
+    check = subprocess.run(["bash", str(BUILD), "--check"], capture_output=True, text=True)
+    if check.returncode != 0:
+        return f"local cluster binaries not built (bash infra/local/build.sh): {check.stderr.strip()}"
+    if os.geteuid() != 0:
+        return "the node agent needs root (a private mount namespace per container)"
+    if not any((Path(d) / "kubectl").exists() for d in os.environ.get("PATH", "").split(os.pathsep)):
+        return "no kubectl on PATH"
+    return ""
+
+
+class Local:
+    """The running cluster: its state folder and a kubectl bound to its admin kubeconfig."""
+
+    def __init__(self, state: Path):
+        self.state = state
+        self.env = dict(os.environ, BATON_CLUSTER_STATE=str(state))
+
+    def cli(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "infra.local.cluster", *args], cwd=REPO, env=self.env,
+                              capture_output=True, text=True, timeout=timeout)
+
+    def user_env(self) -> dict[str, str]:
+        """The environment a user gets from `eval "$(python -m infra.local.cluster env)"`."""
+        r = self.cli("env")
+        assert r.returncode == 0, r.stderr
+        env = dict(self.env)
+        for line in r.stdout.splitlines():
+            words = shlex.split(line)
+            assert words[0] == "export" and "=" in words[1], line
+            k, v = words[1].split("=", 1)
+            env[k] = v.replace("$PATH", env.get("PATH", ""))
+        return env
+
+    def kubectl(self, *args: str, stdin: str | None = None, check: bool = True) -> str:
+        r = subprocess.run(["kubectl", "--kubeconfig", str(self.state / "admin.kubeconfig"), "-n", "baton", *args],
+                           input=stdin, capture_output=True, text=True, timeout=60)
+        if check and r.returncode:
+            raise AssertionError(f"kubectl {' '.join(args)}: {r.stderr.strip()}")
+        return r.stdout
+
+    def get(self, kind: str, name: str) -> dict[str, Any]:
+        return json.loads(self.kubectl("get", kind, name, "-o", "json"))
+
+    def wait_phase(self, kind: str, name: str, phases: tuple[str, ...], timeout: float = 180) -> dict[str, Any]:
+        t0 = time.monotonic()
+        while True:
+            obj = self.get(kind, name)
+            if obj.get("status", {}).get("phase") in phases:
+                return obj
+            if time.monotonic() - t0 > timeout:
+                raise AssertionError(f"{kind} {name} not in {phases} after {timeout:.0f} s: "
+                                     f"{json.dumps(obj.get('status', {}))[:1500]}")
+            time.sleep(0.5)
+
+    def pids(self) -> list[int]:
+        info = json.loads((self.state / "pids.json").read_text())
+        return [p["pid"] for p in info["procs"].values()]
+
+    def ports(self) -> dict[str, int]:
+        return json.loads((self.state / "pids.json").read_text())["ports"]
+
+
+def alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"

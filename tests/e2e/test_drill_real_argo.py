@@ -1,0 +1,147 @@
+"""The drill as a user runs it, on the real Argo controller and Argo Server of the local cluster.
+
+`kubectl kustomize templates/overlays/local | python workflows/equivalence.py submit --from-file -` through
+the Argo Server with baton-submitter's token (`client` auth mode), then `status NAME` against the same server
+until the workflow ends. The assertions are on what Argo itself recorded: the Workflow's phase and nodes in
+the API server, compare's outputs on the workflow, its artifacts in moto's bucket, and the API server's audit
+log for the eviction. Skipped when the binaries are not built (tests/e2e/localcluster.py).
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from typing import Any
+
+import boto3
+import pytest
+
+from tests.e2e.localcluster import REPO, Local, why_skip
+
+_SKIP = why_skip()
+pytestmark = [pytest.mark.skipif(bool(_SKIP), reason=_SKIP), pytest.mark.slow]
+
+# Small enough for 2 cores, large enough that the one eviction lands inside the trial's training (with 20
+# steps the trial finished first and the drill said INCONCLUSIVE: "the trial outran them").
+SMALL = ["-p", "total_steps=60", "-p", "evictions=1"]
+FINAL = ("Succeeded", "Failed", "Error")
+
+
+def _submit(cluster: Local, env: dict[str, str], *params: str) -> str:
+    wf = subprocess.run(["kubectl", "kustomize", str(REPO / "templates" / "overlays" / "local")],
+                        capture_output=True, text=True, check=True).stdout
+    r = subprocess.run([sys.executable, "workflows/equivalence.py", "submit", "--from-file", "-", *params],
+                       input=wf, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, f"submit failed: {r.stderr.strip()}"
+    name, url = r.stdout.split()[:2]
+    assert url == f"https://{env['ARGO_SERVER']}/workflows/baton/{name}", r.stdout
+    return name
+
+
+def _watch(env: dict[str, str], name: str, timeout: float = 900) -> tuple[str, subprocess.CompletedProcess[str]]:
+    """`status NAME` against the Argo Server every few seconds, until its first line names a final phase."""
+    t0 = time.monotonic()
+    while True:
+        r = subprocess.run([sys.executable, "workflows/equivalence.py", "status", name], cwd=REPO, env=env,
+                           capture_output=True, text=True, timeout=120)
+        assert r.stdout.startswith(f"workflow {name}  "), f"status: {r.stdout[:300]} {r.stderr.strip()}"
+        phase = r.stdout.split()[2].rstrip(":")
+        if phase in FINAL:
+            return phase, r
+        assert time.monotonic() - t0 < timeout, f"{name} not finished after {timeout:.0f} s:\n{r.stdout}"
+        time.sleep(5)
+
+
+def _tasks(wf: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The DAG's tasks (Retry nodes) by name; each with its attempts, in order, under "attempts"."""
+    nodes = wf["status"]["nodes"]
+    out = {}
+    for n in nodes.values():
+        if n.get("type") == "Retry":
+            out[n["displayName"]] = dict(n, attempts=[nodes[c] for c in n.get("children", [])])
+    return out
+
+
+def _outputs(node: dict[str, Any]) -> dict[str, str]:
+    return {p["name"]: p.get("value") for p in (node.get("outputs") or {}).get("parameters", [])}
+
+
+def _s3(env: dict[str, str]):
+    return boto3.client("s3", endpoint_url=env["BATON_S3_ENDPOINT"], aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
+                        aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"], region_name=env["AWS_DEFAULT_REGION"])
+
+
+def _evictions(cluster: Local, name: str) -> list[dict[str, Any]]:
+    """The API server's audit events for evictions of this workflow's pods."""
+    events = []
+    for line in (cluster.state / "logs" / "audit.log").read_text().splitlines():
+        e = json.loads(line)
+        ref = e.get("objectRef", {})
+        if ref.get("subresource") == "eviction" and ref.get("name", "").startswith(f"{name}-"):
+            events.append(e)
+    return events
+
+
+def _describe(wf: dict[str, Any]) -> str:
+    return json.dumps({t: [(a["phase"], a.get("message"), (a.get("outputs") or {}).get("exitCode"))
+                           for a in n["attempts"]] for t, n in _tasks(wf).items()})
+
+
+def test_the_drill_submitted_through_the_argo_server_passes_with_argo_retrying_the_evicted_trial(cluster: Local):
+    env = cluster.user_env()
+    t0 = time.monotonic()
+    name = _submit(cluster, env, *SMALL)
+    phase, status = _watch(env, name)
+    print(f"\n[e2e] drill {name}: {phase} after {time.monotonic() - t0:.0f} s\n{status.stdout}")
+    wf = cluster.get("workflow", name)  # what the controller wrote, read from the API server
+    assert wf["status"]["phase"] == phase == "Succeeded", _describe(wf)
+    assert status.returncode == 0, status.stdout  # status also read the bucket (BATON_S3_ENDPOINT and keys)
+    tasks = _tasks(wf)
+    trial = tasks["trial"]["attempts"]
+    assert len(trial) == 2, _describe(wf)
+    first, last = trial
+    # Which of the two Argo records is a race between the node agent's final status and the pod's deletion
+    # (the controller's default, no ARGO_POD_STATUS_CAPTURE_FINALIZER): both are retried by the expression.
+    assert (first["phase"], first.get("message")) in (("Error", "pod deleted"),
+                                                      ("Failed", "main: Error (exit code 75)")), _describe(wf)
+    print(f"[e2e] Argo recorded the evicted trial attempt as {first['phase']}: {first.get('message')!r}")
+    assert last["phase"] == "Succeeded" and last["outputs"]["exitCode"] == "0"
+    assert [a["displayName"] for a in trial] == ["trial(0)", "trial(1)"]
+    assert any(line.split()[:2] == ["trial(1)", "Succeeded"] for line in status.stdout.splitlines()), status.stdout
+    # evict went through the Eviction API, as the drill's ServiceAccount, and evicted the first trial pod.
+    evictions = _evictions(cluster, name)
+    # Pod names are Argo's v2 names, <workflow>-<template>-<the hash of the node id>.
+    pod = f"{name}-trial-{first['id'].rsplit('-', 1)[1]}"
+    assert [e["objectRef"]["name"] for e in evictions] == [pod], evictions
+    assert evictions[0]["user"]["username"] == "system:serviceaccount:baton:baton-drill"
+    assert evictions[0]["responseStatus"]["code"] == 201
+    # compare's outputs are on the workflow: nothing replayed, one clean preemption, one retry.
+    compare = tasks["compare"]["attempts"][-1]
+    out = _outputs(compare)
+    assert out["replayed_steps"] == "0" and out["preemptions"] == "1" and out["trial_retries"] == "1", out
+    # ...and its report is in the artifact repository (moto), where the workflow says it is.
+    arts = {a["name"]: a for a in compare["outputs"]["artifacts"]}
+    assert {"report-json", "report-md", "loss-png"} <= set(arts)
+    s3 = _s3(env)
+    body = {k: s3.get_object(Bucket=arts[k]["s3"].get("bucket", "baton"), Key=arts[k]["s3"]["key"])["Body"].read()
+            for k in ("report-json", "report-md", "loss-png")}
+    report = json.loads(body["report-json"])
+    assert report["passed"] is True and report["steps"]["preemptions"] == 1, report
+    assert body["loss-png"].startswith(b"\x89PNG") and body["report-md"].strip()
+
+
+def test_the_negative_control_fails_the_drill_on_the_real_controller(cluster: Local):
+    env = cluster.user_env()
+    t0 = time.monotonic()
+    # As tests/workflow/test_drill.py's negative control: no periodic checkpoints, the SIGTERM handler off.
+    name = _submit(cluster, env, *SMALL, "-p", "every_steps=0", "-p", "disable_sigterm_handler=1")
+    phase, status = _watch(env, name)
+    print(f"\n[e2e] negative control {name}: {phase} after {time.monotonic() - t0:.0f} s\n{status.stdout}")
+    wf = cluster.get("workflow", name)
+    assert wf["status"]["phase"] == phase == "Failed", _describe(wf)
+    tasks = _tasks(wf)
+    print(f"[e2e] Argo recorded the negative control's trial as {_describe(wf)}")
+    assert tasks["compare"]["attempts"][-1]["phase"] == "Failed", _describe(wf)
+    assert _outputs(tasks["compare"]["attempts"][-1])["trial_retries"] != "-1"
+    assert len(_evictions(cluster, name)) == 1
