@@ -13,30 +13,25 @@ import torch
 from steps.judge import judge as judge_checkpoints
 from steps.verdict import assemble
 from steps.verify import verify
+from tests.unit.test_verdict_start import TOTAL as START_TOTAL
+from tests.unit.test_verdict_start import records as start_records
 
-TOTAL = 6
-FIELDS = {"batch_rng_sha": 200, "batch_sha": 0, "rng_sha": 100}
+TOTAL = START_TOTAL  # test_verdict_start's, whose records these build on
 
 
 def records(changed: dict[str, int] | None = None, resumed_at: int | None = 3, batch_rng: bool = True) -> list[dict]:
-    """One role's records, with `changed`: field -> the step from which it differs from the reference's
-    ("loss" and "lr" included)."""
-    changed = changed or {}
-    out = [{"event": "resume", "step": 0, "attempt": 1, "time": 0.0, "from_step": 0, "fresh": True},
-           {"event": "start", "step": 0, "attempt": 1, "time": 0.1, "weights_sha": "w", "optim_sha": "o"}]
-    attempt = 1
-    for s in range(1, TOTAL + 1):
-        rec = {"event": "step", "step": s, "attempt": attempt, "time": float(s), "loss": 1.0 / s, "lr": 0.001,
-               **{f: base + s for f, base in FIELDS.items() if batch_rng or f != "batch_rng_sha"}}
-        for field, at in changed.items():
-            if s >= at:
+    """One role's records (test_verdict_start's: a start record, a step record per step, an optional
+    preemption and resume, done), with `batch_rng_sha` on every step and `changed`: field -> the step from
+    which it differs from the reference's ("loss" and "lr" included)."""
+    out = start_records(resumed_at=resumed_at)
+    for rec in out:
+        if rec["event"] != "step":
+            continue
+        if batch_rng:
+            rec["batch_rng_sha"] = 200 + rec["step"]
+        for field, at in (changed or {}).items():
+            if rec["step"] >= at:
                 rec[field] = rec[field] * 3 if field != "lr" else 0.002
-        out.append(rec)
-        if s == resumed_at:
-            out += [{"event": "preempt", "step": s, "attempt": attempt, "time": s + 0.5, "exit": 75, "outcome": "saved"},
-                    {"event": "resume", "step": s, "attempt": attempt + 1, "time": s + 0.7, "from_step": s}]
-            attempt += 1
-    out.append({"event": "done", "step": TOTAL, "attempt": attempt, "time": TOTAL + 1.0})
     return out
 
 
