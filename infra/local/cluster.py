@@ -474,6 +474,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("error: interrupted; what had started was stopped", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `up | head -1`: the reader left; what was started keeps running, as asked
+        # Python would flush stdout again at exit and fail once more (the idiom of Python's signal docs).
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     return 0
 
 
