@@ -16,6 +16,7 @@ from typing import Any
 
 import boto3
 import pytest
+import yaml
 
 from tests.e2e.localcluster import REPO, Local, why_skip
 
@@ -160,3 +161,43 @@ def test_the_negative_control_fails_the_drill_on_the_real_controller(cluster: Lo
     else:  # the controller saw the final status: what the local runner records
         assert (first["phase"], first.get("message")) == ("Failed", "main: Error (exit code 1)"), _describe(wf)
         assert report["trial_outcome"] == "died_on_sigterm" and report["trial_retries"] == 0, report
+
+
+def test_the_nightly_cronworkflow_fires_and_forbid_skips_a_schedule_while_its_drill_runs(cluster: Local):
+    built = subprocess.run(["kubectl", "kustomize", str(REPO / "templates" / "overlays" / "local")],
+                           capture_output=True, text=True, check=True).stdout
+    cron = next(d for d in yaml.safe_load_all(built) if d and d.get("kind") == "CronWorkflow")
+    name = "baton-cron-e2e"
+    cron["metadata"]["name"] = name
+    # Every minute, so the first firing is at most a minute ahead and the next one falls inside the drill
+    # (about 150 s here), where concurrencyPolicy: Forbid must skip it.
+    cron["spec"].update(schedules=["* * * * *"], suspend=False)
+    assert cron["spec"]["concurrencyPolicy"] == "Forbid"
+    small = {"total_steps": "60", "evictions": "1", "retry_limit": "6"}
+    for p in cron["spec"]["workflowSpec"]["arguments"]["parameters"]:
+        p["value"] = small.get(p["name"], p["value"])
+    cluster.kubectl("apply", "-f", "-", stdin=json.dumps(cron))
+    label = f"workflows.argoproj.io/cron-workflow={name}"
+    try:
+        t0 = time.monotonic()
+        while not (wfs := json.loads(cluster.kubectl("get", "workflows", "-l", label, "-o", "json"))["items"]):
+            assert time.monotonic() - t0 < 90, "the CronWorkflow did not fire within 90 s"
+            time.sleep(2)
+        first = wfs[0]["metadata"]["name"]
+        log = cluster.state / "logs" / "workflow-controller.log"
+        skipped = "has 'ConcurrencyPolicy: Forbid' and has an active Workflow so it was not run"
+        t0 = time.monotonic()
+        while not any(name in line and skipped in line for line in log.read_text(errors="replace").splitlines()):
+            assert time.monotonic() - t0 < 90, "no schedule was skipped by Forbid within 90 s"
+            assert cluster.get("workflow", first)["status"].get("phase") in (None, "Pending", "Running"), \
+                "the first drill ended before the next schedule: nothing to forbid"
+            time.sleep(2)
+        names = [w["metadata"]["name"] for w in
+                 json.loads(cluster.kubectl("get", "workflows", "-l", label, "-o", "json"))["items"]]
+        assert names == [first], names
+    finally:
+        # No further firings; the drill that fired runs to its end.
+        cluster.kubectl("patch", "cronworkflow", name, "--type", "merge", "-p", '{"spec":{"suspend":true}}')
+    wf = cluster.wait_phase("workflow", first, FINAL, timeout=600)
+    assert wf["status"]["phase"] == "Succeeded", _describe(wf)
+    cluster.kubectl("delete", "cronworkflow", name)
