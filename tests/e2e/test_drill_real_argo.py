@@ -201,3 +201,68 @@ def test_the_nightly_cronworkflow_fires_and_forbid_skips_a_schedule_while_its_dr
     wf = cluster.wait_phase("workflow", first, FINAL, timeout=600)
     assert wf["status"]["phase"] == "Succeeded", _describe(wf)
     cluster.kubectl("delete", "cronworkflow", name)
+
+
+def _pod_of(wf: dict[str, Any], display: str, template: str) -> str | None:
+    """The pod of attempt node `display` (e.g. "reference(0)"): Argo's v2 name, <wf>-<template>-<hash>."""
+    for n in (wf.get("status") or {}).get("nodes", {}).values():
+        if n.get("displayName") == display and n.get("type") == "Pod":
+            return f"{wf['metadata']['name']}-{template}-{n['id'].rsplit('-', 1)[1]}"
+    return None
+
+
+def test_a_chaos_deletion_of_the_reference_pod_through_the_api_and_the_drill_still_passes(cluster: Local):
+    env = cluster.user_env()
+    name = _submit(cluster, env, *SMALL)
+    t0 = time.monotonic()
+    while True:  # the reference's first attempt, once it has trained a few steps
+        pod = _pod_of(cluster.get("workflow", name), "reference(0)", "train")
+        if pod and "step 10/" in cluster.kubectl("logs", pod, "-c", "main", check=False):
+            break
+        assert time.monotonic() - t0 < 300, "reference(0) never reached step 10"
+        time.sleep(1)
+    cluster.kubectl("delete", "pod", pod, "--wait=false")
+    phase, status = _watch(env, name)
+    print(f"\n[e2e] chaos drill {name}: {phase} after {time.monotonic() - t0:.0f} s\n{status.stdout}")
+    wf = cluster.get("workflow", name)
+    assert phase == "Succeeded", _describe(wf)
+    reference = _tasks(wf)["reference"]["attempts"]
+    assert len(reference) == 2 and reference[-1]["phase"] == "Succeeded", _describe(wf)
+    assert (reference[0]["phase"], reference[0].get("message")) in (
+        ("Error", "pod deleted"), ("Failed", "main: Error (exit code 75)")), _describe(wf)
+    assert _outputs(_tasks(wf)["compare"]["attempts"][-1])["replayed_steps"] == "0"
+
+
+def test_a_drill_whose_trial_cannot_be_scheduled_fails_at_its_deadline(cluster: Local):
+    env = cluster.user_env()
+    built = subprocess.run(["kubectl", "kustomize", str(REPO / "templates" / "overlays" / "local")],
+                           capture_output=True, text=True, check=True).stdout
+    cron = next(d for d in yaml.safe_load_all(built) if d and d.get("kind") == "CronWorkflow")
+    for t in cron["spec"]["workflowSpec"]["templates"]:
+        if t["name"] == "trial":  # no node has this label: the scheduler keeps the pod Pending
+            t["nodeSelector"] = {"baton.example/never": "true"}
+    r = subprocess.run([sys.executable, "workflows/equivalence.py", "submit", "--from-file", "-", *SMALL,
+                        "-p", "deadline=30"], input=json.dumps(cron), cwd=REPO, env=env, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    name = r.stdout.split()[0]
+    t0 = time.monotonic()
+    phase, status = _watch(env, name, timeout=400)
+    took = time.monotonic() - t0
+    print(f"\n[e2e] unschedulable drill {name}: {phase} after {took:.0f} s\n{status.stdout}")
+    wf = cluster.get("workflow", name)
+    assert wf["spec"]["activeDeadlineSeconds"] == 30 and phase == "Failed", _describe(wf)
+    assert took < 30 + 90, took  # the deadline ended it, not the drill's own end
+    print(f"[e2e] the workflow's message: {wf['status'].get('message')!r}")
+    tasks = _tasks(wf)
+    trial = tasks["trial"]["attempts"]
+    assert [(a["phase"], a.get("message")) for a in trial] == [("Failed", "Step exceeded its deadline")], trial
+    assert tasks["trial"]["message"].startswith("retry exceeded workflow deadline"), tasks["trial"]
+    # Running pods: Argo set their activeDeadlineSeconds to what was left, and the node ended them there,
+    # as a kubelet does (the trainers saved and exited 75).
+    for role in ("reference", "reference-replay"):
+        a = tasks[role]["attempts"][0]
+        assert (a["phase"], a.get("message")) == ("Failed", "Pod was active on the node longer than the "
+                                                            "specified deadline"), _describe(wf)
+    nodes = {n["displayName"]: n for n in wf["status"]["nodes"].values()}
+    assert nodes["compare"]["type"] == "Skipped" and nodes["compare"]["phase"] == "Omitted"
