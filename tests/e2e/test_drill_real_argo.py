@@ -84,9 +84,23 @@ def _evictions(cluster: Local, name: str) -> list[dict[str, Any]]:
     return events
 
 
-def _describe(wf: dict[str, Any]) -> str:
-    return json.dumps({t: [(a["phase"], a.get("message"), (a.get("outputs") or {}).get("exitCode"))
-                           for a in n["attempts"]] for t, n in _tasks(wf).items()})
+def _describe(wf: dict[str, Any], env: dict[str, str] | None = None) -> str:
+    """Each task's attempts (phase, message, exit code); with `env`, also why compare said what it said
+    (its report.json and the tail of its log, from the bucket), for a failure message."""
+    out = json.dumps({t: [(a["phase"], a.get("message"), (a.get("outputs") or {}).get("exitCode"))
+                          for a in n["attempts"]] for t, n in _tasks(wf).items()})
+    compare = _tasks(wf).get("compare", {}).get("attempts", [{}])[-1]
+    arts = {a["name"]: a for a in (compare.get("outputs") or {}).get("artifacts", []) if "s3" in a}
+    if env is not None and arts:
+        try:
+            s3 = _s3(env)
+            report = json.loads(s3.get_object(Bucket="baton", Key=arts["report-json"]["s3"]["key"])["Body"].read())
+            log = s3.get_object(Bucket="baton", Key=arts["main-logs"]["s3"]["key"])["Body"].read().decode()
+            out += f"\nreport: {json.dumps({k: report.get(k) for k in ('passed', 'verdict', 'verify_problems')})}"
+            out += f"\ncompare's log: {log[-1500:]}"
+        except Exception as e:  # noqa: BLE001 -- only a failure message: say why it has no report
+            out += f"\n(no report: {e})"
+    return out
 
 
 def test_the_drill_submitted_through_the_argo_server_passes_with_argo_retrying_the_evicted_trial(cluster: Local):
@@ -96,7 +110,7 @@ def test_the_drill_submitted_through_the_argo_server_passes_with_argo_retrying_t
     phase, status = _watch(env, name)
     print(f"\n[e2e] drill {name}: {phase} after {time.monotonic() - t0:.0f} s\n{status.stdout}")
     wf = cluster.get("workflow", name)  # what the controller wrote, read from the API server
-    assert wf["status"]["phase"] == phase == "Succeeded", _describe(wf)
+    assert wf["status"]["phase"] == phase == "Succeeded", _describe(wf, env)
     assert status.returncode == 0, status.stdout  # status also read the bucket (BATON_S3_ENDPOINT and keys)
     tasks = _tasks(wf)
     trial = tasks["trial"]["attempts"]
@@ -173,7 +187,9 @@ def test_the_nightly_cronworkflow_fires_and_forbid_skips_a_schedule_while_its_dr
     # (about 150 s here), where concurrencyPolicy: Forbid must skip it.
     cron["spec"].update(schedules=["* * * * *"], suspend=False)
     assert cron["spec"]["concurrencyPolicy"] == "Forbid"
-    small = {"total_steps": "60", "evictions": "1", "retry_limit": "6"}
+    # 120 steps, not SMALL's 60: twice this drill's trial outran its eviction at 60 (INCONCLUSIVE, "the trial
+    # outran them": planned at step 48, the trial had ended before evict saw it), on 2 shared cores.
+    small = {"total_steps": "120", "evictions": "1", "retry_limit": "6"}
     for p in cron["spec"]["workflowSpec"]["arguments"]["parameters"]:
         p["value"] = small.get(p["name"], p["value"])
     cluster.kubectl("apply", "-f", "-", stdin=json.dumps(cron))
@@ -199,7 +215,7 @@ def test_the_nightly_cronworkflow_fires_and_forbid_skips_a_schedule_while_its_dr
         # No further firings; the drill that fired runs to its end.
         cluster.kubectl("patch", "cronworkflow", name, "--type", "merge", "-p", '{"spec":{"suspend":true}}')
     wf = cluster.wait_phase("workflow", first, FINAL, timeout=600)
-    assert wf["status"]["phase"] == "Succeeded", _describe(wf)
+    assert wf["status"]["phase"] == "Succeeded", _describe(wf, cluster.user_env())
     cluster.kubectl("delete", "cronworkflow", name)
 
 
@@ -225,7 +241,7 @@ def test_a_chaos_deletion_of_the_reference_pod_through_the_api_and_the_drill_sti
     phase, status = _watch(env, name)
     print(f"\n[e2e] chaos drill {name}: {phase} after {time.monotonic() - t0:.0f} s\n{status.stdout}")
     wf = cluster.get("workflow", name)
-    assert phase == "Succeeded", _describe(wf)
+    assert phase == "Succeeded", _describe(wf, env)
     reference = _tasks(wf)["reference"]["attempts"]
     assert len(reference) == 2 and reference[-1]["phase"] == "Succeeded", _describe(wf)
     assert (reference[0]["phase"], reference[0].get("message")) in (
