@@ -17,7 +17,7 @@ import pytest
 from tests.e2e.localcluster import Local, why_skip
 
 _SKIP = why_skip()
-pytestmark = [pytest.mark.skipif(bool(_SKIP), reason=_SKIP), pytest.mark.slow]
+pytestmark = [pytest.mark.skipif(bool(_SKIP), reason=_SKIP), pytest.mark.slow, pytest.mark.e2e]
 
 
 def test_up_again_says_healthy_and_everything_listens_on_loopback(cluster: Local):
