@@ -295,7 +295,7 @@ def test_each_role_grants_exactly_the_rules_code_uses(role_name):
 def test_the_scripts_submit_with_the_submitter_token_not_the_pods():
     e2e = (SCRIPTS / "e2e-kind.sh").read_text()
     assert re.search(r'create token "\$\{SUBMITTER\}"', e2e) and 'SUBMITTER="baton-submitter"' in e2e
-    assert "create token baton-submitter" in (REPO / "README.md").read_text()
+    assert "create token baton-submitter" in (REPO / "docs" / "cluster.md").read_text()
 
 
 def test_kind_minio_manifest_validates_and_pins_images():
