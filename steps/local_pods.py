@@ -9,12 +9,16 @@ implements it, so a step never imports the runner and runs the same under Argo a
                                   TerminationTarget) while it is being ended
     <folder>/<pod>.delete         a request to end the pod: {"how": HOW, "requested": unix time}
 
-How a pod ends (`HOW`), and what the runner then records, as Argo v4 records it:
-    evict, delete   SIGTERM, SIGKILL after the pod's grace: a process that exits in time is
-                    Failed "main: Error (exit code N)" (Succeeded on 0); one still running at SIGKILL is
-                    Failed "main: Error (exit code 137)" (the emissary's 128 + SIGKILL)
-    kueue           as delete, after the condition TerminationTarget=True (WorkloadEvictedDueToPreempted):
-                    Kueue preempts a plain pod with a Delete under the pod's own grace
+How a pod ends (`HOW`), and what the runner then records, as Argo v3.7 records it (the record's
+`exit_code` is the container's own, as the pod's last status shows it; `status` and `message` are Argo's):
+    evict, delete   SIGTERM, SIGKILL after the pod's grace (exit 137); Argo's node is an Error "pod
+                    deleted" with no exit code, whatever the process did: the pod object is gone before
+                    the controller reads its final status (seen on the real controller,
+                    docs/cluster-local.md)
+    kueue           SIGTERM, SIGKILL after the pod's grace, after the condition TerminationTarget=True
+                    (WorkloadEvictedDueToPreempted): Kueue's finalizer keeps the object until the pod
+                    has finished, so Argo reads the exit code: Failed "main: Error (exit code N)"
+                    (Succeeded on 0), "main: Error (exit code 137)" if still running at SIGKILL
     node-shutdown   a GKE Spot node's graceful shutdown: SIGTERM, SIGKILL after min(grace, 15 s);
                     Failed "Pod was terminated in response to imminent node shutdown."
     lost-vm         a VM lost without a graceful shutdown: SIGKILL at once, exit -1,

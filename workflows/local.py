@@ -35,12 +35,14 @@ Supported (anything else is refused with ``UnsupportedSpec`` naming the field, b
 Accepted without local effect: see ``ACCEPTED_WITHOUT_EFFECT`` in ``workflows/local_spec.py`` (one place, on
 purpose), which holds the checks and the substitution; this module runs the plan.
 
-Retry semantics, recorded as Argo v3.7/v4 records them: exit 0 is Succeeded; another exit is Failed,
+Retry semantics, recorded as Argo v3.7 records them: exit 0 is Succeeded; another exit is Failed,
 "main: Error (exit code N)". A pod ended through the registry (``steps/local_pods.py``: deleted,
 evicted, preempted by Kueue, its node shut down or its VM lost) is recorded as that module's docstring
-says: a process still running at SIGKILL after its grace is Failed "main: Error (exit code 137)", what the
-emissary reports for a SIGKILLed child (Argo records "pod deleted" instead only when the pod object went
-before the controller saw its status, a race this runner does not play). A task whose
+says. A deleted or evicted pod is an Error "pod deleted" with no exit code, whatever its process did: the
+object is gone before Argo's controller reads its final status, as on the real controller
+(docs/cluster-local.md); the registry still shows the container's own exit code, as the pod's last status
+did. A Kueue-preempted pod still running at SIGKILL after its grace is Failed "main: Error (exit code 137)",
+what the emissary reports for a SIGKILLed child. A task whose
 retries run out is failed with "No more retries left". Policies: Always (Failed, Error), OnFailure (Failed), OnError
 (Error), OnTransientError (Error only: an approximation, Argo also classifies messages). Without a policy
 the default is OnFailure, or Always when an expression is given (Argo >= 3.5). The policy is ANDed with
@@ -105,9 +107,18 @@ POLL_S = 0.05
 STEP_PROGRESS_EVERY_S = 2.0
 SIGKILLED = "main: Error (exit code 137)"  # a container SIGKILLed after its grace (ARGO-FACTS: 128 + signal)
 POD_DEADLINE = "Pod was active on the node longer than the specified deadline"  # the kubelet's words
+STEP_DEADLINE = "Step exceeded its deadline"  # Argo's, for a node that had no running pod at the deadline
+RETRY_DEADLINE = "retry exceeded workflow deadline"  # Argo's, for a retry that will not start
 NODE_SHUTDOWN = "Pod was terminated in response to imminent node shutdown."  # the kubelet's nodeshutdown manager
 NODE_SHUTDOWN_GRACE_S = 15.0  # what a GKE Spot node's shutdown leaves ordinary pods
 LOST_VM = "pod failed: neither main nor wait container completed successfully"  # Argo, PR #15150
+# A pod deleted or evicted through the API: the kubelet writes the container's final status and deletes the
+# object in one sync (status_manager.go), and Argo's controller (default settings: no status-capture
+# finalizer) finds the pod gone before it read that status: an Error with no exit code. Seen in every
+# eviction and deletion on the real controller (docs/cluster-local.md). A Kueue preemption differs: Kueue's
+# finalizer keeps the object until the pod has finished, so Argo reads the real exit code.
+POD_DELETED = "pod deleted"
+GONE_BEFORE_SEEN = ("evict", "delete")
 NO_MORE_RETRIES = "No more retries left"
 KUEUE_CONDITION = {"type": "TerminationTarget", "status": "True", "reason": "WorkloadEvictedDueToPreempted"}
 
@@ -206,6 +217,9 @@ class _Runner:
         try:
             while True:
                 self._check_aborts()
+                if self.deadline_hit:  # Argo still creates a node whose dependencies are met, and fails it
+                    for task in self._startable(ignore_abort=True):
+                        self._fail_unstarted(task, STEP_DEADLINE, pending=False)
                 for task in self._startable():
                     self._start(task, self.next_attempt[task.name])
                 for pod in list(self.running.values()):
@@ -242,11 +256,13 @@ class _Runner:
         return RunResult(phase, self.nodes, self.plan.name, self.message if phase == "Failed" else "",
                          self.chaos.record() if self.chaos is not None else None)
 
-    def _startable(self) -> list[_Task]:
-        if self.aborting:
+    def _startable(self, ignore_abort: bool = False) -> list[_Task]:
+        """Tasks to start now. `ignore_abort`: those whose dependencies are met even though the workflow is
+        stopping or failing fast (after its deadline, real Argo still created and failed verify's node)."""
+        if self.aborting and not ignore_abort:
             return []
         return [t for n, t in self.plan.tasks.items() if self.state[n] == "retry"
-                or (self.state[n] == "pending" and not self.failed_fast
+                or (self.state[n] == "pending" and (not self.failed_fast or ignore_abort)
                     and all(self.state[d] in ("succeeded", "continued") for d in t.deps))]
 
     def _install_signals(self) -> dict[int, Any]:
@@ -265,32 +281,45 @@ class _Runner:
             self._abort(f"runner interrupted ({signal.Signals(self.signalled).name})", INTERRUPT_GRACE_S)
         elif (self.plan.deadline_s is not None and not self.deadline_hit
               and time.monotonic() - self.t0 > self.plan.deadline_s):
+            # As Argo v3.7 records it (docs/cluster-local.md, "The workflow's deadline"): running pods end as
+            # the kubelet ends a pod past its activeDeadlineSeconds, Pending ones and whatever becomes ready
+            # now fail with STEP_DEADLINE, retries do not start, and the workflow itself gets no message (the
+            # runner's own summary says why).
             self.deadline_hit = True
-            self.message = "Max duration limit exceeded"
-            self._abort("Step exceeded its deadline", None)
+            self.message = f"failed: the workflow's activeDeadlineSeconds ({self.plan.deadline_s:g} s) passed"
+            self._abort(POD_DEADLINE, None, pending_why=STEP_DEADLINE)
 
-    def _abort(self, why: str, grace: float | None) -> None:
+    def _abort(self, why: str, grace: float | None, pending_why: str | None = None) -> None:
         self.aborting = True
         self.message = self.message or why
         self.say(f"stopping: {why}")
         for name, st in self.state.items():
             if st == "retry":  # its retry will not start now
                 self.state[name] = "failed"
+                self.why[name] = RETRY_DEADLINE if self.deadline_hit else "workflow stopping"
             elif st == "unscheduled":  # a Pending pod: Argo fails its node when the workflow's deadline passes
-                self.state[name] = "failed"
-                task = self.plan.tasks[name]
-                attempt = self.next_attempt[name]
-                pod = f"{self.plan.name}-{task.slug}-{attempt}"
-                self.nodes.append(NodeResult(name, task.template, attempt, pod, -1, "Failed", why,
-                                             self.out / "logs" / f"{task.slug}-{attempt}.log", time.time(), time.time()))
-                _write_atomic(self.pods_dir / f"{pod}.json", json.dumps({
-                    "name": pod, "workflow": self.plan.name, **_task_fields(task), "template": task.template,
-                    "attempt": attempt, "phase": "Failed", "status": "Failed", "exit_code": None, "message": why}))
-                self.why[name] = why
+                self._fail_unstarted(self.plan.tasks[name], pending_why or why, pending=True)
         for pod in self.running.values():
             self._terminate(pod, "Failed", why, grace)
             if grace is not None and pod.kill_at is not None:  # a pod already being deleted: the sooner wins
                 pod.kill_at = min(pod.kill_at, time.monotonic() + grace)
+
+    def _fail_unstarted(self, task: _Task, why: str, pending: bool) -> None:
+        """A node Argo fails without a pod that ran: a Pending pod at the deadline (its registry record says
+        Failed), or a task that became ready after the deadline (Argo creates its node and fails it)."""
+        # A failure its dependents continue on lets them become ready too (Argo's depends), and fail likewise.
+        self.state[task.name] = "continued" if "Failed" in task.continue_on else "failed"
+        attempt = self.next_attempt[task.name]
+        pod = f"{self.plan.name}-{task.slug}-{attempt}"
+        now = time.time()
+        self.nodes.append(NodeResult(task.name, task.template, attempt, pod, -1, "Failed", why,
+                                     self.out / "logs" / f"{task.slug}-{attempt}.log", now, now))
+        if pending:
+            _write_atomic(self.pods_dir / f"{pod}.json", json.dumps({
+                "name": pod, "workflow": self.plan.name, **_task_fields(task), "template": task.template,
+                "attempt": attempt, "phase": "Failed", "status": "Failed", "exit_code": None, "message": why}))
+        self.why[task.name] = why
+        self.say(f"{task.name} attempt {attempt} Failed: {why}")
 
     def _outputs(self) -> dict[str, dict[str, str]]:
         """Each task's output parameters, from its last attempt."""
@@ -408,6 +437,10 @@ class _Runner:
             status, message, code = "Failed", LOST_VM, -1
         elif pod.how == "node-shutdown":
             status, message = "Failed", NODE_SHUTDOWN
+        elif pod.how in GONE_BEFORE_SEEN:  # the pod's own record keeps the container's code (137 if SIGKILLed)
+            container = 137 if pod.sigkilled else code
+            self._finish(pod, "Error", POD_DELETED, may_retry=not self.aborting, code=-1, container_code=container)
+            return
         elif pod.how is not None and pod.sigkilled:  # SIGKILLed after its grace: the emissary's 128 + 9
             status, message, code = "Failed", SIGKILLED, 137
         elif pod.proc.returncode == 0:
@@ -416,7 +449,10 @@ class _Runner:
             status, message = "Failed", f"main: Error (exit code {code})"
         self._finish(pod, status, message, may_retry=not self.aborting, code=code)
 
-    def _finish(self, pod: _Pod, status: str, message: str, may_retry: bool, code: int | None = None) -> None:
+    def _finish(self, pod: _Pod, status: str, message: str, may_retry: bool, code: int | None = None,
+                container_code: int | None = None) -> None:
+        """Record the attempt as Argo's node (`code`: its exit code, -1 if Argo knows none) and the pod as the
+        registry shows it (`container_code`: the container's own, what the kubelet wrote; default `code`)."""
         del self.running[pod.task.name]
         pod.reader.close()
         code = _exit_code(pod.proc.returncode) if code is None else code
@@ -428,10 +464,11 @@ class _Runner:
                 node.artifacts = self._collect(pod)
             except OSError as exc:
                 node.status, node.message = "Error", f"failed to save outputs: {exc}"
-        phase = "Succeeded" if node.status == "Succeeded" else "Failed"  # a Kubernetes pod phase
-        self._record(pod, phase, exit_code=code, status=node.status)
+        phase = "Succeeded" if node.status == "Succeeded" or container_code == 0 else "Failed"  # a pod phase
+        self._record(pod, phase, exit_code=code if container_code is None else container_code, status=node.status,
+                     message=node.message)
         if self.chaos is not None:
-            self.chaos.ended(pod.name, node.status, code, node.message)
+            self.chaos.ended(pod.name, node.status, code if container_code is None else container_code, node.message)
         at = f" at step {pod.step}" if pod.step is not None else ""
         detail = at
         if node.status != "Succeeded":
@@ -468,7 +505,8 @@ class _Runner:
             self.state[task.name] = "succeeded"
             self.say(line)
             return
-        retry, why = self._should_retry(task, node) if may_retry else (False, "workflow stopping")
+        retry, why = self._should_retry(task, node) if may_retry else (
+            False, RETRY_DEADLINE if self.deadline_hit else "workflow stopping")
         if retry:
             limit = "unlimited" if task.retry.limit is None else task.retry.limit
             self.say(f"{line} -> retrying ({node.attempt + 1}/{limit})")

@@ -277,17 +277,19 @@ def deletion_spec(tmp_path: Path, mode: str, grace: int, retry: dict, how: str =
     )
 
 
-def test_deleted_pod_that_exits_75_in_its_grace_is_failed_with_its_exit_code_and_is_retried(tmp_path):
+def test_deleted_pod_that_exits_75_in_its_grace_is_recorded_pod_deleted_and_is_retried(tmp_path):
     spec = deletion_spec(
         tmp_path, "term75", 5, {"limit": 3, "retryPolicy": "Always", "expression": DRILL_EXPR}
     )
     res, out, progress = run(spec, tmp_path)
     assert res.phase == "Succeeded", progress
-    # Argo v3.7/v4: the controller saw the pod's final status before the object went.
-    assert statuses(res, "trial") == [("Failed", 75, "main: Error (exit code 75)"), ("Succeeded", 0, "")]
+    # As the real controller (Argo v3.7.18, defaults) recorded every deletion: the object went before the
+    # controller read its final status, so Argo knows no exit code.
+    assert statuses(res, "trial") == [("Error", -1, "pod deleted"), ("Succeeded", 0, "")]
     assert statuses(res, "evict") == [("Succeeded", 0, "")]
     first = json.loads((out / "pods" / f"{res.name}-trial-0.json").read_text())
     assert first["phase"] == "Failed" and first["grace_s"] == 5 and first["pgid"] == first["pid"]
+    assert (first["exit_code"], first["status"], first["message"]) == (75, "Error", "pod deleted")  # the pod's own
     assert (out / "pods" / f"{res.name}-trial-0.delete").exists()
     assert (tmp_path / "child-got-term").exists()  # SIGTERM went to the pod's process group, not one pid
     assert_no_pods_alive(out)
@@ -300,7 +302,8 @@ def test_deleted_pod_that_ignores_sigterm_is_killed_after_its_grace(tmp_path):
     res, out, progress = run(spec, tmp_path)
     assert res.phase == "Succeeded", progress
     # Still running at SIGKILL: the pod object is gone before its status is seen, no exit code is known.
-    assert statuses(res, "trial") == [("Failed", 137, "main: Error (exit code 137)"), ("Succeeded", 0, "")]
+    assert statuses(res, "trial") == [("Error", -1, "pod deleted"), ("Succeeded", 0, "")]
+    assert json.loads((out / "pods" / f"{res.name}-trial-0.json").read_text())["exit_code"] == 137
     deleted = res.attempts("trial")[0]
     assert deleted.finished - deleted.started >= 1.0  # it outlived SIGTERM for the whole grace
     assert "SIGKILL" in progress
@@ -308,13 +311,26 @@ def test_deleted_pod_that_ignores_sigterm_is_killed_after_its_grace(tmp_path):
     assert_no_pods_alive(out)
 
 
-def test_on_error_policy_does_not_retry_a_pod_sigkilled_after_its_grace(tmp_path):
-    """A pod still running at SIGKILL is Failed with exit 137 (what the emissary reports), which OnError does
-    not retry and the drill's expression does (tests below)."""
+def test_on_failure_policy_does_not_retry_a_deleted_pod_and_on_error_does(tmp_path):
+    """A deleted pod is an Error ("pod deleted"), which OnFailure (Argo's default policy) does not retry, and
+    OnError does; control for the policy: a Kueue preemption's SIGKILL after the grace is Failed 137, which
+    OnError does not retry."""
+    for sub in "abc":
+        (tmp_path / sub).mkdir()
     res, out, progress = run(
-        deletion_spec(tmp_path, "ignore-term", 1, {"limit": 3, "retryPolicy": "OnError"}), tmp_path
+        deletion_spec(tmp_path / "a", "ignore-term", 1, {"limit": 3, "retryPolicy": "OnFailure"}), tmp_path / "a"
     )
     assert res.phase == "Failed"
+    assert statuses(res, "trial") == [("Error", -1, "pod deleted")]
+    assert "retryPolicy OnFailure does not retry Error" in progress
+    assert_no_pods_alive(out)
+    res, out, progress = run(
+        deletion_spec(tmp_path / "b", "ignore-term", 1, {"limit": 1, "retryPolicy": "OnError"}), tmp_path / "b"
+    )
+    assert statuses(res, "trial")[0] == ("Error", -1, "pod deleted") and len(res.attempts("trial")) == 2
+    res, out, progress = run(
+        deletion_spec(tmp_path / "c", "ignore-term", 1, {"limit": 3, "retryPolicy": "OnError"}, "kueue"),
+        tmp_path / "c")
     assert statuses(res, "trial") == [("Failed", 137, "main: Error (exit code 137)")]
     assert "retryPolicy OnError does not retry Failed" in progress
     assert_no_pods_alive(out)
@@ -325,8 +341,11 @@ LOST_VM = "pod failed: neither main nor wait container completed successfully"
 
 
 @pytest.mark.parametrize("how, mode, recorded", [
-    # An eviction (the Eviction API) or a Kueue preemption: a Delete under the pod's own grace.
-    ("evict", "term75", ("Failed", 75, "main: Error (exit code 75)")),
+    # An eviction (the Eviction API): the object is gone before Argo reads its status (the real controller).
+    ("evict", "term75", ("Error", -1, "pod deleted")),
+    ("evict", "ignore-term", ("Error", -1, "pod deleted")),
+    # A Kueue preemption: a Delete under the pod's own grace; Kueue's finalizer keeps the object until the
+    # pod has finished, so Argo reads the exit code.
     ("kueue", "term75", ("Failed", 75, "main: Error (exit code 75)")),
     ("kueue", "ignore-term", ("Failed", 137, "main: Error (exit code 137)")),
     # A GKE Spot node's graceful shutdown: the kubelet's message, the process's own exit code.
@@ -390,9 +409,12 @@ def test_workflow_deadline_kills_everything_and_fails(tmp_path):
         ),
         activeDeadlineSeconds=1,
     )
-    res, out, _ = run(spec, tmp_path)
-    assert (res.phase, res.message) == ("Failed", "Max duration limit exceeded")
-    assert statuses(res, "slow") == [("Failed", 143, "Step exceeded its deadline")]  # and no retry
+    res, out, progress = run(spec, tmp_path)
+    # As the real controller recorded a drill's deadline (docs/cluster-local.md): the running pod ends as the
+    # kubelet ends one past its activeDeadlineSeconds, and its retry does not start.
+    assert res.phase == "Failed" and "activeDeadlineSeconds (1 s) passed" in res.message
+    assert statuses(res, "slow") == [("Failed", 143, "Pod was active on the node longer than the specified deadline")]
+    assert "retry exceeded workflow deadline" in progress
     assert_no_pods_alive(out)
 
 
@@ -756,6 +778,6 @@ def test_chaos_deletes_a_pod_of_a_group_and_only_that_item_is_retried(tmp_path):
     [d] = res.chaos["deletions"]
     assert d["outcome"] == "deleted" and d["task"] == "grp"
     hit = next(item for item in (0, 1) if f"-grp-{item}-" in d["pod"])
-    assert [n.status for n in res.attempts(f"grp({hit}:{hit})")] == ["Failed", "Succeeded"]
+    assert [n.status for n in res.attempts(f"grp({hit}:{hit})")] == ["Error", "Succeeded"]  # "pod deleted"
     assert [n.status for n in res.attempts(f"grp({1 - hit}:{1 - hit})")] == ["Succeeded"]
     assert_no_pods_alive(out)
