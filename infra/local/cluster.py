@@ -151,7 +151,7 @@ class Cluster:
         tokens = ensure_tokens(self.state)
         taken: set[int] = set()
         ports = {k: free_port(taken) for k in ("s3", "etcd", "etcd_peer", "apiserver", "kcm", "scheduler", "node",
-                                              "argo_server")}
+                                              "argo_server", "argo_metrics")}
         server = f"https://127.0.0.1:{ports['apiserver']}"
         kcfg = {}
         for who in USERS:
@@ -226,7 +226,7 @@ class Cluster:
                 "--audit-log-maxsize", "50", "--audit-log-maxbackup", "2",
             ], self.state), lambda: http_get(f"{server}/readyz", tokens["admin"], pki / "ca.crt") == "ok")
 
-            self.bootstrap(kc, kcfg["admin"], bindir)
+            self.bootstrap(kc, kcfg["admin"], bindir, ports["argo_metrics"])
 
             started("kube-controller-manager", spawn("kube-controller-manager", [
                 str(b / "kube-controller-manager"),
@@ -341,8 +341,9 @@ class Cluster:
         path.write_text(base64.b64decode(out).decode())
         path.chmod(0o600)
 
-    def bootstrap(self, kc: str, kubeconfig: Path, bindir: Path) -> None:
-        """Argo's CRDs, namespace baton, the RBAC of Argo's own manifests, and the node agent's binding."""
+    def bootstrap(self, kc: str, kubeconfig: Path, bindir: Path, metrics_port: int) -> None:
+        """Argo's CRDs, namespace baton, the RBAC of Argo's own manifests, the node agent's binding, and the
+        controller's configuration (its Prometheus endpoint on `metrics_port`)."""
         rbac = bindir / "argo-manifests" / "cluster-install-no-crds" / "workflow-controller-rbac"
 
         def apply(args: list[str], what: str, stdin: str | None = None) -> None:
@@ -381,10 +382,15 @@ class Cluster:
             # The bootstrap ClusterRole system:node, which RBAC no longer binds to system:nodes by itself.
             binding("ClusterRoleBinding", "baton-node-agent", "ClusterRole", "system:node",
                      {"kind": "User", "name": USERS["node-agent"][0], "apiGroup": "rbac.authorization.k8s.io"}),
-            # The controller's configuration: no metrics servers, which would listen on every interface.
+            # The controller's configuration. Its Prometheus endpoint serves the drill's gauges
+            # (argo_workflows_baton_drill_*) on a free port, over its self-signed TLS (Argo's default); it
+            # listens on every interface, as exporter_prometheus.go's ":PORT" has it, and panics if the port
+            # is taken, so the port is one of this start's free ones. The telemetry server (another ":PORT"
+            # listener, nothing the drill uses) stays off.
             {"apiVersion": "v1", "kind": "ConfigMap",
              "metadata": {"name": "workflow-controller-configmap", "namespace": NAMESPACE},
-             "data": {"metricsConfig": "enabled: false\n", "telemetryConfig": "enabled: false\n"}},
+             "data": {"metricsConfig": f"enabled: true\nport: {metrics_port}\n",
+                      "telemetryConfig": "enabled: false\n"}},
         ]
         apply(["apply", "--server-side", "-f", "-"], "the RBAC bindings",
               json.dumps({"apiVersion": "v1", "kind": "List", "items": docs}))

@@ -9,9 +9,11 @@ log for the eviction. Skipped when the binaries are not built (tests/e2e/localcl
 from __future__ import annotations
 
 import json
+import ssl
 import subprocess
 import sys
 import time
+import urllib.request
 from typing import Any
 
 import boto3
@@ -144,6 +146,32 @@ def test_the_drill_submitted_through_the_argo_server_passes_with_argo_retrying_t
     report = json.loads(body["report-json"])
     assert report["passed"] is True and report["steps"]["preemptions"] == 1, report
     assert body["loss-png"].startswith(b"\x89PNG") and body["report-md"].strip()
+    # The drill's gauges, on the controller's own Prometheus endpoint (its self-signed TLS).
+    gauges = _gauges(cluster, "argo_workflows_baton_drill_")
+    assert gauges.get("argo_workflows_baton_drill_passed") == 1.0, gauges
+    assert gauges.get("argo_workflows_baton_drill_replayed_steps") == 0.0, gauges
+    assert gauges.get("argo_workflows_baton_drill_preemptions") == 1.0, gauges
+
+
+def _gauges(cluster: Local, prefix: str, timeout: float = 60) -> dict[str, float]:
+    """The samples whose names start with `prefix`, scraped from the workflow controller's metrics port (Argo
+    sets a gauge when it evaluates the node's metrics: wait for the first one)."""
+    ctx = ssl.create_default_context()
+    ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE  # Argo makes its certificate at each start
+    url = f"https://127.0.0.1:{cluster.ports()['argo_metrics']}/metrics"
+    t0 = time.monotonic()
+    while True:
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}), urllib.request.HTTPSHandler(context=ctx))
+        with opener.open(url, timeout=10) as r:
+            text = r.read().decode()
+        out = {}
+        for line in text.splitlines():
+            if line.startswith(prefix):
+                name, value = line.rsplit(" ", 1)
+                out[name.split("{", 1)[0]] = float(value)
+        if out or time.monotonic() - t0 > timeout:
+            return out
+        time.sleep(2)
 
 
 def test_the_negative_control_fails_the_drill_on_the_real_controller(cluster: Local):

@@ -29,9 +29,11 @@ def test_up_again_says_healthy_and_everything_listens_on_loopback(cluster: Local
     listening = [line.split()[3] for line in out.splitlines()
                  if any(f"pid={p}," in line for p in ours)]
     assert listening, out
-    # Two exceptions, each hard-coded by Argo with no flag to change it: the controller's health port ":6060"
-    # (cmd/workflow-controller/main.go) and the Argo Server's ":PORT" (server/apiserver/argoserver.go).
-    exceptions = (":6060", f":{cluster.ports()['argo_server']}")
+    # Three exceptions, each with no address Argo lets one set: the controller's health port ":6060"
+    # (cmd/workflow-controller/main.go), its Prometheus endpoint's ":PORT" (util/telemetry/
+    # exporter_prometheus.go) and the Argo Server's ":PORT" (server/apiserver/argoserver.go).
+    ports = cluster.ports()
+    exceptions = (":6060", f":{ports['argo_metrics']}", f":{ports['argo_server']}")
     beyond = [a for a in listening if not a.startswith("127.0.0.1:") and not a.endswith(exceptions)]
     assert not beyond, f"listening beyond 127.0.0.1: {beyond}"
 
@@ -185,3 +187,48 @@ def test_a_deleted_argo_step_gets_sigterm_through_the_emissary_and_the_workflow_
     msg = node.get("message", "")
     print(f"\n[e2e] Argo recorded the deleted step as {node['phase']}: {msg!r}")
     assert "exit code 75" in msg or "pod deleted" in msg, msg
+
+
+def test_pod_gc_and_ttl_strategy_remove_what_they_say(cluster: Local):
+    """The drill's podGC (OnPodSuccess: each succeeded pod at once) on a workflow with a step that succeeds and
+    one that fails in parallel; then its ttlStrategy, shortened from the drill's days to seconds: the
+    controller deletes the Workflow, and the controller manager's garbage collector the failed pod and the
+    WorkflowTaskResults that the Workflow owns. Control: until the TTL, the failed pod and the results stay."""
+    from workflows.equivalence import POD_GC, TTL
+
+    name = "gc-ttl"
+    ok = {"name": "ok", "container": {"image": "python:3.11", "command": ["python", "-c", "print('ok')"]}}
+    bad = {"name": "bad", "container": {"image": "python:3.11",
+                                        "command": ["python", "-c", "import time, sys; time.sleep(3); sys.exit(2)"]}}
+    wf = json.loads(_workflow(name, [[{"name": "ok", "template": "ok"}, {"name": "bad", "template": "bad"}]],
+                              [ok, bad]))
+    ttl_s = 20
+    assert TTL.seconds_after_failure > ttl_s  # the drill keeps a failed drill for days; here, seconds
+    wf["spec"]["podGC"] = POD_GC.model_dump(by_alias=True, exclude_none=True)
+    wf["spec"]["ttlStrategy"] = {"secondsAfterSuccess": ttl_s, "secondsAfterFailure": ttl_s}
+    label = f"workflows.argoproj.io/workflow={name}"
+    cluster.kubectl("create", "-f", "-", stdin=json.dumps(wf))
+    done = cluster.wait_phase("workflow", name, ("Succeeded", "Failed", "Error"))
+    assert done["status"]["phase"] == "Failed"
+    uid = done["metadata"]["uid"]
+
+    def pods() -> dict[str, str]:
+        items = json.loads(cluster.kubectl("get", "pods", "-l", label, "-o", "json"))["items"]
+        return {p["metadata"]["annotations"]["workflows.argoproj.io/node-name"].rsplit(".", 1)[1]: p["status"]["phase"]
+                for p in items}
+
+    t0 = time.monotonic()
+    while "ok" in pods():  # OnPodSuccess: the succeeded pod goes; the failed one stays
+        assert time.monotonic() - t0 < 60, f"podGC left the succeeded pod: {pods()}"
+        time.sleep(1)
+    assert pods() == {"bad": "Failed"}, pods()
+    results = json.loads(cluster.kubectl("get", "workflowtaskresults", "-l", label, "-o", "json"))["items"]
+    assert results and all(r["metadata"]["ownerReferences"][0]["uid"] == uid for r in results), results
+    t0 = time.monotonic()
+    while cluster.kubectl("get", "workflow", name, "--ignore-not-found", "-o", "name").strip():
+        assert time.monotonic() - t0 < ttl_s + 90, "ttlStrategy did not delete the workflow"
+        time.sleep(2)
+    t0 = time.monotonic()
+    while pods() or json.loads(cluster.kubectl("get", "workflowtaskresults", "-l", label, "-o", "json"))["items"]:
+        assert time.monotonic() - t0 < 90, f"garbage collection left {pods()} and the task results"
+        time.sleep(2)
