@@ -1,4 +1,5 @@
-"""Validate rendered objects against Argo v4.1.2's CRD openAPIV3Schema, as the API server would:
+"""Validate rendered objects against Argo's CRD openAPIV3Schema (v4.1.2, and v3.7.18, the release the local
+control plane runs: infra/local/versions.env), as the API server would:
 int-or-string accepts both, preserve-unknown-fields accepts anything, and every other object
 rejects unknown fields (kubectl's strict field validation)."""
 
@@ -15,10 +16,16 @@ import yaml
 # Vendored in the repository (tests/argo/README.md, tests/kueue/README.md: source, version, license): a
 # clone stands alone.
 ARGO = Path(__file__).resolve().parent / "argo"
+ARGO_VERSIONS = {"v4.1.2": ARGO, "v3.7.18": ARGO / "v3.7.18"}  # each folder's README: source and license
 CRD_FILES = {"Workflow": "crd-workflows.yaml", "CronWorkflow": "crd-cronworkflows.yaml"}
 KUEUE = Path(__file__).resolve().parent / "kueue"
 KUEUE_CRD_FILES = {"ClusterQueue": "crd-clusterqueues.yaml", "LocalQueue": "crd-localqueues.yaml",
                    "ResourceFlavor": "crd-resourceflavors.yaml"}
+
+
+def _load(text: str) -> Any:
+    """YAML through libyaml where PyYAML has it: a CRD is megabytes, 13 s in pure Python, about 1 s in C."""
+    return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
 
 
 def _strict(node: Any) -> Any:
@@ -37,8 +44,8 @@ def _strict(node: Any) -> Any:
 
 
 @functools.cache
-def crd_schema(kind: str) -> dict[str, Any]:
-    crd = yaml.safe_load((ARGO / CRD_FILES[kind]).read_text())
+def crd_schema(kind: str, version: str = "v4.1.2") -> dict[str, Any]:
+    crd = _load((ARGO_VERSIONS[version] / CRD_FILES[kind]).read_text())
     schema = copy.deepcopy(crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"])
     # The API server fills metadata itself; its schema here is a bare object.
     return _strict(schema)
@@ -46,7 +53,7 @@ def crd_schema(kind: str) -> dict[str, Any]:
 
 @functools.cache
 def kueue_schema(kind: str, version: str) -> dict[str, Any]:
-    crd = yaml.safe_load((KUEUE / KUEUE_CRD_FILES[kind]).read_text())
+    crd = _load((KUEUE / KUEUE_CRD_FILES[kind]).read_text())
     served = {v["name"]: v for v in crd["spec"]["versions"] if v.get("served")}
     assert version in served, f"Kueue v0.19.2 does not serve {kind} {version} (it serves {sorted(served)})"
     schema = copy.deepcopy(served[version]["schema"]["openAPIV3Schema"])
@@ -61,7 +68,16 @@ def validate_kueue(obj: dict[str, Any]) -> None:
     jsonschema.validate(obj, kueue_schema(obj["kind"], version), cls=jsonschema.Draft7Validator)
 
 
-def validate(obj: dict[str, Any]) -> None:
-    """Raise jsonschema.ValidationError on the first problem."""
+def validate(obj: dict[str, Any], version: str = "v4.1.2") -> None:
+    """Raise jsonschema.ValidationError on the first problem, against Argo `version`'s CRD."""
     assert obj.get("apiVersion") == "argoproj.io/v1alpha1", obj.get("apiVersion")
-    jsonschema.validate(obj, crd_schema(obj["kind"]), cls=jsonschema.Draft7Validator)
+    _validator(obj["kind"], version).validate(obj)
+
+
+@functools.cache
+def _validator(kind: str, version: str) -> jsonschema.Draft7Validator:
+    """Built once per kind and release: jsonschema.validate checks the (megabytes of) schema itself on
+    every call, which costs about a second each."""
+    schema = crd_schema(kind, version)
+    jsonschema.Draft7Validator.check_schema(schema)
+    return jsonschema.Draft7Validator(schema)
