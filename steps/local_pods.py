@@ -1,5 +1,5 @@
 """The local pod registry: how a step asks the local runner to end a pod, and sees pods as the
-Kubernetes API would show them. This side (the steps') owns the protocol; `workflows/local.py`
+Kubernetes API would show them. This side (the steps') owns the protocol; `workflows/local/runner.py`
 implements it, so a step never imports the runner and runs the same under Argo and locally.
 
     BATON_LOCAL_PODS=<folder>     set by the local runner in every pod's environment

@@ -58,7 +58,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     params.setdefault("bucket", f"file://{out}/bucket")
     chaos = None
     if chaos_n:
-        from workflows.chaos import Chaos
+        from workflows.local import Chaos
 
         chaos = Chaos(chaos_n, chaos_seed, CHAOS_TASKS, step_tasks=TRAINING_TASKS,
                       total_steps=int(values_of(params)["total_steps"]), long_tasks={"evict": 20.0})
@@ -134,7 +134,7 @@ def config_from_here(config: str, cwd: Path) -> str:
 
 # `run` only: the local runner's own options, not workflow parameters (a cluster has its own chaos).
 LOCAL_PARAMETERS = {
-    "chaos": "pods to delete at random among every step of the drill, at random moments (workflows/chaos.py)",
+    "chaos": "pods to delete at random among every step of the drill, at random moments (workflows/local/chaos.py)",
     "chaos_seed": "the seed of those choices (default: drawn, and printed and recorded in report.json)",
     "unschedulable": "tasks (comma-separated) whose pods stay Pending, as on a cluster with no room for them: the "
                      "drill then ends by its deadline (-p deadline=SECONDS)",
@@ -194,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--force", action="store_true", help="clear --out first if it is not empty")
     r.add_argument("-p", "--param", action="append", default=[], metavar="NAME=VALUE",
                    help="a workflow parameter, or one of the runner's own: chaos=N (delete N pods at random, "
-                        "workflows/chaos.py), chaos_seed=S")
+                        "workflows/local/chaos.py), chaos_seed=S")
     from workflows.argo import add_server_arguments
 
     s = sub.add_parser("submit", help="submit the workflow to an Argo server (see workflows/argo.py)")

@@ -1,4 +1,4 @@
-"""Chaos: pods of any drill step deleted at random moments (workflows/chaos.py), and the pieces that make
+"""Chaos: pods of any drill step deleted at random moments (workflows/local/chaos.py), and the pieces that make
 every step come through it: evict's pending record, compare's whole-or-nothing report, steps.train's
 exit code for a SIGTERM at a pod's edges."""
 
@@ -19,8 +19,8 @@ from steps import report as report_mod
 from steps.evidence import read_evidence
 from tests.helpers import PY, REPO, base_env
 from trainer.checkpoint import load_flat
-from workflows.chaos import Chaos
 from workflows.cli import CHAOS_TASKS, TRAINING_TASKS
+from workflows.local import Chaos
 
 
 # ------------------------------------------------------------------------------------------------ the plan

@@ -20,9 +20,8 @@ import pytest
 
 from steps.local_pods import list_pods
 from steps.local_pods import request_deletion as request_pod_deletion
-from workflows import argo_expr
 from workflows.equivalence import RETRY_EXPRESSION
-from workflows.local import UnsupportedSpec, run_workflow
+from workflows.local import UnsupportedSpec, argo_expr, run_workflow
 
 REPO = Path(__file__).resolve().parents[2]
 POD = str(Path(__file__).parent / "fixtures" / "pod.py")
@@ -765,7 +764,7 @@ def test_item_is_substituted_only_in_a_tasks_arguments(tmp_path):
 
 
 def test_chaos_deletes_a_pod_of_a_group_and_only_that_item_is_retried(tmp_path):
-    from workflows.chaos import Chaos
+    from workflows.local import Chaos
 
     spec = wf(
         [{"name": "grp", "template": "node", "withSequence": {"count": "2"},

@@ -14,8 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import REPO
-from workflows import local
-from workflows.local import run_workflow
+from workflows.local import run_workflow, runner
 
 pytestmark = pytest.mark.slow
 
@@ -86,7 +85,7 @@ def test_a_deleted_pods_sigkill_reaches_torchruns_setsid_workers(tmp_path):
 
 
 def test_control_killing_only_the_pods_process_group_leaves_the_workers_running(tmp_path, monkeypatch):
-    monkeypatch.setattr(local, "_kill_tree", lambda pid: local._killpg(pid, signal.SIGKILL))
+    monkeypatch.setattr(runner, "_kill_tree", lambda pid: runner._killpg(pid, signal.SIGKILL))
     try:
         _run(tmp_path)
         workers = _workers(tmp_path)

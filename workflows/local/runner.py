@@ -1,6 +1,6 @@
 """Run a *rendered* Argo Workflow (the dict that ``kubectl`` would receive) on this machine, with no cluster.
 
-Each attempt of a task is a "pod": ``workflows/pod_init.py`` as its PID 1 (in a session of its own),
+Each attempt of a task is a "pod": ``workflows/local/pod_init.py`` as its PID 1 (in a session of its own),
 which runs the container's command in a process group of its own, forwards signals to that group as
 Argo's emissary does, and is a child subreaper, so that every process the pod starts (torchrun's
 workers too, which call setsid) can be SIGKILLed with it. Output goes to
@@ -32,7 +32,7 @@ Supported (anything else is refused with ``UnsupportedSpec`` naming the field, b
   templates with a retryStrategy, as in Argo). It is one textual pass into argv elements, never through a
   shell: a substituted value stays data, even if it holds quotes, ``$(...)`` or ``{{...}}``.
 
-Accepted without local effect: see ``ACCEPTED_WITHOUT_EFFECT`` in ``workflows/local_spec.py`` (one place, on
+Accepted without local effect: see ``ACCEPTED_WITHOUT_EFFECT`` in ``workflows/local/spec.py`` (one place, on
 purpose), which holds the checks and the substitution; this module runs the plan.
 
 Retry semantics, recorded as Argo v3.7 records them: exit 0 is Succeeded; another exit is Failed,
@@ -55,7 +55,7 @@ Pod registry (how a sibling "evict" step ends a pod locally): the protocol is th
 ``steps/local_pods.py``; every pod gets ``BATON_LOCAL_PODS=<out_dir>/pods``. The grace is the pod's
 ``terminationGracePeriodSeconds`` (default 30). SIGKILL reaches the pod's whole process tree.
 
-Chaos (``run_workflow(..., chaos=Chaos(...))``, ``workflows/chaos.py``): the runner also deletes pods as the
+Chaos (``run_workflow(..., chaos=Chaos(...))``, ``workflows/local/chaos.py``): the runner also deletes pods as the
 plan says, the way a registry ``delete`` request does, only where a retry would follow; what it deleted is
 in ``RunResult.chaos`` and ``<out_dir>/chaos.json``.
 
@@ -79,26 +79,24 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+import workflows.local.argo_expr as argo_expr
 from steps.local_pods import ENV as PODS_ENV
 from steps.local_pods import read_request, write_atomic
-from workflows import argo_expr
-from workflows.chaos import Chaos
-from workflows.local_spec import (  # noqa: F401  (ACCEPTED_WITHOUT_EFFECT, UnsupportedSpec: this module's API too)
-    _POLICY_RETRIES,
-    ACCEPTED_WITHOUT_EFFECT,
-    DEFAULT_GRACE_S,
+from workflows.local.chaos import Chaos
+from workflows.local.pod_init import kill_descendants
+from workflows.local.spec import (
+    POLICY_RETRIES,
+    Plan,
+    Task,
     UnsupportedSpec,
-    _argv_env,
-    _artifacts,
-    _grace,
-    _out_params,
-    _Plan,
-    _plan,
-    _pod_ctx,
-    _Task,
+    argv_env,
+    artifact_paths,
+    build_plan,
+    out_params,
+    pod_ctx,
+    pod_grace,
     resolve_late_inputs,
 )
-from workflows.pod_init import kill_descendants
 
 POD_INIT = str(Path(__file__).resolve().parent / "pod_init.py")
 
@@ -148,7 +146,7 @@ class RunResult:
     nodes: list[NodeResult]
     name: str = ""
     message: str = ""
-    chaos: dict[str, Any] | None = None  # the chaos deletions (workflows/chaos.py), when there were any
+    chaos: dict[str, Any] | None = None  # the chaos deletions (workflows/local/chaos.py), when there were any
 
     def attempts(self, task: str) -> list[NodeResult]:
         return [n for n in self.nodes if n.task == task]
@@ -160,7 +158,7 @@ _write_atomic = write_atomic
 # ----------------------------------------------------------------------------------------------- execution
 @dataclass
 class _Pod:
-    task: _Task
+    task: Task
     attempt: int
     name: str
     proc: subprocess.Popen
@@ -181,7 +179,7 @@ class _Pod:
 
 
 class _Runner:
-    def __init__(self, plan: _Plan, out_dir: Path, progress: TextIO | None, cwd: Path, env: dict[str, str],
+    def __init__(self, plan: Plan, out_dir: Path, progress: TextIO | None, cwd: Path, env: dict[str, str],
                  chaos: Chaos | None = None, unschedulable: frozenset[str] = frozenset()):
         self.plan, self.out, self.progress, self.cwd = plan, out_dir, progress, cwd
         self.chaos = chaos
@@ -256,7 +254,7 @@ class _Runner:
         return RunResult(phase, self.nodes, self.plan.name, self.message if phase == "Failed" else "",
                          self.chaos.record() if self.chaos is not None else None)
 
-    def _startable(self, ignore_abort: bool = False) -> list[_Task]:
+    def _startable(self, ignore_abort: bool = False) -> list[Task]:
         """Tasks to start now. `ignore_abort`: those whose dependencies are met even though the workflow is
         stopping or failing fast (after its deadline, real Argo still created and failed verify's node)."""
         if self.aborting and not ignore_abort:
@@ -304,7 +302,7 @@ class _Runner:
             if grace is not None and pod.kill_at is not None:  # a pod already being deleted: the sooner wins
                 pod.kill_at = min(pod.kill_at, time.monotonic() + grace)
 
-    def _fail_unstarted(self, task: _Task, why: str, pending: bool) -> None:
+    def _fail_unstarted(self, task: Task, why: str, pending: bool) -> None:
         """A node Argo fails without a pod that ran: a Pending pod at the deadline (its registry record says
         Failed), or a task that became ready after the deadline (Argo creates its node and fails it)."""
         # A failure its dependents continue on lets them become ready too (Argo's depends), and fail likewise.
@@ -328,7 +326,7 @@ class _Runner:
             out[node.task] = node.parameters
         return out
 
-    def _start(self, task: _Task, attempt: int) -> None:
+    def _start(self, task: Task, attempt: int) -> None:
         name = f"{self.plan.name}-{task.slug}-{attempt}"
         if task.late_inputs:
             task = dataclasses.replace(task, inputs=resolve_late_inputs(task, self._outputs()))
@@ -345,9 +343,9 @@ class _Runner:
                 "attempt": attempt, "phase": "Pending"}))
             self.say(f"{task.name} attempt {attempt} Pending (pod {name}): unschedulable")
             return
-        ctx = _pod_ctx(self.plan, task, name, attempt)
-        argv, cenv = _argv_env(self.plan, task, ctx)
-        grace = _grace(task, ctx)
+        ctx = pod_ctx(self.plan, task, name, attempt)
+        argv, cenv = argv_env(self.plan, task, ctx)
+        grace = pod_grace(task, ctx)
         log_path = self.out / "logs" / f"{task.slug}-{attempt}.log"
         (self.pods_dir / f"{name}.delete").unlink(missing_ok=True)  # stale, from a reused out_dir
         self.state[task.name] = "running"
@@ -475,7 +473,7 @@ class _Runner:
             detail = f": {node.message}{'' if 'exit code' in node.message else f' (exit {code})'}{at}"
         self._after(pod.task, node, f"{pod.task.name} attempt {pod.attempt} {node.status}{detail}", may_retry)
 
-    def _after(self, task: _Task, node: NodeResult, line: str, may_retry: bool = True) -> None:
+    def _after(self, task: Task, node: NodeResult, line: str, may_retry: bool = True) -> None:
         self.nodes.append(node)
         self._after_state(task, node, line, may_retry)
         if self.chaos is not None and self.state[task.name] != "retry" and all(  # done for good, the group too
@@ -483,7 +481,7 @@ class _Runner:
                 if t.group == task.group):
             self.chaos.unavailable(task.group, self._chaos_open())
 
-    def _chaos_may(self, task: _Task, attempt: int) -> bool:
+    def _chaos_may(self, task: Task, attempt: int) -> bool:
         """Whether chaos may delete this attempt: only where a retry would follow (chaos tests that nothing
         is lost, not the retry limit, which is configuration)."""
         r = task.retry
@@ -500,7 +498,7 @@ class _Runner:
                 out.append(task.group)
         return out
 
-    def _after_state(self, task: _Task, node: NodeResult, line: str, may_retry: bool) -> None:
+    def _after_state(self, task: Task, node: NodeResult, line: str, may_retry: bool) -> None:
         if node.status == "Succeeded":
             self.state[task.name] = "succeeded"
             self.say(line)
@@ -521,13 +519,13 @@ class _Runner:
             self.failed_fast = True  # like Argo's DAG failFast: running tasks finish, nothing new starts
 
     @staticmethod
-    def _should_retry(task: _Task, node: NodeResult) -> tuple[bool, str]:
+    def _should_retry(task: Task, node: NodeResult) -> tuple[bool, str]:
         r = task.retry
         if r is None:
             return False, ""
         if r.limit is not None and node.attempt >= r.limit:
             return False, f"{NO_MORE_RETRIES} (limit {r.limit})"
-        if node.status not in _POLICY_RETRIES[r.policy]:
+        if node.status not in POLICY_RETRIES[r.policy]:
             return False, f"retryPolicy {r.policy} does not retry {node.status}"
         if r.expr is not None:
             dur = node.finished - node.started
@@ -542,9 +540,9 @@ class _Runner:
         return True, ""
 
     def _read_params(self, pod: _Pod) -> dict[str, str]:
-        ctx = _pod_ctx(self.plan, pod.task, pod.name, pod.attempt)
+        ctx = pod_ctx(self.plan, pod.task, pod.name, pod.attempt)
         out: dict[str, str] = {}
-        for name, (src, default) in _out_params(pod.task, ctx).items():
+        for name, (src, default) in out_params(pod.task, ctx).items():
             srcp = self.cwd / src
             if srcp.is_file():
                 out[name] = srcp.read_text().strip()
@@ -554,8 +552,8 @@ class _Runner:
 
     def _collect(self, pod: _Pod) -> dict[str, Path]:
         out: dict[str, Path] = {}
-        ctx = _pod_ctx(self.plan, pod.task, pod.name, pod.attempt)
-        for name, src in _artifacts(pod.task, ctx).items():
+        ctx = pod_ctx(self.plan, pod.task, pod.name, pod.attempt)
+        for name, src in artifact_paths(pod.task, ctx).items():
             srcp = self.cwd / src  # an absolute src stays absolute
             dest = self.out / "artifacts" / pod.task.slug / name
             dest.parent.mkdir(parents=True, exist_ok=True)
@@ -609,7 +607,7 @@ class _Runner:
         _write_atomic(self.out / "nodes.json", json.dumps(doc, indent=1))
 
 
-def _task_fields(task: _Task) -> dict[str, Any]:
+def _task_fields(task: Task) -> dict[str, Any]:
     """A pod's task in the registry: the DAG task as written (a group's name), and its withSequence item."""
     return {"task": task.group, **({"item": task.item, "node": task.name} if task.item is not None else {})}
 
@@ -645,7 +643,7 @@ def run_workflow(spec: dict, out_dir: Path, params: dict[str, str] | None = None
     """Validate ``spec`` (raising ``UnsupportedSpec`` before anything runs), then run it to the end,
     deleting pods as ``chaos`` plans (its tasks must be the spec's). The pods of the tasks named in
     ``unschedulable`` stay Pending (a cluster with no room for them) until the workflow's deadline."""
-    plan = _plan(spec, params)
+    plan = build_plan(spec, params)
     groups = {t.group for t in plan.tasks.values()}
     if chaos is not None:
         unknown = sorted(set(chaos.tasks) - groups)

@@ -1,13 +1,13 @@
 """PID 1 of a local pod, as `argoexec emissary` is PID 1 of an Argo container.
 
-    python workflows/pod_init.py COMMAND [ARG ...]
+    python workflows/local/pod_init.py COMMAND [ARG ...]
 
 It runs COMMAND in a process group of its own, forwards every signal it is sent to that whole group
 (as the emissary does, so a wrapper and the torchrun it starts both get SIGTERM), and exits with the
 command's code (128+N when a signal N ended it). It makes itself a child subreaper (prctl
 PR_SET_CHILD_SUBREAPER), so that every process the command starts stays below it even after its parent
 dies, including torchrun's workers, which call setsid and leave the command's group: the runner's
-SIGKILL (`kill_tree` in workflows/local.py) reaches them all, as a container's processes all die with
+SIGKILL (`kill_tree` in workflows/local/runner.py) reaches them all, as a container's processes all die with
 it. When the command exits, whatever it left running is killed, as it would be in a container.
 
 Standard library only, run by path: it must start before anything else is importable.

@@ -1,6 +1,6 @@
 """The local runner's half that reads a rendered Argo Workflow: what it supports, the checks that refuse
 anything else before a pod starts (``UnsupportedSpec``, naming the field), and the substitution of
-parameters into argv, env, paths and the grace. ``workflows/local.py`` runs the plan this builds; its
+parameters into argv, env, paths and the grace. ``workflows/local/runner.py`` runs the plan this builds; its
 docstring lists what is supported.
 """
 
@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from workflows import argo_expr
+import workflows.local.argo_expr as argo_expr
 
 # Fields that the runner accepts and ignores because they have no meaning on one machine.
 ACCEPTED_WITHOUT_EFFECT: dict[str, frozenset[str]] = {
@@ -51,7 +51,7 @@ _SUPPORTED: dict[str, frozenset[str]] = {
     "retryStrategy": frozenset({"limit", "retryPolicy", "expression"}),
     "podSpecPatch": frozenset({"terminationGracePeriodSeconds"}),
 }
-_POLICY_RETRIES = {"Always": {"Failed", "Error"}, "OnFailure": {"Failed"}, "OnError": {"Error"},
+POLICY_RETRIES = {"Always": {"Failed", "Error"}, "OnFailure": {"Failed"}, "OnError": {"Error"},
                    "OnTransientError": {"Error"}}
 _REF = re.compile(r"\{\{\s*([^{}]*?)\s*\}\}")
 _TASK_OUTPUT = re.compile(r"tasks\.([A-Za-z0-9][A-Za-z0-9_.-]*?)\.outputs\.parameters\.([A-Za-z0-9_-]+)")
@@ -76,7 +76,7 @@ class _Retry:
 
 
 @dataclass
-class _Task:
+class Task:
     name: str
     template: str
     path: str  # of the template, for messages
@@ -105,10 +105,10 @@ class _Task:
 
 
 @dataclass
-class _Plan:
+class Plan:
     name: str
     wf_ctx: dict[str, str]
-    tasks: dict[str, _Task]
+    tasks: dict[str, Task]
     deadline_s: float | None
 
 
@@ -168,14 +168,14 @@ def _subst(text: Any, ctx: dict[str, str], path: str) -> str:
     return _REF.sub(one, text)  # one pass: substituted values are data, never re-expanded
 
 
-def resolve_late_inputs(task: _Task, outputs: dict[str, dict[str, str]]) -> dict[str, str]:
+def resolve_late_inputs(task: Task, outputs: dict[str, dict[str, str]]) -> dict[str, str]:
     """The task's inputs, with references to its dependencies' output parameters substituted from
     `outputs` (task -> {parameter: value}, of each dependency's last attempt)."""
     ctx = {f"tasks.{t}.outputs.parameters.{k}": v for t, ps in outputs.items() for k, v in ps.items()}
     return {**task.inputs, **{k: _subst(v, ctx, f"{task.path}: input {k}") for k, v in task.late_inputs.items()}}
 
 
-def _pod_ctx(plan: _Plan, task: _Task, pod_name: str, retries: int) -> dict[str, str]:
+def pod_ctx(plan: Plan, task: Task, pod_name: str, retries: int) -> dict[str, str]:
     ctx = dict(plan.wf_ctx, **{f"inputs.parameters.{k}": v for k, v in task.inputs.items()})
     ctx["pod.name"] = pod_name
     if task.retry is not None:
@@ -183,7 +183,7 @@ def _pod_ctx(plan: _Plan, task: _Task, pod_name: str, retries: int) -> dict[str,
     return ctx
 
 
-def _grace(task: _Task, ctx: dict[str, str]) -> float:
+def pod_grace(task: Task, ctx: dict[str, str]) -> float:
     raw = task.tmpl.get("podSpecPatch")
     if raw is None:
         return DEFAULT_GRACE_S
@@ -197,7 +197,7 @@ def _grace(task: _Task, ctx: dict[str, str]) -> float:
     return DEFAULT_GRACE_S if value is None else _seconds(value, f"{path}.terminationGracePeriodSeconds")
 
 
-def _argv_env(plan: _Plan, task: _Task, ctx: dict[str, str]) -> tuple[list[str], dict[str, str]]:
+def argv_env(plan: Plan, task: Task, ctx: dict[str, str]) -> tuple[list[str], dict[str, str]]:
     c, path = task.tmpl["container"], f"{task.path}.container"
     argv = [_subst(a, ctx, f"{path}.{k}[{i}]")
             for k in ("command", "args") for i, a in enumerate(_list(c.get(k), f"{path}.{k}"))]
@@ -217,7 +217,7 @@ def _argv_env(plan: _Plan, task: _Task, ctx: dict[str, str]) -> tuple[list[str],
     return argv, env
 
 
-def _artifacts(task: _Task, ctx: dict[str, str]) -> dict[str, str]:
+def artifact_paths(task: Task, ctx: dict[str, str]) -> dict[str, str]:
     path = f"{task.path}.outputs"
     out: dict[str, str] = {}
     for i, a in enumerate(_list(_check(task.tmpl.get("outputs", {}), path, "outputs").get("artifacts"),
@@ -228,7 +228,7 @@ def _artifacts(task: _Task, ctx: dict[str, str]) -> dict[str, str]:
     return out
 
 
-def _out_params(task: _Task, ctx: dict[str, str]) -> dict[str, tuple[str, str | None]]:
+def out_params(task: Task, ctx: dict[str, str]) -> dict[str, tuple[str, str | None]]:
     """Output parameters: name -> (file path, default). Read after the attempt, like Argo's executor."""
     path = f"{task.path}.outputs"
     out: dict[str, tuple[str, str | None]] = {}
@@ -262,8 +262,8 @@ def _retry(tmpl: dict, path: str, ctx: dict[str, str] | None) -> _Retry | None:
         except argo_expr.ExprError as exc:
             raise UnsupportedSpec(f"{path}.expression: {exc}; not supported by the local runner") from None
     policy = rs.get("retryPolicy") or ("Always" if expr else "OnFailure")
-    if policy not in _POLICY_RETRIES:
-        raise UnsupportedSpec(f"{path}.retryPolicy: {policy!r} is not one of {', '.join(_POLICY_RETRIES)}")
+    if policy not in POLICY_RETRIES:
+        raise UnsupportedSpec(f"{path}.retryPolicy: {policy!r} is not one of {', '.join(POLICY_RETRIES)}")
     return _Retry(limit, policy, expr)
 
 
@@ -274,7 +274,7 @@ def _depends(text: Any, path: str) -> list[str]:
     return [p.removesuffix(".Succeeded") for p in parts]
 
 
-def _plan(spec: dict, params: dict[str, str] | None) -> _Plan:
+def build_plan(spec: dict, params: dict[str, str] | None) -> Plan:
     _check(spec, "", "workflow")
     if spec.get("apiVersion") != "argoproj.io/v1alpha1" or spec.get("kind") != "Workflow":
         raise UnsupportedSpec("apiVersion/kind: expected argoproj.io/v1alpha1 Workflow")
@@ -311,7 +311,7 @@ def _plan(spec: dict, params: dict[str, str] | None) -> _Plan:
               **{f"workflow.parameters.{k}": v for k, v in wf_params.items()}}
     deadline = s.get("activeDeadlineSeconds")
     deadline = None if deadline is None else _seconds(deadline, "spec.activeDeadlineSeconds")
-    plan = _Plan(name, wf_ctx, {}, deadline)
+    plan = Plan(name, wf_ctx, {}, deadline)
 
     templates: dict[str, tuple[str, dict]] = {}
     for i, t in enumerate(_list(s.get("templates"), "spec.templates")):
@@ -374,7 +374,7 @@ def _plan(spec: dict, params: dict[str, str] | None) -> _Plan:
     return plan
 
 
-def _plan_task(plan: _Plan, templates: dict[str, tuple[str, dict]], rt: dict, path: str, group: str,
+def _plan_task(plan: Plan, templates: dict[str, tuple[str, dict]], rt: dict, path: str, group: str,
                task_name: str, item: str | None) -> None:
     """One task (or one withSequence item of it) into `plan`."""
     name, wf_ctx = plan.name, plan.wf_ctx
@@ -423,7 +423,7 @@ def _plan_task(plan: _Plan, templates: dict[str, tuple[str, dict]], rt: dict, pa
     for k, v in con.items():
         if not isinstance(v, bool):
             raise UnsupportedSpec(f"{path}.continueOn.{k}: expected true or false, got {v!r}")
-    task = _Task(task_name, ref, tmpl_path, tmpl, deps, inputs, _retry(tmpl, tmpl_path, ictx),
+    task = Task(task_name, ref, tmpl_path, tmpl, deps, inputs, _retry(tmpl, tmpl_path, ictx),
                  None if tdl is None else _seconds(tdl, f"{tmpl_path}.activeDeadlineSeconds", ictx),
                  frozenset(st for k, st in (("failed", "Failed"), ("error", "Error")) if con.get(k)),
                  {k: v for k, v in late.items() if k in inputs}, group, item)
@@ -431,15 +431,15 @@ def _plan_task(plan: _Plan, templates: dict[str, tuple[str, dict]], rt: dict, pa
         plan.tasks[task_name] = task
         return
     # Resolve everything now with stand-in per-attempt values, so a bad reference fails before any pod.
-    ctx = _pod_ctx(plan, task, f"{name}-{task.slug}-0", 0)
-    _argv_env(plan, task, ctx)
-    _artifacts(task, ctx)
-    _out_params(task, ctx)
-    _grace(task, ctx)
+    ctx = pod_ctx(plan, task, f"{name}-{task.slug}-0", 0)
+    argv_env(plan, task, ctx)
+    artifact_paths(task, ctx)
+    out_params(task, ctx)
+    pod_grace(task, ctx)
     plan.tasks[task_name] = task
 
 
-def _check_acyclic(tasks: dict[str, _Task]) -> None:
+def _check_acyclic(tasks: dict[str, Task]) -> None:
     state: dict[str, int] = {}  # 1 visiting, 2 done
 
     def visit(n: str, trail: list[str]) -> None:
