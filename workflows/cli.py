@@ -1,5 +1,9 @@
 """The drill's command line: render, write-templates, run (here, through the local runner), submit and
 status (an Argo server). `python workflows/equivalence.py ...` is its entry point.
+
+This module holds the parser and `run`; `main` in workflows/equivalence.py runs the commands. It never
+imports that module: `run` is given the workflow, as `submit` is, so that running the file executes it once
+(as `__main__`) and no import goes in a circle (tests/workflow/test_cli_params.py checks both).
 """
 
 from __future__ import annotations
@@ -10,20 +14,15 @@ import os
 import random
 import shutil
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from trainer.untrusted import printable
-from workflows.equivalence import (
-    REPO,
-    REPORT_FILES,
-    build_workflow,
-    rendered,
-    to_yaml,
-    with_params,
-    write_templates,
-)
 from workflows.params import (
+    REPORT_FILES,
+    TASKS,
+    TRAINING_TASKS,
     default_retry_limit,
     drill_root,
     parse_params,
@@ -34,8 +33,11 @@ from workflows.params import (
     values_of,
 )
 
+REPO = Path(__file__).resolve().parent.parent
 
-def cmd_run(args: argparse.Namespace) -> int:
+
+def cmd_run(args: argparse.Namespace, build: Callable[[int], dict]) -> int:
+    """`run`: the workflow that `build(nodes)` renders, on this machine."""
     from workflows.local import UnsupportedSpec, run_workflow
 
     out = Path(args.out).resolve()
@@ -60,11 +62,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     if chaos_n:
         from workflows.local import Chaos
 
-        chaos = Chaos(chaos_n, chaos_seed, CHAOS_TASKS, step_tasks=TRAINING_TASKS,
+        chaos = Chaos(chaos_n, chaos_seed, list(TASKS), step_tasks=frozenset(TRAINING_TASKS),
                       total_steps=int(values_of(params)["total_steps"]), long_tasks={"evict": 20.0})
         print(f"chaos: {chaos_n} pod deletion(s), seed {chaos_seed} (-p chaos_seed={chaos_seed} repeats the plan)",
               file=sys.stderr)
-    spec = build_workflow(int(values_of(params)["nodes"])).to_dict()
+    spec = build(int(values_of(params)["nodes"]))
     set_queue_label(spec, values_of(params)["queue"])  # no local effect; the spec is what a cluster would get
     set_deadline(spec, values_of(params))
     env = {"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
@@ -139,8 +141,6 @@ LOCAL_PARAMETERS = {
     "unschedulable": "tasks (comma-separated) whose pods stay Pending, as on a cluster with no room for them: the "
                      "drill then ends by its deadline (-p deadline=SECONDS)",
 }
-CHAOS_TASKS = ["reference", "reference-replay", "trial", "evict", "verify", "compare"]
-TRAINING_TASKS = frozenset({"reference", "reference-replay", "trial"})
 
 
 def _local_params(items: list[str]) -> tuple[dict[str, str], list[str]]:
@@ -149,10 +149,10 @@ def _local_params(items: list[str]) -> tuple[dict[str, str], list[str]]:
         name, sep, value = item.partition("=")
         if sep and name in LOCAL_PARAMETERS:
             if name == "unschedulable":
-                unknown = sorted(set(value.split(",")) - set(CHAOS_TASKS))
+                unknown = sorted(set(value.split(",")) - set(TASKS))
                 if unknown:
                     raise SystemExit(f"error: -p unschedulable: no task named {', '.join(unknown)} "
-                                     f"(tasks: {', '.join(CHAOS_TASKS)})")
+                                     f"(tasks: {', '.join(TASKS)})")
             elif not value.isdigit():
                 raise SystemExit(f"error: -p {name} must be a non-negative integer, got {value!r}")
             local[name] = value
@@ -180,8 +180,9 @@ def drill_summary(report: dict[str, Any]) -> str:
     return summary(report)
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python workflows/equivalence.py", description=__doc__,
+def parser() -> argparse.ArgumentParser:
+    """Every command's arguments; equivalence.main parses with it and runs the command."""
+    ap = argparse.ArgumentParser(prog="python workflows/equivalence.py", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="command", required=True)
     rd = sub.add_parser("render", help="print every object as a multi-document YAML stream")
@@ -206,25 +207,4 @@ def main(argv: list[str] | None = None) -> int:
     st = sub.add_parser("status", help="a submitted drill's nodes beside its checkpoint store")
     st.add_argument("name", help="the workflow's name, as submit printed it")
     add_server_arguments(st)
-    args = ap.parse_args(argv)
-    if args.command == "render":
-        params = resolve_params(parse_params(args.param)) if args.param else {}
-        nodes = int(values_of(params)["nodes"])
-        sys.stdout.write(to_yaml([with_params(obj, params) for obj in rendered(nodes)]))
-        return 0
-    if args.command == "write-templates":
-        for path in write_templates():
-            print(f"wrote {path.relative_to(REPO)}")
-        return 0
-    if args.command == "run":
-        return cmd_run(args)
-    if args.command == "submit":
-        from workflows.argo import submit
-
-        nodes = int(values_of(resolve_params(parse_params(args.param), cluster=True))["nodes"])
-        return submit(args, lambda: build_workflow(nodes).to_dict())
-    if args.command == "status":
-        from workflows.argo import status
-
-        return status(args)
-    return 2
+    return ap

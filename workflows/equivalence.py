@@ -1,4 +1,5 @@
-"""The equivalence drill as an Argo Workflow, written with Hera (its command line is workflows/cli.py).
+"""The equivalence drill as an Argo Workflow, written with Hera, and the drill's entry point (`main`; its
+parser and `run` are workflows/cli.py's, which never imports this module: running this file executes it once).
 
     python workflows/equivalence.py render [-p name=value ...]   every object, as a multi-document YAML stream
     python workflows/equivalence.py write-templates         regenerate templates/*.yaml
@@ -39,6 +40,8 @@ from hera.workflows import models as m  # noqa: E402
 from workflows.params import (  # noqa: E402,F401
     PARAMETERS,
     QUEUE_LABEL,
+    REPORT_FILES,
+    TASKS,
     default_retry_limit,
     drill_deadline_s,
     drill_root,
@@ -77,7 +80,6 @@ RETRY_EXPRESSION = ("asInt(lastRetry.exitCode) == 75 || asInt(lastRetry.exitCode
 HELPER_RETRY_EXPRESSION = f"asInt(lastRetry.exitCode) == 143 || lastRetry.message matches '{'|'.join(DISRUPTIONS)}'"
 HELPER_RETRY_LIMIT = "3"
 REPORT_DIR = "/tmp/baton-report/{{workflow.name}}"
-REPORT_FILES = ("report.json", "report.md", "loss.png")
 # Numbers that compare writes to <out>/metrics/<name> (its output parameters; -1: not measured), exposed as
 # Prometheus gauges by `publish`, a suspend template of duration 0 after compare: no pod (nothing to delete,
 # nothing to retry), the numbers as its inputs. Argo evaluates a template's metrics on every attempt node,
@@ -223,17 +225,18 @@ def _define_dag(nodes: int = 1) -> None:
         # breaks the contract: the report names the role and the clause); compare then fails, and with it
         # the drill (publish, the leaf, never starts; Argo fails a DAG whose task failed without continueOn).
         keep_going = m.ContinueOn(failed=True, error=True)
+        reference_task, replay_task, trial_task, evict_task, verify_task, compare_task = TASKS
         # Above one node: N tasks per role (`trial(0:0)`, `trial(1:1)`, ...), each retried on its own.
         each = dict(with_sequence=m.Sequence(count=p("nodes"))) if nodes > 1 else {}
         node_arg = {"node": "{{item}}"} if nodes > 1 else {}
-        train(name="reference", arguments={"role": "reference", **node_arg}, continue_on=keep_going, **each)
-        train(name="reference-replay", arguments={"role": "replay", **node_arg}, continue_on=keep_going, **each)
-        trial(name="trial", continue_on=keep_going, **({"arguments": node_arg} if nodes > 1 else {}), **each)
-        evict(name="evict", continue_on=keep_going)
-        verify(name="verify", dependencies=["trial", "evict"])
-        compare(name="compare", dependencies=["reference", "reference-replay", "verify"])
-        publish(name="publish", dependencies=["compare"],
-                arguments={name: "{{tasks.compare.outputs.parameters." + name + "}}" for name in COMPARE_METRICS})
+        train(name=reference_task, arguments={"role": "reference", **node_arg}, continue_on=keep_going, **each)
+        train(name=replay_task, arguments={"role": "replay", **node_arg}, continue_on=keep_going, **each)
+        trial(name=trial_task, continue_on=keep_going, **({"arguments": node_arg} if nodes > 1 else {}), **each)
+        evict(name=evict_task, continue_on=keep_going)
+        verify(name=verify_task, dependencies=[trial_task, evict_task])
+        compare(name=compare_task, dependencies=[reference_task, replay_task, verify_task])
+        publish(name="publish", dependencies=[compare_task],
+                arguments={name: "{{tasks." + compare_task + ".outputs.parameters." + name + "}}" for name in COMPARE_METRICS})
 
 
 def _arguments(nodes: int = 1) -> list[Parameter]:
@@ -312,7 +315,35 @@ def write_templates(folder: Path = REPO / "templates") -> list[Path]:
     return out
 
 
-if __name__ == "__main__":  # the entry point: the command line is workflows/cli.py
-    from workflows.cli import main
+def main(argv: list[str] | None = None) -> int:
+    """`python workflows/equivalence.py COMMAND ...`: the parser and `run` are workflows/cli.py's (which
+    takes the workflow from here, as `submit` does, and never imports this module), `submit` and `status`
+    workflows/argo.py's, `render` and `write-templates` this module's own."""
+    from workflows import cli
 
+    args = cli.parser().parse_args(argv)
+    if args.command == "render":
+        params = resolve_params(parse_params(args.param)) if args.param else {}
+        nodes = int(values_of(params)["nodes"])
+        sys.stdout.write(to_yaml([with_params(obj, params) for obj in rendered(nodes)]))
+        return 0
+    if args.command == "write-templates":
+        for path in write_templates():
+            print(f"wrote {path.relative_to(REPO)}")
+        return 0
+    if args.command == "run":
+        return cli.cmd_run(args, lambda nodes: build_workflow(nodes).to_dict())
+    if args.command == "submit":
+        from workflows.argo import submit
+
+        nodes = int(values_of(resolve_params(parse_params(args.param), cluster=True))["nodes"])
+        return submit(args, lambda: build_workflow(nodes).to_dict())
+    if args.command == "status":
+        from workflows.argo import status
+
+        return status(args)
+    return 2
+
+
+if __name__ == "__main__":
     sys.exit(main())

@@ -69,6 +69,14 @@ TIERS = ("auto", "1", "2")
 # ---- where a drill keeps what it writes, defined once ---------------------------------------------------
 
 ROLES = ("reference", "replay", "trial")
+# The DAG's tasks that run a pod, named here once and in the DAG's order: the training tasks (one per role of
+# ROLES, in that order; their pods write step records), then evict, verify and compare. equivalence.py builds
+# the DAG with these names; `run -p chaos=N` and `-p unschedulable=` choose among them. (`publish`, after
+# compare, is a suspend: no pod.)
+TRAINING_TASKS = ("reference", "reference-replay", "trial")
+TASKS = (*TRAINING_TASKS, "evict", "verify", "compare")
+# What compare writes into its report folder (report_root in the bucket; the artifacts on a cluster).
+REPORT_FILES = ("report.json", "report.md", "loss.png")
 
 
 def drill_root(bucket: str, prefix: str, workflow: str) -> str:

@@ -21,7 +21,6 @@ import yaml
 
 from tests.crd import crd_schema, validate_kueue
 from tests.helpers import PY, REPO, base_env
-from workflows import cli
 from workflows import equivalence as eq
 
 FIXTURES = Path(__file__).parent / "fixtures" / "argo"
@@ -139,7 +138,7 @@ def argo(monkeypatch):
 def error_of(argv: list[str]) -> str:
     """The one-line error that `main(argv)` exits with."""
     with pytest.raises(SystemExit) as ei:
-        cli.main(argv)
+        eq.main(argv)
     msg = ei.value.code
     assert isinstance(msg, str) and msg.startswith("error: "), msg
     assert "\n" not in msg, msg
@@ -159,7 +158,7 @@ def templates_of(obj: dict) -> dict[str, dict]:
 
 def test_submit_posts_the_drill_with_parameters_as_workflow_arguments(argo, capsys):
     argo.routes[("POST", CREATE)] = (200, fixture("created.json"))
-    assert cli.main(["submit", "-p", "evictions=7"]) == 0
+    assert eq.main(["submit", "-p", "evictions=7"]) == 0
 
     assert len(argo.requests) == 1
     req = argo.requests[0]
@@ -187,7 +186,7 @@ def test_submit_posts_the_drill_with_parameters_as_workflow_arguments(argo, caps
 def test_flags_win_over_the_environment_and_base_href_prefixes_every_path(argo, monkeypatch, capsys):
     monkeypatch.setenv("ARGO_NAMESPACE", "elsewhere")
     argo.routes[("POST", "/argo/api/v1/workflows/drills")] = (200, fixture("created.json"))
-    assert cli.main(["submit", "--namespace", "drills", "--token", "Bearer from-flag", "--argo-base-href", "/argo/",
+    assert eq.main(["submit", "--namespace", "drills", "--token", "Bearer from-flag", "--argo-base-href", "/argo/",
                     "-p", "total_steps=50", "-p", "evictions=2", "-p", "retry_limit=3"]) == 0
     req = argo.requests[0]
     assert req["path"] == "/argo/api/v1/workflows/drills" and req["authorization"] == "Bearer from-flag"
@@ -199,7 +198,7 @@ def test_flags_win_over_the_environment_and_base_href_prefixes_every_path(argo, 
 def test_no_token_sends_no_authorization_header(argo, monkeypatch):
     monkeypatch.delenv("ARGO_TOKEN")
     argo.routes[("POST", CREATE)] = (200, fixture("created.json"))
-    assert cli.main(["submit"]) == 0
+    assert eq.main(["submit"]) == 0
     assert argo.requests[0]["authorization"] is None
 
 
@@ -338,7 +337,7 @@ def _served(bucket: str) -> dict:
 
 def test_status_shows_each_trial_attempt_beside_the_checkpoint_store(argo, drill_store, capsys):
     argo.routes[("GET", f"/api/v1/workflows/baton/{NAME}")] = (200, _served(drill_store))
-    assert cli.main(["status", NAME]) == 0
+    assert eq.main(["status", NAME]) == 0
     assert [(r["method"], r["path"], r["authorization"]) for r in argo.requests] == \
         [("GET", f"/api/v1/workflows/baton/{NAME}", TOKEN)]
     out = capsys.readouterr().out
@@ -368,7 +367,7 @@ def test_status_shows_each_trial_attempt_beside_the_checkpoint_store(argo, drill
 def test_status_with_nothing_committed_counts_the_gap_from_zero(argo, drill_store, tmp_path, capsys):
     shutil.rmtree(tmp_path / "bucket" / "drills" / NAME / "trial")
     argo.routes[("GET", f"/api/v1/workflows/baton/{NAME}")] = (200, _served(drill_store))
-    assert cli.main(["status", NAME]) == 0
+    assert eq.main(["status", NAME]) == 0
     out = " ".join(capsys.readouterr().out.split())
     assert "trial newest committed step none" in out
     assert "last step record 23 (attempt 3), newest committed none: gap 23 steps" in out
@@ -376,7 +375,7 @@ def test_status_with_nothing_committed_counts_the_gap_from_zero(argo, drill_stor
 
 def test_status_reports_an_unreadable_store_in_one_line_and_exits_1(argo, capsys):
     argo.routes[("GET", f"/api/v1/workflows/baton/{NAME}")] = (200, _served("nosuchscheme://bucket"))
-    assert cli.main(["status", NAME]) == 1
+    assert eq.main(["status", NAME]) == 1
     out = capsys.readouterr().out
     assert "trial(0)" in out  # the nodes are still shown
     assert re.search(r"error: cannot read nosuchscheme://bucket/drills/" + NAME, out), out
@@ -540,7 +539,7 @@ def test_submit_from_a_kustomized_overlay_submits_its_workflow_spec(argo, tmp_pa
     path = tmp_path / "kind.yaml"
     path.write_text(yaml.safe_dump_all(docs))
     argo.routes[("POST", CREATE)] = (200, fixture("created.json"))
-    assert cli.main(["submit", "--from-file", str(path), "-p", "evictions=4"]) == 0
+    assert eq.main(["submit", "--from-file", str(path), "-p", "evictions=4"]) == 0
     wf = json.loads(argo.requests[0]["body"])["workflow"]
     validate(wf)
     cron = _one(docs, "CronWorkflow")
@@ -680,7 +679,7 @@ def test_status_shows_hf_checkpoint_roots_beside_dcp_ones(argo, drill_store, tmp
         if step != 12:  # 12 has no _COMMIT: a save cut short
             (trial / f"checkpoint-{step}" / "_COMMIT").write_text('{"files": {}}')
     argo.routes[("GET", f"/api/v1/workflows/baton/{NAME}")] = (200, _served(drill_store))
-    assert cli.main(["status", NAME]) == 0
+    assert eq.main(["status", NAME]) == 0
     out = " ".join(capsys.readouterr().out.split())
     assert "trial newest committed step 10 (checkpoint-N)" in out
     assert "reference newest committed step 30 (run tiny-0123456789ab)" in out

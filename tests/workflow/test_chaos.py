@@ -19,15 +19,15 @@ from steps import report as report_mod
 from steps.evidence import read_evidence
 from tests.helpers import PY, REPO, base_env
 from trainer.checkpoint import load_flat
-from workflows.cli import CHAOS_TASKS, TRAINING_TASKS
 from workflows.local import Chaos
+from workflows.params import TASKS, TRAINING_TASKS
 
 
 # ------------------------------------------------------------------------------------------------ the plan
 def test_the_plan_is_a_function_of_the_seed_and_draws_steps_and_startups():
-    a = Chaos(10, 7, CHAOS_TASKS, TRAINING_TASKS, 200, long_tasks={"evict": 20.0})
-    b = Chaos(10, 7, CHAOS_TASKS, TRAINING_TASKS, 200, long_tasks={"evict": 20.0})
-    c = Chaos(10, 8, CHAOS_TASKS, TRAINING_TASKS, 200, long_tasks={"evict": 20.0})
+    a = Chaos(10, 7, TASKS, TRAINING_TASKS, 200, long_tasks={"evict": 20.0})
+    b = Chaos(10, 7, TASKS, TRAINING_TASKS, 200, long_tasks={"evict": 20.0})
+    c = Chaos(10, 8, TASKS, TRAINING_TASKS, 200, long_tasks={"evict": 20.0})
     plan = [(d.task, d.trigger, d.value) for d in a.deletions]
     assert plan == [(d.task, d.trigger, d.value) for d in b.deletions]
     assert plan != [(d.task, d.trigger, d.value) for d in c.deletions]
@@ -36,8 +36,8 @@ def test_the_plan_is_a_function_of_the_seed_and_draws_steps_and_startups():
             assert d.task in TRAINING_TASKS and 1 <= d.value <= 199
         else:
             assert 0 <= d.value <= (20.0 if d.task == "evict" else 4.0 if d.task in TRAINING_TASKS else 2.0)
-    many = Chaos(400, 1, CHAOS_TASKS, TRAINING_TASKS, 200)
-    assert {d.task for d in many.deletions} == set(CHAOS_TASKS)
+    many = Chaos(400, 1, TASKS, TRAINING_TASKS, 200)
+    assert {d.task for d in many.deletions} == set(TASKS)
     assert {d.trigger for d in many.deletions if d.task == "trial"} == {"step", "after_s", "restore"}
     assert {d.trigger for d in many.deletions if d.task not in TRAINING_TASKS} == {"after_s"}
 

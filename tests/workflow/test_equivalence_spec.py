@@ -12,7 +12,6 @@ import yaml
 
 from tests.crd import validate
 from tests.helpers import PY, REPO, base_env
-from workflows import cli
 from workflows import equivalence as eq
 
 
@@ -129,6 +128,18 @@ def test_dag_shape():
                     "publish": {"compare"}}
 
 
+@pytest.mark.parametrize("nodes", [1, 2])
+def test_the_dags_tasks_are_the_one_list_the_command_line_reads(nodes):
+    """workflows/params.py's TASKS, in the DAG's order, are the tasks with a pod (`run -p chaos` and
+    `-p unschedulable` choose among them), and TRAINING_TASKS those that run the trainer."""
+    from workflows.params import TASKS, TRAINING_TASKS
+
+    templates = _templates(eq.rendered(nodes)[0])
+    dag = templates["drill"]["dag"]["tasks"]
+    assert [t["name"] for t in dag if "container" in templates[t["template"]]] == list(TASKS)
+    assert [t["name"] for t in dag if t["template"] in ("train", "trial")] == list(TRAINING_TASKS)
+
+
 def test_no_step_runs_a_shell():
     for t in _templates(eq.rendered()[0]).values():
         if "container" in t:
@@ -182,7 +193,7 @@ def test_a_negative_control_asked_for_is_what_the_pod_reads(given, pod_reads):
 
 def test_the_render_command_refuses_a_bad_parameter_with_one_line(capsys):
     with pytest.raises(SystemExit) as e:
-        cli.main(["render", "-p", "ranks=0"])
+        eq.main(["render", "-p", "ranks=0"])
     assert "ranks must be at least 1" in str(e.value)
 
 

@@ -27,7 +27,6 @@ from tests.workflow.test_argo import (  # noqa: F401  (fixtures)
     templates_of,
     validate,
 )
-from workflows import cli
 from workflows import equivalence as eq
 
 LABEL = "kueue.x-k8s.io/queue-name"
@@ -76,7 +75,7 @@ def test_an_invalid_label_value_is_refused_before_submit(argo):  # noqa: F811 (t
 
 def test_submit_with_a_queue_sends_the_label_and_an_empty_queue_takes_it_off(argo, tmp_path):  # noqa: F811
     argo.routes[("POST", CREATE)] = (200, fixture("created.json"))
-    assert cli.main(["submit", "-p", "queue=team-a"]) == 0
+    assert eq.main(["submit", "-p", "queue=team-a"]) == 0
     wf = json.loads(argo.requests[-1]["body"])["workflow"]
     validate(wf)
     assert wf["spec"]["podMetadata"]["labels"][LABEL] == "team-a"
@@ -84,7 +83,7 @@ def test_submit_with_a_queue_sends_the_label_and_an_empty_queue_takes_it_off(arg
     wf["metadata"].pop("namespace", None)
     path = tmp_path / "wf.yaml"
     path.write_text(yaml.safe_dump(wf))
-    assert cli.main(["submit", "--from-file", str(path), "-p", "queue="]) == 0
+    assert eq.main(["submit", "--from-file", str(path), "-p", "queue="]) == 0
     sent = json.loads(argo.requests[-1]["body"])["workflow"]
     assert "podMetadata" not in sent["spec"]
 
