@@ -100,8 +100,8 @@ def flush_figure(local: dict[str, Any], s3: dict[str, Any] | None) -> Figure:
         pr = local["store_preempt_MBps"] / lr
         text.append(
             f"A save that hashes its files while writing them and checks only their sizes in the store (every "
-            f"preemption and warning save, and periodic saves except one in `keep_last`, see the README's "
-            f"retention rule) reaches {local['store_preempt_MBps']:.0f} MB/s, {pr:.0%} of raw (goal 90%: "
+            f"preemption and warning save, and periodic saves except one in `keep_last`, see "
+            f"docs/checkpoints.md, Checksums) reaches {local['store_preempt_MBps']:.0f} MB/s, {pr:.0%} of raw (goal 90%: "
             f"{'met' if pr >= 0.9 else 'missed'}): "
             f"{local['store_preempt_s']:.2f} s against {local['store_s']:.2f} s for a save that reads everything back"
             + (f"; on the local S3, where the read-back is a download, {s3['store_preempt_s']:.2f} s against "

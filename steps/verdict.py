@@ -46,8 +46,8 @@ def lost_steps(trial_records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def contract_breaks(records: dict[str, list[dict[str, Any]]], result: dict[str, Any]) -> list[str]:
-    """Each clause of "the contract, for any trainer" (README) that a role broke, as a sentence naming the
-    role: its records are what the drill judges, and a role without them cannot be judged at all."""
+    """Each clause of "the contract, for any trainer" (docs/own-trainer.md) that a role broke, as a sentence
+    naming the role: its records are what the drill judges, and a role without them cannot be judged at all."""
     out = []
     for role in ROLES:
         recs = records.get(role, [])

@@ -32,8 +32,8 @@ What this module does instead (one data loader process, `dataloader_num_workers=
   state no checkpoint holds: it is refused at the start (UnsupportedSampler), by name.
 Limits: with DataLoader workers the collator runs in the workers, whose RNG restarts at every epoch
 start and is not saved: a random collator or dataset is then not exact across a mid-epoch resume
-(README; the drill reports a batch that differs right after a resume). A checkpoint without the snapshot
-(written before this) resumes as HF does.
+(docs/own-trainer.md, "HF's RNG on a mid-epoch resume"; the drill reports a batch that differs right
+after a resume). A checkpoint without the snapshot (written before this) resumes as HF does.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The one reader for what a bucket, a peer or a trainer's records hold: bounded, and never a traceback.
 
-Everything read from a bucket is untrusted (README, "Threat model"): anyone who can write to it can plant
-a file of any size, any nesting and any type. Every file that a step or the trainer opens from a bucket
+Everything read from a bucket is untrusted (docs/checkpoints.md, "Untrusted input, and the threat
+model"): anyone who can write to it can plant a file of any size, any nesting and any type. Every file that a step or the trainer opens from a bucket
 goes through `read_bytes` / `read_json` here, and every message from a peer rank through `parse_json`:
 
 - A local file (`file://` buckets) is opened with O_NOFOLLOW | O_NONBLOCK and checked with fstat on the

@@ -106,7 +106,7 @@ resource "google_container_node_pool" "gpu" {
   # zone has Spot capacity right now instead of balancing zones that have none.
   autoscaling {
     total_min_node_count = var.gpu_min_nodes
-    # A drill of N nodes per role holds 3 x N at once (README, "Several nodes").
+    # A drill of N nodes per role holds 3 x N at once (docs/cluster.md, "Kueue": what the pools must allow).
     total_max_node_count = max(var.gpu_max_nodes, 3 * var.drill_nodes)
     location_policy      = "ANY"
   }
@@ -159,7 +159,7 @@ resource "google_container_node_pool" "gpu" {
 # The baseline's pool: the same GPUs on demand (not Spot), at size 0 until a drill asks for it
 # (`-p baseline_pool=on-demand`: reference and reference-replay land here and are never preempted, so the
 # floor and the reference hold no resumes). It costs nothing until used; while used, on-demand GPUs cost
-# about 3x Spot (README, "A baseline that cannot be interrupted").
+# about 3x Spot (docs/drill.md, "The baseline").
 resource "google_container_node_pool" "gpu_on_demand" {
   name               = "gpu-on-demand"
   cluster            = google_container_cluster.this.id

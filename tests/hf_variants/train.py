@@ -6,7 +6,8 @@ get resume wrong: the certifier's negative controls (tests/workflow/test_certifi
 `HF_VARIANT` picks the script:
     correct              BatonCallback, baton.run(trainer), a deterministic collator
     random_collator      correct, and the collator masks labels with draws from the global torch RNG
-                         (exact once baton.run takes over HF's RNG restore: README, "HF's RNG on a resume")
+                         (exact once baton.run takes over HF's RNG restore: docs/own-trainer.md,
+                         "HF's RNG on a mid-epoch resume")
     private_rng          the collator draws from a generator of its own, seeded at start, never saved
     unseeded_shuffle     the dataset is reshuffled at every start with an unseeded RNG
     reseed_after_resume  the script re-seeds the RNG at the first step of every process start
