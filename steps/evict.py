@@ -39,6 +39,7 @@ from pathlib import Path
 from steps.evidence import read_evidence, read_json, write_json
 from steps.local_pods import ENV as LOCAL_PODS_ENV
 from steps.local_pods import HOW, LocalPods
+from trainer.redaction import redact
 
 MAX_FRACTION = 0.8
 # A trainer predicted to finish within this many seconds (from its measured step rate) is evicted at
@@ -284,7 +285,12 @@ def _evict_all(args: argparse.Namespace, pods, points: list[int], done_evictions
                 result["problem"] = f"timed out waiting for step {point}"
                 print(f"error: {result['problem']}", file=sys.stderr)
                 return 1
-            records = read_evidence(args.evidence)
+            try:
+                records = read_evidence(args.evidence)
+            except OSError as e:  # the store failed this once: the deadline bounds how long it may go on
+                print(f"[evict] reading the trial's evidence failed ({redact(str(e))}); polling again", file=sys.stderr)
+                time.sleep(max(poll, 1.0))
+                continue
             step, attempt, done = latest(records)
             if done:
                 break

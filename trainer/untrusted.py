@@ -117,11 +117,27 @@ def size_of(f: IO[bytes]) -> int | None:
         return size if isinstance(size, int) else None
 
 
+# An object replaced between the open and the read (s3fs's FileExpired: the ETag it opened is gone, errno
+# EBUSY). A file that its writer rewrites whole every few seconds (evidence, a round file) meets this on a
+# busy store; reading it again gets the new version. Seen on the real control plane: evict's traceback.
+REPLACED_RETRIES = 3
+
+
 def read_bytes(fs: Any, path: str, kind: str, what: str | None = None, cap: int | None = None) -> bytes:
     """The whole of `path`, at most `cap` bytes (default: CAPS[kind]); `Refused` when it is larger or is
-    not a regular file. `FileNotFoundError` when absent; another OSError when the store failed."""
-    cap = CAPS[kind] if cap is None else cap
-    what = what or path
+    not a regular file. `FileNotFoundError` when absent; another OSError when the store failed. An object
+    replaced while it was read is read again (REPLACED_RETRIES times at most)."""
+    for attempt in range(REPLACED_RETRIES + 1):
+        try:
+            return _read_bytes_once(fs, path, kind, what or path, CAPS[kind] if cap is None else cap)
+        except OSError as e:
+            if e.errno != errno.EBUSY or isinstance(e, FileNotFoundError) or attempt == REPLACED_RETRIES:
+                raise
+            fs.invalidate_cache(path)
+    raise AssertionError("unreachable")
+
+
+def _read_bytes_once(fs: Any, path: str, kind: str, what: str, cap: int) -> bytes:
     with open_regular(fs, path, what) as f:
         size = size_of(f)
         if size is not None and size > cap:

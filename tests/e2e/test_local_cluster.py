@@ -232,3 +232,27 @@ def test_pod_gc_and_ttl_strategy_remove_what_they_say(cluster: Local):
     while pods() or json.loads(cluster.kubectl("get", "workflowtaskresults", "-l", label, "-o", "json"))["items"]:
         assert time.monotonic() - t0 < 90, f"garbage collection left {pods()} and the task results"
         time.sleep(2)
+
+
+def test_a_dag_still_starts_a_task_whose_dependencies_succeeded_after_another_task_failed(cluster: Local):
+    """Argo v3.7.18's DAG keeps creating every task whose dependencies are met after an unrelated task failed
+    (dag.go runs executeDAGTask for every target on each pass; failFast only decides the DAG's phase), and
+    the DAG fails at the end. The local runner follows this (tests/workflow/test_local_runner.py)."""
+    name = "dag-after-failure"
+    fail = {"name": "fail", "container": {"image": "python:3.11", "command": ["python", "-c", "raise SystemExit(1)"]}}
+    slow = {"name": "slow", "container": {"image": "python:3.11",
+                                          "command": ["python", "-c", "import time; time.sleep(15)"]}}
+    after = {"name": "after", "container": {"image": "python:3.11", "command": ["python", "-c", "print('after')"]}}
+    dag = {"name": "main", "dag": {"tasks": [{"name": "fail", "template": "fail"},
+                                             {"name": "slow", "template": "slow"},
+                                             {"name": "after", "template": "after", "dependencies": ["slow"]}]}}
+    wf = {"apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow", "metadata": {"name": name},
+          "spec": {"entrypoint": "main", "templates": [dag, fail, slow, after]}}
+    cluster.kubectl("create", "-f", "-", stdin=json.dumps(wf))
+    done = cluster.wait_phase("workflow", name, ("Succeeded", "Failed", "Error"))
+    nodes = _nodes(done)
+    phases = {k: nodes[k]["phase"] for k in ("fail", "slow") if k in nodes}
+    print(f"\n[e2e] DAG after a failure: {done['status']['phase']}, "
+          f"{ {k: v['phase'] for k, v in nodes.items()} }")
+    assert done["status"]["phase"] == "Failed" and phases == {"fail": "Failed", "slow": "Succeeded"}, phases
+    assert nodes.get("after", {}).get("phase") == "Succeeded", {k: v["phase"] for k, v in nodes.items()}

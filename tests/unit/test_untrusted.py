@@ -335,3 +335,39 @@ def test_compare_reports_a_final_checkpoint_with_a_missing_data_file_instead_of_
     next(p for p in folder.iterdir() if p.suffix == ".distcp").unlink()
     result = compare(roots["reference"], roots["replay"], roots["trial"], tier="1")
     assert result["equivalent"] is False and result["problem"].startswith("trial: "), result
+
+
+def test_an_object_replaced_while_it_is_read_is_read_again_not_a_traceback(s3):
+    """Seen on the real control plane: evict read a trial's evidence file on S3 while steps.train rewrote it,
+    and s3fs raised FileExpired (the ETag it opened was gone): a traceback, evict exit 1, and a drill with
+    no eviction. A live S3 API (moto) and s3fs; the object is rewritten between the open and the read, as
+    the writer does every few seconds. Control: the same with no retries raises FileExpired."""
+    from trainer import untrusted
+    from trainer.storage import url_to_fs
+
+    fs, base = url_to_fs(s3.new_prefix("replaced"))
+    path = f"{base}/evidence.jsonl"
+    fs.pipe_file(path, b'{"event": "step", "step": 1}\n')
+    real_open = type(fs).open
+    rewrites = []
+
+    class RewrittenOnOpen(type(fs)):  # a writer that lands between the reader's open and its read
+        def open(self, p, mode="rb", **kw):
+            f = real_open(self, p, mode, **kw)
+            if len(rewrites) < 1:
+                rewrites.append(p)
+                fs.pipe_file(p, b'{"event": "step", "step": 1}\n{"event": "step", "step": 2}\n')
+            return f
+
+    racing = RewrittenOnOpen(**fs.storage_options, skip_instance_cache=True)
+    data = untrusted.read_bytes(racing, path, "evidence")
+    assert data.count(b"\n") == 2 and rewrites == [path]  # the new version, read after the one that expired
+    rewrites.clear()
+    fs.pipe_file(path, b'{"event": "step", "step": 1}\n')
+    retries, untrusted.REPLACED_RETRIES = untrusted.REPLACED_RETRIES, 0
+    try:
+        with pytest.raises(OSError) as e:
+            untrusted.read_bytes(RewrittenOnOpen(**fs.storage_options, skip_instance_cache=True), path, "evidence")
+        assert type(e.value).__name__ == "FileExpired", e.value
+    finally:
+        untrusted.REPLACED_RETRIES = retries
