@@ -191,9 +191,10 @@ def test_a_deleted_argo_step_gets_sigterm_through_the_emissary_and_the_workflow_
 
 def test_pod_gc_and_ttl_strategy_remove_what_they_say(cluster: Local):
     """The drill's podGC (OnPodSuccess: each succeeded pod at once) on a workflow with a step that succeeds and
-    one that fails in parallel; then its ttlStrategy, shortened from the drill's days to seconds: the
-    controller deletes the Workflow, and the controller manager's garbage collector the failed pod and the
-    WorkflowTaskResults that the Workflow owns. Control: until the TTL, the failed pod and the results stay."""
+    one that fails in parallel; the WorkflowTaskResults, which the controller deletes once the workflow is
+    complete; then its ttlStrategy, shortened from the drill's days to seconds: the controller deletes the
+    Workflow, and the controller manager's garbage collector the failed pod it owned. Control: until the TTL,
+    the failed pod stays."""
     from workflows.equivalence import POD_GC, TTL
 
     name = "gc-ttl"
@@ -211,6 +212,9 @@ def test_pod_gc_and_ttl_strategy_remove_what_they_say(cluster: Local):
     done = cluster.wait_phase("workflow", name, ("Succeeded", "Failed", "Error"))
     assert done["status"]["phase"] == "Failed"
     uid = done["metadata"]["uid"]
+    owners = {o["uid"] for p in json.loads(cluster.kubectl("get", "pods", "-l", label, "-o", "json"))["items"]
+              for o in p["metadata"].get("ownerReferences", [])}
+    assert owners == {uid}, owners  # what the garbage collector follows once the Workflow is gone
 
     def pods() -> dict[str, str]:
         items = json.loads(cluster.kubectl("get", "pods", "-l", label, "-o", "json"))["items"]
@@ -222,15 +226,25 @@ def test_pod_gc_and_ttl_strategy_remove_what_they_say(cluster: Local):
         assert time.monotonic() - t0 < 60, f"podGC left the succeeded pod: {pods()}"
         time.sleep(1)
     assert pods() == {"bad": "Failed"}, pods()
-    results = json.loads(cluster.kubectl("get", "workflowtaskresults", "-l", label, "-o", "json"))["items"]
-    assert results and all(r["metadata"]["ownerReferences"][0]["uid"] == uid for r in results), results
+
+    def results() -> list[dict[str, Any]]:
+        return json.loads(cluster.kubectl("get", "workflowtaskresults", "-l", label, "-o", "json"))["items"]
+
+    # The task results go when the workflow completes: v3.7.18's controller deletes them by label itself
+    # (operator.go, deleteTaskResults); owner references would otherwise leave them to the Workflow's TTL.
+    t0 = time.monotonic()
+    while results():
+        assert all(r["metadata"]["ownerReferences"][0]["uid"] == uid for r in results())
+        assert time.monotonic() - t0 < 60, f"the task results outlived the completed workflow: {results()}"
+        time.sleep(1)
+    assert pods() == {"bad": "Failed"}  # control: before the TTL, the failed pod stays
     t0 = time.monotonic()
     while cluster.kubectl("get", "workflow", name, "--ignore-not-found", "-o", "name").strip():
         assert time.monotonic() - t0 < ttl_s + 90, "ttlStrategy did not delete the workflow"
         time.sleep(2)
     t0 = time.monotonic()
-    while pods() or json.loads(cluster.kubectl("get", "workflowtaskresults", "-l", label, "-o", "json"))["items"]:
-        assert time.monotonic() - t0 < 90, f"garbage collection left {pods()} and the task results"
+    while pods():  # owned by the Workflow: the controller manager's garbage collector removes it
+        assert time.monotonic() - t0 < 90, f"garbage collection left {pods()}"
         time.sleep(2)
 
 

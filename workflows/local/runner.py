@@ -47,9 +47,10 @@ retries run out is failed with "No more retries left". Policies: Always (Failed,
 (Error), OnTransientError (Error only: an approximation, Argo also classifies messages). Without a policy
 the default is OnFailure, or Always when an expression is given (Argo >= 3.5). The policy is ANDed with
 the expression; the limit counts retries (no limit: unlimited, as in Argo). There is no backoff.
-When a task fails for good, nothing new starts (Argo's DAG failFast) unless its ``continueOn`` covers
-the failure; running tasks, their retries included, finish; the workflow fails unless every failed
-task continued on.
+When a task fails for good, its dependents never start unless its ``continueOn`` covers the failure;
+every other task whose dependencies are met still starts, as in Argo v3.7.18, whose DAG failFast decides
+only the DAG's phase (seen on the real controller: tests/e2e/test_local_cluster.py); the workflow fails
+unless every failed task continued on.
 
 Pod registry (how a sibling "evict" step ends a pod locally): the protocol is the steps' own,
 ``steps/local_pods.py``; every pod gets ``BATON_LOCAL_PODS=<out_dir>/pods``. The grace is the pod's
@@ -194,7 +195,6 @@ class _Runner:
         self.why: dict[str, str] = {}  # why a failed task was not retried (Argo's "No more retries left", ...)
         self.nodes: list[NodeResult] = []
         self.t0 = time.monotonic()
-        self.failed_fast = False  # a task failed: no new tasks, but running ones go on, retries included
         self.aborting = False  # signal or deadline: no new tasks, no retries
         self.message = ""
         self.signalled: int | None = None
@@ -256,12 +256,11 @@ class _Runner:
 
     def _startable(self, ignore_abort: bool = False) -> list[Task]:
         """Tasks to start now. `ignore_abort`: those whose dependencies are met even though the workflow is
-        stopping or failing fast (after its deadline, real Argo still created and failed verify's node)."""
+        stopping (after its deadline, real Argo still created and failed verify's node)."""
         if self.aborting and not ignore_abort:
             return []
         return [t for n, t in self.plan.tasks.items() if self.state[n] == "retry"
-                or (self.state[n] == "pending" and (not self.failed_fast or ignore_abort)
-                    and all(self.state[d] in ("succeeded", "continued") for d in t.deps))]
+                or (self.state[n] == "pending" and all(self.state[d] in ("succeeded", "continued") for d in t.deps))]
 
     def _install_signals(self) -> dict[int, Any]:
         if threading.current_thread() is not threading.main_thread():
@@ -516,7 +515,6 @@ class _Runner:
         else:
             self.say(f"{line} -> task failed" + (f" ({why})" if why else ""))
             self.state[task.name], self.why[task.name] = "failed", why
-            self.failed_fast = True  # like Argo's DAG failFast: running tasks finish, nothing new starts
 
     @staticmethod
     def _should_retry(task: Task, node: NodeResult) -> tuple[bool, str]:
