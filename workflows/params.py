@@ -48,6 +48,9 @@ PARAMETERS: dict[str, tuple[str, str]] = {
                    "each role is a group of pods (docs/multinode.md); set when the workflow is rendered or submitted"),
     "evict_node": ("", "with nodes > 1: the node whose pod evict ends (0 .. nodes-1); empty: drawn under the seed "
                        "at each eviction"),
+    "rendezvous_timeout": ("1200", "with nodes > 1: seconds a training pod waits for its group, both for node 0's round "
+                                   "file and in torchrun's static rendezvous (steps.train --rendezvous-timeout), "
+                                   "before it exits 75; sized for a new Spot VM plus an image pull (docs/multinode.md)"),
 }
 BASELINE_POOLS = ("spot", "on-demand")
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
@@ -55,10 +58,11 @@ QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 _LABEL_VALUE = re.compile(r"(?:[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?")
 EVICTION_MODES = ("evict", "delete", "node-shutdown", "lost-vm", "kueue")
 CLUSTER_EVICTION_MODES = ("evict",)  # what steps.evict can do through the Kubernetes API
-_INTEGERS = ("total_steps", "evictions", "retry_limit", "seed", "grace", "ranks", "every_steps", "deadline", "nodes")
+_INTEGERS = ("total_steps", "evictions", "retry_limit", "seed", "grace", "ranks", "every_steps", "deadline", "nodes",
+             "rendezvous_timeout")
 # The lower bounds the steps themselves would enforce inside the pod (steps.train --nproc, the grace,
 # eviction_points): refused here, before anything runs or is submitted.
-_AT_LEAST = {"ranks": 1, "grace": 1, "total_steps": 2, "nodes": 1}
+_AT_LEAST = {"ranks": 1, "grace": 1, "total_steps": 2, "nodes": 1, "rendezvous_timeout": 1}
 # Booleans, normalised to "1"/"0" (BATON_DISABLE_SIGTERM_HANDLER is read as exactly that): a negative
 # control asked for as "true" must not quietly run as a normal trial.
 _BOOLEANS = ("disable_sigterm_handler",)

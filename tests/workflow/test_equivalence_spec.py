@@ -162,6 +162,9 @@ def test_no_step_runs_a_shell():
     ({"nodes": "²"}, "nodes must be a non-negative integer"),
     ({"nodes": "2", "evict_node": "2"}, r"evict_node must be empty or a node 0 \.\. 1"),
     ({"nodes": "2", "evict_node": "¹"}, "evict_node must be empty or a node"),
+    ({"nodes": "2", "rendezvous_timeout": "0"}, "rendezvous_timeout must be at least 1"),
+    ({"nodes": "2", "rendezvous_timeout": "10m"}, "rendezvous_timeout must be a non-negative integer"),
+    ({"nodes": "2", "rendezvous_timeout": "-5"}, "rendezvous_timeout must be a non-negative integer"),
 ])
 def test_bad_parameters_are_refused_before_anything_runs(params, message):
     with pytest.raises(SystemExit, match=message):
@@ -213,3 +216,35 @@ def test_the_two_node_rendering_validates_against_argo_crds(index, version):
     from tests.crd import validate
 
     validate(eq.rendered(2)[index], version)
+
+
+@pytest.mark.parametrize("nodes", [1, 2])
+def test_one_parameter_sets_every_training_pods_rendezvous_timeout(nodes):
+    """`rendezvous_timeout` reaches each training step's `steps.train --rendezvous-timeout` (which sets both the
+    wait for node 0's round file and torchrun's static rendezvous) above one node; the control: at one node no
+    step carries the flag, and the containers are what they were."""
+    wf = eq.rendered(nodes)[0]
+    templates = _templates(wf)
+    wanted = ["--rendezvous-timeout", "{{workflow.parameters.rendezvous_timeout}}"]
+    for name in ("train", "trial"):
+        args = templates[name]["container"]["args"]
+        pairs = [args[i:i + 2] for i in range(len(args) - 1)]
+        assert (wanted in pairs) == (nodes > 1), (name, args)
+    for name in ("evict", "verify", "compare"):
+        assert "--rendezvous-timeout" not in templates[name]["container"]["args"]
+    (prm,) = [p for p in wf["spec"]["arguments"]["parameters"] if p["name"] == "rendezvous_timeout"]
+    assert prm["value"] == eq.PARAMETERS["rendezvous_timeout"][0] == "1200"
+    params = eq.resolve_params({"nodes": str(nodes), "rendezvous_timeout": "1500"})
+    (prm,) = [p for p in eq.with_params(wf, params)["spec"]["arguments"]["parameters"]
+              if p["name"] == "rendezvous_timeout"]
+    assert prm["value"] == "1500"
+
+
+def test_steps_train_takes_the_rendered_rendezvous_timeout_for_both_waits():
+    """What the parameter becomes in the pod: steps.train's --rendezvous-timeout, which is also torchrun's
+    static rendezvous `timeout` (its own default would be 600 s)."""
+    from steps import train
+
+    nodes = train.Nodes(2, 1, "10.0.0.1", 29500, "r1", timeout_s=float("1200"))
+    assert "--rdzv-conf=timeout=1200" in nodes.torchrun_args()
+    assert "--rdzv-conf=timeout=600" in train.Nodes(2, 1, "10.0.0.1", 29500, "r1").torchrun_args()  # control
