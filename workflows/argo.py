@@ -376,12 +376,43 @@ def workflow_lines(wf: dict[str, Any], ui_url: str) -> list[str]:
         if node is None:
             out.append(f"  {task:<18} not started")
             continue
-        attempts = [nodes[c] for c in node.get("children") or [] if c in nodes] if node.get("type") == "Retry" else []
-        extra = f"{len(attempts)} attempt{'s' if len(attempts) != 1 else ''}" if node.get("type") == "Retry" \
-            else _node_detail(node)
-        out.append(f"  {task:<18} {node.get('phase', 'Pending'):<10} {extra}".rstrip())
-        for a in attempts:
-            out.append(f"    {a.get('displayName', '?'):<16} {a.get('phase', 'Pending'):<10} {_node_detail(a)}".rstrip())
+        if node.get("type") == "TaskGroup":  # withSequence (nodes > 1): one item per node, each retried on its own
+            items = _items(wf, task, node, nodes, tasks)
+            out.append(f"  {task:<18} {node.get('phase', 'Pending'):<10} {len(items)} node{'s' if len(items) != 1 else ''}")
+            for item, item_node in items:
+                out += _task_lines(item, item_node, nodes, indent=4)
+            continue
+        out += _task_lines(task, node, nodes, indent=2)
+    return out
+
+
+_ITEM = re.compile(r"\((\d+):[^()]*\)$")
+
+
+def _items(wf: dict[str, Any], task: str, group: dict[str, Any], nodes: dict[str, dict[str, Any]],
+           tasks: dict[str, dict[str, Any]]) -> list[tuple[str, dict[str, Any] | None]]:
+    """A task group's items, `task(0:0)`, `task(1:1)`, ... as Argo names them (its TaskGroup node's children),
+    in item order, with those the `nodes` parameter expects but Argo has not created yet (None)."""
+    names = {nodes[c].get("displayName", "") for c in group.get("children") or [] if c in nodes}
+    count = _param(wf, "nodes")
+    if count is not None and str(count).isdigit():
+        names |= {f"{task}({i}:{i})" for i in range(int(count))}
+    names = {n for n in names if n.startswith(task + "(") and _ITEM.search(n)}
+    return [(n, tasks.get(n)) for n in sorted(names, key=lambda n: int(_ITEM.search(n).group(1)))]
+
+
+def _task_lines(task: str, node: dict[str, Any] | None, nodes: dict[str, dict[str, Any]], indent: int) -> list[str]:
+    """A task (or a task group's item): its phase, and under it each attempt when it is retried."""
+    pad = " " * indent
+    if node is None:
+        return [f"{pad}{task:<{20 - indent}} not started"]
+    retried = node.get("type") == "Retry"
+    attempts = [nodes[c] for c in node.get("children") or [] if c in nodes] if retried else []
+    extra = f"{len(attempts)} attempt{'s' if len(attempts) != 1 else ''}" if retried else _node_detail(node)
+    out = [f"{pad}{task:<{20 - indent}} {node.get('phase', 'Pending'):<10} {extra}".rstrip()]
+    for a in attempts:
+        out.append(f"{pad}  {a.get('displayName', '?'):<{18 - indent}} {a.get('phase', 'Pending'):<10} "
+                   f"{_node_detail(a)}".rstrip())
     return out
 
 

@@ -364,6 +364,73 @@ def test_status_shows_each_trial_attempt_beside_the_checkpoint_store(argo, drill
     assert lines[2:] == ["nodes"] + expected[:9] + expected[9:], out
 
 
+NAME2 = "baton-equivalence-q4n2d"  # the nodes=2 drill of running-nodes2.json
+
+
+def _served2(bucket: str, drop: str | None = None) -> dict:
+    """running-nodes2.json (built by hand from running.json's recording, with Argo v4.1.2's naming for a
+    withSequence task: a TaskGroup node `trial` whose children are the items' Retry nodes `trial(0:0)`,
+    `trial(1:1)`, each with its attempts `trial(0:0)(0)`, ...; workflow/controller/dag.go), served with
+    `bucket`; `drop`: an item node that Argo has not created yet."""
+    wf = fixture("running-nodes2.json")
+    for p in wf["spec"]["arguments"]["parameters"]:
+        if p["name"] == "bucket":
+            p["value"] = bucket
+    if drop is not None:
+        nodes = wf["status"]["nodes"]
+        (gone,) = [k for k, n in nodes.items() if n["displayName"] == drop]
+        for k in [gone, *nodes[gone].get("children", [])]:
+            del nodes[k]
+        for n in nodes.values():
+            if gone in n.get("children", []):
+                n["children"].remove(gone)
+    return wf
+
+
+def test_status_at_two_nodes_lists_each_items_attempts(argo, tmp_path, capsys):
+    """At nodes > 1 each role is a task group: status lists every item (node) of it with its own attempts,
+    as it lists a plain task's attempts. The control: an item Argo has not created yet is `not started`,
+    with no attempts, and the other item is listed as before: the lines come from the nodes, not the names."""
+    bucket = f"file://{tmp_path}/bucket"
+    argo.routes[("GET", f"/api/v1/workflows/baton/{NAME2}")] = (200, _served2(bucket))
+    assert eq.main(["status", NAME2]) == 0
+    lines = [" ".join(line.split()) for line in capsys.readouterr().out.splitlines()]
+    expected = [
+        "nodes",
+        "reference Succeeded 2 nodes",
+        "reference(0:0) Succeeded 1 attempt",
+        "reference(0:0)(0) Succeeded exit 0 (104 s)",
+        "reference(1:1) Succeeded 1 attempt",
+        "reference(1:1)(0) Succeeded exit 0 (104 s)",
+        "reference-replay Running 2 nodes",
+        "reference-replay(0:0) Running 1 attempt",
+        "reference-replay(0:0)(0) Running",
+        "reference-replay(1:1) Running 1 attempt",
+        "reference-replay(1:1)(0) Running",
+        "trial Running 2 nodes",
+        "trial(0:0) Running 2 attempts",
+        "trial(0:0)(0) Failed exit 75 Error (exit code 75) (55 s)",
+        "trial(0:0)(1) Running",
+        "trial(1:1) Running 2 attempts",
+        "trial(1:1)(0) Error no exit code pod deleted (41 s)",
+        "trial(1:1)(1) Running",
+        "evict Running",
+        "verify not started",
+        "compare not started",
+        "publish not started",
+    ]
+    assert lines[2:2 + len(expected)] == expected, lines
+
+    argo.routes[("GET", f"/api/v1/workflows/baton/{NAME2}")] = (200, _served2(bucket, drop="trial(1:1)"))
+    assert eq.main(["status", NAME2]) == 0
+    lines = [" ".join(line.split()) for line in capsys.readouterr().out.splitlines()]
+    at = lines.index("trial Running 2 nodes")
+    assert lines[at:at + 5] == ["trial Running 2 nodes", "trial(0:0) Running 2 attempts",
+                                "trial(0:0)(0) Failed exit 75 Error (exit code 75) (55 s)", "trial(0:0)(1) Running",
+                                "trial(1:1) not started"], lines
+    assert not any(line.startswith("trial(1:1)(") for line in lines)
+
+
 def test_status_with_nothing_committed_counts_the_gap_from_zero(argo, drill_store, tmp_path, capsys):
     shutil.rmtree(tmp_path / "bucket" / "drills" / NAME / "trial")
     argo.routes[("GET", f"/api/v1/workflows/baton/{NAME}")] = (200, _served(drill_store))
@@ -400,12 +467,17 @@ def test_the_recorded_responses_are_argo_workflows():
     bad["spec"] = dict(bad["spec"], entrypoynt="drill")
     with pytest.raises(jsonschema.ValidationError):  # the check used throughout this file can fail
         validate(bad)
-    for name in ("created.json", "running.json"):
+    for name in ("created.json", "running.json", "running-nodes2.json"):
         wf = dict(fixture(name), apiVersion="argoproj.io/v1alpha1", kind="Workflow")
         validate(wf)
     nodes = fixture("running.json")["status"]["nodes"]
     retry = next(n for n in nodes.values() if n["type"] == "Retry")
     assert [nodes[c]["displayName"] for c in retry["children"]] == ["trial(0)", "trial(1)", "trial(2)"]
+    nodes = fixture("running-nodes2.json")["status"]["nodes"]
+    group = next(n for n in nodes.values() if n["type"] == "TaskGroup" and n["displayName"] == "trial")
+    assert [nodes[c]["displayName"] for c in group["children"]] == ["trial(0:0)", "trial(1:1)"]
+    assert [nodes[c]["displayName"] for c in nodes[group["children"][1]]["children"]] == ["trial(1:1)(0)", "trial(1:1)(1)"]
+    assert all(n["type"] == "Retry" for n in (nodes[c] for c in group["children"]))
 
 
 # ---- kustomize -----------------------------------------------------------------------------------------
