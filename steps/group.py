@@ -16,6 +16,14 @@ Argo never runs two attempts of one pod at once, so a newer round of node 0 mean
 hosted the previous round has ended. A node 0 that finished the run (`done` in node-0.json) ends the
 wait with nothing to do; one that ended with 1 (`failed`: nothing retries it) ends it with 1.
 
+A node other than 0 that ends with 1 for good (steps.train decided 1 without a SIGTERM: Argo records
+"Error (exit code 1)", which the drill's retry expression never retries) marks it in its own file
+(`state: failed`, `fail`). Node 0 cannot learn it from torchrun: its next round's static rendezvous would
+wait for that node until its timeout. So node 0's steps.train polls its peers' files while torchrun runs
+and before the trainer's first record (`failed_peers`), and on a mark ends with 1 at once. A retry of
+that node (Argo retries an exit 1 only when the pod was deleted, and then steps.train was signalled and
+marks nothing) clears the mark when it joins.
+
 Every round file is authenticated: an HMAC-SHA256 (`mac`) over the folder, the file's name and every
 other field, keyed by a per-drill secret that is not in the bucket (BATON_ROUND_KEY; the drill passes
 its Workflow's uid, which only the Workflow holds). Anyone who can write to the bucket could otherwise
@@ -46,6 +54,7 @@ from trainer.storage import url_to_fs
 from trainer.untrusted import Refused, read_json
 
 WAIT_REPORT_EVERY_S = 10.0
+PEER_POLL_S = 2.0  # how often node 0 reads its peers' files while its round forms (failed_peers)
 KEY_ENV = "BATON_ROUND_KEY"
 MIN_KEY_LEN = 16
 
@@ -164,3 +173,16 @@ def join(folder: str, node: int, pod: str, key: bytes, timeout_s: float, stop: C
             print(f"[steps.train] node {node}: waiting {now - start:.0f} s for node 0's next round "
                   f"(last joined: {last or 'none'})", file=sys.stderr)
         time.sleep(poll_s)
+
+
+def fail(folder: str, node: int, pod: str, round_id: str, key: bytes) -> None:
+    """Node `node` > 0 ended with 1 for good: mark it in its own file, signed with `key`, still naming the
+    round it joined last (so the join rule holds for anything that comes after)."""
+    if node < 1:
+        raise ValueError("node 0 ends its rounds with end(); fail() is for the other nodes")
+    _write(folder, f"node-{node}.json", {"joined": round_id, "pod": pod, "state": "failed", "time": time.time()}, key)
+
+
+def failed_peers(folder: str, count: int, key: bytes) -> list[int]:
+    """The nodes 1 .. count-1 whose own file (signed with `key`) says they ended with 1 for good."""
+    return [i for i in range(1, count) if (_read(folder, f"node-{i}.json", key) or {}).get("state") == "failed"]

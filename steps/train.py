@@ -296,6 +296,56 @@ class ErrorLine:
         return self.last
 
 
+class PeerWatch:
+    """Node 0 with --rendezvous: while torchrun forms this round, and until the trainer's first record, read
+    the other nodes' files (steps/group.py, failed_peers). A node that ended with 1 for good can never join,
+    and torchrun's static rendezvous would wait for it until its timeout: torchrun is stopped instead, and
+    this node ends with 1 at once (`peer`: the node that failed)."""
+
+    def __init__(self, folder: str, count: int, key: bytes, child: subprocess.Popen, grace_s: float,
+                 poll_s: float) -> None:
+        self.folder, self.count, self.key, self.child, self.grace_s, self.poll_s = folder, count, key, child, grace_s, poll_s
+        self.peer: int | None = None
+        self._lock = threading.Lock()
+        self._recorded = False
+        self._over = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def record_seen(self) -> None:
+        """The trainer wrote a record: the group formed, and the watch is over."""
+        with self._lock:
+            self._recorded = True
+        self._over.set()
+
+    def stop(self) -> None:
+        self._over.set()
+
+    def _run(self) -> None:
+        from steps import group
+
+        wait = 0.0
+        while not self._over.wait(wait):
+            wait = self.poll_s
+            try:
+                peers = group.failed_peers(self.folder, self.count, self.key)
+            except Exception as e:  # noqa: BLE001 - a store error: the rendezvous timeout still bounds the wait
+                print(f"[steps.train] node 0 could not read its peers' round files: {e}", file=sys.stderr)
+                continue
+            if not peers:
+                continue
+            with self._lock:
+                if self._recorded:
+                    return
+                self.peer = peers[0]
+            print(f"[steps.train] node {peers[0]} ended with {EXIT_FAIL} for good (its signed mark in "
+                  f"{self.folder}): this round cannot form, stopping torchrun", file=sys.stderr)
+            if self.child.poll() is None:
+                self.child.send_signal(signal.SIGTERM)
+                kill_after(self.child, self.grace_s)
+            return
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m steps.train", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -392,6 +442,11 @@ def main(argv: list[str] | None = None) -> int:
         child.send_signal(signal.SIGTERM)
         if direct:
             kill_after(child, g)
+    watch = None
+    if nodes is not None and args.rendezvous and nodes.rank == 0:
+        from steps.group import PEER_POLL_S
+
+        watch = PeerWatch(args.rendezvous, nodes.count, args.round_key, child, g, PEER_POLL_S)
     preempted = done = stepped = recorded = False
     assert child.stdout is not None
     for line in child.stdout:
@@ -411,14 +466,26 @@ def main(argv: list[str] | None = None) -> int:
             preempted |= rec.get("event") in ("preempt", "retry_later")
             done |= rec.get("event") == "done"
             stepped |= rec.get("event") == "step"
+            if not recorded and watch is not None:
+                watch.record_seen()
             recorded = True
     rc = child.wait()
+    if watch is not None:
+        watch.stop()
     error = errors.join()
     try:
         evidence.flush()
     except Exception as e:  # noqa: BLE001
         print(f"[steps.train] could not write the evidence: {e}", file=sys.stderr)
-    if done and (rc == 0 or signalled.is_set()):  # a SIGTERM after the final commit: the launcher's rc is its own
+    if watch is not None and watch.peer is not None:
+        # Node `peer` ended with 1 for good before this round formed: nothing will retry it, so nothing will
+        # join; ending with 1 now (and marking node-0.json failed, below) instead of at the rendezvous timeout.
+        code = EXIT_FAIL
+        own_record(evidence, {"event": "failed", "reason": "peer_failed", "node": watch.peer, "round": nodes.round_id,
+                              "step": 0, "launcher_exit": rc,
+                              "error": f"node {watch.peer} ended with {EXIT_FAIL} for good before round "
+                                       f"{nodes.round_id} formed"})
+    elif done and (rc == 0 or signalled.is_set()):  # a SIGTERM after the final commit: the launcher's rc is its own
         code = EXIT_OK
     elif preempted or (signalled.is_set() and not stepped):
         code = EXIT_PREEMPTED
@@ -442,6 +509,17 @@ def main(argv: list[str] | None = None) -> int:
 
         group.end(args.rendezvous, group.Round(nodes.round_id, nodes.addr, nodes.port), args.name,
                   "done" if code == EXIT_OK else "failed", args.round_key)
+    if (nodes is not None and args.rendezvous and nodes.rank > 0 and code == EXIT_FAIL
+            and not signalled.is_set()):
+        # 1 without a SIGTERM: Argo records "Error (exit code 1)", which the drill never retries. Node 0's
+        # next round would wait for this node until its rendezvous timeout; the signed mark ends that wait.
+        # (After a SIGTERM the pod was deleted, and Argo may retry it as `pod deleted`: no mark.)
+        from steps import group
+
+        try:
+            group.fail(args.rendezvous, nodes.rank, args.name, nodes.round_id, args.round_key)
+        except Exception as e:  # noqa: BLE001 - the exit code stands; node 0 then waits out its timeout
+            print(f"[steps.train] could not mark node {nodes.rank} failed in {args.rendezvous}: {e}", file=sys.stderr)
     return code
 
 
