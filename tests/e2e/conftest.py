@@ -40,3 +40,13 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Local]:
             except OSError:
                 continue
         assert not strays, f"pod processes left running after down: {strays}"
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, exitstatus: int, config: pytest.Config) -> None:
+    """The plain closing line issue #35 asks of `make e2e`: `e2e: N passed, N failed` (errors count as
+    failed; skips are named when there are any)."""
+    stats = terminalreporter.stats
+    passed = len([r for r in stats.get("passed", []) if getattr(r, "when", "call") == "call"])
+    failed = len(stats.get("failed", [])) + len(stats.get("error", []))
+    skipped = len(stats.get("skipped", []))
+    terminalreporter.write_line(f"e2e: {passed} passed, {failed} failed" + (f", {skipped} skipped" if skipped else ""))
