@@ -202,7 +202,10 @@ def drill_deadline_s(values: dict[str, str]) -> int:
     if int(values["deadline"]):
         return int(values["deadline"])
     attempts = int(values["evictions"]) + 2
-    return DEADLINE_BASE_S + DEADLINE_PER_ATTEMPT_S * attempts + DEADLINE_PER_STEP_S * int(values["total_steps"])
+    per_attempt = DEADLINE_PER_ATTEMPT_S
+    if int(values.get("nodes") or 1) > 1:  # an attempt may wait out a whole rendezvous for a slow replacement
+        per_attempt += int(values.get("rendezvous_timeout") or 0)
+    return DEADLINE_BASE_S + per_attempt * attempts + DEADLINE_PER_STEP_S * int(values["total_steps"])
 
 
 def set_deadline(obj: dict, values: dict[str, str]) -> None:
