@@ -125,7 +125,11 @@ def test_a_drill_across_two_nodes_passes_with_every_tensor_equal_and_names_each_
     assert (s["total"], s["distinct"], s["replayed"], s["preemptions"]) == (48, 48, 0, 2)
     evicted = [(c["node"], c["pod"], c["exit_code"]) for c in report["comebacks"]]
     assert [(n, code) for n, _, code in evicted] == [(1, 75), (0, 75)]
-    assert all(f"-trial-{n}-" in pod for n, pod, _ in evicted)
+    # Argo's v2 pod names: the item's attempt node `<wf>.trial(<n>:<n>)(<attempt>)`, hashed.
+    recorded = json.loads((out / "argo" / "nodes.json").read_text())
+    nodes_by_pod = {n["pod_name"]: n["task"] for n in recorded["nodes"]}
+    assert [nodes_by_pod[pod] for _, pod, _ in evicted] == ["trial(1:1)", "trial(0:0)"]
+    assert all(pod.startswith(f"{recorded['workflow']}-trial-") for _, pod, _ in evicted)
     assert all(c["back_s"] is not None and c["back_s"] > 0 for c in report["comebacks"])
     nodes = json.loads((out / "argo" / "nodes.json").read_text())["nodes"]
     # Both pods of the group stop at each eviction: the evicted one is "pod deleted" (no exit code, as Argo

@@ -79,6 +79,34 @@ def assert_no_pods_alive(out: Path) -> None:
         assert not alive(p["pid"]), p
 
 
+def pod_name(workflow: str, task: str, template: str, attempt: int) -> str:
+    """Argo's v2 name of a retried task's attempt, written out here on its own (FNV-1a 32 of the node's name)
+    to check the runner's; test_pod_names_are_argos pins both to names the real controller gave."""
+    h = 2166136261
+    for b in f"{workflow}.{task}({attempt})".encode():
+        h = ((h ^ b) * 16777619) & 0xFFFFFFFF
+    return f"{workflow}-{template}-{h}"
+
+
+def test_pod_names_are_argos():
+    """Names the real controller (Argo v3.7.18) gave the drill's pods (tests/e2e, 2026-12-04), from the
+    runner's own naming; a task without a retryStrategy is its node itself (pod_name.go). Control: the
+    runner's old `<workflow>-trial-<attempt>` is none of them."""
+    from workflows.local.spec import Task
+
+    def task(name: str, template: str, retry: object = True) -> Task:
+        return Task(name, template, "", {}, [], {}, retry, None)  # type: ignore[arg-type]
+
+    assert task("trial", "trial").pod_name("baton-cron-e2e-1796396940", 0) == \
+        "baton-cron-e2e-1796396940-trial-3213994693"
+    assert task("evict", "evict").pod_name("baton-equivalence-nightly-4qhx8", 0) == \
+        "baton-equivalence-nightly-4qhx8-evict-3309522342"
+    assert pod_name("baton-equivalence-nightly-4qhx8", "trial", "trial", 0) == \
+        "baton-equivalence-nightly-4qhx8-trial-1562839561"
+    assert task("x", "t", None).pod_name("wf", 3) == task("x", "t", None).pod_name("wf", 0)  # one node, no attempts
+    assert "baton-cron-e2e-1796396940-trial-0" != task("trial", "trial").pod_name("baton-cron-e2e-1796396940", 0)
+
+
 def statuses(res, task: str) -> list[tuple[str, int, str]]:
     return [(n.status, n.exit_code, n.message) for n in res.attempts(task)]
 
@@ -162,7 +190,7 @@ def test_substitution_is_textual_and_never_through_a_shell(tmp_path):
     res, out, _ = run(spec, tmp_path, params={"evil": evil})
     assert res.phase == "Succeeded"
     got = json.loads(dump.read_text())
-    pod = f"{res.name}-show-0"
+    pod = pod_name(res.name, "show", "show", 0)
     assert res.name.startswith("t-") and len(res.name) == 7
     assert got["argv"] == [evil, f"pre-{evil}-post", res.name, pod, "0"]
     assert got["env"] == {"T_V": evil, "T_POD": pod, "BATON_LOCAL_PODS": str(out / "pods")}
@@ -185,7 +213,7 @@ def test_retry_on_exit_75_with_the_drill_expression(tmp_path):
     res, out, progress = run(spec, tmp_path)
     assert res.phase == "Succeeded"
     assert statuses(res, "trial") == [("Failed", 75, "main: Error (exit code 75)")] * 2 + [("Succeeded", 0, "")]
-    assert [n.pod_name for n in res.nodes] == [f"{res.name}-trial-{i}" for i in range(3)]
+    assert [n.pod_name for n in res.nodes] == [pod_name(res.name, "trial", "trial", i) for i in range(3)]
     for i, n in enumerate(res.nodes):  # every attempt keeps its own log
         assert n.log_path == out / "logs" / f"trial-{i}.log"
         assert f"attempt {i}\n" in n.log_path.read_text()
@@ -288,10 +316,10 @@ def test_deleted_pod_that_exits_75_in_its_grace_is_recorded_pod_deleted_and_is_r
     # controller read its final status, so Argo knows no exit code.
     assert statuses(res, "trial") == [("Error", -1, "pod deleted"), ("Succeeded", 0, "")]
     assert statuses(res, "evict") == [("Succeeded", 0, "")]
-    first = json.loads((out / "pods" / f"{res.name}-trial-0.json").read_text())
+    first = json.loads((out / "pods" / f"{pod_name(res.name, 'trial', 'trial', 0)}.json").read_text())
     assert first["phase"] == "Failed" and first["grace_s"] == 5 and first["pgid"] == first["pid"]
     assert (first["exit_code"], first["status"], first["message"]) == (75, "Error", "pod deleted")  # the pod's own
-    assert (out / "pods" / f"{res.name}-trial-0.delete").exists()
+    assert (out / "pods" / f"{pod_name(res.name, 'trial', 'trial', 0)}.delete").exists()
     assert (tmp_path / "child-got-term").exists()  # SIGTERM went to the pod's process group, not one pid
     assert_no_pods_alive(out)
 
@@ -304,7 +332,7 @@ def test_deleted_pod_that_ignores_sigterm_is_killed_after_its_grace(tmp_path):
     assert res.phase == "Succeeded", progress
     # Still running at SIGKILL: the pod object is gone before its status is seen, no exit code is known.
     assert statuses(res, "trial") == [("Error", -1, "pod deleted"), ("Succeeded", 0, "")]
-    assert json.loads((out / "pods" / f"{res.name}-trial-0.json").read_text())["exit_code"] == 137
+    assert json.loads((out / "pods" / f"{pod_name(res.name, 'trial', 'trial', 0)}.json").read_text())["exit_code"] == 137
     deleted = res.attempts("trial")[0]
     assert deleted.finished - deleted.started >= 1.0  # it outlived SIGTERM for the whole grace
     assert "SIGKILL" in progress
@@ -361,7 +389,7 @@ def test_every_way_a_cluster_ends_a_pod_is_recorded_as_argo_does_and_the_drill_r
     res, out, progress = run(spec, tmp_path)
     assert res.phase == "Succeeded", progress
     assert statuses(res, "trial") == [recorded, ("Succeeded", 0, "")]
-    first = json.loads((out / "pods" / f"{res.name}-trial-0.json").read_text())
+    first = json.loads((out / "pods" / f"{pod_name(res.name, 'trial', 'trial', 0)}.json").read_text())
     assert first["phase"] == "Failed"
     if how == "kueue":  # set before the Delete, as Kueue does
         assert {"type": "TerminationTarget", "status": "True", "reason": "WorkloadEvictedDueToPreempted"} \
@@ -491,7 +519,8 @@ def test_container_entrypoint_and_enum(tmp_path):
         },
     }
     res, _, _ = run(spec, tmp_path, params={"mode": "b"})
-    assert (res.phase, res.name, res.nodes[0].pod_name) == ("Succeeded", "solo", "solo-one-0")
+    # A container entrypoint is Argo's root node: its pod is named as the workflow (pod_name.go).
+    assert (res.phase, res.name, res.nodes[0].pod_name) == ("Succeeded", "solo", "solo")
     assert json.loads((tmp_path / "one.json").read_text())["argv"] == ["b"]
     with pytest.raises(UnsupportedSpec, match=r"spec.arguments.parameters\[0\]: value 'c' is not in enum"):
         run(spec, tmp_path, params={"mode": "c"})
@@ -749,9 +778,11 @@ def test_with_sequence_expands_into_items_named_as_argo_names_them_each_retried_
     for item in (0, 1):
         assert statuses(res, f"grp({item}:{item})") == [("Failed", 70 + item, f"main: Error (exit code {70 + item})"),
                                                         ("Succeeded", 0, "")]
-        assert [n.pod_name for n in res.attempts(f"grp({item}:{item})")] == [f"{res.name}-grp-{item}-{a}" for a in (0, 1)]
+        assert [n.pod_name for n in res.attempts(f"grp({item}:{item})")] == [
+            pod_name(res.name, f"grp({item}:{item})", "node", a) for a in (0, 1)]
     registry = {p["name"]: p for p in list_pods(out / "pods")}
-    assert (registry[f"{res.name}-grp-1-0"]["task"], registry[f"{res.name}-grp-1-0"]["item"]) == ("grp", "1")
+    first = registry[pod_name(res.name, "grp(1:1)", "node", 0)]
+    assert (first["task"], first["item"]) == ("grp", "1")
     after = res.attempts("after")[0]
     assert after.started >= max(n.finished for n in res.nodes if n.task.startswith("grp("))
     assert json.loads((tmp_path / "after.json").read_text())["env"]["T_IP"] == "127.0.0.1"
@@ -778,7 +809,7 @@ def test_chaos_deletes_a_pod_of_a_group_and_only_that_item_is_retried(tmp_path):
     assert res.phase == "Succeeded", res.nodes
     [d] = res.chaos["deletions"]
     assert d["outcome"] == "deleted" and d["task"] == "grp"
-    hit = next(item for item in (0, 1) if f"-grp-{item}-" in d["pod"])
+    hit = next(item for item in (0, 1) if d["pod"] == pod_name(res.name, f"grp({item}:{item})", "node", 0))
     assert [n.status for n in res.attempts(f"grp({hit}:{hit})")] == ["Error", "Succeeded"]  # "pod deleted"
     assert [n.status for n in res.attempts(f"grp({1 - hit}:{1 - hit})")] == ["Succeeded"]
     assert_no_pods_alive(out)

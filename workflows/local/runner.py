@@ -307,7 +307,7 @@ class _Runner:
         # A failure its dependents continue on lets them become ready too (Argo's depends), and fail likewise.
         self.state[task.name] = "continued" if "Failed" in task.continue_on else "failed"
         attempt = self.next_attempt[task.name]
-        pod = f"{self.plan.name}-{task.slug}-{attempt}"
+        pod = task.pod_name(self.plan.name, attempt)
         now = time.time()
         self.nodes.append(NodeResult(task.name, task.template, attempt, pod, -1, "Failed", why,
                                      self.out / "logs" / f"{task.slug}-{attempt}.log", now, now))
@@ -326,7 +326,7 @@ class _Runner:
         return out
 
     def _start(self, task: Task, attempt: int) -> None:
-        name = f"{self.plan.name}-{task.slug}-{attempt}"
+        name = task.pod_name(self.plan.name, attempt)
         if task.late_inputs:
             task = dataclasses.replace(task, inputs=resolve_late_inputs(task, self._outputs()))
         if task.suspend:  # no pod: the node succeeds as it starts (Argo's suspend of duration 0)

@@ -75,6 +75,9 @@ class _Retry:
     expr: argo_expr.Expr | None
 
 
+POD_NAME_PREFIX_MAX = 253 - 10 - 1  # pod_name.go: maxK8sResourceNameLength - k8sNamingHashLength - 1
+
+
 @dataclass
 class Task:
     name: str
@@ -89,14 +92,29 @@ class Task:
     late_inputs: dict[str, str] = field(default_factory=dict)  # inputs naming a dependency's outputs: at start
     group: str = ""  # the DAG task as written: a withSequence item's name is `<group>(<i>:<i>)`, as Argo's
     item: str | None = None  # the withSequence item ({{item}})
+    root: bool = False  # the entrypoint itself is this container: Argo's root node, named as the workflow
 
     def __post_init__(self) -> None:
         self.group = self.group or self.name
 
     @property
     def slug(self) -> str:
-        """The name in pod and file names: `trial-1` for the item `trial(1:1)`."""
+        """The name in log file names and artifact folders: `trial-1` for the item `trial(1:1)`."""
         return self.name if self.item is None else f"{self.group}-{self.item}"
+
+    def pod_name(self, workflow: str, attempt: int) -> str:
+        """Argo's v2 pod name (workflow/util/pod_name.go, the default): `<workflow>-<template>-<FNV-1a 32 of
+        the node's name>`, where an attempt of a retried task is the node `<workflow>.<task>(<attempt>)` and a
+        task without a retryStrategy is the node `<workflow>.<task>` itself (a container entrypoint's node is
+        the workflow's own). Pinned in a test to names the real controller gave."""
+        node = (workflow if self.root else f"{workflow}.{self.name}") + (
+            f"({attempt})" if self.retry is not None else "")
+        if node == workflow:  # pod_name.go: the root node's pod is named as the workflow
+            return workflow
+        h = 2166136261
+        for b in node.encode():
+            h = ((h ^ b) * 16777619) & 0xFFFFFFFF
+        return f"{f'{workflow}-{self.template}'[:POD_NAME_PREFIX_MAX]}-{h}"
 
     @property
     def suspend(self) -> bool:
@@ -426,12 +444,12 @@ def _plan_task(plan: Plan, templates: dict[str, tuple[str, dict]], rt: dict, pat
     task = Task(task_name, ref, tmpl_path, tmpl, deps, inputs, _retry(tmpl, tmpl_path, ictx),
                  None if tdl is None else _seconds(tdl, f"{tmpl_path}.activeDeadlineSeconds", ictx),
                  frozenset(st for k, st in (("failed", "Failed"), ("error", "Error")) if con.get(k)),
-                 {k: v for k, v in late.items() if k in inputs}, group, item)
+                 {k: v for k, v in late.items() if k in inputs}, group, item, root=path.startswith("spec.entrypoint["))
     if task.suspend:
         plan.tasks[task_name] = task
         return
     # Resolve everything now with stand-in per-attempt values, so a bad reference fails before any pod.
-    ctx = pod_ctx(plan, task, f"{name}-{task.slug}-0", 0)
+    ctx = pod_ctx(plan, task, task.pod_name(name, 0), 0)
     argv_env(plan, task, ctx)
     artifact_paths(task, ctx)
     out_params(task, ctx)
