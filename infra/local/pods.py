@@ -445,6 +445,15 @@ class PodWorker:
             (self.dir / "tmp" / c.name).mkdir(parents=True, exist_ok=True)
             volumes = dict(volumes, **{"\0tmp": self.dir / "tmp" / c.name})
             mounts.append({"name": "\0tmp", "mountPath": "/tmp"})
+        # The host's own files stand in for the image: the repository (with its .venv) and the built binaries.
+        # A mount path above one of them (the private /tmp, when the clone lives under /tmp, as a CI folder
+        # may) would hide them, and the container could not even cd to its working directory: bind each
+        # back at its own path, after the mount above it (the depth order below).
+        for k, host in enumerate((REPO, Path(self.cfg["bin"]))):
+            over = [m for m in mounts if host.is_relative_to(m["mountPath"].rstrip("/") or "/")]
+            if over and not any(Path(m["mountPath"]) == host for m in over):
+                volumes = dict(volumes, **{f"\0host{k}": host})
+                mounts.append({"name": f"\0host{k}", "mountPath": str(host)})
         # Each source is first bound under a tmpfs of this namespace, then onto its mount path, parents
         # before children: a mount path (/tmp) that hides a later source (the state folder under /tmp) or
         # a child mount's source then hides nothing that is still needed.
