@@ -399,9 +399,11 @@ class Cluster:
     def down(self, quiet: bool = False) -> None:
         info = self.load()
         procs = info.get("procs", {})
-        for name in reversed(COMPONENTS):
-            if name in procs:
-                stop(procs[name])
+        # Only live ones count: pids.json written inside another PID namespace (an e2e session's `up`) names
+        # pids that mean other processes here, and stop() leaves any whose start time differs alone.
+        live = [name for name in reversed(COMPONENTS) if name in procs and alive(procs[name])]
+        for name in live:
+            stop(procs[name])
         # What a node agent killed with SIGKILL could not stop itself.
         stray = pod_processes(self.state)
         for pid in stray:
@@ -418,8 +420,8 @@ class Cluster:
             self.pids_file.unlink()
         if not quiet:
             extra = f", and {len(stray)} stray pod processes" if stray else ""
-            print(f"cluster: down ({len(procs)} components stopped{extra}); state kept in {self.state}"
-                  if procs else f"cluster: not running (state {self.state})")
+            print(f"cluster: down ({len(live)} components stopped{extra}); state kept in {self.state}"
+                  if live or stray else f"cluster: not running (state {self.state})")
 
     # --- status / env ---
     def status(self) -> int:

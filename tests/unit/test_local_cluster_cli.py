@@ -94,3 +94,31 @@ def test_up_without_the_binaries_names_the_build_and_starts_nothing(tmp_path):
         f"error: cluster binaries in {Path(_run(['bash', str(BUILD), '--print-dir'], _env(tmp_path)).stdout.strip())}"
         ": not built; run: bash infra/local/build.sh"]
     assert not (tmp_path / "state" / "pids.json").exists()
+
+
+def test_down_signals_only_the_processes_it_started_and_counts_only_those(tmp_path):
+    """pids.json names each component by pid and start time. One written inside another PID namespace (an e2e
+    session's `up`) names pids that mean other processes here: `down` must leave a process whose start time
+    differs alone, and say nothing was running. Control: with its true start time, the same process is stopped."""
+    import json
+
+    from infra.local.components import _start_time
+
+    state = tmp_path / "state"
+    state.mkdir()
+    victim = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        entry = {"pid": victim.pid, "start": "1", "log": str(tmp_path / "etcd.log")}  # another process's start
+        (state / "pids.json").write_text(json.dumps({"procs": {"etcd": entry}, "ports": {}}))
+        down = _run([sys.executable, "-m", "infra.local.cluster", "down"], _env(tmp_path))
+        assert down.returncode == 0 and down.stdout.strip() == f"cluster: not running (state {state})", down.stdout
+        assert victim.poll() is None  # untouched
+        entry["start"] = _start_time(victim.pid)
+        (state / "pids.json").write_text(json.dumps({"procs": {"etcd": entry}, "ports": {}}))
+        down = _run([sys.executable, "-m", "infra.local.cluster", "down"], _env(tmp_path))
+        assert down.returncode == 0 and "(1 components stopped)" in down.stdout, down.stdout + down.stderr
+        assert victim.wait(timeout=30) is not None
+    finally:
+        if victim.poll() is None:
+            victim.kill()
+            victim.wait()
