@@ -15,6 +15,7 @@ import json
 import pytest
 
 from steps import group
+from tests.dist.test_group_rounds import pods as pods  # noqa: F401 - every pod a test starts, killed at its end
 from tests.dist.test_multinode import Pod
 from tests.helpers import PY
 from tests.helpers import base_env as _base_env
@@ -39,16 +40,6 @@ def cmd(trainer, rdzv, node: int, attempt: int) -> list[str]:
     return [PY, "-m", "steps.train", "--nproc", "1", "--trainer", str(trainer), "--nnodes", "2",
             "--node-rank", str(node), "--rendezvous", str(rdzv), "--master-port", "0",
             "--rendezvous-timeout", TIMEOUT_S, "--name", f"node-{node}-{attempt}"]
-
-
-@pytest.fixture
-def pods():
-    started: list[Pod] = []
-    yield started
-    for pod in started:
-        if pod.p.poll() is None:
-            pod.kill_all()
-            pod.wait()
 
 
 @pytest.mark.parametrize("mark", ["kept", "removed", "forged"])
