@@ -124,8 +124,11 @@ class PrefetchRng:
         if self.phase == "restored":  # baton restored it already, before the first new batch
             self.phase = "done"
             return
-        if self.phase == "waiting":  # an epoch boundary: the Trainer restores before any fetch, as it should
-            self.phase = "done"
+        # "waiting": an epoch boundary, where the Trainer restores before any fetch, as it should.
+        # "pending_done": the resumed step was its epoch's last and had one batch, the pending one, so nothing
+        # was collated ahead and the Trainer's restore comes next, as it should. Either way baton is done:
+        # left at "pending_done", the next epoch's first batch would restore the checkpoint's RNG again.
+        self.phase = "done"
         assert self._load_rng_state is not None
         self._load_rng_state(checkpoint)
 

@@ -123,6 +123,29 @@ def test_sigterm_mid_accumulation_then_at_a_boundary_exits_75_and_resume_is_bit_
     assert sum(k.startswith("model.") for k in differing) > 10 and worst > 0
 
 
+def test_a_resume_before_an_epochs_short_last_step_is_bit_identical(tmp_path, tiny_model):
+    """167 packed samples in batches of 8 make 21 micro-batches an epoch: with 2 of them a step, the epoch's
+    last step (11) has one. Resumed from step 10, that step's one fetch collates nothing ahead, so the
+    Trainer's own RNG restore follows it; the next epoch's first batch must not restore step 10's RNG
+    again (it did: every nodes=2 HF drill evicted just before an epoch's end failed "the RNG differed").
+    Its control is the uninterrupted run itself: the final checkpoints are compared on every tensor."""
+    from steps.hf_checkpoint import compare_flat
+
+    sets = ("data.batch_size=8", "total_steps=14", "checkpoint.every_steps=0")
+    ref_bucket, bucket = f"file://{tmp_path}/ref", f"file://{tmp_path}/bucket"
+    rc, recs, err = run(hf_cmd(tiny_model, ref_bucket, *sets))
+    assert rc == 0, err[-3000:]
+    epochs = {r["step"]: r["epoch"] for r in recs if r["event"] == "step" and "epoch" in r}
+    rc, recs, err = run_and_sigterm(hf_cmd(tiny_model, bucket, *sets), at_step=10)
+    assert rc == 75 and [r["step"] for r in recs if r["event"] == "preempt"] == [10], err[-3000:]
+    rc, recs, err = run(hf_cmd(tiny_model, bucket, *sets))
+    assert rc == 0 and steps_of(recs) == [11, 12, 13, 14], err[-3000:]
+    _, (ref, _) = final(ref_bucket)
+    _, (tri, _) = final(bucket)
+    worst, differing = compare_flat(ref, tri)
+    assert differing == [] and worst == 0.0, (differing[:5], epochs)
+
+
 def test_a_sigterm_kills_the_stock_script_without_the_callback(tmp_path, tiny_model):
     """The negative control's trainer: the same example without the callback dies on SIGTERM (-15)."""
     rc, recs, _ = run_and_sigterm(hf_cmd(tiny_model, tmp_path / "out"), at_step=3,
