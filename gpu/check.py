@@ -53,7 +53,9 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:  # run as a script: `python gpu/check.py`
     sys.path.insert(0, str(REPO))
 
-EXIT_OK, EXIT_FAIL, EXIT_NO_CUDA = 0, 1, 2
+from trainer.exits import EXIT_FAIL, EXIT_OK  # noqa: E402
+
+EXIT_NO_CUDA = 2  # this tool's own: nothing was checked, a GPU machine is needed
 NO_CUDA = "no CUDA device: nothing to check"
 CORPUS = REPO / "trainer" / "assets" / "tiny_corpus.txt"
 
@@ -463,11 +465,13 @@ def run_drill(args: argparse.Namespace, dp: Phase, result: dict[str, Any], out: 
         run_phase(dp, cmd, left() - 15, out / f"drill{suffix}.log", env=child_env(),
                   on_timeout=lambda: reap_pods(drill_out / "argo" / "pods"))
     d["gpu_memory_peak_mib"] = mem.peak_mib
-    report_path = drill_out / "report.json"
+    from steps.contract import LOSS_PNG, REPORT_JSON, REPORT_MD, ROLES, local_drills, role_root
+
+    report_path = drill_out / REPORT_JSON
     if report_path.exists():
         report = json.loads(report_path.read_text())
         d.update(drill_metrics(report, drill_evidence(drill_out), warmup_steps=args.warmup_steps))
-        for f in ("report.md", "loss.png"):
+        for f in (REPORT_MD, LOSS_PNG):
             if (drill_out / f).exists():
                 shutil.copy(drill_out / f, out / f"drill{suffix}-{f}")
     elif not dp.error:
@@ -475,8 +479,6 @@ def run_drill(args: argparse.Namespace, dp: Phase, result: dict[str, Any], out: 
     if d.get("passed") is False and not dp.error:
         dp.error = f"the drill failed (see drill{suffix}-report.md)"
     if not args.keep_checkpoints:  # GBs each; the evidence, the verdict and the logs stay
-        from workflows.params import ROLES, local_drills, role_root
-
         for drill in local_drills(drill_out / "bucket"):
             for role in ROLES:
                 shutil.rmtree(role_root(str(drill), role), ignore_errors=True)

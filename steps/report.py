@@ -10,6 +10,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from steps.contract import LOSS_PNG, REPORT_JSON, REPORT_MD
 from steps.evidence import put_atomic, write_local_atomic
 from trainer.storage import is_local, url_to_fs
 from trainer.untrusted import printable
@@ -181,7 +182,7 @@ def markdown(report: dict[str, Any]) -> str:
                      f"the first 20, the telling ones first): {md(', '.join(map(str, report['differing'])))}")
     if report.get("excluded"):
         lines.append("\nLeft out at Tier 2 (kernels or timing change them): " + md("; ".join(map(str, report["excluded"]))))
-    lines.append("\n![loss](loss.png)\n")
+    lines.append(f"\n![loss]({LOSS_PNG})\n")
     return "\n".join(lines)
 
 
@@ -206,21 +207,21 @@ def write_report(out: Path, report: dict[str, Any], reference_records: list[dict
     bucket (after report.md and loss.png there too; an object store's PUT is whole)."""
     out.mkdir(parents=True, exist_ok=True)
     # A report.json left by an earlier attempt of this pod would stand beside the new report.md: drop it first.
-    (out / "report.json").unlink(missing_ok=True)
-    write_local_atomic(out / "report.md", markdown(report).encode())
+    (out / REPORT_JSON).unlink(missing_ok=True)
+    write_local_atomic(out / REPORT_MD, markdown(report).encode())
     tmp_png = out / f".loss.{os.getpid()}.png"
     plot(tmp_png, losses(reference_records), trial_records, [p["step"] for p in report["preempt"]])
-    os.replace(tmp_png, out / "loss.png")
+    os.replace(tmp_png, out / LOSS_PNG)
     write_metrics(out / "metrics", report)
-    write_local_atomic(out / "report.json", json.dumps(report, indent=1, sort_keys=True, default=str).encode())
+    write_local_atomic(out / REPORT_JSON, json.dumps(report, indent=1, sort_keys=True, default=str).encode())
     if copy_to:
         fs, base = url_to_fs(copy_to)
         if is_local(fs):
             fs.makedirs(base, exist_ok=True)
         base = base.rstrip("/")
         try:
-            fs.rm(f"{base}/report.json")  # as above: never an old report.json beside new files
+            fs.rm(f"{base}/{REPORT_JSON}")  # as above: never an old report.json beside new files
         except FileNotFoundError:
             pass
-        for name in ("report.md", "loss.png", "report.json"):
+        for name in (REPORT_MD, LOSS_PNG, REPORT_JSON):
             put_atomic(fs, out / name, f"{base}/{name}")

@@ -16,9 +16,9 @@ from __future__ import annotations
 from typing import Any
 
 from steps import trajectory
+from steps.contract import ROLES
 from steps.judge import component_of
-
-ROLES = ("reference", "replay", "trial")
+from trainer.exits import EXIT_SIGKILL
 
 
 def lost_steps(trial_records: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -100,7 +100,7 @@ def verdict_of(report: dict[str, Any], evictions: dict[str, Any], trial_records:
     lost = met["lost"] if met else max(0, happened - clean)
     if met and met.get("killed"):
         return (f"NOT preemption-safe: {met['killed']} of {happened} evictions ended in SIGKILL after the grace "
-                "(exit 137): the preemption save did not finish in time; the retry resumed from the last commit, "
+                f"(exit {EXIT_SIGKILL}): the preemption save did not finish in time; the retry resumed from the last commit, "
                 f"{report['steps']['replayed']} step(s) replayed")
     if lost:
         detail = "; ".join(

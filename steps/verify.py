@@ -17,6 +17,7 @@ from collections import Counter
 from typing import Any
 
 from steps.evidence import read_evidence, read_json, write_json
+from trainer.exits import EXIT_SIGKILL
 from trainer.untrusted import Refused
 
 
@@ -56,7 +57,7 @@ def classify_evictions(records: list[dict[str, Any]], eviction_list: list[dict[s
             met = "landed"
         elif "done" in events or ended.get("exit_code") == 0:
             met = "missed"
-        elif ended.get("exit_code") == 137:
+        elif ended.get("exit_code") == EXIT_SIGKILL:
             met = "killed"
         else:
             met = "lost"
@@ -102,7 +103,7 @@ def verify(records: list[dict[str, Any]], total_steps: int, evictions: int | Non
             problems.append(f"{evictions} of {planned} planned evictions happened: the trial ended first")
     killed = [e for e in met or [] if e["met"] == "killed"]
     if killed:
-        problems.append(f"{len(killed)} eviction(s) ended in SIGKILL after the grace (exit 137, at step "
+        problems.append(f"{len(killed)} eviction(s) ended in SIGKILL after the grace (exit {EXIT_SIGKILL}, at step "
                         f"{', '.join(str(e.get('observed_step')) for e in killed)}): the preemption save did not "
                         "finish in time (a faster save, async saves, or a longer grace)")
     lost = [e for e in met if e["met"] == "lost"] if met is not None else None

@@ -34,12 +34,10 @@ from typing import Any
 import requests
 import yaml
 
+from steps.contract import ROLES, drill_root, evidence_root
 from trainer.untrusted import printable
 from workflows.params import (
     PARAMETERS,
-    ROLES,
-    drill_root,
-    evidence_root,
     parse_params,
     resolve_params,
     set_deadline,

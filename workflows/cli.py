@@ -18,15 +18,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from steps.contract import REPORT_FILES, REPORT_JSON, TASKS, TRAINING_TASKS, drill_root, report_root
 from trainer.untrusted import printable
 from workflows.params import (
-    REPORT_FILES,
-    TASKS,
-    TRAINING_TASKS,
     default_retry_limit,
-    drill_root,
     parse_params,
-    report_root,
     resolve_params,
     set_deadline,
     set_queue_label,
@@ -87,7 +83,7 @@ def cmd_run(args: argparse.Namespace, build: Callable[[int], dict]) -> int:
     for f in REPORT_FILES:
         if not (out / f).exists() and (bucket_report / f).is_file():
             shutil.copy(bucket_report / f, out / f)
-    report_path = out / "report.json"
+    report_path = out / REPORT_JSON
     if report_path.exists():
         report = json.loads(report_path.read_text())
         if result.chaos is not None:  # the runner's doing, not the workflow's: only this copy has it

@@ -37,20 +37,26 @@ from hera.workflows import (  # noqa: E402
 )
 from hera.workflows import models as m  # noqa: E402
 
+from steps.contract import (  # noqa: E402
+    HELPER_RETRY_EXPRESSION,
+    REPORT_FILES,
+    RETRY_EXPRESSION,
+    TASKS,
+    drill_root,
+    evictions_file,
+    evidence_root,
+    report_root,
+    role_root,
+    rounds_root,
+    verify_file,
+)
 from workflows.params import (  # noqa: E402,F401
     PARAMETERS,
     QUEUE_LABEL,
-    REPORT_FILES,
-    TASKS,
     default_retry_limit,
     drill_deadline_s,
-    drill_root,
-    evidence_root,
     parse_params,
-    report_root,
     resolve_params,
-    role_root,
-    rounds_root,
     set_deadline,
     set_queue_label,
     values_of,
@@ -60,24 +66,7 @@ NAME = "baton-equivalence"
 SERVICE_ACCOUNT = "baton-drill"
 # The overlays ship this ConfigMap (MinIO on kind, GCS on GKE): compare's output artifacts need a repository.
 ARTIFACT_REPOSITORY = ("artifact-repositories", "default-v1")
-# How Argo records the end of an attempt that met an eviction, a preemption or a lost node (ARGO-FACTS):
-# exit 75 is a trainer that saved in time, whatever the message; the messages are a kubelet's graceful node
-# shutdown (GKE Spot), a pod object gone before the controller saw its status (a deletion, an eviction, a
-# Kueue preemption), a VM lost without a graceful shutdown (exit -1), and a kubelet pressure eviction.
-# A crash (exit 1, "main: Error (exit code 1)") matches none of them and is never retried. Exit 143 is a pod
-# deleted in its first instants, before steps.train's SIGTERM handler existed: nothing was started, let alone
-# trained (steps.train itself answers 75 for a SIGTERM that came before any step, 0 for one after `done`).
-DISRUPTIONS = ("imminent node shutdown", "pod deleted", "neither main nor wait container completed successfully",
-               "The node was low on resource")
-# Exit 137 is a trainer SIGKILLed after its grace, whichever way its pod was ended (a Spot shutdown, an
-# eviction, a Kueue preemption; only the first leaves a message): retried, since the last commit stands. An
-# OOM kill is 137 too, and retrying it repeats it: Argo records "main: OOMKilled (exit code 137)" for it.
-RETRY_EXPRESSION = ("asInt(lastRetry.exitCode) == 75 || asInt(lastRetry.exitCode) == 143 || "
-                    "(asInt(lastRetry.exitCode) == 137 && !(lastRetry.message matches 'OOMKilled')) || "
-                    f"lastRetry.message matches '{'|'.join(DISRUPTIONS)}'")
-# evict, verify and compare: no trainer, so no exit 75; a SIGTERM they do not handle ends them with 143. Each is
-# idempotent: evict resumes its own record, verify rewrites verify.json whole, compare writes report.json last.
-HELPER_RETRY_EXPRESSION = f"asInt(lastRetry.exitCode) == 143 || lastRetry.message matches '{'|'.join(DISRUPTIONS)}'"
+# The retry expressions and Argo's messages they match: steps/contract.py.
 HELPER_RETRY_LIMIT = "3"
 REPORT_DIR = "/tmp/baton-report/{{workflow.name}}"
 # Numbers that compare writes to <out>/metrics/<name> (its output parameters; -1: not measured), exposed as
@@ -190,18 +179,18 @@ def _define_dag(nodes: int = 1) -> None:
                             "--seed", p("seed"), "--jitter", p("jitter"), "--every-steps", p("every_steps"),
                             "--workflow", "{{workflow.name}}",
                             *(["--nodes", p("nodes"), "--node", p("evict_node")] if nodes > 1 else []),
-                            "--how", p("eviction"), "--out", f"{ROOT}/evictions.json"],
+                            "--how", p("eviction"), "--out", evictions_file(ROOT)],
                       retry_strategy=helper_retry)
     verify = Container(name="verify", image=p("image"), command=["python"],
                        args=["-m", "steps.verify", "--evidence", evidence_root(ROOT, "trial"),
-                             "--total-steps", p("total_steps"), "--evictions", f"{ROOT}/evictions.json",
-                             "--out", f"{ROOT}/verify.json", "--no-fail"],
+                             "--total-steps", p("total_steps"), "--evictions", evictions_file(ROOT),
+                             "--out", verify_file(ROOT), "--no-fail"],
                        retry_strategy=helper_retry)
     compare = Container(
         name="compare", image=p("image"), command=["python"],
         args=["-m", "steps.compare", "--reference", role_root(ROOT, "reference"),
-              "--replay", role_root(ROOT, "replay"), "--trial", role_root(ROOT, "trial"), "--evidence", EVIDENCE, "--verify", f"{ROOT}/verify.json",
-              "--evictions", f"{ROOT}/evictions.json", "--total-steps", p("total_steps"), "--tier", p("tier"),
+              "--replay", role_root(ROOT, "replay"), "--trial", role_root(ROOT, "trial"), "--evidence", EVIDENCE, "--verify", verify_file(ROOT),
+              "--evictions", evictions_file(ROOT), "--total-steps", p("total_steps"), "--tier", p("tier"),
               "--out", REPORT_DIR, "--report-uri", report_root(ROOT)],
         # Not archived: the Argo UI shows report.md and loss.png as they are.
         outputs=[Artifact(name=f.replace(".", "-"), path=f"{REPORT_DIR}/{f}", archive=NoneArchiveStrategy())

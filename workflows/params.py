@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import math
 import re
-from pathlib import Path
+
+from steps.contract import CLUSTER_EVICTION_MODES, EVICTION_MODES
 
 # name -> (default, description). The order is the order users see in the Argo UI; the overlays patch
 # some by position (pinned by a `test` op), so new parameters go at the end.
@@ -56,8 +57,6 @@ BASELINE_POOLS = ("spot", "on-demand")
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 # A Kubernetes label value: at most 63 characters, alphanumerics with - _ . inside.
 _LABEL_VALUE = re.compile(r"(?:[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?")
-EVICTION_MODES = ("evict", "delete", "node-shutdown", "lost-vm", "kueue")
-CLUSTER_EVICTION_MODES = ("evict",)  # what steps.evict can do through the Kubernetes API
 _INTEGERS = ("total_steps", "evictions", "retry_limit", "seed", "grace", "ranks", "every_steps", "deadline", "nodes",
              "rendezvous_timeout")
 # The lower bounds the steps themselves would enforce inside the pod (steps.train --nproc, the grace,
@@ -68,48 +67,6 @@ _AT_LEAST = {"ranks": 1, "grace": 1, "total_steps": 2, "nodes": 1, "rendezvous_t
 _BOOLEANS = ("disable_sigterm_handler",)
 _BOOLEAN_VALUES = {"1": "1", "true": "1", "0": "0", "false": "0"}
 TIERS = ("auto", "1", "2")
-
-
-# ---- where a drill keeps what it writes, defined once ---------------------------------------------------
-
-ROLES = ("reference", "replay", "trial")
-# The DAG's tasks that run a pod, named here once and in the DAG's order: the training tasks (one per role of
-# ROLES, in that order; their pods write step records), then evict, verify and compare. equivalence.py builds
-# the DAG with these names; `run -p chaos=N` and `-p unschedulable=` choose among them. (`publish`, after
-# compare, is a suspend: no pod.)
-TRAINING_TASKS = ("reference", "reference-replay", "trial")
-TASKS = (*TRAINING_TASKS, "evict", "verify", "compare")
-# What compare writes into its report folder (report_root in the bucket; the artifacts on a cluster).
-REPORT_FILES = ("report.json", "report.md", "loss.png")
-
-
-def drill_root(bucket: str, prefix: str, workflow: str) -> str:
-    """`<bucket>/<prefix>/<workflow>`: everything one drill writes (Argo placeholders work as the values)."""
-    return f"{bucket.rstrip('/')}/{prefix}/{workflow}"
-
-
-def role_root(root: str, role: str) -> str:
-    """A role's checkpoint root inside a drill's root."""
-    return f"{root}/{role}"
-
-
-def evidence_root(root: str, role: str | None = None) -> str:
-    """The evidence (record lines) of a drill, or of one role."""
-    return f"{root}/evidence" + (f"/{role}" if role else "")
-
-
-def rounds_root(root: str, role: str) -> str:
-    """Where a role's node 0 publishes each round of its group (steps/group.py), with nodes > 1."""
-    return f"{root}/rounds/{role}"
-
-
-def report_root(root: str) -> str:
-    return f"{root}/report"
-
-
-def local_drills(bucket_dir: Path) -> list[Path]:
-    """The drill roots in a local bucket folder (`<bucket>/<prefix>/<workflow>`), oldest name first."""
-    return sorted(p for p in bucket_dir.glob("*/*") if p.is_dir())
 
 
 def default_retry_limit(evictions: int, chaos: int = 0) -> int:

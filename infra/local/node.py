@@ -27,6 +27,7 @@ from typing import Any
 
 from infra.local.kube import ApiError, Kube
 from infra.local.pods import TERMINAL, PodWorker, _mem_bytes, delete_now, now
+from trainer.exits import EXIT_SIGKILL
 
 LEASE_S = 10
 STATUS_S = 60
@@ -147,7 +148,7 @@ class Agent:
             if not statuses:
                 continue
             status[key] = [dict(cs, ready=False, started=False, state={"terminated": {
-                "exitCode": 137, "reason": "ContainerStatusUnknown", "finishedAt": now(),
+                "exitCode": EXIT_SIGKILL, "reason": "ContainerStatusUnknown", "finishedAt": now(),
                 "startedAt": cs["state"]["running"].get("startedAt"),
                 "message": "The container could not be located when the pod was terminated"}})
                 if "running" in cs.get("state", {}) else cs for cs in statuses]

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from infra.local.kube import ApiError, Kube
+from trainer.exits import signal_exit
 
 REPO = Path(__file__).resolve().parents[2]
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -224,8 +225,7 @@ class PodWorker:
     def _exited(self, c: Container) -> None:
         assert c.proc is not None
         rc = c.proc.returncode
-        # A signalled process: 128+N, as a container runtime reports it.
-        c.exit_code = 128 - rc if rc < 0 else rc
+        c.exit_code = signal_exit(rc)  # a signalled process: 128+N, as a container runtime reports it
         c.reason = "Completed" if c.exit_code == 0 else "Error"
         c.finished_at = now()
 

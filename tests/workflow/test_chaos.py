@@ -20,7 +20,7 @@ from steps.evidence import read_evidence
 from tests.helpers import PY, REPO, base_env
 from trainer.checkpoint import load_flat
 from workflows.local import Chaos
-from workflows.params import TASKS, TRAINING_TASKS
+from steps.contract import TASKS, TRAINING_TASKS
 
 
 # ------------------------------------------------------------------------------------------------ the plan

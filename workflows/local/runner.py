@@ -81,8 +81,21 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import workflows.local.argo_expr as argo_expr
+from steps.contract import (
+    GONE_BEFORE_SEEN,
+    LOST_VM,
+    NO_MORE_RETRIES,
+    NODE_SHUTDOWN,
+    POD_DEADLINE,
+    POD_DELETED,
+    RETRY_DEADLINE,
+    SIGKILLED,
+    STEP_DEADLINE,
+    container_error,
+)
 from steps.local_pods import ENV as PODS_ENV
 from steps.local_pods import read_request, write_atomic
+from trainer.exits import EXIT_SIGKILL, SIGNAL_EXIT_BASE, signal_exit
 from workflows.local.chaos import Chaos
 from workflows.local.pod_init import kill_descendants
 from workflows.local.spec import (
@@ -104,21 +117,13 @@ POD_INIT = str(Path(__file__).resolve().parent / "pod_init.py")
 INTERRUPT_GRACE_S = 5.0
 POLL_S = 0.05
 STEP_PROGRESS_EVERY_S = 2.0
-SIGKILLED = "main: Error (exit code 137)"  # a container SIGKILLed after its grace (ARGO-FACTS: 128 + signal)
-POD_DEADLINE = "Pod was active on the node longer than the specified deadline"  # the kubelet's words
-STEP_DEADLINE = "Step exceeded its deadline"  # Argo's, for a node that had no running pod at the deadline
-RETRY_DEADLINE = "retry exceeded workflow deadline"  # Argo's, for a retry that will not start
-NODE_SHUTDOWN = "Pod was terminated in response to imminent node shutdown."  # the kubelet's nodeshutdown manager
+# Argo's and the kubelet's messages for the end of a pod (steps/contract.py). A pod deleted or evicted through
+# the API: the kubelet writes the container's final status and deletes the object in one sync
+# (status_manager.go), and Argo's controller (default settings: no status-capture finalizer) finds the pod
+# gone before it read that status: an Error with no exit code. Seen in every eviction and deletion on the real
+# controller (docs/cluster-local.md). A Kueue preemption differs: Kueue's finalizer keeps the object until the
+# pod has finished, so Argo reads the real exit code.
 NODE_SHUTDOWN_GRACE_S = 15.0  # what a GKE Spot node's shutdown leaves ordinary pods
-LOST_VM = "pod failed: neither main nor wait container completed successfully"  # Argo, PR #15150
-# A pod deleted or evicted through the API: the kubelet writes the container's final status and deletes the
-# object in one sync (status_manager.go), and Argo's controller (default settings: no status-capture
-# finalizer) finds the pod gone before it read that status: an Error with no exit code. Seen in every
-# eviction and deletion on the real controller (docs/cluster-local.md). A Kueue preemption differs: Kueue's
-# finalizer keeps the object until the pod has finished, so Argo reads the real exit code.
-POD_DELETED = "pod deleted"
-GONE_BEFORE_SEEN = ("evict", "delete")
-NO_MORE_RETRIES = "No more retries left"
 KUEUE_CONDITION = {"type": "TerminationTarget", "status": "True", "reason": "WorkloadEvictedDueToPreempted"}
 
 
@@ -230,7 +235,7 @@ class _Runner:
                 _kill_tree(pod.proc.pid)
                 pod.proc.wait()
                 pod.reader.close()
-                self._record(pod, "Failed", exit_code=_exit_code(pod.proc.returncode), status="Error")
+                self._record(pod, "Failed", exit_code=signal_exit(pod.proc.returncode), status="Error")
             for sig, h in handlers.items():
                 signal.signal(sig, h if h is not None else signal.SIG_DFL)
             self._write_nodes()
@@ -250,7 +255,7 @@ class _Runner:
         if self.signalled == signal.SIGINT:
             raise KeyboardInterrupt
         if self.signalled is not None:
-            raise SystemExit(128 + self.signalled)
+            raise SystemExit(SIGNAL_EXIT_BASE + self.signalled)
         return RunResult(phase, self.nodes, self.plan.name, self.message if phase == "Failed" else "",
                          self.chaos.record() if self.chaos is not None else None)
 
@@ -427,7 +432,7 @@ class _Runner:
             return
         _kill_tree(pod.proc.pid)  # the container is gone, so is everything it started
         self._read_log(pod)
-        code = _exit_code(pod.proc.returncode)
+        code = signal_exit(pod.proc.returncode)
         if pod.forced:
             status, message = pod.forced
         elif pod.how == "lost-vm":  # no container terminated: Argo knows no exit code
@@ -435,15 +440,15 @@ class _Runner:
         elif pod.how == "node-shutdown":
             status, message = "Failed", NODE_SHUTDOWN
         elif pod.how in GONE_BEFORE_SEEN:  # the pod's own record keeps the container's code (137 if SIGKILLed)
-            container = 137 if pod.sigkilled else code
+            container = EXIT_SIGKILL if pod.sigkilled else code
             self._finish(pod, "Error", POD_DELETED, may_retry=not self.aborting, code=-1, container_code=container)
             return
         elif pod.how is not None and pod.sigkilled:  # SIGKILLed after its grace: the emissary's 128 + 9
-            status, message, code = "Failed", SIGKILLED, 137
+            status, message, code = "Failed", SIGKILLED, EXIT_SIGKILL
         elif pod.proc.returncode == 0:
             status, message = "Succeeded", ""
         else:
-            status, message = "Failed", f"main: Error (exit code {code})"
+            status, message = "Failed", container_error(code)
         self._finish(pod, status, message, may_retry=not self.aborting, code=code)
 
     def _finish(self, pod: _Pod, status: str, message: str, may_retry: bool, code: int | None = None,
@@ -452,7 +457,7 @@ class _Runner:
         registry shows it (`container_code`: the container's own, what the kubelet wrote; default `code`)."""
         del self.running[pod.task.name]
         pod.reader.close()
-        code = _exit_code(pod.proc.returncode) if code is None else code
+        code = signal_exit(pod.proc.returncode) if code is None else code
         node = NodeResult(pod.task.name, pod.task.template, pod.attempt, pod.name, code, status, message,
                           pod.log_path, pod.started, time.time())
         node.parameters = self._read_params(pod)
@@ -608,13 +613,6 @@ class _Runner:
 def _task_fields(task: Task) -> dict[str, Any]:
     """A pod's task in the registry: the DAG task as written (a group's name), and its withSequence item."""
     return {"task": task.group, **({"item": task.item, "node": task.name} if task.item is not None else {})}
-
-
-def _exit_code(returncode: int | None) -> int:
-    if returncode is None:
-        return -1
-    # killed by signal N: 128+N, as a container runtime reports it
-    return 128 - returncode if returncode < 0 else returncode
 
 
 def _or_inf(seconds: float | None) -> float:
