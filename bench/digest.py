@@ -71,7 +71,7 @@ def main() -> None:
         steps[a] += 1
         timed(f"save_{a}", lambda: stores[a].save(steps[a], state, {"fingerprint": FP}, attempts[a], read_back=False))
         if steps[a] > 1:
-            stores[a]._delete(stores[a].step_path(steps[a] - 1))
+            stores[a].delete_step(steps[a] - 1)
 
     plain = root / "plain"
     for _, side in interleaved(args.reps, ["dcp_save", *[f"save_{a}" for a in ALGORITHMS]]):

@@ -26,6 +26,8 @@ from typing import Any
 
 from bench.common import PY, REPO, TINY_CORPUS, WORK, child_env, log, median, parse_line
 from bench.models import big_model
+from trainer.checkpoint import open_root
+from trainer.storage import local_path
 
 LAYOUTS = ((1, 1), (1, 2), (2, 1), (1, 4), (2, 2))
 TINY_YAML = REPO / "trainer" / "configs" / "tiny.yaml"
@@ -63,7 +65,11 @@ def _group(nodes: int, ranks: int, root: Path, model: Path, steps: int) -> tuple
 
 
 def _step_files(root: Path, step: int) -> list[Path]:
-    (folder,) = root.glob(f"runs/*/step-{step:08d}")
+    """The files of the root's newest committed checkpoint, which must be `step`'s (the package finds it:
+    the bench does not know the layout)."""
+    url, manifest = open_root(str(root)).final()
+    assert manifest["step"] == step, (url, manifest["step"], step)
+    folder = Path(local_path(url) or url)
     return sorted(p for p in folder.iterdir() if p.is_file())
 
 

@@ -130,7 +130,7 @@ def main() -> None:
                 store.save(step, state, {"fingerprint": FP}, attempt, read_back=False)
                 runs[side].append(time.perf_counter() - t)
                 if step > 1:
-                    store._delete(store.step_path(step - 1))
+                    store.delete_step(step - 1)
         template = {"model": {k: torch.empty_like(v) for k, v in state["model"].items()},
                     "progress": torch.zeros(1, dtype=torch.int64)}
         for _, side in interleaved(args.reps, ["raw_read", "load", "two_pass", "hash"]):

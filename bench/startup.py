@@ -42,7 +42,8 @@ from bench.common import (
 )
 from bench.models import BIG_ARCH, n_params, tiny_model
 from bench.resume import baton_fabricate
-from trainer.checkpoint import step_name
+from trainer.checkpoint import open_root
+from trainer.storage import local_path
 
 CONFIG = REPO / "trainer" / "configs" / "tiny.yaml"
 K = 10
@@ -89,7 +90,9 @@ def fabricate(s: list[str], ckpt: Path) -> tuple[Path, int]:
     """Commit a checkpoint at step K (data position K batches in, as bench.resume does); its folder and
     its bytes."""
     baton_fabricate(s, K)
-    folder = next(p for p in ckpt.rglob(step_name(K)) if p.is_dir())
+    url, manifest = open_root(f"file://{ckpt}").final()  # the package finds it: the bench knows no layout
+    assert manifest["step"] == K, (url, manifest["step"])
+    folder = Path(local_path(url) or url)
     return folder, sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
 
 

@@ -19,13 +19,13 @@ from typing import Any
 import torch
 from torch.distributed.checkpoint.api import CheckpointException
 
+from steps.contract import ROLES
 from steps.evidence import read_evidence, read_json
 from steps.judge import judge, resolve_tier
 from steps.report import write_report
-from steps.verdict import ROLES, assemble, verdict_of  # noqa: F401 - verdict_of: compare's API before steps/verdict.py
+from steps.verdict import assemble, verdict_of  # noqa: F401 - verdict_of: compare's API before steps/verdict.py
 from steps.verify import evictions_record
 from trainer.checkpoint import CorruptCheckpoint, open_root
-from trainer.checkpoint.hf_read import BadCheckpoint
 from trainer.checkpoint.read import wrapped_failures
 from trainer.untrusted import Refused
 
@@ -57,7 +57,7 @@ def compare(reference: str, replay: str, trial: str, total_steps: int | None = N
         try:
             finals[role] = root.final()
             flats[role], parts[role] = root.load(*finals[role])
-        except (FileNotFoundError, CorruptCheckpoint, BadCheckpoint, Refused) as e:
+        except (FileNotFoundError, CorruptCheckpoint, Refused) as e:
             return {**base, "problem": f"{role}: {e}"}
         except (Exception, CheckpointException) as e:  # DCP's CheckpointException is a BaseException
             return {**base, "problem": f"{role}: its final checkpoint cannot be read: {failure(e)}"}

@@ -8,7 +8,6 @@ from typing import Any
 import torch
 
 from trainer.checkpoint.hf_read import (  # noqa: F401 - the reading API, where tests and tools look for it
-    BadCheckpoint,
     committed_checkpoints,
     final_hf_checkpoint,
     is_hf_root,

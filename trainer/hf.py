@@ -44,7 +44,7 @@ import torch
 from transformers import TrainerCallback
 
 from trainer import collectives, trajectory
-from trainer.checkpoint import COMMIT, HFStore, TornCheckpoint, hf_step_name  # noqa: F401 - COMMIT: this module's API
+from trainer.checkpoint import COMMIT, CorruptCheckpoint, HFStore, hf_step_name  # noqa: F401 - COMMIT: this module's API
 from trainer.config import Config
 from trainer.exits import EXIT_FAIL, EXIT_OK, EXIT_PREEMPTED
 from trainer.faults import FaultsConfig, SaveFailures, StoreUnreachable, is_peer_failure, retry_reads
@@ -189,7 +189,7 @@ class BatonCallback(TrainerCallback):
                     chosen = [step, retry_reads(lambda step=step: store.fetch(step), self.faults.read_retry_s,
                                                 StorageError, log), None]
                     break
-                except TornCheckpoint as e:
+                except CorruptCheckpoint as e:
                     log(f"checkpoint-{step} refused: {e}")
                     self.emit("checkpoint_refused", step, path=store.url(step), reason=str(e))
                 except StoreUnreachable as e:
@@ -221,7 +221,7 @@ class BatonCallback(TrainerCallback):
         if self.node_first and self.rank != 0:
             try:
                 retry_reads(lambda: store.fetch(step), self.faults.read_retry_s, StorageError, log)
-            except (TornCheckpoint, StoreUnreachable) as e:
+            except (CorruptCheckpoint, StoreUnreachable) as e:
                 error = f"checkpoint-{step} on the node of rank {self.rank}: {e}"
         errors = [e for e in collectives.gather(error) if e]
         if errors:

@@ -121,11 +121,12 @@ def identity_of(files: dict[str, dict[str, Any]]) -> str:
 
 
 def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
+    # A file's checksum has one definition, trainer/checkpoint/digest.py. Imported here, not at the top:
+    # the config reads this module (the fingerprint), and the package's __init__ would bring torch into
+    # every config load; only hashing the files needs it.
+    from trainer.checkpoint.digest import file_hexdigest
+
+    return file_hexdigest(None, str(path), "sha256")
 
 
 def write_manifest(folder: Path) -> dict[str, dict[str, Any]]:
@@ -188,11 +189,13 @@ def default_cache() -> Path:
 
 
 def _copy_checked(fs: Any, src: str, dst: Path, name: str, entry: dict[str, Any], uri: str) -> None:
-    h, n = hashlib.sha256(), 0
+    from trainer.checkpoint.digest import new  # why here, not at the top: see _sha256_file
+
+    h, n = new("sha256"), 0
 
     def copy() -> None:
         nonlocal h, n
-        h, n = hashlib.sha256(), 0
+        h, n = new("sha256"), 0
         with open_regular(fs, src, f"{redact(uri)}/{name}") as fin, open(dst, "wb") as fout:
             while chunk := fin.read(CHUNK):
                 n += len(chunk)

@@ -174,7 +174,7 @@ def args_for(output_dir, **kw):
 
 
 def test_newest_committed_is_numeric_and_torn_or_altered_ones_are_passed_over(tmp_path, capsys):
-    from trainer.hf import COMMIT, BatonCallback, HFStore, TornCheckpoint
+    from trainer.hf import COMMIT, BatonCallback, CorruptCheckpoint, HFStore
 
     local, bucket = tmp_path / "local", tmp_path / "bucket"
     store = HFStore(f"file://{bucket}", str(local))
@@ -190,7 +190,7 @@ def test_newest_committed_is_numeric_and_torn_or_altered_ones_are_passed_over(tm
     # 11 altered after its commit, 10 lost a file: both passed over, 9 is resumed.
     (bucket / "checkpoint-11" / "optimizer.pt").write_bytes(b"x" * 64)
     (bucket / "checkpoint-10" / "model.safetensors").unlink()
-    with pytest.raises(TornCheckpoint, match="sha256"):
+    with pytest.raises(CorruptCheckpoint, match="sha256"):
         store.fetch(11)
     shutil.rmtree(local)
     cb = BatonCallback(checkpoint_uri=f"file://{bucket}")

@@ -15,11 +15,11 @@ import torch
 from safetensors.torch import save_file
 
 from steps.hf_checkpoint import (
-    BadCheckpoint,
     compare_flat,
     final_hf_checkpoint,
     load_hf_checkpoint,
 )
+from trainer.checkpoint import CorruptCheckpoint
 
 
 def commit(folder: Path, step: int) -> None:
@@ -76,7 +76,7 @@ def test_a_pickle_that_runs_code_is_refused_and_never_runs(tmp_path):
     folder = hf_checkpoint(tmp_path / "a", 10)
     torch.save({"state": {}, "param_groups": [], "x": Evil()}, folder / "optimizer.pt")
     commit(folder, 10)  # committed as it is: the manifest vouches for bytes, not for safety
-    with pytest.raises(BadCheckpoint, match="optimizer.pt cannot be loaded safely"):
+    with pytest.raises(CorruptCheckpoint, match="optimizer.pt cannot be loaded safely"):
         load_hf_checkpoint(f"file://{folder}")
     assert not marker.exists()
 
@@ -86,7 +86,7 @@ def test_files_that_do_not_match_the_manifest_are_refused(tmp_path):
     data = bytearray((folder / "scheduler.pt").read_bytes())
     data[-1] ^= 1
     (folder / "scheduler.pt").write_bytes(bytes(data))
-    with pytest.raises(BadCheckpoint, match="scheduler.pt does not match"):
+    with pytest.raises(CorruptCheckpoint, match="scheduler.pt does not match"):
         load_hf_checkpoint(f"file://{folder}")
 
 

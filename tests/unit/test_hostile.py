@@ -366,7 +366,7 @@ HF_VARIANTS = ["traversal name", "absolute name", "commit not an object", "entry
 @pytest.mark.parametrize("variant", HF_VARIANTS)
 def test_each_hostile_hf_checkpoint_is_refused_by_the_resume_and_by_compare(variant, hf_runs, tmp_path):
     from steps.hf_checkpoint import compare_hf
-    from trainer.hf import HFStore, TornCheckpoint
+    from trainer.hf import CorruptCheckpoint, HFStore
 
     _, stopped = hf_runs
     bucket = tmp_path / "bucket"
@@ -376,7 +376,7 @@ def test_each_hostile_hf_checkpoint_is_refused_by_the_resume_and_by_compare(vari
     local = tmp_path / "scratch" / "a" / "b" / "local"
     store = HFStore(f"file://{bucket}", str(local))
     before = set(tmp_path.rglob("*"))
-    with pytest.raises(TornCheckpoint, match=reason):
+    with pytest.raises(CorruptCheckpoint, match=reason):
         store.fetch(7)
     result = compare_hf(f"file://{bucket}", f"file://{bucket}", f"file://{bucket}")
     assert result["equivalent"] is False and reason.split(" ")[-1] in result["problem"], result
@@ -497,7 +497,7 @@ def test_a_resume_falls_back_past_a_fifo_commit_and_a_deep_manifest_and_finishes
 
 def test_an_hf_checkpoint_with_one_byte_flipped_and_its_size_kept_is_refused(hf_runs, tmp_path):
     """A fetch that compared sizes alone would take it: the sizes match (the control); the sha256 does not."""
-    from trainer.hf import HFStore, TornCheckpoint
+    from trainer.hf import CorruptCheckpoint, HFStore
 
     _, stopped = hf_runs
     bucket = tmp_path / "bucket"
@@ -509,14 +509,14 @@ def test_an_hf_checkpoint_with_one_byte_flipped_and_its_size_kept_is_refused(hf_
     listed = json.loads((bucket / "checkpoint-7" / "_COMMIT").read_text())["files"]["optimizer.pt"]
     assert listed["size"] == target.stat().st_size  # control: the size alone says nothing is wrong
     store = HFStore(f"file://{bucket}", str(tmp_path / "local"))
-    with pytest.raises(TornCheckpoint, match="optimizer.pt does not match its size or sha256"):
+    with pytest.raises(CorruptCheckpoint, match="optimizer.pt does not match its size or sha256"):
         store.fetch(7)
     assert store.fetch(5) == str(tmp_path / "local" / "checkpoint-5")
 
 
 def test_an_hf_checkpoint_with_a_deep_trainer_state_is_refused_before_the_trainer_parses_it(hf_runs, tmp_path):
     from steps.hf_checkpoint import compare_hf
-    from trainer.hf import HFStore, TornCheckpoint
+    from trainer.hf import CorruptCheckpoint, HFStore
 
     _, stopped = hf_runs
     bucket = tmp_path / "bucket"
@@ -530,7 +530,7 @@ def test_an_hf_checkpoint_with_a_deep_trainer_state_is_refused_before_the_traine
     _reseal_hf(bucket / "checkpoint-7", edit)
     with pytest.raises(RecursionError):  # the control: what the Trainer's json.load does with it
         json.loads(state.read_text())
-    with pytest.raises(TornCheckpoint, match="trainer_state.json nests deeper"):
+    with pytest.raises(CorruptCheckpoint, match="trainer_state.json nests deeper"):
         HFStore(f"file://{bucket}", str(tmp_path / "local")).fetch(7)
     result = compare_hf(f"file://{bucket}", f"file://{bucket}", f"file://{bucket}")
     assert result["equivalent"] is False and "nests deeper" in result["problem"], result

@@ -203,3 +203,17 @@ def test_a_folder_with_a_pickle_or_a_changed_file_is_not_staged(model, s3, tmp_p
     p = subprocess.run([PY, "-m", "trainer.weights", "stage", str(model), s3.new_prefix("w")], capture_output=True,
                        text=True, env=s3.env(), cwd=REPO, timeout=120)
     assert p.returncode == 1 and "does not match" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_the_identity_of_fixed_files_is_pinned(tmp_path):
+    """The identity enters the run fingerprint: a change to how the files or their list are hashed would
+    move every run_id. Two fixed files, hashed by write_manifest, give this value (computed before the
+    file checksum moved to trainer/checkpoint/digest.py); one byte more in a file gives another."""
+    (tmp_path / "config.json").write_text('{"model_type": "qwen2"}\n')
+    (tmp_path / "model.safetensors").write_bytes(bytes(range(256)) * 40)
+    files = write_manifest(tmp_path)
+    assert files["model.safetensors"]["sha256"] == "e96760a87768717bcebcfd25ddc7d46b4dbc95a4b0014def080c08539f7d90d0"
+    assert identity(str(tmp_path)) == "sha256:bb9dc3ec7d557a95e735fa3d87056879e373d5fddb998393dba60bc6fda2c212"
+    (tmp_path / "model.safetensors").write_bytes(bytes(range(256)) * 40 + b"\0")  # the control
+    write_manifest(tmp_path)
+    assert identity(str(tmp_path)) != "sha256:bb9dc3ec7d557a95e735fa3d87056879e373d5fddb998393dba60bc6fda2c212"

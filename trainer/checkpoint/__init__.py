@@ -25,7 +25,7 @@ from trainer.checkpoint.checkpointer import (
     json_from_tensor,
     tensor_from_json,
 )
-from trainer.checkpoint.hf_store import HFStore, TornCheckpoint
+from trainer.checkpoint.hf_store import HFStore
 from trainer.checkpoint.layout import (
     COMMIT,
     MANIFEST,
@@ -43,5 +43,5 @@ from trainer.storage import local_path, url_to_fs  # noqa: F401 - where tests an
 
 __all__ = ["COMMIT", "MANIFEST", "RESTORABLE", "Boundary", "CheckpointRefused", "CheckpointRoot", "Checkpointer",
            "CorruptCheckpoint", "DcpRoot", "FencedOut", "corpus_path", "HFStore", "HfRoot", "LoadTimes", "Parts", "Resumed",
-           "SaveResult", "Store", "TornCheckpoint", "final_committed", "hf_step_name", "json_from_tensor",
+           "SaveResult", "Store", "final_committed", "hf_step_name", "json_from_tensor",
            "load_flat", "open_root", "run_ids", "step_name", "tensor_from_json"]

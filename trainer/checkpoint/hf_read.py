@@ -15,7 +15,6 @@ anything is read, each file is checked against the size and sha256 that `_COMMIT
 
 from __future__ import annotations
 
-import hashlib
 import io
 import pickle
 from typing import Any
@@ -23,6 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from trainer.checkpoint.digest import of_bytes
 from trainer.checkpoint.layout import COMMIT, CorruptCheckpoint, hf_step_name, hf_step_of, parse_hf_commit
 from trainer.storage import full_url, url_to_fs
 from trainer.untrusted import Refused, parse_json, read_bytes
@@ -30,10 +30,6 @@ from trainer.untrusted import Refused, parse_json, read_bytes
 SKIPPED = ("training_args.bin",)
 # Paths and wall-clock values in trainer_state.json that say where or when, not what was computed.
 TRAINER_STATE_SKIPPED = ("best_model_checkpoint", "trial_name", "trial_params")
-
-
-class BadCheckpoint(Exception):
-    """A checkpoint whose files do not match its manifest, or that cannot be read safely."""
 
 
 def numpy_safe_globals() -> list[Any]:
@@ -76,7 +72,7 @@ def final_hf_checkpoint(root: str) -> tuple[str, dict[str, Any]]:
     try:
         manifest = parse_hf_commit(read_bytes(fs, f"{path}/{COMMIT}", "manifest", f"{url}/{COMMIT}"), step)
     except (CorruptCheckpoint, Refused) as e:
-        raise BadCheckpoint(f"{url}: {e}") from None
+        raise CorruptCheckpoint(f"{url}: {e}") from None
     manifest.setdefault("step", step)
     return url, manifest
 
@@ -126,7 +122,7 @@ def _part(name: str) -> str | None:
 
 def load_hf_checkpoint(url: str) -> tuple[dict[str, Any], dict[str, int]]:
     """Every value of a committed HF checkpoint as one flat mapping, and how many entries each part
-    holds. Raises BadCheckpoint if a file does not match the manifest or cannot be loaded safely."""
+    holds. Raises CorruptCheckpoint if a file does not match the manifest or cannot be loaded safely."""
     from safetensors.torch import load as load_safetensors
 
     fs, path = url_to_fs(url)
@@ -135,9 +131,9 @@ def load_hf_checkpoint(url: str) -> tuple[dict[str, Any], dict[str, int]]:
         files = parse_hf_commit(read_bytes(fs, f"{path}/{COMMIT}", "manifest", f"{url}/{COMMIT}"),
                                 hf_step_of(path.rsplit("/", 1)[-1]) or 0)["files"]
     except OSError as e:
-        raise BadCheckpoint(f"{url}: unreadable {COMMIT}: {e}") from None
+        raise CorruptCheckpoint(f"{url}: unreadable {COMMIT}: {e}") from None
     except (CorruptCheckpoint, Refused) as e:
-        raise BadCheckpoint(f"{url}: {e}") from None
+        raise CorruptCheckpoint(f"{url}: {e}") from None
     flat: dict[str, Any] = {}
     parts: dict[str, int] = {}
     for name in sorted(files):
@@ -147,13 +143,13 @@ def load_hf_checkpoint(url: str) -> tuple[dict[str, Any], dict[str, int]]:
         try:  # never more than the manifest declares, and only from a regular file
             data = read_bytes(fs, f"{path}/{name}", "hf_file", f"{url}/{name}", cap=meta["size"])
         except FileNotFoundError:
-            raise BadCheckpoint(f"{url}/{name} is missing") from None
+            raise CorruptCheckpoint(f"{url}/{name} is missing") from None
         except OSError as e:
-            raise BadCheckpoint(f"{url}/{name} is unreadable: {e}") from None
+            raise CorruptCheckpoint(f"{url}/{name} is unreadable: {e}") from None
         except Refused as e:
-            raise BadCheckpoint(f"{e}: it does not match its size in {COMMIT}") from None
-        if len(data) != meta["size"] or hashlib.sha256(data).hexdigest() != meta["sha256"]:
-            raise BadCheckpoint(f"{url}/{name} does not match its size or sha256 in {COMMIT}")
+            raise CorruptCheckpoint(f"{e}: it does not match its size in {COMMIT}") from None
+        if len(data) != meta["size"] or of_bytes("sha256", data) != meta["sha256"]:
+            raise CorruptCheckpoint(f"{url}/{name} does not match its size or sha256 in {COMMIT}")
         part = _part(name)
         before = len(flat)
         try:
@@ -172,9 +168,9 @@ def load_hf_checkpoint(url: str) -> tuple[dict[str, Any], dict[str, int]]:
             elif part == "config":
                 _flatten(f"config.{name}", parse_json(data, f"{url}/{name}"), flat)
             else:
-                flat[f"file.{name}"] = hashlib.sha256(data).hexdigest()
+                flat[f"file.{name}"] = of_bytes("sha256", data)
                 part = "file"
         except (pickle.UnpicklingError, RuntimeError, ValueError, TypeError, EOFError) as e:  # weights_only refusals
-            raise BadCheckpoint(f"{url}/{name} cannot be loaded safely: {str(e).splitlines()[0][:300]}") from None
+            raise CorruptCheckpoint(f"{url}/{name} cannot be loaded safely: {str(e).splitlines()[0][:300]}") from None
         parts[part] = parts.get(part, 0) + len(flat) - before
     return flat, parts

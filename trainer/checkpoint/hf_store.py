@@ -20,9 +20,8 @@ from typing import Any
 
 import torch
 
-from trainer.checkpoint.digest import CHUNK
+from trainer.checkpoint.digest import CHUNK, file_hexdigest
 from trainer.checkpoint.layout import COMMIT, CorruptCheckpoint, hf_step_name, hf_step_of, parse_hf_commit
-from trainer.checkpoint.write import sha256_file
 from trainer.records import log
 from trainer.storage import full_url, is_local, retrying, storage_error, url_to_fs
 from trainer.untrusted import Refused, open_regular, parse_json, read_bytes
@@ -30,10 +29,6 @@ from trainer.untrusted import Refused, open_regular, parse_json, read_bytes
 # Left out of the manifest and the mirror: it pickles 9 transformers/accelerate classes, holds no
 # state that a resume needs (the script builds its own TrainingArguments), and cannot be loaded safely.
 SKIPPED_FILES = ("training_args.bin",)
-
-
-class TornCheckpoint(Exception):
-    """A checkpoint whose files do not match its `_COMMIT` manifest."""
 
 
 class HFStore:
@@ -76,7 +71,7 @@ class HFStore:
         """Hash `names` of `local_dir/checkpoint-<step>` and copy them to the root (not in place); returns
         their manifest entries. Another node's first rank calls it for its node's files, before the commit."""
         src = os.path.join(self.local_dir, hf_step_name(step))
-        files = {n: {"size": os.path.getsize(os.path.join(src, n)), "sha256": sha256_file(None, os.path.join(src, n))}
+        files = {n: {"size": os.path.getsize(os.path.join(src, n)), "sha256": file_hexdigest(None, os.path.join(src, n), "sha256")}
                  for n in names}
         dst = f"{self.base}/{hf_step_name(step)}"
         if not self.in_place:
@@ -140,16 +135,16 @@ class HFStore:
 
     def fetch(self, step: int) -> str:
         """The checkpoint as a local folder the Trainer can resume from, its files checked against the
-        manifest. Raises TornCheckpoint for what is wrong with the checkpoint (a missing file, a bad
+        manifest. Raises CorruptCheckpoint for what is wrong with the checkpoint (a missing file, a bad
         manifest, a size or sha256 that does not match), StorageError for a read that failed (an I/O
         error, a store answering 5xx after its own retries): that one is worth retrying."""
         try:
             manifest = self.manifest(step)
             files = manifest["files"]
         except FileNotFoundError:
-            raise TornCheckpoint(f"{COMMIT} is missing") from None
-        except CorruptCheckpoint as e:
-            raise TornCheckpoint(str(e)) from None
+            raise CorruptCheckpoint(f"{COMMIT} is missing") from None
+        except CorruptCheckpoint:
+            raise
         except Exception as e:
             raise storage_error(self.url(step), "reading", e) from None
         local = os.path.join(self.local_dir, hf_step_name(step))
@@ -167,21 +162,21 @@ class HFStore:
                 try:
                     _copy_capped(self.fs, f"{self.base}/{hf_step_name(step)}/{n}", os.path.join(local, n), meta["size"])
                 except FileNotFoundError:
-                    raise TornCheckpoint(f"{n} is missing") from None
+                    raise CorruptCheckpoint(f"{n} is missing") from None
                 except Refused as e:
-                    raise TornCheckpoint(str(e)) from None
+                    raise CorruptCheckpoint(str(e)) from None
                 except Exception as e:
                     raise storage_error(self.url(step), f"reading {n} of", e) from None
         for n, meta in files.items():
             path = os.path.join(local, n)
             if not os.path.isfile(path):
-                raise TornCheckpoint(f"{n} is missing")
+                raise CorruptCheckpoint(f"{n} is missing")
             try:
-                matches = os.path.getsize(path) == meta["size"] and sha256_file(None, path) == meta["sha256"]
+                matches = os.path.getsize(path) == meta["size"] and file_hexdigest(None, path, "sha256") == meta["sha256"]
             except OSError as e:
                 raise storage_error(self.url(step), f"reading {n} of", e) from None
             if not matches:
-                raise TornCheckpoint(f"{n} does not match its size or sha256 in {COMMIT}")
+                raise CorruptCheckpoint(f"{n} does not match its size or sha256 in {COMMIT}")
         for n in files:
             if n.endswith((".pt", ".pth", ".bin")):
                 _loads_safely(os.path.join(local, n))
@@ -190,7 +185,7 @@ class HFStore:
                     with open(os.path.join(local, n), "rb") as f:
                         parse_json(f.read(), n)
                 except Refused as e:
-                    raise TornCheckpoint(str(e)) from None
+                    raise CorruptCheckpoint(str(e)) from None
         return local
 
     def claim_attempt(self) -> int:
@@ -241,5 +236,5 @@ def _loads_safely(path: str) -> None:
                     raise
                 torch.load(path, map_location="cpu", weights_only=True)  # the legacy format: read it whole
     except Exception as e:  # noqa: BLE001 - every refusal of the safe unpickler, and torn archives
-        raise TornCheckpoint(f"{os.path.basename(path)} cannot be loaded safely: "
+        raise CorruptCheckpoint(f"{os.path.basename(path)} cannot be loaded safely: "
                              f"{str(e).splitlines()[0][:200] if str(e) else type(e).__name__}") from None

@@ -34,6 +34,11 @@ class CorruptCheckpoint(RuntimeError):
     """Torn, truncated, altered or malformed: refused, and the loader falls back to the previous one."""
 
 
+def name_of(p: str) -> str:
+    """The last component of a path or key."""
+    return p.rstrip("/").split("/")[-1]
+
+
 def run_path(root: str, run_id: str) -> str:
     """A run's folder under a store's root path (no scheme): its steps, attempts and packed corpus."""
     return f"{root.rstrip('/')}/runs/{run_id}"

@@ -16,10 +16,9 @@ from trainer.checkpoint.hf_read import (
     is_hf_root,
     load_hf_checkpoint,
 )
-from trainer.checkpoint.layout import CorruptCheckpoint, plain_name
+from trainer.checkpoint.layout import CorruptCheckpoint, name_of, plain_name
 from trainer.checkpoint.read import load_flat
 from trainer.checkpoint.store import Store
-from trainer.checkpoint.write import name_of
 from trainer.storage import redact, url_to_fs
 
 

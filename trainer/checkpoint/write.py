@@ -21,6 +21,7 @@ import torch
 from torch.distributed.checkpoint._fsspec_filesystem import FileSystem as DcpFileSystem
 
 import trainer.checkpoint.digest as digest
+from trainer.checkpoint.layout import name_of
 from trainer.records import log
 
 
@@ -69,25 +70,6 @@ class PendingSave:
     blocking_s: float = 0.0
     asynchronous: bool = False
     on_commit: Callable[[SaveResult], None] | None = None
-
-
-def sha256_file(fs: Any, path: str) -> str:
-    """sha256 of a file on any fsspec filesystem (None: a local path, with Python's own open), in chunks."""
-    return digest.file_hexdigest(fs, path, "sha256")
-
-
-def name_of(p: str) -> str:
-    """The last component of a path or key."""
-    return p.rstrip("/").split("/")[-1]
-
-
-def sharing(fs: Any, io: Any) -> Any:
-    """Point a DCP fsspec reader or writer at the store's filesystem instead of a new one: a new s3fs
-    instance builds a new botocore client, 0.2-0.8 s on every save and load."""
-    inner = getattr(io, "fs", None)
-    if inner is not None and hasattr(inner, "fs"):
-        inner.fs = fs
-    return io
 
 
 def done(value: Any) -> Future:
