@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 OUT    ?= out/drill
 
 .PHONY: install test test-unit test-dist test-workflow test-gpu drill render templates lint bench \
-        image gke-up gke-destroy e2e-kind cluster-build cluster-up cluster-down cluster-status e2e gpu-check clean
+        image gke-up gke-destroy e2e-kind cluster-build cluster-build-kueue cluster-up cluster-down cluster-status e2e gpu-check clean
 
 install: $(STAMP)
 
@@ -69,6 +69,12 @@ e2e-kind:
 # ---- the real control plane on this machine (see infra/local/README.md): built from Go modules, cached ----
 cluster-build:
 	bash infra/local/build.sh
+
+# Kueue's controller manager and JobSet's (infra/local/kueue.env), a cache entry of their own (about 15 min
+# cold on 2 cores: infra/local/README.md); `python -m infra.local.cluster up --kueue` and
+# tests/e2e/test_kueue_real.py use it, and skip or say so when it is not built.
+cluster-build-kueue:
+	nice bash infra/local/build-kueue.sh
 
 # Builds first on a cold cache (about 25 min, with progress); a warm one costs nothing.
 cluster-up: install cluster-build
