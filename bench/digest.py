@@ -47,9 +47,9 @@ def main() -> None:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
 
-    from trainer.checkpoint import Store
     from trainer.checkpoint.digest import ALGORITHMS
     from trainer.checkpoint.resolve import resolve_and_load
+    from trainer.checkpoint.store import Store
 
     root = WORK / "digest"
     shutil.rmtree(root, ignore_errors=True)

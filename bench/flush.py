@@ -45,8 +45,7 @@ CHUNK = 1 << 20
 
 def raw_write(uri: str, nbytes: int, noise: memoryview) -> float:
     """Seconds to write `nbytes` to one object at `uri` and make it durable."""
-    from trainer.checkpoint import local_path
-    from trainer.storage import url_to_fs
+    from trainer.storage import local_path, url_to_fs
 
     def fill(f: Any) -> None:
         left = nbytes
@@ -266,7 +265,7 @@ def main() -> None:
     args = section_args(__doc__ or "", _extra)
     from bench.s3 import LocalS3
     from bench.state import close, manifest_of, open_trainer, state_bytes, state_of
-    from trainer.checkpoint import Store
+    from trainer.checkpoint.store import Store
 
     quick = args.quick or args.where == "s3"
     t = open_trainer(f"file://{WORK / 'flush'}", quick=quick)

@@ -12,7 +12,10 @@ How (transformers 5.24's loop, read from its source):
   gradient-accumulation step lets the step finish first (its RNG state would otherwise hold the
   abandoned micro-batches' dropout draws).
 - `on_save` waits for every rank (HF has no barrier there), then rank 0 commits: the files, mirrored to
-  `checkpoint_uri` unless that is `output_dir`, then `_COMMIT` last (trainer/checkpoint/hf_store.py).
+  `checkpoint_uri` unless that is `output_dir`, then `_COMMIT` last. Every checkpoint operation goes
+  through `HFCheckpointer` (trainer/checkpoint/hf_checkpointer.py), the HF implementation of the one
+  interface the training loop uses too: resume with fallback, the last committed step, retention after
+  a commit but a preemption's, and the rule for failing periodic saves are its, not this module's.
   After the loop's break, `on_epoch_end` would save the same step again under its marker: it is cleared.
 - `run(trainer)` resumes from the newest committed `checkpoint-N` that verifies, takes over HF's RNG
   restore on a mid-epoch resume (trainer/hf_rng.py), and returns baton's exit code (README, "Exit
@@ -44,10 +47,10 @@ import torch
 from transformers import TrainerCallback
 
 from trainer import collectives, trajectory
-from trainer.checkpoint import COMMIT, CorruptCheckpoint, HFStore, hf_step_name  # noqa: F401 - COMMIT: this module's API
+from trainer.checkpoint import CorruptCheckpoint, HFCheckpointer, hf_step_name
 from trainer.config import Config
 from trainer.exits import EXIT_FAIL, EXIT_OK, EXIT_PREEMPTED
-from trainer.faults import FaultsConfig, SaveFailures, StoreUnreachable, is_peer_failure, retry_reads
+from trainer.faults import FaultsConfig, SavesFailing, StoreUnreachable, is_peer_failure
 from trainer.hf_rng import EpochRng, PrefetchRng, UnsupportedSampler, refuse_private_samplers
 from trainer.hooks import Point, hooks
 from trainer.preemption import Preemption
@@ -114,17 +117,14 @@ class BatonCallback(TrainerCallback):
         _one_process_is_not_distributed()
         self.checkpoint_uri, self.run_id, self.keep_last = checkpoint_uri, run_id, keep_last
         self.faults = faults or FaultsConfig()
-        self.save_failures = SaveFailures(self.faults.max_failed_saves)
         self.retry_reason: str | None = None  # set when the run must end with 75 for a fault (retry_later)
-        self.store: HFStore | None = None
+        self.ckpt: HFCheckpointer | None = None
         self.rec = Records(run_id, 0, 0)
         self.rank, self.world = 0, 1
         self.node_first = True  # the first rank of its node: it writes its pod's records
         self.shared_disk = True  # every rank sees one output_dir (one node, or a shared file system)
         self.stopping: int | None = None  # the step the ranks decided to stop at
         self.stop_decided_at = 0.0
-        self.last_committed: int | None = None
-        self.last_checkpoint: str | None = None
         self.pending_step: int | None = None  # a step whose record is still to come (its on_log)
         self.last_hook_at = time.perf_counter()
         self.micro = 0
@@ -137,6 +137,15 @@ class BatonCallback(TrainerCallback):
         self._hooked = False
         self.fresh = False  # a fresh start (no checkpoint to resume): its first on_train_begin writes `start`
 
+    @property
+    def last_committed(self) -> int | None:
+        """The last committed step (the checkpoints' own: set by the resume and by every commit)."""
+        return self.ckpt.last_committed if self.ckpt is not None else None
+
+    @property
+    def last_checkpoint(self) -> str | None:
+        return self.ckpt.last_url if self.ckpt is not None else None
+
     # -- records --
     def emit(self, event: str, step: int, **fields: Any) -> None:
         if self.rank == 0 or (self.node_first and event in POD_EVENTS):
@@ -144,17 +153,18 @@ class BatonCallback(TrainerCallback):
 
     # -- start-up and resume --
     def _setup(self, args) -> None:
-        if self.store is not None:
+        if self.ckpt is not None:
             return
         self.rank, self.world = collectives.rank(), collectives.world()
         self.node_first = int(os.environ.get("LOCAL_RANK", "0")) == 0
-        self.store = HFStore(self.checkpoint_uri or args.output_dir, args.output_dir)
+        self.ckpt = HFCheckpointer(self.checkpoint_uri or args.output_dir, args.output_dir, self.keep_last,
+                                   self.faults.max_failed_saves)
         if self.world > 1:
             self.shared_disk = _one_disk(args.output_dir, self.rank)
-        if self.store.in_place and not self.shared_disk:
+        if self.ckpt.in_place and not self.shared_disk:
             raise ValueError("checkpoints committed in output_dir on nodes that share no disk: the other nodes' "
                              "files would be left out; set checkpoint_uri to a bucket")
-        if self.store.in_place and args.save_total_limit == 1:
+        if self.ckpt.in_place and args.save_total_limit == 1:
             raise ValueError("save_total_limit=1 with checkpoints committed in output_dir: HF rotates before "
                              "on_save, so a kill in that gap leaves no committed checkpoint; use 2 or more, or a "
                              "checkpoint_uri elsewhere")
@@ -165,7 +175,7 @@ class BatonCallback(TrainerCallback):
             self.preempt.device = args.device  # the stop all-reduce runs on NCCL there
         # Rank 0 claims; every rank records the same attempt (a node's first rank writes its pod's records,
         # and verify counts them by attempt: attempt 0 on node 1 read as "trained without a resume record").
-        attempt = collectives.broadcast(self.store.claim_attempt() if self.rank == 0 else None)
+        attempt = collectives.broadcast(self.ckpt.claim_attempt() if self.rank == 0 else None)
         self.rec = Records(self.run_id, attempt, self.rank)
         bound = self.faults.collective_timeout(self.preempt.grace).total_seconds()
         if self.world > 1 and self.rank == 0 and args.ddp_timeout > bound:
@@ -178,34 +188,14 @@ class BatonCallback(TrainerCallback):
         when it lives there), or None for a fresh start. Rank 0 chooses; every rank gets its answer."""
         self._setup(args)
         self.preempt.phase = "restore"  # what a signal met: the `preempt` record's `during`
-        assert self.store is not None
-        chosen: list[Any] = [None, None, None]  # step, local folder, why the store could not be read
-        if self.rank == 0:
-            store = self.store
-            for step in reversed(store.committed_steps()):
-                try:
-                    # A failed read is retried, never taken for corruption: that would pass over a good
-                    # checkpoint and replay its steps.
-                    chosen = [step, retry_reads(lambda step=step: store.fetch(step), self.faults.read_retry_s,
-                                                StorageError, log), None]
-                    break
-                except CorruptCheckpoint as e:
-                    log(f"checkpoint-{step} refused: {e}")
-                    self.emit("checkpoint_refused", step, path=store.url(step), reason=str(e))
-                except StoreUnreachable as e:
-                    chosen = [None, None, str(e)]
-                    break
-        step, local, unreachable = collectives.broadcast(chosen)
-        if unreachable:
-            raise StoreUnreachable(unreachable)
+        assert self.ckpt is not None
+        step = self.ckpt.resume(self.emit, self.faults.read_retry_s)  # with fallback; rank 0 fetched it
         if step is None:
             self.emit("resume", 0, from_step=0, fresh=True)
             self.fresh = True  # on_train_begin writes the exact start, once the optimizer exists
             return None
-        if not self.shared_disk:
-            local = self._fetch_on_every_node(step)
-        manifest = self.store.manifest(step) if self.rank == 0 else {}
-        self.last_committed, self.last_checkpoint = step, self.store.url(step)
+        local = self.ckpt.folder(step) if self.shared_disk else self._fetch_on_every_node(step)
+        manifest = self.ckpt.manifest(step) if self.rank == 0 else {}
         self.emit("resume", step, from_step=step, checkpoint=self.last_checkpoint,
                   saved_world_size=manifest.get("world_size"))
         log(f"resuming from {self.last_checkpoint}")
@@ -216,17 +206,17 @@ class BatonCallback(TrainerCallback):
         rank of the Trainer loads the model, optimizer and its own RNG file from its node's disk); this
         rank's local folder of it. A node that cannot fetch it makes every rank raise StoreUnreachable
         (75): the next attempt chooses again."""
-        assert self.store is not None
-        store, error = self.store, None
+        assert self.ckpt is not None
+        error = None
         if self.node_first and self.rank != 0:
             try:
-                retry_reads(lambda: store.fetch(step), self.faults.read_retry_s, StorageError, log)
+                self.ckpt.fetch(step, self.faults.read_retry_s)
             except (CorruptCheckpoint, StoreUnreachable) as e:
                 error = f"checkpoint-{step} on the node of rank {self.rank}: {e}"
         errors = [e for e in collectives.gather(error) if e]
         if errors:
             raise StoreUnreachable(errors[0])
-        return os.path.join(store.local_dir, hf_step_name(step))
+        return self.ckpt.folder(step)
 
     def run(self, trainer) -> int:
         """`trainer.train()` from the newest committed checkpoint; the process's exit code: 0 finished
@@ -372,7 +362,8 @@ class BatonCallback(TrainerCallback):
         step = state.global_step
         started = self.stop_decided_at if self.stopping == step else self.last_hook_at
         reason = "final" if step >= state.max_steps else ("preempt" if self.stopping == step else "periodic")
-        folder = os.path.join(args.output_dir, hf_step_name(step))
+        assert self.ckpt is not None
+        folder = self.ckpt.folder(step)  # where the Trainer wrote it: output_dir/checkpoint-<step>
         if self.prefetch is not None:  # this rank's RNG before the batch it collated ahead (trainer/hf_rng.py)
             self.prefetch.save(folder)
         if self.epoch_rng is not None:  # and at the epoch's start, which the sampler drew from
@@ -381,9 +372,8 @@ class BatonCallback(TrainerCallback):
         other_nodes, node_error = ({}, None) if self.shared_disk else self._upload_other_nodes(step)
         outcome: list[Any] = [None, node_error]  # rank 0's: the committed url, or why the commit failed
         if self.rank == 0 and node_error is None:
-            assert self.store is not None
             try:
-                url, size = self.store.commit(step, self.world, device=args.device.type, other_nodes=other_nodes)
+                url, size = self.ckpt.commit(step, self.world, device=args.device.type, other_nodes=other_nodes)
             except StorageError as e:  # after the store's own retries: nothing of this step is committed
                 outcome = [None, str(e)[:500]]
             else:
@@ -393,20 +383,15 @@ class BatonCallback(TrainerCallback):
                           blocking_ms=round(save_ms, 1), asynchronous=False, bytes=size, path=url)
                 if reason == "preempt":
                     self._emit_preempt(step, url, started)
-                else:
-                    try:
-                        self.store.retain(self.keep_last)
-                    except StorageError as e:  # the commit stands; an old checkpoint stays a while longer
-                        log(f"warning: retention after checkpoint-{step} failed: {e}")
         # Every rank learns the outcome, so all go on or stop together; and no rank leaves before rank 0
         # has committed and written its record: a launcher that sees one rank exit signals the others,
         # and the record is what says the stop was clean.
         url, error = collectives.broadcast(outcome)
         if error is None:
-            self.last_committed, self.last_checkpoint = step, url
-            self.save_failures.committed()
+            self.ckpt.committed(step, url)
             if reason == "preempt" and self.rank != 0:  # this pod's copy, now that rank 0 has committed
                 self._emit_preempt(step, url, started)
+            self.ckpt.after_commit(step, reason)  # retention (rank 0), none after a preemption save
         else:
             self._save_failed(step, reason, error, control)
         self.preempt.phase = "step"
@@ -423,12 +408,12 @@ class BatonCallback(TrainerCallback):
         """On nodes that share no disk: each other node's first rank uploads the files of this checkpoint
         that only its node has (rank 0's names are broadcast first). Returns, on every rank, their manifest
         entries and the first upload error (None when all went up)."""
-        assert self.store is not None
-        names0 = set(collectives.broadcast(self.store.local_names(step) if self.rank == 0 else None))
+        assert self.ckpt is not None
+        names0 = set(collectives.broadcast(self.ckpt.local_names(step) if self.rank == 0 else None))
         mine: list[Any] = [{}, None]
         if self.node_first and self.rank != 0:
             try:
-                mine = [self.store.upload(step, [n for n in self.store.local_names(step) if n not in names0]), None]
+                mine = [self.ckpt.upload(step, [n for n in self.ckpt.local_names(step) if n not in names0]), None]
             except StorageError as e:  # after the store's own retries: rank 0 will not commit
                 mine = [{}, f"rank {self.rank}'s node: {str(e)[:400]}"]
         entries: dict[str, Any] = {}
@@ -441,18 +426,15 @@ class BatonCallback(TrainerCallback):
 
     def _save_failed(self, step: int, reason: str, error: str, control) -> None:
         """A commit that failed: a periodic one lets training go on until `faults.max_failed_saves` fail in
-        a row; a failed preemption or final commit ends the run. Either end is 75: the last commit stands."""
+        a row (the checkpoints' rule, trainer/checkpoint/interface.py); a failed preemption or final commit
+        ends the run. Either end is 75: the last commit stands."""
+        assert self.ckpt is not None
         if reason == "periodic":
-            n, limit = self.save_failures.in_a_row + 1, self.save_failures.limit
-            ends = self.save_failures.failed()
-            log(f"periodic checkpoint of step {step} failed ({n} in a row, limit {limit}): {error}; "
-                + ("ending the run (75)" if ends else f"training on; the last committed step is {self.last_committed}"))
-            self.emit("checkpoint_failed", step, reason="periodic", error=error, in_a_row=n, limit=limit,
-                      checkpoint=self.last_checkpoint)
-            if not ends:
+            try:
+                self.ckpt.periodic_save_failed(step, error, self.emit)
                 return
-            self._retry_later("saves_failing", step, f"{n} periodic checkpoints failed in a row "
-                              f"(faults.max_failed_saves {limit}); the last committed step is {self.last_committed}")
+            except SavesFailing as e:
+                self._retry_later("saves_failing", step, str(e))
         else:
             self._retry_later("store_failing", step, f"the {reason} checkpoint of step {step} failed: {error}")
         control.should_training_stop = True
@@ -491,7 +473,8 @@ class StepRecords(TrainerCallback):
 
     def on_train_begin(self, args, state, control, **kwargs):
         rank = collectives.rank()
-        attempt = HFStore(self.attempts_uri or args.output_dir, args.output_dir).claim_attempt() if rank == 0 else 0
+        attempts = HFCheckpointer(self.attempts_uri or args.output_dir, args.output_dir)
+        attempt = attempts.claim_attempt() if rank == 0 else 0
         self.rec = Records(self.run_id, attempt, rank)
         if rank == 0:
             start = state.global_step

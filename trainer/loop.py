@@ -96,21 +96,28 @@ class Trainer:
         # The first rank of each node speaks for its pod (records.POD_EVENTS); torchrun sets LOCAL_RANK.
         self.node_first = int(os.environ.get("LOCAL_RANK", "0")) == 0
         mark = self._phase("init_group_s", t)
-        self.save_failures = faults.SaveFailures(cfg.faults.max_failed_saves)
         self.preempt.device = torch.device("cpu")  # gloo carries the flag; under NCCL the cpu:gloo half does
         if cfg.deterministic:
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
             deterministic_algorithms(compiled=cfg.model.compile)
-        self.ckpt = Checkpointer(cfg.checkpoint, cfg.run_id, cfg.fingerprint, frozenset(self.skip), self.swap_ranks)
+        self.ckpt = Checkpointer(cfg.checkpoint, cfg.run_id, cfg.fingerprint, frozenset(self.skip), self.swap_ranks,
+                                 max_failed_saves=cfg.faults.max_failed_saves)
         mark = self._phase("init_store_s", mark)
         self.attempt = self.ckpt.claim_attempt({"host": os.uname().nodename, "pid": os.getpid(),
                                                 "world_size": self.world})
         self._phase("init_claim_s", mark)
         self.rec = Records(cfg.run_id, self.attempt, self.rank)
-        self.last_committed: int | None = None
-        self.last_checkpoint: str | None = None
         self.first_step_pending = True
         self.times["init_s"] = round(time.perf_counter() - t, 3)
+
+    @property
+    def last_committed(self) -> int | None:
+        """The last committed step (the checkpoints' own: set by the resume and by every commit)."""
+        return self.ckpt.last_committed
+
+    @property
+    def last_checkpoint(self) -> str | None:
+        return self.ckpt.last_url
 
     def _phase(self, name: str, since: float) -> float:
         """Time a part of the start into the `resume` record's phases; returns now, the next part's start."""
@@ -197,14 +204,10 @@ class Trainer:
         return self.ckpt.capture(self.step)
 
     def resume(self) -> None:
-        def refused(step: int, why: str) -> None:
-            log(f"checkpoint step {step} refused: {why}; falling back")
-            self.emit("checkpoint_refused", step, path=self.ckpt.url(step), reason=why)
-
         if self.committed:  # what it is about to load: lets a watcher (the drill's chaos) act mid-restore
             self.emit("restore", self.committed[0], committed=len(self.committed), path=self.ckpt.url(self.committed[0]))
         load_times = LoadTimes(listing=self.times.pop("listing_s"))
-        resumed = self.ckpt.resume(self.committed, refused, load_times, self.cfg.faults.read_retry_s)
+        resumed = self.ckpt.resume(self.committed, self.emit, load_times, self.cfg.faults.read_retry_s)
         self.times.update(load_times.as_dict())
         t = time.perf_counter()
         if resumed is None:
@@ -217,9 +220,7 @@ class Trainer:
             log("no committed checkpoint: starting fresh")
             return
         step, manifest = resumed.step, resumed.manifest
-        self.step = step
-        self.last_committed = step
-        self.last_checkpoint = self.ckpt.url(step)
+        self.step = step  # the checkpoints' last_committed is this step now
         if not resumed.same_world:
             log(f"resharded resume: saved by {manifest['world_size']} ranks, running on {self.world}; "
                 "model and optimizer load exactly, the continuation is not bitwise (reduction order)")
@@ -255,9 +256,7 @@ class Trainer:
         manifest = {"run_id": self.cfg.run_id, "epoch": b.epoch, "device": self.device.type,
                     "config": self.cfg.to_dict(), "time": time.time(), "metrics": dict(self.metrics)}
 
-        def committed(res) -> None:  # a SaveResult, once the checkpoint is committed
-            self.last_committed, self.last_checkpoint = res.step, res.path
-            self.save_failures.committed()
+        def committed(res) -> None:  # a SaveResult, once the checkpoint is committed (last_committed is its step)
             self._after_save(res.blocking_ms if res.asynchronous else res.save_ms)
             self.emit("checkpoint", res.step, reason=reason, save_ms=round(res.save_ms, 1),
                       blocking_ms=round(res.blocking_ms, 1), bytes=res.bytes, path=res.path,
@@ -349,15 +348,8 @@ class Trainer:
             self._save_failed(b.step, e)
 
     def _save_failed(self, step: int, e: StorageError) -> None:
-        n, limit = self.save_failures.in_a_row + 1, self.save_failures.limit
-        ends = self.save_failures.failed()
-        log(f"periodic checkpoint of step {step} failed ({n} in a row, limit {limit}): {e}; "
-            + ("ending the run (75)" if ends else f"training on; the last committed step is {self.last_committed}"))
-        self.emit("checkpoint_failed", step, reason="periodic", error=str(e)[:500], in_a_row=n, limit=limit,
-                  checkpoint=self.last_checkpoint)
-        if ends:
-            raise faults.SavesFailing(f"{n} periodic checkpoints failed in a row (faults.max_failed_saves "
-                                      f"{limit}); the last committed step is {self.last_committed}")
+        """The checkpoints' rule (interface.py): a `checkpoint_failed` record; SavesFailing at the limit."""
+        self.ckpt.periodic_save_failed(step, str(e), self.emit)
 
     def _after_save(self, save_ms: float) -> None:
         """Feed the measured cost to the cadence and to the warning lead time."""

@@ -111,7 +111,7 @@ def test_two_rank_resume_is_bit_identical(tiny_model, reference, interrupted, tm
 
 
 def test_per_rank_state_lives_under_rank_keys(interrupted):
-    from trainer.checkpoint import json_from_tensor
+    from trainer.checkpoint.checkpointer import json_from_tensor
 
     t = tensors(interrupted[0], 7)
     assert not torch.equal(t["rng.rank0.torch"], t["rng.rank1.torch"])

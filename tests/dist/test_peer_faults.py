@@ -18,7 +18,7 @@ import pytest
 
 from tests.dist.test_multirank import entry_cmd, run_entry, workers_of
 from tests.helpers import REPO, base_env, records, tensors
-from trainer.checkpoint import COMMIT
+from trainer.checkpoint.layout import COMMIT
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(900)]
 TOTAL = 24

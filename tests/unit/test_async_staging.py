@@ -13,7 +13,8 @@ import time
 import pytest
 import torch
 
-from trainer.checkpoint import Store, load_flat
+from trainer.checkpoint import load_flat
+from trainer.checkpoint.store import Store
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 

@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from tests.unit.test_verified_load import FP, flip, save, state
-from trainer.checkpoint import Store
 from trainer.checkpoint.digest import ALGORITHMS, CRYPTOGRAPHIC, expected, of_bytes
 from trainer.checkpoint.resolve import resolve_and_load
+from trainer.checkpoint.store import Store
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
 

@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from tests.helpers import PY, REPO, base_env, run, run_and_sigterm, trainer_cmd
-from trainer.checkpoint import COMMIT, load_flat
+from trainer.checkpoint import load_flat
+from trainer.checkpoint.layout import COMMIT
 from trainer.config import ConfigError
 from trainer.faults import FaultsConfig, SaveFailures
 

@@ -72,8 +72,9 @@ def _every_kind_of_store_access(root: str, tmp_path: Path) -> None:
     from steps.compare import final_checkpoint
     from steps.evidence import read_evidence, read_json, write_json
     from steps.train import Evidence
-    from trainer.checkpoint import Store, url_to_fs
     from trainer.checkpoint.resolve import resolve_and_load
+    from trainer.checkpoint.store import Store
+    from trainer.storage import url_to_fs
 
     store = Store(root, "run")
     attempt = store.claim_attempt({})

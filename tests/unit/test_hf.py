@@ -174,7 +174,10 @@ def args_for(output_dir, **kw):
 
 
 def test_newest_committed_is_numeric_and_torn_or_altered_ones_are_passed_over(tmp_path, capsys):
-    from trainer.hf import COMMIT, BatonCallback, CorruptCheckpoint, HFStore
+    from trainer.checkpoint import CorruptCheckpoint
+    from trainer.checkpoint.hf_store import HFStore
+    from trainer.checkpoint.layout import COMMIT
+    from trainer.hf import BatonCallback
 
     local, bucket = tmp_path / "local", tmp_path / "bucket"
     store = HFStore(f"file://{bucket}", str(local))
@@ -184,7 +187,7 @@ def test_newest_committed_is_numeric_and_torn_or_altered_ones_are_passed_over(tm
             store.commit(step, world_size=1)
     # checkpoint-100 was written but never committed: a save cut short
     shutil.copytree(local / "checkpoint-100", bucket / "checkpoint-100")
-    assert store.committed_steps() == [9, 10, 11]  # numeric: a lexical sort would put 9 last
+    assert store.committed_steps() == [11, 10, 9]  # numeric, newest first: a lexical sort would put 9 first
     assert not (bucket / "checkpoint-9" / "training_args.bin").exists()
     assert json.loads((bucket / "checkpoint-9" / COMMIT).read_text())["step"] == 9
     # 11 altered after its commit, 10 lost a file: both passed over, 9 is resumed.
@@ -207,7 +210,9 @@ def test_newest_committed_is_numeric_and_torn_or_altered_ones_are_passed_over(tm
 
 
 def test_in_place_commit_and_save_total_limit_1_is_refused(tmp_path):
-    from trainer.hf import COMMIT, BatonCallback, HFStore
+    from trainer.checkpoint.hf_store import HFStore
+    from trainer.checkpoint.layout import COMMIT
+    from trainer.hf import BatonCallback
 
     store = HFStore(str(tmp_path), str(tmp_path))
     assert store.in_place
@@ -228,7 +233,8 @@ def test_in_place_commit_and_save_total_limit_1_is_refused(tmp_path):
 def test_s3_mirror_commits_last_fetches_back_and_retains(tmp_path, s3):
     import fsspec
 
-    from trainer.hf import COMMIT, HFStore
+    from trainer.checkpoint.hf_store import HFStore
+    from trainer.checkpoint.layout import COMMIT
 
     root = s3.new_prefix("hf")
     store = HFStore(root, str(tmp_path / "local"))
@@ -239,7 +245,7 @@ def test_s3_mirror_commits_last_fetches_back_and_retains(tmp_path, s3):
         originals[step] = (folder / "model.safetensors").read_bytes()
         store.commit(step, world_size=1)
         store.retain(keep_last=2)
-    assert store.committed_steps() == [6, 8]
+    assert store.committed_steps() == [8, 6]
     fs = fsspec.filesystem("s3", client_kwargs={"endpoint_url": s3.url}, skip_instance_cache=True,
                            use_listings_cache=False)
     base = root.removeprefix("s3://")

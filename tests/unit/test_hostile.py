@@ -193,7 +193,8 @@ VARIANTS = ["gadget padded to size", "gadget, manifest rewritten", "direct gadge
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_each_hostile_dcp_checkpoint_is_refused_by_every_reader(variant, dcp_runs, tmp_path, monkeypatch):
     from steps.compare import compare
-    from trainer.checkpoint import CorruptCheckpoint, Store
+    from trainer.checkpoint import CorruptCheckpoint
+    from trainer.checkpoint.store import Store
     from workflows.argo import committed_steps
 
     _, stopped = dcp_runs
@@ -223,8 +224,9 @@ def test_the_checksum_of_metadata_is_checked_before_anything_is_unpickled(dcp_ru
     """With the allowlist as permissive as it was, the padded gadget still runs nothing, because its
     sha256 is checked first. Control: without a manifest (a bare DCP folder) the same permissive
     allowlist runs it."""
-    from trainer.checkpoint import CorruptCheckpoint, Store, load_flat
+    from trainer.checkpoint import CorruptCheckpoint, load_flat
     from trainer.checkpoint import read as ckpt_read
+    from trainer.checkpoint.store import Store
 
     _, stopped = dcp_runs
     shutil.copytree(stopped, tmp_path / "bucket")
@@ -247,7 +249,7 @@ def test_the_checksum_of_metadata_is_checked_before_anything_is_unpickled(dcp_ru
 def test_step_folders_the_listing_and_retention_must_ignore(dcp_runs, tmp_path):
     """Non-ASCII digits, a number of the wrong width, and a symlink to a folder outside the run: none is
     listed, none takes a keep_last slot, and retention deletes nothing through the link."""
-    from trainer.checkpoint import Store
+    from trainer.checkpoint.store import Store
     from workflows.argo import committed_steps
 
     _, stopped = dcp_runs
@@ -366,7 +368,8 @@ HF_VARIANTS = ["traversal name", "absolute name", "commit not an object", "entry
 @pytest.mark.parametrize("variant", HF_VARIANTS)
 def test_each_hostile_hf_checkpoint_is_refused_by_the_resume_and_by_compare(variant, hf_runs, tmp_path):
     from steps.hf_checkpoint import compare_hf
-    from trainer.hf import CorruptCheckpoint, HFStore
+    from trainer.checkpoint import CorruptCheckpoint
+    from trainer.checkpoint.hf_store import HFStore
 
     _, stopped = hf_runs
     bucket = tmp_path / "bucket"
@@ -398,7 +401,7 @@ def test_the_optimizer_gadget_would_run_under_plain_torch_load(tmp_path):
 
 
 def test_hf_folders_the_listing_and_retention_must_ignore(hf_runs, tmp_path):
-    from trainer.hf import HFStore
+    from trainer.checkpoint.hf_store import HFStore
 
     _, stopped = hf_runs
     bucket = tmp_path / "bucket"
@@ -409,7 +412,7 @@ def test_hf_folders_the_listing_and_retention_must_ignore(hf_runs, tmp_path):
     shutil.copytree(bucket / "checkpoint-5", outside)
     (bucket / "checkpoint-98").symlink_to(outside, target_is_directory=True)
     store = HFStore(f"file://{bucket}", str(tmp_path / "local"))
-    assert store.committed_steps() == [5, 7]
+    assert store.committed_steps() == [7, 5]
     store.retain(keep_last=1)
     assert store.committed_steps() == [7] and (outside / "_COMMIT").is_file()
 
@@ -418,7 +421,7 @@ def test_a_stale_local_copy_is_never_used(hf_runs, tmp_path):
     """Fetched from a bucket: the local folder is cleared first (a stale extra file is gone). Committed in
     place: a file beside the committed ones that _COMMIT does not list is removed before the Trainer
     could load it. Control for both: the stale file was there before the fetch."""
-    from trainer.hf import HFStore
+    from trainer.checkpoint.hf_store import HFStore
 
     _, stopped = hf_runs
     bucket, local = tmp_path / "bucket", tmp_path / "local"
@@ -497,7 +500,8 @@ def test_a_resume_falls_back_past_a_fifo_commit_and_a_deep_manifest_and_finishes
 
 def test_an_hf_checkpoint_with_one_byte_flipped_and_its_size_kept_is_refused(hf_runs, tmp_path):
     """A fetch that compared sizes alone would take it: the sizes match (the control); the sha256 does not."""
-    from trainer.hf import CorruptCheckpoint, HFStore
+    from trainer.checkpoint import CorruptCheckpoint
+    from trainer.checkpoint.hf_store import HFStore
 
     _, stopped = hf_runs
     bucket = tmp_path / "bucket"
@@ -516,7 +520,8 @@ def test_an_hf_checkpoint_with_one_byte_flipped_and_its_size_kept_is_refused(hf_
 
 def test_an_hf_checkpoint_with_a_deep_trainer_state_is_refused_before_the_trainer_parses_it(hf_runs, tmp_path):
     from steps.hf_checkpoint import compare_hf
-    from trainer.hf import CorruptCheckpoint, HFStore
+    from trainer.checkpoint import CorruptCheckpoint
+    from trainer.checkpoint.hf_store import HFStore
 
     _, stopped = hf_runs
     bucket = tmp_path / "bucket"

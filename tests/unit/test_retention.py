@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from trainer.checkpoint import Store
+from trainer.checkpoint.store import Store
 
 
 def _save(store: Store, step: int, attempt: int, read_back: bool) -> None:

@@ -36,7 +36,8 @@ from tests.helpers import (
     trainer_cmd,
 )
 from tests.s3server import free_port
-from trainer.checkpoint import FencedOut, Store, load_flat
+from trainer.checkpoint import FencedOut, load_flat
+from trainer.checkpoint.store import Store
 from trainer.config import ConfigError, load_config
 from trainer.storage import StorageError, redact, storage_error
 

@@ -28,7 +28,8 @@ import torch
 
 from tests.helpers import PY, REPO, base_env
 from tests.s3server import FaultProxy, free_port
-from trainer.checkpoint import FencedOut, Store
+from trainer.checkpoint import FencedOut
+from trainer.checkpoint.store import Store
 from trainer.storage import create_only_supported, gcs_token, url_to_fs
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")

@@ -115,7 +115,7 @@ def _committed_step(tmp_path: Path):
     """A real one-file DCP checkpoint at step 1 and the Store that reads it."""
     import torch
 
-    from trainer.checkpoint import Store
+    from trainer.checkpoint.store import Store
 
     store = Store(str(tmp_path / "root"), "run")
     store.save(1, {"w": torch.arange(8.0)}, {"fingerprint": "f"}, store.claim_attempt({}))

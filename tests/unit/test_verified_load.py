@@ -12,8 +12,8 @@ import torch
 
 import trainer.checkpoint.resolve as resolve
 import trainer.checkpoint.store as ckpt
-from trainer.checkpoint import Store
 from trainer.checkpoint.resolve import resolve_and_load
+from trainer.checkpoint.store import Store
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
 FP = "f" * 64

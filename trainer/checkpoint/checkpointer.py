@@ -1,14 +1,18 @@
-"""The front door of checkpointing: what the training loop asks of it, and nothing else.
+"""The training loop's checkpoints: `Checkpointer`, the DCP implementation of `Checkpoints`
+(interface.py: newest first, resume with fallback, the last committed step, retention after a commit
+but a preemption's, the rule for failing periodic saves).
 
 A `Checkpointer` holds one run's store (trainer/checkpoint/store.py) and, once the model is built, the
 trainer's stateful parts (`Parts`: model and optimizer, scheduler, data position, RNG). It offers:
 - `claim_attempt`, `committed_steps`, `url`, `attempt_start_times` (the store's, for the loop's start-up
   and cadence);
 - `capture()`: the state of a step boundary (`Boundary`), taken before the next step moves past it;
-- `save(boundary, reason, ...)`: a synchronous or asynchronous save, with the read-back policy and the
-  retention that follows a commit;
-- `resume(...)`: the newest intact checkpoint (resolve.py: fall back past refused ones, retry a failing
-  store), loaded into a staging copy and then restored into the live parts; None for a fresh start;
+- `save(boundary, reason, ...)`: a synchronous or asynchronous save, with the read-back policy; its
+  commit sets `last_committed` and is followed by the interface's retention;
+- `resume(...)`: the newest intact checkpoint (resolve.py, through `newest_intact`: fall back past
+  refused ones, retry a failing store), loaded into a staging copy and then restored into the live
+  parts; None for a fresh start;
+- `periodic_save_failed` (the interface's): the rule for a periodic save that failed;
 - `step_boundary`, `before_update`, `drain`, `pending`: the save in flight.
 
 The checkpoint state is tensors only: the model's and the optimizer's state dicts, the learning rates,
@@ -28,6 +32,7 @@ import torch
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_model_state_dict, set_state_dict
 
 from trainer import rng
+from trainer.checkpoint.interface import Checkpoints, Emit
 from trainer.checkpoint.layout import CorruptCheckpoint
 from trainer.checkpoint.resolve import LoadTimes, resolve_and_load
 from trainer.checkpoint.store import Store
@@ -90,7 +95,7 @@ class Resumed:
     same_world: bool
 
 
-class Checkpointer:
+class Checkpointer(Checkpoints):
     """One run's checkpoints, and the parts they save and restore.
 
     `skip` and `swap_ranks` are the negative controls (`BATON_SKIP_RESTORE`, `BATON_SWAP_RANK_STATE`): a
@@ -98,7 +103,8 @@ class Checkpointer:
     """
 
     def __init__(self, cfg: CheckpointConfig, run_id: str, fingerprint: str, skip: frozenset[str] = frozenset(),
-                 swap_ranks: bool = False) -> None:
+                 swap_ranks: bool = False, max_failed_saves: int = 3) -> None:
+        super().__init__(max_failed_saves)
         self.cfg, self.fingerprint = cfg, fingerprint
         self.skip, self.swap_ranks = skip, swap_ranks
         self.store = Store(cfg.uri, run_id, io_threads=cfg.io_threads, digest_algorithm=cfg.digest)
@@ -118,6 +124,12 @@ class Checkpointer:
 
     def attempt_start_times(self) -> list[float]:
         return self.store.attempt_start_times()
+
+    def retain(self, newest: int) -> list[int]:
+        """The store's retention (keep_last, the best by a metric, the newest verified), on rank 0."""
+        if not self._rank0:
+            return []
+        return self.store.retain(self.cfg.keep_last, newest, self.cfg.keep_best_metric)
 
     @property
     def _rank0(self) -> bool:
@@ -167,9 +179,9 @@ class Checkpointer:
 
     def save(self, b: Boundary, reason: str, manifest: dict[str, Any], attempt: int,
              on_commit: Callable[[SaveResult], None]) -> float:
-        """Save the boundary `b` (reason: periodic, warning, preempt, final) and call `on_commit` once it is
-        committed; retention follows a commit, except a preemption's (every second of the grace is the
-        save's). Returns the ms the caller blocked. A periodic save with `async_save` commits later, at a
+        """Save the boundary `b` (reason: periodic, warning, preempt, final); once it is committed,
+        `last_committed` is its step, `on_commit` is called, and the interface's retention follows
+        (`after_commit`: none after a preemption save). Returns the ms the caller blocked. A periodic save with `async_save` commits later, at a
         step boundary; a save of a step already in flight only waits for it (unless periodic)."""
         pending = self.store.pending
         if pending is not None and pending.step == b.step:  # this step is already being saved
@@ -179,11 +191,9 @@ class Checkpointer:
         manifest = {"fingerprint": self.fingerprint, "reason": reason, **manifest}
 
         def committed(res: SaveResult) -> None:
+            self.committed(res.step, res.path)
             on_commit(res)
-            if self._rank0 and reason != "preempt":
-                deleted = self.store.retain(self.cfg.keep_last, res.step, self.cfg.keep_best_metric)
-                if deleted:
-                    log(f"retention deleted steps {deleted}")
+            self.after_commit(res.step, reason)
 
         if self.cfg.async_save and reason == "periodic":
             return self.store.save_async(b.step, self.state(b), manifest, attempt, committed)
@@ -199,15 +209,16 @@ class Checkpointer:
         return st.save(b.step, self.state(b), manifest, attempt, committed, read_back=read_back).save_ms
 
     # -- resume --
-    def resume(self, steps: list[int], on_refused: Callable[[int, str], None], times: LoadTimes,
-               read_retry_s: float) -> Resumed | None:
+    def resume(self, steps: list[int], emit: Emit, times: LoadTimes, read_retry_s: float) -> Resumed | None:
         """Load the newest intact checkpoint among `steps` (committed, newest first) and restore it into the
-        parts; None when none is usable (every one refused, or none committed). A store that fails while
-        being read is retried for `read_retry_s` (then faults.StoreUnreachable); a checkpoint of another
-        run raises CheckpointRefused."""
+        parts; None when none is usable (every one refused, or none committed). Each refused one is
+        announced (`refused`: a log line and a `checkpoint_refused` record through `emit`). A store that
+        fails while being read is retried for `read_retry_s` (then faults.StoreUnreachable); a checkpoint
+        of another run raises CheckpointRefused."""
         p = self._p()
         loaded = retry_reads(
-            lambda: resolve_and_load(self.store, self.fingerprint, self._template, on_refused, times=times,
+            lambda: resolve_and_load(self.store, self.fingerprint, self._template,
+                                     lambda step, why: self.refused(step, why, emit), times=times,
                                      steps=steps, check_staged=_progress_matches),
             read_retry_s, StorageError, log, several_ranks=p.world > 1)
         if loaded is None:
@@ -215,6 +226,7 @@ class Checkpointer:
         step, manifest, st = loaded
         same_world = manifest.get("world_size") == p.world
         self._restore(st, manifest, same_world)
+        self.resumed(step)
         if self.skip or self.swap_ranks:
             log(f"NEGATIVE CONTROL: restore skipped for {sorted(self.skip)}, swapped ranks={self.swap_ranks}")
         return Resumed(step, manifest, same_world)

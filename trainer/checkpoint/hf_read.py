@@ -38,7 +38,7 @@ def numpy_safe_globals() -> list[Any]:
 
 
 def committed_checkpoints(root: str) -> list[tuple[int, str]]:
-    """(step, url) of every `checkpoint-N/` under `root` with a `_COMMIT`, ascending by N as a number."""
+    """(step, url) of every `checkpoint-N/` under `root` with a `_COMMIT`, newest first (by N as a number)."""
     fs, base = url_to_fs(root)
     fs.invalidate_cache()
     base = base.rstrip("/")
@@ -46,8 +46,8 @@ def committed_checkpoints(root: str) -> list[tuple[int, str]]:
         entries = fs.ls(base, detail=True)
     except FileNotFoundError:
         return []
-    steps = sorted(step for e in entries if e.get("type") == "directory" and not e.get("islink")
-                   and (step := hf_step_of(e["name"].rstrip("/").rsplit("/", 1)[-1])) is not None)
+    steps = sorted((step for e in entries if e.get("type") == "directory" and not e.get("islink")
+                    and (step := hf_step_of(e["name"].rstrip("/").rsplit("/", 1)[-1])) is not None), reverse=True)
     return [(s, full_url(fs, f"{base}/{hf_step_name(s)}")) for s in steps if fs.exists(f"{base}/{hf_step_name(s)}/{COMMIT}")]
 
 
@@ -67,7 +67,7 @@ def final_hf_checkpoint(root: str) -> tuple[str, dict[str, Any]]:
     found = committed_checkpoints(root)
     if not found:
         raise FileNotFoundError(f"no committed checkpoint-N (with {COMMIT}) under {root}")
-    step, url = found[-1]
+    step, url = found[0]
     fs, path = url_to_fs(url)
     try:
         manifest = parse_hf_commit(read_bytes(fs, f"{path}/{COMMIT}", "manifest", f"{url}/{COMMIT}"), step)

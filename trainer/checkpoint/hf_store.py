@@ -49,15 +49,15 @@ class HFStore:
         return full_url(self.fs, f"{self.base}/{hf_step_name(step)}")
 
     def committed_steps(self) -> list[int]:
-        """Steps with a `_COMMIT`, ascending: one listing of the root, the markers checked per folder.
+        """Steps with a `_COMMIT`, newest first: one listing of the root, the markers checked per folder.
         Only folders named `checkpoint-` and ASCII digits count, and never a symlink."""
         self.fs.invalidate_cache()
         try:
             entries = self.fs.ls(self.base, detail=True)
         except FileNotFoundError:
             return []
-        steps = sorted(step for e in entries if e.get("type") == "directory" and not e.get("islink")
-                       and (step := hf_step_of(e["name"].rstrip("/").rsplit("/", 1)[-1])) is not None)
+        steps = sorted((step for e in entries if e.get("type") == "directory" and not e.get("islink")
+                        and (step := hf_step_of(e["name"].rstrip("/").rsplit("/", 1)[-1])) is not None), reverse=True)
         return [s for s in steps if self.fs.exists(f"{self.base}/{hf_step_name(s)}/{COMMIT}")]
 
     # -- commit --
@@ -113,15 +113,18 @@ class HFStore:
             retrying(write, self.url(step), "commit")
         return self.url(step), sum(v["size"] for v in files.values())
 
-    def retain(self, keep_last: int) -> None:
+    def retain(self, keep_last: int) -> list[int]:
         """Keep the newest `keep_last` committed checkpoints; `_COMMIT` goes first, so a deletion cut
-        short leaves a folder that is passed over, never one that looks complete."""
+        short leaves a folder that is passed over, never one that looks complete. Returns the deleted steps."""
         if self.in_place or keep_last <= 0:
-            return  # in place, HF's own save_total_limit rotates
-        for step in self.committed_steps()[:-keep_last]:  # real checkpoint-N folders only, never a symlink
+            return []  # in place, HF's own save_total_limit rotates
+        deleted = []
+        for step in self.committed_steps()[keep_last:]:  # real checkpoint-N folders only, never a symlink
             folder = f"{self.base}/{hf_step_name(step)}"
             retrying(lambda folder=folder: self.fs.rm(f"{folder}/{COMMIT}"), self.url(step), "delete")
             retrying(lambda folder=folder: self.fs.rm(folder, recursive=True), self.url(step), "delete")
+            deleted.append(step)
+        return sorted(deleted)
 
     # -- resume --
     def manifest(self, step: int) -> dict[str, Any]:

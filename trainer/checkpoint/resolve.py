@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch.distributed.checkpoint.api import CheckpointException
 
+from trainer.checkpoint.interface import newest_intact
 from trainer.checkpoint.layout import CorruptCheckpoint
 from trainer.checkpoint.read import corrupt_reason, wrapped_failures
 from trainer.checkpoint.store import CheckpointRefused, Store
@@ -103,7 +104,9 @@ def resolve_and_load(store: Store, fingerprint: str, build_state: Callable[[int,
         t = time.perf_counter()
         steps = broadcast(store.committed_steps() if rank() == 0 else None)
         times.listing += time.perf_counter() - t
-    for step in steps:
+
+    def load(step: int) -> tuple[dict, dict]:
+        """(manifest, staged state) of `step`; CorruptCheckpoint (the same on every rank) to fall back."""
         times.tried += 1
         t = time.perf_counter()
         verdict: str | None = None
@@ -144,6 +147,11 @@ def resolve_and_load(store: Store, fingerprint: str, build_state: Callable[[int,
                 raise StorageError(verdict.removeprefix("storage:"))
             if verdict is None:
                 store.mark_verified(step, True)  # every file hashed while it loaded
-                return step, manifest, state
-        on_refused(step, verdict)
-    return None
+                return manifest, state
+        raise CorruptCheckpoint(verdict)
+
+    found = newest_intact(steps, load, on_refused)
+    if found is None:
+        return None
+    step, (manifest, state) = found
+    return step, manifest, state

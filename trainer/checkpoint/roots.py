@@ -104,7 +104,7 @@ class HfRoot:
         self.uri = uri
 
     def committed(self) -> dict[str, list[int]]:
-        steps = sorted((step for step, _ in committed_checkpoints(self.uri)), reverse=True)
+        steps = [step for step, _ in committed_checkpoints(self.uri)]
         return {"": steps} if steps else {}
 
     def final(self) -> tuple[str, dict[str, Any]]:
