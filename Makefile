@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml
 # Two workers (pytest-xdist), each test module on one of them (its fixtures built once): the suite's
 # processes mostly wait on each other, on sockets and on the disk, so two keep two cores busy.
 test: install lint
-	$(PYTEST) -q -n 2 --dist loadscope --ignore=tests/e2e tests
+	$(PYTEST) -q -n 2 --dist loadscope --durations=10 --ignore=tests/e2e tests
 
 test-unit: install
 	$(PYTEST) -q tests/unit

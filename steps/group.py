@@ -16,6 +16,16 @@ Argo never runs two attempts of one pod at once, so a newer round of node 0 mean
 hosted the previous round has ended. A node 0 that finished the run (`done` in node-0.json) ends the
 wait with nothing to do; one that ended with 1 (`failed`: nothing retries it) ends it with 1.
 
+While torchrun forms a round, and until the trainer's first record, every node watches the round files
+(steps.train, RoundWatch): node 0 its peers' marks (below), a node other than 0 node 0's file. A node
+other than 0 whose round was abandoned (node 0 published a newer one, or ended) before its first record
+stops its torchrun and ends with 75 and a `retry_later` record (`round_superseded`): its retry joins the
+newer round, instead of waiting in the old one until its rendezvous timeout and missing the new one. Node 0
+whose round did not form before its trainer wrote any record (torchrun's rendezvous timed out: a node
+never came) ends with 75 and a `retry_later` record (`round_not_formed`, `missing`: the nodes whose files
+do not name the round), as a node other than 0 does: a slow replacement (a new Spot VM, an image pull) is
+retried, not failed for good.
+
 A node other than 0 that ends with 1 for good (steps.train decided 1 without a SIGTERM: Argo records
 "Error (exit code 1)", which the drill's retry expression never retries) marks it in its own file
 (`state: failed`, `fail`). Node 0 cannot learn it from torchrun: its next round's static rendezvous would
@@ -186,3 +196,19 @@ def fail(folder: str, node: int, pod: str, round_id: str, key: bytes) -> None:
 def failed_peers(folder: str, count: int, key: bytes) -> list[int]:
     """The nodes 1 .. count-1 whose own file (signed with `key`) says they ended with 1 for good."""
     return [i for i in range(1, count) if (_read(folder, f"node-{i}.json", key) or {}).get("state") == "failed"]
+
+
+def node0_round(folder: str, key: bytes) -> tuple[str | None, str | None]:
+    """Node 0's newest round as its signed file says: (round id, state: running, done or failed); (None,
+    None) when there is no valid file."""
+    doc = _read(folder, "node-0.json", key)
+    rnd = _round_of(doc)
+    if rnd is None or doc is None:
+        return None, None
+    state = doc.get("state")
+    return rnd.round_id, state if isinstance(state, str) else None
+
+
+def joined_peers(folder: str, count: int, round_id: str, key: bytes) -> list[int]:
+    """The nodes 1 .. count-1 whose own file (signed with `key`) says they joined round `round_id`."""
+    return [i for i in range(1, count) if (_read(folder, f"node-{i}.json", key) or {}).get("joined") == round_id]

@@ -49,6 +49,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from trainer import env as baton_env
 from trainer.exits import EXIT_FAIL, EXIT_OK, EXIT_PREEMPTED
@@ -263,12 +264,28 @@ def own_record(evidence: Evidence, rec: dict) -> dict:
     return rec
 
 
-def round_not_formed(evidence: Evidence, nodes: Nodes, rc: int) -> dict:
+def round_not_formed(evidence: Evidence, nodes: Nodes, rc: int, reason: str = "round_not_formed",
+                     **extra: Any) -> dict:
     """The `retry_later` record written when this node's round never formed: no trainer ran, so none wrote
-    one. Its fields: `event`, `reason` (`round_not_formed`), `round`, `node`, `step` (0: nothing trained),
-    `launcher_exit`, and own_record's."""
-    return own_record(evidence, {"event": "retry_later", "reason": "round_not_formed", "round": nodes.round_id,
-                                 "node": nodes.rank, "step": 0, "launcher_exit": rc})
+    one. Its fields: `event`, `reason` (`round_not_formed`; `round_superseded` for a node other than 0 that
+    left a round node 0 had given up), `round`, `node`, `step` (0: nothing trained), `launcher_exit`, what
+    `extra` adds (node 0: `missing`, the nodes that never joined; `round_superseded`: `by`, the newer round or
+    node 0's end), and own_record's (`attempt` null, `source`)."""
+    return own_record(evidence, {"event": "retry_later", "reason": reason, "round": nodes.round_id,
+                                 "node": nodes.rank, "step": 0, "launcher_exit": rc, **extra})
+
+
+def missing_peers(args: argparse.Namespace, nodes: Nodes) -> list[int]:
+    """Node 0: the nodes whose files do not name this round as joined ([] when they cannot be read: the
+    trainer's failure then stands as its own)."""
+    from steps import group
+
+    try:
+        joined = set(group.joined_peers(args.rendezvous, nodes.count, nodes.round_id, args.round_key))
+    except Exception as e:  # noqa: BLE001 - a store error
+        print(f"[steps.train] node 0 could not read its peers' round files: {e}", file=sys.stderr)
+        return []
+    return [i for i in range(1, nodes.count) if i not in joined]
 
 
 class ErrorLine:
@@ -296,16 +313,21 @@ class ErrorLine:
         return self.last
 
 
-class PeerWatch:
-    """Node 0 with --rendezvous: while torchrun forms this round, and until the trainer's first record, read
-    the other nodes' files (steps/group.py, failed_peers). A node that ended with 1 for good can never join,
-    and torchrun's static rendezvous would wait for it until its timeout: torchrun is stopped instead, and
-    this node ends with 1 at once (`peer`: the node that failed)."""
+class RoundWatch:
+    """With --rendezvous: while torchrun forms this round, and until the trainer's first record, read the
+    round files (steps/group.py). torchrun is stopped when the round cannot form or was abandoned:
+    - node 0 reads the other nodes' files (failed_peers): a node that ended with 1 for good can never join,
+      and torchrun's static rendezvous would wait for it until its timeout; this node then ends with 1
+      (`peer`: the node that failed);
+    - a node other than 0 reads node 0's file: a newer round (node 0 came back after this one was given up)
+      or an ended one means nobody will complete this round; this node then ends with 75, and its retry
+      joins the newer round (`superseded`: the round or state that took its place)."""
 
-    def __init__(self, folder: str, count: int, key: bytes, child: subprocess.Popen, grace_s: float,
+    def __init__(self, folder: str, nodes: Nodes, key: bytes, child: subprocess.Popen, grace_s: float,
                  poll_s: float) -> None:
-        self.folder, self.count, self.key, self.child, self.grace_s, self.poll_s = folder, count, key, child, grace_s, poll_s
+        self.folder, self.nodes, self.key, self.child, self.grace_s, self.poll_s = folder, nodes, key, child, grace_s, poll_s
         self.peer: int | None = None
+        self.superseded: str | None = None
         self._lock = threading.Lock()
         self._recorded = False
         self._over = threading.Event()
@@ -321,25 +343,39 @@ class PeerWatch:
     def stop(self) -> None:
         self._over.set()
 
-    def _run(self) -> None:
+    def _check(self) -> str | None:
+        """Why this round is over (a sentence), or None; sets `peer` or `superseded`."""
         from steps import group
 
+        if self.nodes.rank == 0:
+            peers = group.failed_peers(self.folder, self.nodes.count, self.key)
+            if peers:
+                self.peer = peers[0]
+                return (f"node {peers[0]} ended with {EXIT_FAIL} for good (its signed mark in {self.folder}): "
+                        "this round cannot form")
+            return None
+        round_id, state = group.node0_round(self.folder, self.key)
+        if round_id is None or (round_id == self.nodes.round_id and state == "running"):
+            return None  # no valid file (a store error, a planted file) is no news: the timeout still bounds the wait
+        self.superseded = round_id if round_id != self.nodes.round_id else state
+        return (f"node 0 {'published round ' + round_id if round_id != self.nodes.round_id else 'ended ' + str(state)} "
+                f"before round {self.nodes.round_id} formed: leaving it")
+
+    def _run(self) -> None:
         wait = 0.0
         while not self._over.wait(wait):
             wait = self.poll_s
-            try:
-                peers = group.failed_peers(self.folder, self.count, self.key)
-            except Exception as e:  # noqa: BLE001 - a store error: the rendezvous timeout still bounds the wait
-                print(f"[steps.train] node 0 could not read its peers' round files: {e}", file=sys.stderr)
-                continue
-            if not peers:
-                continue
             with self._lock:
                 if self._recorded:
                     return
-                self.peer = peers[0]
-            print(f"[steps.train] node {peers[0]} ended with {EXIT_FAIL} for good (its signed mark in "
-                  f"{self.folder}): this round cannot form, stopping torchrun", file=sys.stderr)
+                try:
+                    why = self._check()
+                except Exception as e:  # noqa: BLE001 - a store error: the rendezvous timeout still bounds the wait
+                    print(f"[steps.train] node {self.nodes.rank} could not read the round files: {e}", file=sys.stderr)
+                    continue
+            if why is None:
+                continue
+            print(f"[steps.train] {why}, stopping torchrun", file=sys.stderr)
             if self.child.poll() is None:
                 self.child.send_signal(signal.SIGTERM)
                 kill_after(self.child, self.grace_s)
@@ -443,10 +479,10 @@ def main(argv: list[str] | None = None) -> int:
         if direct:
             kill_after(child, g)
     watch = None
-    if nodes is not None and args.rendezvous and nodes.rank == 0:
+    if nodes is not None and args.rendezvous:
         from steps.group import PEER_POLL_S
 
-        watch = PeerWatch(args.rendezvous, nodes.count, args.round_key, child, g, PEER_POLL_S)
+        watch = RoundWatch(args.rendezvous, nodes, args.round_key, child, g, PEER_POLL_S)
     preempted = done = stepped = recorded = False
     assert child.stdout is not None
     for line in child.stdout:
@@ -485,6 +521,11 @@ def main(argv: list[str] | None = None) -> int:
                               "step": 0, "launcher_exit": rc,
                               "error": f"node {watch.peer} ended with {EXIT_FAIL} for good before round "
                                        f"{nodes.round_id} formed"})
+    elif watch is not None and watch.superseded is not None and not recorded:
+        # Node 0 gave this round up (it came back with a newer one, or ended) before it formed: the retry joins
+        # the newer round, or ends as node 0 did.
+        round_not_formed(evidence, nodes, rc, "round_superseded", by=watch.superseded)
+        code = EXIT_PREEMPTED
     elif done and (rc == 0 or signalled.is_set()):  # a SIGTERM after the final commit: the launcher's rc is its own
         code = EXIT_OK
     elif preempted or (signalled.is_set() and not stepped):
@@ -496,6 +537,13 @@ def main(argv: list[str] | None = None) -> int:
         print("[steps.train] torchrun ended before the trainer wrote any record: the group did not form",
               file=sys.stderr)
         round_not_formed(evidence, nodes, rc)
+        code = EXIT_PREEMPTED
+    elif (args.rendezvous and nodes is not None and nodes.rank == 0 and not recorded
+          and (missing := missing_peers(args, nodes))):
+        # torchrun's rendezvous ended (its timeout) without these nodes: a slow replacement (a new Spot VM, an
+        # image pull, a node that stays unreachable until it is deleted) is retried, not failed for good.
+        print(f"[steps.train] round {nodes.round_id} did not form: node(s) {missing} never joined", file=sys.stderr)
+        round_not_formed(evidence, nodes, rc, missing=missing)
         code = EXIT_PREEMPTED
     else:
         code = EXIT_FAIL

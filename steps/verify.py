@@ -18,6 +18,7 @@ from typing import Any
 
 from steps.evidence import read_evidence, read_json, write_json
 from trainer.exits import EXIT_SIGKILL
+from trainer.faults import PEER_LOST
 from trainer.untrusted import Refused
 
 
@@ -42,12 +43,15 @@ def trial_outcome(records: list[dict[str, Any]], eviction_list: list[dict[str, A
 
 def classify_evictions(records: list[dict[str, Any]], eviction_list: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Each eviction with what it met: `landed` (the evicted attempt wrote a `preempt` or `retry_later`
-    record: it saved or ended retry-safe), `missed` (the signal reached a trainer that had already
+    record: it saved or ended retry-safe; a `retry_later` for a lost peer does not count, since with several
+    ranks or nodes the survivors write it when the evicted one died without saving), `missed` (the signal reached a trainer that had already
     finished: the attempt wrote `done`, or its pod ended with exit 0; it says nothing about the
     trainer), `killed` (SIGKILLed after its grace, exit 137: its preemption save did not finish in time),
     or `lost` (none of these: the attempt died without committing the step it reached)."""
     by_attempt: dict[int, set[str]] = {}
     for r in records:
+        if r.get("event") == "retry_later" and r.get("reason") == PEER_LOST:
+            continue
         by_attempt.setdefault(r.get("attempt"), set()).add(str(r.get("event")))
     out = []
     for ev in eviction_list:

@@ -33,6 +33,10 @@ from typing import TypeVar
 from trainer.grace import grace_seconds
 from trainer.validation import require as _require
 
+PEER_LOST = "peer_lost"
+"""The `retry_later` reason of a rank whose peer went away (a connection closed, a collective timed out): it
+says the rank ended retry-safe, nothing of the peer, which may have died without saving."""
+
 MIN_COLLECTIVE_TIMEOUT_S = 5.0
 T = TypeVar("T")
 

@@ -54,6 +54,7 @@ def cmd_run(args: argparse.Namespace, build: Callable[[int], dict]) -> int:
         overrides["retry_limit"] = str(default_retry_limit(evictions, chaos_n))
     params = resolve_params(overrides)
     params.setdefault("bucket", f"file://{out}/bucket")
+    params.setdefault("store_port", "0")  # every local pod is 127.0.0.1: a fixed port would clash between roles
     chaos = None
     if chaos_n:
         from workflows.local import Chaos

@@ -127,7 +127,7 @@ POD_GROUP_COUNT = "kueue.x-k8s.io/pod-group-total-count"
 
 def _train_args(role: str, nodes: int = 1) -> list[str]:
     group = ["--nnodes", p("nodes"), "--node-rank", NODE, "--rendezvous", rounds_root(ROOT, role),
-             "--master-port", "0", "--rendezvous-timeout", p("rendezvous_timeout")] if nodes > 1 else []
+             "--master-port", p("store_port"), "--rendezvous-timeout", p("rendezvous_timeout")] if nodes > 1 else []
     return ["-m", "steps.train", "--nproc", p("ranks"), *group, "--shutdown-timeout", p("grace"),
             "--trainer", p("trainer"), "--config", p("config"), "--evidence", evidence_root(ROOT, role),
             "--set", f"checkpoint.uri={role_root(ROOT, role)}",

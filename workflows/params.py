@@ -12,6 +12,7 @@ import re
 
 from steps.contract import CLUSTER_EVICTION_MODES, EVICTION_MODES
 
+STORE_PORT = 29500  # torchrun's default --master-port; docs/multinode.md shows a NetworkPolicy that allows it
 # name -> (default, description). The order is the order users see in the Argo UI; the overlays patch
 # some by position (pinned by a `test` op), so new parameters go at the end.
 PARAMETERS: dict[str, tuple[str, str]] = {
@@ -52,13 +53,17 @@ PARAMETERS: dict[str, tuple[str, str]] = {
     "rendezvous_timeout": ("1200", "with nodes > 1: seconds a training pod waits for its group, both for node 0's round "
                                    "file and in torchrun's static rendezvous (steps.train --rendezvous-timeout), "
                                    "before it exits 75; sized for a new Spot VM plus an image pull (docs/multinode.md)"),
+    "store_port": (str(STORE_PORT), "with nodes > 1: the TCP port of node 0's rendezvous store (torchrun's static "
+                                    "rendezvous), fixed so that a NetworkPolicy can allow it between the drill's "
+                                    "pods; 0: a free port at each round, what `run` uses (every local pod is "
+                                    "127.0.0.1, and three roles run at once)"),
 }
 BASELINE_POOLS = ("spot", "on-demand")
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 # A Kubernetes label value: at most 63 characters, alphanumerics with - _ . inside.
 _LABEL_VALUE = re.compile(r"(?:[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?")
 _INTEGERS = ("total_steps", "evictions", "retry_limit", "seed", "grace", "ranks", "every_steps", "deadline", "nodes",
-             "rendezvous_timeout")
+             "rendezvous_timeout", "store_port")
 # The lower bounds the steps themselves would enforce inside the pod (steps.train --nproc, the grace,
 # eviction_points): refused here, before anything runs or is submitted.
 _AT_LEAST = {"ranks": 1, "grace": 1, "total_steps": 2, "nodes": 1, "rendezvous_timeout": 1}
@@ -103,6 +108,9 @@ def resolve_params(overrides: dict[str, str], cluster: bool = False) -> dict[str
     for k, least in _AT_LEAST.items():
         if int(values[k]) < least:
             raise SystemExit(f"error: parameter {k} must be at least {least}, got {values[k]}")
+    if int(values["store_port"]) > 65535:
+        raise SystemExit(f"error: parameter store_port must be a TCP port (1 .. 65535, or 0: a free one at each "
+                         f"round), got {values['store_port']}")
     for k in _BOOLEANS:
         flag = _BOOLEAN_VALUES.get(values[k].strip().lower())
         if flag is None:

@@ -11,6 +11,7 @@ rendezvous timeout (20 s here), and ends with 1 from torchrun's timeout instead.
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -68,15 +69,54 @@ def test_node_0_stops_waiting_for_a_node_that_failed_for_good(tmp_path, pods, ma
     retry0 = start(0, 1)
     rc = retry0.wait(timeout=240)
     new = json.loads((rdzv / "node-0.json").read_text())
-    assert new["round"] != old_round and new["state"] == "failed"  # node 1's retries, if any, stop at once too
-    (failed,) = [r for r in retry0.records if r["event"] == "failed"]
-    assert rc == 1, retry0.err[-3000:]
+    assert new["round"] != old_round
     if mark == "kept":
+        assert rc == 1, retry0.err[-3000:]
+        assert new["state"] == "failed"  # node 1's retries, if any, stop at once too
+        (failed,) = [r for r in retry0.records if r["event"] == "failed"]
         assert failed["reason"] == "peer_failed" and failed["node"] == 1 and failed["round"] == new["round"]
         assert "node 1 ended with 1 for good" in retry0.err
         assert "clients joined" not in retry0.err, retry0.err[-3000:]  # torchrun did not wait out its timeout
-    else:  # the control: the wait ran to torchrun's rendezvous timeout, and no trainer ran
-        assert failed["reason"] == "trainer_error", failed
+    else:  # the control: the wait ran to torchrun's rendezvous timeout, no trainer ran, and the round that did
+        # not form is retried (75, `round_not_formed` naming node 1), as a slow replacement must be
+        assert rc == 75, retry0.err[-3000:]
+        assert new["state"] == "running"
+        (later,) = [r for r in retry0.records if r["event"] == "retry_later"]
+        assert (later["reason"], later["missing"], later["round"], later["node"]) == (
+            "round_not_formed", [1], new["round"], 0), later
+        assert later["attempt"] is None and later["source"] == "steps.train" and later["step"] == 0
+        assert not [r for r in retry0.records if r["event"] == "failed"]
         assert "ended with 1 for good" not in retry0.err
         # torch 2.13's static rendezvous: "Timed out after 21 seconds waiting for clients. 1/2 clients joined."
         assert "1/2 clients joined" in retry0.err, retry0.err[-3000:]
+
+
+@pytest.mark.parametrize("newer", [True, False])
+def test_a_node_leaves_a_round_that_node_0_gave_up_before_it_formed(tmp_path, pods, newer):
+    """Node 1 joins a round whose store never answers (node 0's pod gone before its torchrun listened). Node 0
+    comes back with a newer round: node 1 stops its torchrun at once and ends with 75 (`round_superseded`,
+    naming the newer round), so its retry joins that one instead of missing it. Control: no newer round, and
+    node 1 waits out its rendezvous timeout (20 s), ending with 75 `round_not_formed`."""
+    rdzv, trainer = tmp_path / "rounds", tmp_path / "stand_in.py"
+    trainer.write_text(STAND_IN)
+    key = KEY.encode()
+    old = group.host(str(rdzv), "127.0.0.1", "node-0-0", key, port=group.free_port())
+    pods.append(Pod(cmd(trainer, rdzv, 1, 0), _base_env(BATON_ROUND_KEY=KEY, BATON_GRACE="5")))
+    node1 = pods[-1]
+    deadline = time.monotonic() + 120
+    while (json.loads((rdzv / "node-1.json").read_text()).get("joined") if (rdzv / "node-1.json").exists()
+           else None) != old.round_id:
+        assert node1.p.poll() is None and time.monotonic() < deadline, node1.err[-3000:]
+        time.sleep(0.1)
+    if newer:
+        new = group.host(str(rdzv), "127.0.0.1", "node-0-1", key)
+    rc = node1.wait(timeout=180)
+    assert rc == 75, node1.err[-3000:]
+    (later,) = [r for r in node1.records if r["event"] == "retry_later"]
+    assert later["round"] == old.round_id and later["node"] == 1 and later["step"] == 0
+    if newer:
+        assert (later["reason"], later["by"]) == ("round_superseded", new.round_id), later
+        assert f"node 0 published round {new.round_id} before round {old.round_id} formed" in node1.err
+    else:
+        assert later["reason"] == "round_not_formed" and "by" not in later, later
+        assert "leaving it" not in node1.err

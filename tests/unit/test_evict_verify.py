@@ -340,3 +340,27 @@ def test_the_node_each_eviction_ends_is_drawn_under_the_seed_or_pinned():
     assert drawn == eviction_nodes(8, 2, seed=0) and set(drawn) == {0, 1}  # repeatable, and both nodes come up
     assert drawn != eviction_nodes(8, 2, seed=1)
     assert eviction_nodes(3, 4, seed=0, pinned=3) == [3, 3, 3]
+
+
+def test_a_survivors_peer_lost_record_is_not_the_evicted_nodes_save():
+    """nodes=2, the negative control: node 1 is evicted and dies on SIGTERM; node 0's rank writes `retry_later`
+    `peer_lost` and exits 75. That says nothing of node 1: the eviction is lost, and the verdict says the
+    trial died without its preempt record (it said "landed", then blamed the replayed steps)."""
+    from steps.verdict import verdict_of
+
+    recs = _clean_run(total=10, stops=(3,))
+    recs = [r for r in recs if r["event"] != "preempt"]
+    recs.append(_rec("retry_later", 3, 1, reason="peer_lost", rank=0, exit=75))
+    died = [dict(_evicted(1, 3, 1, "pod deleted"), node=1)]
+    v = verify(recs, 10, evictions=1, planned=1, eviction_list=died)
+    assert v["evictions_met"] == {"landed": 0, "missed": 0, "killed": 0, "lost": 1}, v
+    report = {"equivalent": False, "passed": False, "steps": {"preemptions": 0, "replayed": 0},
+              "evictions_met": v["evictions_met"], "verify_problems": v["problems"]}
+    assert verdict_of(report, {"evictions": died}, recs).startswith(
+        "NOT preemption-safe: 1 of 1 evictions ended without a preempt record")
+    # Controls: a retry_later for another reason (a store that failed every save) is the evicted attempt
+    # ending retry-safe, and so is a preempt record beside the survivor's peer_lost.
+    for extra in (_rec("retry_later", 3, 1, reason="save_failed", rank=0, exit=75),
+                  _rec("preempt", 3, 1, outcome="saved", exit=75, rank=1)):
+        v = verify([*recs, extra], 10, evictions=1, planned=1, eviction_list=died)
+        assert v["evictions_met"]["landed"] == 1 and v["evictions_met"]["lost"] == 0, (extra, v)

@@ -139,3 +139,22 @@ def test_a_drill_across_two_nodes_passes_with_every_tensor_equal_and_names_each_
     for role in ("reference", "reference-replay"):
         assert [n["status"] for n in nodes if n["task"].startswith(f"{role}(")] == ["Succeeded"] * 2
     assert "pod evicted" in (out / "report.md").read_text() and "drill PASSED" in p.stdout
+
+
+def test_the_negative_control_across_two_nodes_fails_for_its_cause_without_a_rendezvous_wait(tmp_path):
+    """nodes=2 without the SIGTERM handling: the evicted node dies on SIGTERM, its peer's rank finds its peer
+    gone within the collective timeout and ends retry-safe (`retry_later` `peer_lost`, 75), and both come back
+    from the last periodic save. The verdict blames the eviction that met no preempt record: the survivor's
+    `peer_lost` is not the evicted node's save (it was counted as one, and the verdict then named only the
+    replayed steps). No round waits out its rendezvous timeout (no `round_not_formed`)."""
+    out = tmp_path / "drill"
+    p = drill(out, "nodes=2", "evictions=1", "total_steps=48", "disable_sigterm_handler=1")
+    assert p.returncode == 1, p.stdout + p.stderr[-3000:]
+    report = json.loads((out / "report.json").read_text())
+    assert report["passed"] is False and report["evictions_met"]["lost"] == 1, report["verdict"]
+    assert report["verdict"].startswith("NOT preemption-safe: 1 of 1 evictions ended without a preempt record"), \
+        report["verdict"]
+    assert report["steps"]["replayed"] > 0 and report["steps"]["preemptions"] == 0
+    trial = [json.loads(line) for f in sorted(out.glob("bucket/*/*/evidence/trial/*.jsonl"))
+             for line in f.read_text().splitlines() if line.startswith("{")]
+    assert [r["reason"] for r in trial if r["event"] == "retry_later"] == ["peer_lost"], trial

@@ -113,6 +113,7 @@ def main(argv: list[str]) -> int:
             status = st
     kill_descendants(os.getpid())
     code = os.waitstatus_to_exitcode(status)
+    # trainer/exits.py's signal_exit, spelled again here: this file is standard library only, run by path.
     return 128 - code if code < 0 else code
 
 
