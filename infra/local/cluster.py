@@ -3,7 +3,11 @@
     python -m infra.local.cluster up        start moto's S3 server, etcd, kube-apiserver, kube-controller-manager,
                                             kube-scheduler, Argo's workflow-controller and Argo Server, and the
                                             node agent (infra/local/node.py); apply templates/overlays/local
+    python -m infra.local.cluster up --kueue   the same, plus Kueue's controller manager, its CRDs and its
+                                            webhooks (infra/local/kueue.py; built by build-kueue.sh); on a
+                                            running cluster it adds Kueue
     python -m infra.local.cluster down      stop them all, by process id, in reverse order
+    python -m infra.local.cluster down --kueue   stop Kueue only (its webhooks unregistered first)
     python -m infra.local.cluster status    one line per component
     python -m infra.local.cluster env       the `export` lines a user needs (eval "$(... env)"): KUBECONFIG,
                                             ARGO_SERVER, ARGO_TOKEN, ARGO_SECURE, ARGO_INSECURE_SKIP_VERIFY,
@@ -29,6 +33,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from infra.local import kueue as kueue_mod
 from infra.local.components import (
     ARGO_HEALTH_PORT,
     COMPONENTS,
@@ -126,8 +131,10 @@ class Cluster:
         return any(c["type"] == "Ready" and c["status"] == "True" for c in conds)
 
     # --- up ---
-    def up(self, timeout: float = 180.0) -> None:
+    def up(self, timeout: float = 180.0, kueue: bool = False) -> None:
         bindir = binaries()
+        if kueue:
+            kueue_mod.kueue_dir()  # built, or one line saying how to build it, before anything starts
         if os.geteuid() != 0:
             raise ClusterError("the node agent needs root: each container runs in a private mount namespace "
                                "(unshare --mount) with the pod's volumes bound at their mount paths")
@@ -137,6 +144,9 @@ class Cluster:
         if info:
             health = self.health(info)
             if all(v == "ok" for v in health.values()):
+                if kueue and kueue_mod.healthy(info) != "ok":
+                    self.up_kueue(info, timeout)
+                    return
                 print(f"cluster: already up, all {len(health)} components healthy "
                       f"(state {self.state}; `python -m infra.local.cluster status`)")
                 return
@@ -227,6 +237,9 @@ class Cluster:
             ], self.state), lambda: http_get(f"{server}/readyz", tokens["admin"], pki / "ca.crt") == "ok")
 
             self.bootstrap(kc, kcfg["admin"], bindir, ports["argo_metrics"])
+            # Kueue's webhooks from an earlier `up --kueue` whose `down` did not run would point at a server
+            # that is gone, and their failurePolicy Fail would refuse every labelled pod.
+            kueue_mod.remove_webhooks(kc, kcfg["admin"])
 
             started("kube-controller-manager", spawn("kube-controller-manager", [
                 str(b / "kube-controller-manager"),
@@ -292,14 +305,40 @@ class Cluster:
             started("node-agent", spawn("node-agent", [
                 sys.executable, "-m", "infra.local.node", "--config", str(node_cfg),
             ], self.state), lambda: self._node_ready(ports, tokens, pki / "ca.crt"))
+            if kueue:
+                kueue_mod.start(self, info, kc, kcfg["admin"], timeout)
         except BaseException:
             self.down(quiet=True)
             raise
         figures["up_total"] = round(time.monotonic() - t_start, 1)
         self.save(info)
-        print(f"cluster: up in {figures['up_total']:.0f} s: {', '.join(COMPONENTS)} on 127.0.0.1 "
+        names = [*COMPONENTS, "kueue"] if kueue else COMPONENTS
+        print(f"cluster: up in {figures['up_total']:.0f} s: {', '.join(names)} on 127.0.0.1 "
               f"(API {server}); paste these, or eval \"$(python -m infra.local.cluster env)\":")
         self.env()
+
+    def up_kueue(self, info: dict[str, Any], timeout: float) -> None:
+        """Kueue added to a running, healthy cluster."""
+        admin = self.state / "admin.kubeconfig"
+        try:
+            kueue_mod.start(self, info, kubectl(), admin, timeout)
+        except BaseException:
+            self.down_kueue(quiet=True)
+            raise
+        print(f"cluster: Kueue up in {info['figures']['kueue']:.0f} s (webhooks on "
+              f"127.0.0.1:{info['ports']['kueue_webhook']}; log {info['procs']['kueue']['log']})")
+
+    def down_kueue(self, quiet: bool = False) -> None:
+        info = self.load()
+        try:
+            kc: str | None = kubectl()
+        except ClusterError:
+            kc = None
+        ran = kueue_mod.stop_kueue(info, kc, self.state / "admin.kubeconfig")
+        if info.get("procs", {}).pop("kueue", None) is not None:
+            self.save(info)
+        if not quiet:
+            print("cluster: Kueue stopped, its webhooks unregistered" if ran else "cluster: Kueue was not running")
 
     def _wait_api(self, kc: str, kubeconfig: Path, args: list[str], what: str, timeout: float) -> None:
         t0 = time.monotonic()
@@ -399,6 +438,11 @@ class Cluster:
     def down(self, quiet: bool = False) -> None:
         info = self.load()
         procs = info.get("procs", {})
+        # Kueue first, its webhooks unregistered while the API server still answers (infra/local/kueue.py).
+        kueue_ran = False
+        if "kueue" in procs:
+            kueue_ran = alive(procs["kueue"])
+            self.down_kueue(quiet=True)
         # Only live ones count: pids.json written inside another PID namespace (an e2e session's `up`) names
         # pids that mean other processes here, and stop() leaves any whose start time differs alone.
         live = [name for name in reversed(COMPONENTS) if name in procs and alive(procs[name])]
@@ -413,6 +457,7 @@ class Cluster:
                     os.killpg(pgid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
+        live += ["kueue"] if kueue_ran else []
         left = [n for n, e in procs.items() if alive(e)]
         if left:
             raise ClusterError(f"still running after SIGKILL: {', '.join(left)}")
@@ -434,6 +479,10 @@ class Cluster:
             e = info["procs"].get(name)
             extra = f"pid {e['pid']}, RSS {rss_mb(e['pid']):.0f} MB" if e and alive(e) else ""
             print(f"{name:24} {health[name]:20} {extra}")
+        if "kueue" in info["procs"]:
+            e = info["procs"]["kueue"]
+            extra = f"pid {e['pid']}, RSS {rss_mb(e['pid']):.0f} MB" if alive(e) else ""
+            print(f"{'kueue':24} {kueue_mod.healthy(info):20} {extra}")
         return 0 if all(v == "ok" for v in health.values()) else 1
 
     def env(self) -> None:
@@ -465,11 +514,15 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m infra.local.cluster", description=__doc__.split("\n\n")[0])
     ap.add_argument("command", choices=["up", "down", "status", "env"])
     ap.add_argument("--timeout", type=float, default=180.0, help="seconds each component may take to be ready")
+    ap.add_argument("--kueue", action="store_true",
+                    help="up: also Kueue (infra/local/kueue.py; make cluster-build-kueue); down: Kueue only")
     args = ap.parse_args(argv)
     cluster = Cluster(state_dir())
     try:
         if args.command == "up":
-            cluster.up(args.timeout)
+            cluster.up(args.timeout, kueue=args.kueue)
+        elif args.command == "down" and args.kueue:
+            cluster.down_kueue()
         elif args.command == "down":
             cluster.down()
         elif args.command == "status":
