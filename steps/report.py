@@ -16,6 +16,14 @@ from trainer.storage import is_local, url_to_fs
 from trainer.untrusted import printable
 
 
+def findings(report: dict[str, Any]) -> list[tuple[str, str]]:
+    """What the drill found wrong, as (label, sentence), in the order the summary and report.md list them:
+    each broken clause of the contract, compare's problem, then verify's."""
+    return ([("contract", c) for c in report.get("contract", [])]
+            + ([("problem", report["problem"])] if report.get("problem") else [])
+            + [("problem", p) for p in report.get("verify_problems", [])])
+
+
 def losses(records: list[dict[str, Any]]) -> dict[int, float]:
     """Step -> loss of checked records (steps/evidence.py: a number, or "nan"/"inf" as records.py writes them)."""
     return {r["step"]: float(r["loss"]) for r in records if r.get("event") == "step" and "loss" in r}
@@ -91,12 +99,7 @@ def summary(report: dict[str, Any]) -> str:
         if row["differing"]:
             lines.append(f"  {row['component']}: {row['differing']} of {row['entries']} differ"
                          + (f", {row['l2_share']:.0%} of the L2" if row["l2_share"] else ""))
-    for clause in report.get("contract", []):
-        lines.append(f"contract: {clause}")
-    if report.get("problem"):
-        lines.append(f"problem: {report['problem']}")
-    for problem in report.get("verify_problems", []):
-        lines.append(f"problem: {problem}")
+    lines += [f"{label}: {text}" for label, text in findings(report)]
     if report.get("verdict"):
         lines.append(f"verdict: {report['verdict']}")
     if report["tier"] == 1:
@@ -169,12 +172,7 @@ def markdown(report: dict[str, Any]) -> str:
             lines.append(f"| {md(c['point'])} | {md(c['pod'])} | {'-' if c['node'] is None else md(c['node'])} | "
                          f"{'-' if c['exit_code'] is None else md(c['exit_code'])} | "
                          f"{'never' if c['back_s'] is None else md(c['back_s'])} | {md(c['back_at_step'] or '-')} |")
-    for clause in report.get("contract", []):
-        lines.append(f"\n- contract: {md(clause)}")
-    if report.get("problem"):
-        lines.append(f"\n- problem: {md(report['problem'])}")
-    for problem in report.get("verify_problems", []):
-        lines.append(f"\n- problem: {md(problem)}")
+    lines += [f"\n- {label}: {md(text)}" for label, text in findings(report)]
     for reason in report.get("inconclusive", []):
         lines.append(f"\n- inconclusive: {md(reason)}")
     if report.get("differing"):
