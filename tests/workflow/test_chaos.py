@@ -16,11 +16,11 @@ import torch
 
 from steps import evict as evict_step
 from steps import report as report_mod
+from steps.contract import TASKS, TRAINING_TASKS
 from steps.evidence import read_evidence
 from tests.helpers import PY, REPO, base_env
 from trainer.checkpoint import load_flat
 from workflows.local import Chaos
-from steps.contract import TASKS, TRAINING_TASKS
 
 
 # ------------------------------------------------------------------------------------------------ the plan
