@@ -8,6 +8,11 @@ from typing import Any
 from bench.figure import GRACES, Figure, fmt_gb, fmt_s, fmt_x
 
 
+def rate_row(what: str, rate: float, raw: float) -> tuple[str, str, str, str]:
+    """A row of two rates in MB/s and their ratio."""
+    return (what, f"{rate:.0f} MB/s", f"{raw:.0f} MB/s", fmt_x(rate / raw))
+
+
 def flush_figure(local: dict[str, Any], s3: dict[str, Any] | None) -> Figure:
     lr = local["raw_MBps"]
     f = Figure(
@@ -19,14 +24,8 @@ def flush_figure(local: dict[str, Any], s3: dict[str, Any] | None) -> Figure:
         "",
     )
     if "dcp_nocrc_MBps" in local:
-        f.rows.append(
-            (
-                "flush: local disk, `dcp.save` without torch.save's zip CRC-32 (as `Store.save` writes) vs raw",
-                f"{local['dcp_nocrc_MBps']:.0f} MB/s",
-                f"{lr:.0f} MB/s",
-                fmt_x(local["dcp_nocrc_MBps"] / lr),
-            )
-        )
+        f.rows.append(rate_row("flush: local disk, `dcp.save` without torch.save's zip CRC-32 (as `Store.save` writes) vs raw",
+                                local["dcp_nocrc_MBps"], lr))
         f.rows.append(
             (
                 "flush: local disk, `dcp.save` without vs with torch.save's zip CRC-32",
@@ -36,22 +35,10 @@ def flush_figure(local: dict[str, Any], s3: dict[str, Any] | None) -> Figure:
             )
         )
     if "store_preempt_MBps" in local:
-        f.rows.append(
-            (
-                "flush: local disk, `Store.save` hashed while writing (periodic saves, preemption saves) + commit vs raw",
-                f"{local['store_preempt_MBps']:.0f} MB/s",
-                f"{lr:.0f} MB/s",
-                fmt_x(local["store_preempt_MBps"] / lr),
-            )
-        )
-    f.rows.append(
-        (
-            "flush: local disk, `Store.save` with read-back (final; one periodic save in `keep_last`) vs raw",
-            f"{local['store_MBps']:.0f} MB/s",
-            f"{lr:.0f} MB/s",
-            fmt_x(local["store_MBps"] / lr),
-        )
-    )
+        f.rows.append(rate_row("flush: local disk, `Store.save` hashed while writing (periodic saves, preemption saves) + commit vs raw",
+                                local["store_preempt_MBps"], lr))
+    f.rows.append(rate_row("flush: local disk, `Store.save` with read-back (final; one periodic save in `keep_last`) vs raw",
+                            local["store_MBps"], lr))
     if "store_1thread_MBps" in local:
         f.rows.append(
             (
@@ -123,31 +110,12 @@ def flush_figure(local: dict[str, Any], s3: dict[str, Any] | None) -> Figure:
         )
     if s3:
         r = s3["raw_MBps"]
-        f.rows.append(
-            (
-                "flush: local S3 (moto), `dcp.save` vs raw upload",
-                f"{s3['dcp_MBps']:.0f} MB/s",
-                f"{r:.0f} MB/s",
-                fmt_x(s3["dcp_MBps"] / r),
-            )
-        )
+        f.rows.append(rate_row("flush: local S3 (moto), `dcp.save` vs raw upload", s3["dcp_MBps"], r))
         if "store_preempt_MBps" in s3:
-            f.rows.append(
-                (
-                    "flush: local S3 (moto), `Store.save` hashed while writing vs raw upload",
-                    f"{s3['store_preempt_MBps']:.0f} MB/s",
-                    f"{r:.0f} MB/s",
-                    fmt_x(s3["store_preempt_MBps"] / r),
-                )
-            )
-        f.rows.append(
-            (
-                "flush: local S3 (moto), `Store.save` with read-back vs raw upload",
-                f"{s3['store_MBps']:.0f} MB/s",
-                f"{r:.0f} MB/s",
-                fmt_x(s3["store_MBps"] / r),
-            )
-        )
+            f.rows.append(rate_row("flush: local S3 (moto), `Store.save` hashed while writing vs raw upload",
+                                    s3["store_preempt_MBps"], r))
+        f.rows.append(rate_row("flush: local S3 (moto), `Store.save` with read-back vs raw upload",
+                                s3["store_MBps"], r))
         text.append(
             f"On the local S3 (moto, {fmt_gb(s3['ckpt_bytes'])} state, see the setup) `dcp.save` uploads "
             f"at {s3['dcp_MBps'] / r:.0%} of a raw multipart upload of the same bytes through the same "

@@ -165,34 +165,28 @@ def main() -> None:
         b, a = slope(xs, [v[f"{side}_s"] for v in per_size.values()])
         fits[side] = {"s_per_GB": b, "GBps": 1 / b if b > 0 else None, "intercept_s": a}
     # Listing: flat in the number of checkpoints.
-    listing: dict[str, float] = {}
-    for n in (3, 30):
-        store = Store(f"file://{root}/list{n}", "run")
-        attempt = store.claim_attempt({})
-        for s in range(1, n + 1):
-            store.save(s, {"progress": torch.tensor([s])}, {"fingerprint": FP}, attempt, read_back=False)
-        times = []
-        for _ in range(max(5, args.reps)):
-            t = time.perf_counter()
-            assert len(store.committed_steps()) == n
-            times.append(time.perf_counter() - t)
-        listing[str(n)] = median(times)
-    shutil.rmtree(root, ignore_errors=True)
-    from bench.s3 import LocalS3
-
-    listing_s3: dict[str, float] = {}
-    with LocalS3() as s3:
+    def listing_s(uri_of, reps: int) -> dict[str, float]:
+        """Median seconds to list n committed checkpoints (n = 3 and 30) of a store at uri_of(n)."""
+        out = {}
         for n in (3, 30):
-            store = Store(s3.uri(f"list{n}"), "run")
+            store = Store(uri_of(n), "run")
             attempt = store.claim_attempt({})
             for s in range(1, n + 1):
                 store.save(s, {"progress": torch.tensor([s])}, {"fingerprint": FP}, attempt, read_back=False)
             times = []
-            for _ in range(max(5, args.reps)):
+            for _ in range(reps):
                 t = time.perf_counter()
                 assert len(store.committed_steps()) == n
                 times.append(time.perf_counter() - t)
-            listing_s3[str(n)] = median(times)
+            out[str(n)] = median(times)
+        return out
+
+    listing = listing_s(lambda n: f"file://{root}/list{n}", max(5, args.reps))
+    shutil.rmtree(root, ignore_errors=True)
+    from bench.s3 import LocalS3
+
+    with LocalS3() as s3:
+        listing_s3 = listing_s(lambda n: s3.uri(f"list{n}"), max(5, args.reps))
     write_result(args.result, {"sizes": per_size, "fits": fits, "listing_s": listing, "listing_s3_s": listing_s3})
 
 
