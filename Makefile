@@ -70,7 +70,7 @@ e2e-kind:
 cluster-build:
 	bash infra/local/build.sh
 
-# Kueue's controller manager and JobSet's (infra/local/kueue.env), a cache entry of their own (about 15 min
+# Kueue's controller manager and JobSet's (infra/local/kueue.env), a cache entry of their own (about 18 min
 # cold on 2 cores: infra/local/README.md); `python -m infra.local.cluster up --kueue` and
 # tests/e2e/test_kueue_real.py use it, and skip or say so when it is not built.
 cluster-build-kueue:
