@@ -82,8 +82,11 @@ EVICTION_MODES = ("evict", "delete", "kueue", "node-shutdown", "lost-vm")
 """How evict ends a trial attempt (steps/local_pods.py says what each does and how Argo records it)."""
 CLUSTER_EVICTION_MODES = ("evict",)
 """What steps.evict can do through the Kubernetes API; the others exist in the local runner only."""
-GONE_BEFORE_SEEN = ("evict", "delete")
-"""Modes whose pod object is gone before Argo's controller reads its final status (an Error "pod deleted")."""
+GONE_BEFORE_SEEN = ("evict", "delete", "kueue")
+"""Modes whose pod object is gone before Argo's controller reads its final status (an Error "pod deleted"). A
+Kueue preemption too: Kueue removes its finalizer in the reconcile that finishes the Workload, as soon as the
+pod has terminated, and the real controller recorded every Kueue-preempted or Kueue-managed evicted trial as
+`pod deleted` with no exit code (docs/cluster-local.md, "Kueue on the local cluster")."""
 
 # ---- how Argo v3.7 records the end of an attempt (docs/cluster-local.md; read from its source) ---------------
 

@@ -16,9 +16,9 @@ How a pod ends (`HOW`), and what the runner then records, as Argo v3.7 records i
                     the controller reads its final status (seen on the real controller,
                     docs/cluster-local.md)
     kueue           SIGTERM, SIGKILL after the pod's grace, after the condition TerminationTarget=True
-                    (WorkloadEvictedDueToPreempted): Kueue's finalizer keeps the object until the pod
-                    has finished, so Argo reads the exit code: Failed "main: Error (exit code N)"
-                    (Succeeded on 0), "main: Error (exit code 137)" if still running at SIGKILL
+                    (WorkloadEvictedDueToPreempted); then as evict: Kueue's finalizer goes as soon as the
+                    pod has terminated, and the real controllers recorded "pod deleted" with no exit
+                    code (docs/cluster-local.md, "Kueue on the local cluster")
     node-shutdown   a GKE Spot node's graceful shutdown: SIGTERM, SIGKILL after min(grace, 15 s);
                     Failed "Pod was terminated in response to imminent node shutdown."
     lost-vm         a VM lost without a graceful shutdown: SIGKILL at once, exit -1,

@@ -76,7 +76,8 @@ def test_negative_control_a_trial_that_dies_on_sigterm_fails_the_drill_with_a_re
 def test_a_drill_whose_trial_kueue_preempts_passes_with_nothing_replayed(tmp_path):
     out = tmp_path / "drill"
     # Kueue preempts a plain pod with a Delete under the pod's own grace, after marking it
-    # TerminationTarget; the trial saves, exits 75, and the retry expression brings it back.
+    # TerminationTarget; the trial saves, exits 75, and the retry expression brings it back. Argo records
+    # each preempted attempt as the real Kueue and Argo did: Error, "pod deleted", no exit code.
     p = drill(out, "total_steps=80", "evictions=2", "eviction=kueue", "queue=baton")
     assert p.returncode == 0, p.stdout + p.stderr[-3000:]
     report = json.loads((out / "report.json").read_text())
@@ -88,7 +89,9 @@ def test_a_drill_whose_trial_kueue_preempts_passes_with_nothing_replayed(tmp_pat
     assert len(preempted) == 2 and all(c["reason"] == "WorkloadEvictedDueToPreempted"
                                        for pod in preempted for c in pod["conditions"])
     nodes = json.loads((out / "argo" / "nodes.json").read_text())["nodes"]
-    assert [n["status"] for n in nodes if n["task"] == "trial"] == ["Failed", "Failed", "Succeeded"]
+    assert [(n["status"], n["message"]) for n in nodes if n["task"] == "trial"] == [
+        ("Error", "pod deleted"), ("Error", "pod deleted"), ("Succeeded", "")]
+    assert [c["exit_code"] for c in report["comebacks"]] == [75, 75]  # the container's own, from the registry
 
 
 def test_a_drill_that_can_never_schedule_fails_by_its_deadline(tmp_path):

@@ -38,11 +38,10 @@ purpose), which holds the checks and the substitution; this module runs the plan
 Retry semantics, recorded as Argo v3.7 records them: exit 0 is Succeeded; another exit is Failed,
 "main: Error (exit code N)". A pod ended through the registry (``steps/local_pods.py``: deleted,
 evicted, preempted by Kueue, its node shut down or its VM lost) is recorded as that module's docstring
-says. A deleted or evicted pod is an Error "pod deleted" with no exit code, whatever its process did: the
-object is gone before Argo's controller reads its final status, as on the real controller
+says. A deleted, evicted or Kueue-preempted pod is an Error "pod deleted" with no exit code, whatever its process
+did: the object is gone before Argo's controller reads its final status, as on the real controllers
 (docs/cluster-local.md); the registry still shows the container's own exit code, as the pod's last status
-did. A Kueue-preempted pod still running at SIGKILL after its grace is Failed "main: Error (exit code 137)",
-what the emissary reports for a SIGKILLed child. A task whose
+did. A task whose
 retries run out is failed with "No more retries left". Policies: Always (Failed, Error), OnFailure (Failed), OnError
 (Error), OnTransientError (Error only: an approximation, Argo also classifies messages). Without a policy
 the default is OnFailure, or Always when an expression is given (Argo >= 3.5). The policy is ANDed with
@@ -121,8 +120,8 @@ STEP_PROGRESS_EVERY_S = 2.0
 # the API: the kubelet writes the container's final status and deletes the object in one sync
 # (status_manager.go), and Argo's controller (default settings: no status-capture finalizer) finds the pod
 # gone before it read that status: an Error with no exit code. Seen in every eviction and deletion on the real
-# controller (docs/cluster-local.md). A Kueue preemption differs: Kueue's finalizer keeps the object until the
-# pod has finished, so Argo reads the real exit code.
+# controller (docs/cluster-local.md), and in every Kueue preemption on the real Kueue: its finalizer goes as
+# soon as the pod has terminated (steps/contract.py, GONE_BEFORE_SEEN).
 NODE_SHUTDOWN_GRACE_S = 15.0  # what a GKE Spot node's shutdown leaves ordinary pods
 KUEUE_CONDITION = {"type": "TerminationTarget", "status": "True", "reason": "WorkloadEvictedDueToPreempted"}
 
