@@ -22,7 +22,7 @@ from torch.distributed.tensor import DTensor
 
 from trainer import env, faults, rng, trajectory
 from trainer.cadence import Attempt, Cadence
-from trainer.checkpoint import RESTORABLE, Boundary, Checkpointer, FencedOut, LoadTimes, Parts
+from trainer.checkpoint import Boundary, Checkpointer, FencedOut, LoadTimes, Parts, RestorePolicy
 from trainer.config import Config
 from trainer.data import EpochData, read_corpus
 from trainer.exits import EXIT_FAIL, EXIT_OK, EXIT_PREEMPTED
@@ -43,14 +43,15 @@ def lr_factor(step: int, warmup: int, total: int, min_ratio: float) -> float:
     return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-def skipped_restores() -> set[str]:
-    """`BATON_SKIP_RESTORE=rng,data,...`: the negative controls. Never set this for real work."""
+def restore_policy() -> RestorePolicy:
+    """The negative controls, read once at the start: `BATON_SKIP_RESTORE=rng,data,...` and
+    `BATON_SWAP_RANK_STATE`. Never set them for real work."""
     raw = env.text("BATON_SKIP_RESTORE")
-    items = {s.strip() for s in raw.split(",") if s.strip()}
-    unknown = items - set(RESTORABLE)
-    if unknown:
-        raise ValueError(f"BATON_SKIP_RESTORE: unknown component(s) {sorted(unknown)}; known: {RESTORABLE}")
-    return items
+    try:
+        return RestorePolicy(frozenset(s.strip() for s in raw.split(",") if s.strip()),
+                             env.flag("BATON_SWAP_RANK_STATE"))
+    except ValueError as e:
+        raise ValueError(f"BATON_SKIP_RESTORE: {e}") from None
 
 
 def init_distributed(timeout: timedelta | None = None) -> tuple[int, int, torch.device]:
@@ -90,8 +91,7 @@ class Trainer:
         self.times: dict[str, float] = {"startup_s": round(time.time() - process_start(), 3)}
         t = time.perf_counter()
         self.cfg, self.preempt = cfg, preempt
-        self.skip = skipped_restores()
-        self.swap_ranks = env.flag("BATON_SWAP_RANK_STATE")
+        policy = restore_policy()
         self.rank, self.world, self.device = init_distributed(cfg.faults.collective_timeout())
         # The first rank of each node speaks for its pod (records.POD_EVENTS); torchrun sets LOCAL_RANK.
         self.node_first = int(os.environ.get("LOCAL_RANK", "0")) == 0
@@ -100,7 +100,7 @@ class Trainer:
         if cfg.deterministic:
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
             deterministic_algorithms(compiled=cfg.model.compile)
-        self.ckpt = Checkpointer(cfg.checkpoint, cfg.run_id, cfg.fingerprint, frozenset(self.skip), self.swap_ranks,
+        self.ckpt = Checkpointer(cfg.checkpoint, cfg.run_id, cfg.fingerprint, policy,
                                  max_failed_saves=cfg.faults.max_failed_saves)
         mark = self._phase("init_store_s", mark)
         self.attempt = self.ckpt.claim_attempt({"host": os.uname().nodename, "pid": os.getpid(),

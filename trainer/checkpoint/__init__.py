@@ -28,7 +28,7 @@ Outside the package, modules import from here; what is not exported is the packa
 the bench, which measures the store itself, import those from their submodules).
 """
 
-from trainer.checkpoint.checkpointer import RESTORABLE, Boundary, Checkpointer, Parts
+from trainer.checkpoint.checkpointer import Boundary, Checkpointer, Parts, RestorePolicy
 from trainer.checkpoint.hf_checkpointer import HFCheckpointer
 from trainer.checkpoint.interface import Checkpoints
 from trainer.checkpoint.layout import CorruptCheckpoint, corpus_path, hf_step_name
@@ -37,6 +37,6 @@ from trainer.checkpoint.resolve import LoadTimes
 from trainer.checkpoint.roots import CheckpointRoot, open_root
 from trainer.checkpoint.store import CheckpointRefused, FencedOut
 
-__all__ = ["RESTORABLE", "Boundary", "CheckpointRefused", "CheckpointRoot", "Checkpointer", "Checkpoints",
-           "CorruptCheckpoint", "FencedOut", "HFCheckpointer", "LoadTimes", "Parts", "corpus_path",
+__all__ = ["Boundary", "CheckpointRefused", "CheckpointRoot", "Checkpointer", "Checkpoints",
+           "CorruptCheckpoint", "FencedOut", "HFCheckpointer", "LoadTimes", "Parts", "RestorePolicy", "corpus_path",
            "hf_step_name", "load_flat", "open_root"]

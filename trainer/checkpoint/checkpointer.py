@@ -45,7 +45,37 @@ from trainer.records import log
 from trainer.storage import StorageError, describe
 from trainer.untrusted import Refused, parse_json
 
-RESTORABLE = ("rng", "data", "optimizer", "scheduler")
+
+@dataclass(frozen=True)
+class RestorePolicy:
+    """What a resume restores: everything, for real work. The negative controls, read once at the start
+    (trainer/loop.py: `BATON_SKIP_RESTORE=rng,data,optimizer,scheduler`, `BATON_SWAP_RANK_STATE`), leave
+    parts as they were built or take another rank's state, so that a test can show the drill catches each.
+    `Checkpointer._restore` applies it in one place: each part of PARTS is restored only when `restores(part)`,
+    from `source_rank`'s state; the optimizer's moments are then not even loaded (DCP loads in place)."""
+
+    PARTS = ("rng", "data", "optimizer", "scheduler")
+    skip: frozenset[str] = frozenset()
+    """Parts left as they were built (a subset of PARTS)."""
+    swap_ranks: bool = False
+    """Each rank takes the state of rank world-1-rank: the per-rank RNG and data position of another."""
+
+    def __post_init__(self) -> None:
+        unknown = set(self.skip) - set(self.PARTS)
+        if unknown:
+            raise ValueError(f"unknown part(s) {sorted(unknown)}; known: {', '.join(self.PARTS)}")
+
+    def restores(self, part: str) -> bool:
+        return part not in self.skip
+
+    def source_rank(self, rank_: int, world: int) -> int:
+        return world - 1 - rank_ if self.swap_ranks else rank_
+
+    def describe(self) -> str | None:
+        """The log line of a resume under a negative control; None for real work."""
+        if not (self.skip or self.swap_ranks):
+            return None
+        return f"NEGATIVE CONTROL: restore skipped for {sorted(self.skip)}, swapped ranks={self.swap_ranks}"
 
 
 def tensor_from_json(obj: Any) -> torch.Tensor:
@@ -98,15 +128,14 @@ class Resumed:
 class Checkpointer(Checkpoints):
     """One run's checkpoints, and the parts they save and restore.
 
-    `skip` and `swap_ranks` are the negative controls (`BATON_SKIP_RESTORE`, `BATON_SWAP_RANK_STATE`): a
-    resume that leaves those parts as they were built, or takes another rank's state. Never for real work.
+    `policy` is what a resume restores (RestorePolicy: everything, unless a negative control says
+    otherwise). Never anything but the default for real work.
     """
 
-    def __init__(self, cfg: CheckpointConfig, run_id: str, fingerprint: str, skip: frozenset[str] = frozenset(),
-                 swap_ranks: bool = False, max_failed_saves: int = 3) -> None:
+    def __init__(self, cfg: CheckpointConfig, run_id: str, fingerprint: str,
+                 policy: RestorePolicy = RestorePolicy(), max_failed_saves: int = 3) -> None:
         super().__init__(max_failed_saves)
-        self.cfg, self.fingerprint = cfg, fingerprint
-        self.skip, self.swap_ranks = skip, swap_ranks
+        self.cfg, self.fingerprint, self.policy = cfg, fingerprint, policy
         self.store = Store(cfg.uri, run_id, io_threads=cfg.io_threads, digest_algorithm=cfg.digest)
         self.parts: Parts | None = None
 
@@ -227,13 +256,13 @@ class Checkpointer(Checkpoints):
         same_world = manifest.get("world_size") == p.world
         self._restore(st, manifest, same_world)
         self.resumed(step)
-        if self.skip or self.swap_ranks:
-            log(f"NEGATIVE CONTROL: restore skipped for {sorted(self.skip)}, swapped ranks={self.swap_ranks}")
+        if self.policy.describe():
+            log(self.policy.describe())
         return Resumed(step, manifest, same_world)
 
     def _source_rank(self) -> int:
         p = self._p()
-        return (p.world - 1 - p.rank) if self.swap_ranks else p.rank
+        return self.policy.source_rank(p.rank, p.world)
 
     def _template(self, step: int, manifest: dict) -> dict[str, Any]:
         """The state to load `step` into: the live state's structure, with the saved RNG and loader shapes
@@ -254,11 +283,11 @@ class Checkpointer(Checkpoints):
         if kind == "storage":
             raise StorageError(f"reading the .metadata of step {step} failed: {shapes}")
         src = self._source_rank()
-        if "optimizer" not in self.skip:  # the control keeps DCP's own (zeroed) state: it is never loaded
+        moments = self.policy.restores("optimizer")
+        if moments:  # the control keeps the optimizer's own (zeroed) state: it is never loaded
             empty_adam_state(p.optim)
         template = self.state(self.capture(0))
-        if "optimizer" in self.skip:
-            # DCP loads in place, into the optimizer's own tensors: the control must not ask for them.
+        if not moments:  # DCP loads in place, into the optimizer's own tensors: the control must not ask for them
             template.pop("optim")
         template.pop(f"rng.rank{p.rank}")
         template.pop(f"loader.rank{p.rank}")
@@ -289,9 +318,18 @@ class Checkpointer(Checkpoints):
         return groups
 
     def _restore(self, st: dict[str, Any], manifest: dict[str, Any], same_world: bool) -> None:
-        """The staged checkpoint into the live parts (every file of it has matched its checksum by now)."""
+        """The staged checkpoint into the live parts (every file of it has matched its checksum by now): the
+        model always, then each part the policy restores, in one place."""
+        self._restore_model(st, moments=self.policy.restores("optimizer"))
+        for part, restore in (("scheduler", self._restore_scheduler), ("data", self._restore_data),
+                              ("rng", self._restore_rng)):
+            if self.policy.restores(part):
+                restore(st, manifest, same_world)
+
+    def _restore_model(self, st: dict[str, Any], moments: bool) -> None:
+        """The model, the learning rates, and the optimizer's moments unless the control drops them."""
         p = self._p()
-        if "optimizer" not in self.skip:
+        if moments:
             set_state_dict(p.model, p.optim, model_state_dict=st["model"],
                            optim_state_dict={"state": st["optim"]["state"],
                                              "param_groups": self._param_groups(st["optim_lr"])})
@@ -299,29 +337,35 @@ class Checkpointer(Checkpoints):
             set_model_state_dict(p.model, st["model"])
             for g, (lr, initial) in zip(p.optim.param_groups, st["optim_lr"].tolist(), strict=True):
                 g["lr"], g["initial_lr"] = lr, initial  # the control drops the moments, not the schedule
-        if "scheduler" not in self.skip:
-            last_epoch, step_count = st["sched"].tolist()
-            p.sched.last_epoch, p.sched._step_count = last_epoch, step_count
-            p.sched._last_lr = [g["lr"] for g in p.optim.param_groups]
-        step, epoch, start, yielded = st["progress"].tolist()  # its step was checked on the staging copy
-        src = self._source_rank()
-        if "data" not in self.skip:
-            if same_world:
-                blob = json_from_tensor(st[f"loader.rank{src}"])
-                if blob.get("num_workers", 0) == p.num_workers:
-                    p.data.seek(epoch, start, blob["state"], yielded)
-                else:  # a loader state does not carry across worker counts; the sample order does
-                    p.data.seek(epoch, start + yielded * p.batch_size * p.world)
-            else:
-                # Another world size: continue from the same global sample in the epoch.
-                p.data.seek(epoch, start + yielded * p.batch_size * manifest["world_size"])
-                if p.data.epoch_done:
-                    p.data.next_epoch()
-        if "rng" not in self.skip:
-            if same_world:
-                rng.restore(st[f"rng.rank{src}"])
-            else:
-                rng.seed_everything(p.seed * 1_000_003 + step, p.rank)
+
+    def _restore_scheduler(self, st: dict[str, Any], manifest: dict[str, Any], same_world: bool) -> None:
+        p = self._p()
+        last_epoch, step_count = st["sched"].tolist()
+        p.sched.last_epoch, p.sched._step_count = last_epoch, step_count
+        p.sched._last_lr = [g["lr"] for g in p.optim.param_groups]
+
+    def _restore_data(self, st: dict[str, Any], manifest: dict[str, Any], same_world: bool) -> None:
+        p = self._p()
+        _, epoch, start, yielded = st["progress"].tolist()  # its step was checked on the staging copy
+        if same_world:
+            blob = json_from_tensor(st[f"loader.rank{self._source_rank()}"])
+            if blob.get("num_workers", 0) == p.num_workers:
+                p.data.seek(epoch, start, blob["state"], yielded)
+            else:  # a loader state does not carry across worker counts; the sample order does
+                p.data.seek(epoch, start + yielded * p.batch_size * p.world)
+        else:
+            # Another world size: continue from the same global sample in the epoch.
+            p.data.seek(epoch, start + yielded * p.batch_size * manifest["world_size"])
+            if p.data.epoch_done:
+                p.data.next_epoch()
+
+    def _restore_rng(self, st: dict[str, Any], manifest: dict[str, Any], same_world: bool) -> None:
+        p = self._p()
+        if same_world:
+            rng.restore(st[f"rng.rank{self._source_rank()}"])
+        else:
+            step = int(st["progress"][0])
+            rng.seed_everything(p.seed * 1_000_003 + step, p.rank)
 
 
 def _progress_matches(step: int, staged: dict[str, Any]) -> str | None:
