@@ -230,6 +230,8 @@ class BatonCallback(TrainerCallback):
             if trainer.args.dataloader_num_workers == 0:  # the collator runs here, where its RNG can be kept
                 self.prefetch = PrefetchRng(self.rank)
                 self.prefetch.install(trainer, checkpoint)
+            if checkpoint is not None:  # after PrefetchRng's, so that it sees the Trainer's restore as it ends
+                self.epoch_rng.install(trainer)
             trainer.train(resume_from_checkpoint=checkpoint)
         except StoreUnreachable as e:
             return self._retry_later("store_unreachable", getattr(trainer.state, "global_step", 0), str(e))

@@ -177,6 +177,23 @@ class EpochRng:
             log(f"warning: {EPOCH_FILE.format(rank=rank)} in {checkpoint} is not an epoch RNG snapshot: not used")
         self.saved = saved if ok else None
         self.first = True
+        self.resumed = checkpoint is not None
+        self._recapture = False  # a resume at an epoch boundary: the epoch's state is the one the Trainer restores
+
+    def install(self, trainer: Any) -> None:
+        """On a resume: take the epoch's state again right after the Trainer restores the checkpoint's RNG. At
+        an epoch boundary the Trainer calls `on_epoch_begin` first and restores after it, before the epoch's
+        sampler draws (transformers 5.24, `_run_epoch`): without this the snapshot would hold the process's
+        start state, and a later resume in the middle of that epoch would give the sampler the wrong one."""
+        inner = trainer._load_rng_state
+
+        def load_rng_state(checkpoint: str | None) -> None:
+            inner(checkpoint)
+            if self._recapture and self.current is not None:
+                self._recapture = False
+                self.current = {"epoch": self.current["epoch"], "state": capture()}
+
+        trainer._load_rng_state = load_rng_state
 
     def begin(self, epoch_position: float) -> None:
         """`epoch_position`: the Trainer's state.epoch at on_epoch_begin (fractional on a mid-epoch resume)."""
@@ -189,6 +206,7 @@ class EpochRng:
                 from trainer.records import log
 
                 log(f"warning: the epoch RNG snapshot cannot be restored ({str(e)[:200]}): not used")
+        self._recapture = self.first and self.resumed and not mid_epoch
         self.first = False
         self.current = {"epoch": epoch, "state": capture()}
 

@@ -146,6 +146,28 @@ def test_a_resume_before_an_epochs_short_last_step_is_bit_identical(tmp_path, ti
     assert differing == [] and worst == 0.0, (differing[:5], epochs)
 
 
+def test_a_resume_at_an_epoch_boundary_keeps_the_epochs_rng_snapshot_exact(tmp_path, tiny_model):
+    """167 packed samples in batches of 4 make 21 steps an epoch. Resumed from step 21, the Trainer calls
+    on_epoch_begin before it restores the checkpoint's RNG: the epoch RNG snapshot (baton_epoch_rng_0.pth,
+    what a later resume in that epoch gives the sampler) must be the restored state, as in the uninterrupted
+    run. A drill evicted at step 63 found it differing; the uninterrupted run is the control."""
+    from steps.hf_checkpoint import compare_flat
+
+    sets = ("total_steps=24", "checkpoint.every_steps=0")
+    ref_bucket, bucket = f"file://{tmp_path}/ref", f"file://{tmp_path}/bucket"
+    rc, recs, err = run(hf_cmd(tiny_model, ref_bucket, *sets))
+    assert rc == 0, err[-3000:]
+    rc, recs, err = run_and_sigterm(hf_cmd(tiny_model, bucket, *sets), at_step=21)
+    assert rc == 75 and [r["step"] for r in recs if r["event"] == "preempt"] == [21], err[-3000:]
+    rc, recs, err = run(hf_cmd(tiny_model, bucket, *sets))
+    assert rc == 0 and steps_of(recs) == [22, 23, 24], err[-3000:]
+    _, (ref, _) = final(ref_bucket)
+    _, (tri, _) = final(bucket)
+    assert any(k.startswith("other.baton_epoch_rng_0.pth") for k in tri)
+    worst, differing = compare_flat(ref, tri)
+    assert differing == [] and worst == 0.0, differing[:5]
+
+
 def test_a_sigterm_kills_the_stock_script_without_the_callback(tmp_path, tiny_model):
     """The negative control's trainer: the same example without the callback dies on SIGTERM (-15)."""
     rc, recs, _ = run_and_sigterm(hf_cmd(tiny_model, tmp_path / "out"), at_step=3,
