@@ -22,8 +22,6 @@ TRAINING_TASKS = ("reference", "reference-replay", "trial")
 TASKS = (*TRAINING_TASKS, "evict", "verify", "compare")
 """Every DAG task that runs a pod, in the DAG's order (`publish`, after compare, is a suspend: no pod).
 equivalence.py builds the DAG with these names; `run -p chaos=N` and `-p unschedulable=` choose among them."""
-EVICT_TASK, VERIFY_TASK, COMPARE_TASK = TASKS[3:]
-TRIAL_TASK = TRAINING_TASKS[2]
 
 # ---- the files the steps hand each other --------------------------------------------------------------------
 
