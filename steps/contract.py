@@ -22,6 +22,20 @@ TRAINING_TASKS = ("reference", "reference-replay", "trial")
 TASKS = (*TRAINING_TASKS, "evict", "verify", "compare")
 """Every DAG task that runs a pod, in the DAG's order (`publish`, after compare, is a suspend: no pod).
 equivalence.py builds the DAG with these names; `run -p chaos=N` and `-p unschedulable=` choose among them."""
+RELEASE_TEMPLATE = "release"
+"""The exit handler (Argo's onExit) of a drill whose pods are Kueue pod groups: steps/release.py."""
+
+# ---- Kueue's plain-pod integration (v0.19.2, pkg/controller/jobs/pod/constants/constants.go) ----------------
+
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+"""The LocalQueue a pod waits in; a pod without it (or with it empty) is not Kueue's, unless a LocalQueue named
+`default` exists in its namespace or Kueue manages jobs without a queue name."""
+POD_GROUP_LABEL = "kueue.x-k8s.io/pod-group-name"
+"""Pods with the same value are one Workload: no quota until total-count of them exist, then all at once."""
+POD_GROUP_COUNT = "kueue.x-k8s.io/pod-group-total-count"
+RETRIABLE_IN_GROUP = "kueue.x-k8s.io/retriable-in-group"
+"""Set to "false" on one pod, it makes the group finish once no pod of it is active (pod_controller.go,
+Finished); it cannot be set back (pod_webhook.go)."""
 
 # ---- the files the steps hand each other --------------------------------------------------------------------
 

@@ -39,6 +39,8 @@ from hera.workflows import models as m  # noqa: E402
 
 from steps.contract import (  # noqa: E402
     HELPER_RETRY_EXPRESSION,
+    POD_GROUP_COUNT,
+    POD_GROUP_LABEL,
     REPORT_FILES,
     RETRY_EXPRESSION,
     TASKS,
@@ -119,10 +121,9 @@ def _round_key_env() -> m.EnvVar:
 
 
 NODE = "{{inputs.parameters.node}}"
-# Kueue's plain-pod groups (v0.19.2, pkg/controller/jobs/pod/constants/constants.go): no Workload, hence no
-# quota, until total-count pods of the group exist; a retried pod of an admitted group joins it as a replacement.
-POD_GROUP_LABEL = "kueue.x-k8s.io/pod-group-name"
-POD_GROUP_COUNT = "kueue.x-k8s.io/pod-group-total-count"
+# Kueue's plain-pod groups (steps/contract.py): no Workload, hence no quota, until total-count pods of the group
+# exist; a retried pod of an admitted group joins it as a replacement. With a queue, the release exit handler
+# frees a group that did not succeed (workflows/params.py, set_release_handler).
 
 
 def _train_args(role: str, nodes: int = 1) -> list[str]:

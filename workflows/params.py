@@ -10,7 +10,13 @@ from __future__ import annotations
 import math
 import re
 
-from steps.contract import CLUSTER_EVICTION_MODES, EVICTION_MODES
+from steps.contract import (
+    CLUSTER_EVICTION_MODES,
+    EVICTION_MODES,
+    POD_GROUP_LABEL,
+    QUEUE_LABEL,
+    RELEASE_TEMPLATE,
+)
 
 STORE_PORT = 29500  # torchrun's default --master-port; docs/multinode.md shows a NetworkPolicy that allows it
 # name -> (default, description). The order is the order users see in the Argo UI; the overlays patch
@@ -59,7 +65,6 @@ PARAMETERS: dict[str, tuple[str, str]] = {
                                     "127.0.0.1, and three roles run at once)"),
 }
 BASELINE_POOLS = ("spot", "on-demand")
-QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 # A Kubernetes label value: at most 63 characters, alphanumerics with - _ . inside.
 _LABEL_VALUE = re.compile(r"(?:[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?")
 _INTEGERS = ("total_steps", "evictions", "retry_limit", "seed", "grace", "ranks", "every_steps", "deadline", "nodes",
@@ -182,16 +187,29 @@ def set_deadline(obj: dict, values: dict[str, str]) -> None:
 
 
 def set_queue_label(obj: dict, queue: str) -> None:
-    """Put every pod of a Workflow or CronWorkflow dict into Kueue's LocalQueue `queue` (spec.podMetadata
-    labels; Kueue's plain Pod integration), or out of any queue when `queue` is empty. The `queue`
-    parameter's value is set to match, so the Argo UI shows it. `queue` must have passed resolve_params."""
+    """Put every pod of a Workflow or CronWorkflow dict into Kueue's LocalQueue `queue` (Kueue's plain Pod
+    integration), or out of any queue when `queue` is empty. The `queue` parameter's value is set to match,
+    so the Argo UI shows it. `queue` must have passed resolve_params.
+
+    The label goes on spec.podMetadata, which reaches every pod; but a spec whose training pods are Kueue
+    pod groups (nodes > 1) also gets the release exit handler (release_template), whose pod must stay out
+    of the queue, and a template cannot take a spec.podMetadata label off (Argo merges them; Kueue's webhook
+    refuses an empty queue name). There, the label goes on each pod template's own metadata instead."""
     spec = obj.setdefault("spec", {})
     spec = spec.setdefault("workflowSpec", {}) if obj.get("kind") == "CronWorkflow" else spec
     for prm in spec.get("arguments", {}).get("parameters", []):
         if prm.get("name") == "queue":
             prm["value"] = queue
+    set_release_handler(spec, bool(queue))
+    per_template = spec.get("onExit") == RELEASE_TEMPLATE
+    for t in spec.get("templates", []):
+        labels = (t.get("metadata") or {}).get("labels")
+        if labels is not None:
+            labels.pop(QUEUE_LABEL, None)
+        if queue and per_template and "container" in t and t.get("name") != RELEASE_TEMPLATE:
+            t.setdefault("metadata", {}).setdefault("labels", {})[QUEUE_LABEL] = queue
     labels = spec.setdefault("podMetadata", {}).setdefault("labels", {})
-    if queue:
+    if queue and not per_template:
         labels[QUEUE_LABEL] = queue
     else:
         labels.pop(QUEUE_LABEL, None)
@@ -199,3 +217,36 @@ def set_queue_label(obj: dict, queue: str) -> None:
             spec["podMetadata"].pop("labels")
         if not spec["podMetadata"]:
             spec.pop("podMetadata")
+
+
+def release_template() -> dict:
+    """The exit handler of a drill whose pods are Kueue pod groups (steps/release.py says why). Its pod has no
+    queue label (set_queue_label labels the other templates), so that it runs even when the quota it releases
+    is what the queue lacks. Argo runs
+    an exit handler after a failure, a stop and a passed deadline (workflowpod.go: onExit pods ignore the
+    workflow's deadline), never after a terminate."""
+    return {
+        "name": RELEASE_TEMPLATE,
+        "container": {
+            "image": "{{workflow.parameters.image}}", "command": ["python"],
+            "args": ["-m", "steps.release", "--workflow", "{{workflow.name}}", "--status", "{{workflow.status}}"],
+            "resources": {"requests": {"cpu": "50m", "memory": "128Mi"}},
+        },
+        "retryStrategy": {"limit": "3", "retryPolicy": "Always"},
+    }
+
+
+def set_release_handler(spec: dict, queued: bool) -> None:
+    """With `queued` and pod groups among the spec's templates: spec.onExit runs release_template(). Without
+    either: no such handler (a spec without a queue has nothing to release)."""
+    templates = spec.setdefault("templates", [])
+    grouped = any(POD_GROUP_LABEL in ((t.get("metadata") or {}).get("labels") or {}) for t in templates)
+    templates[:] = [t for t in templates if t.get("name") != RELEASE_TEMPLATE]
+    if spec.get("onExit") == RELEASE_TEMPLATE:
+        spec.pop("onExit")
+    if queued and grouped:
+        if spec.get("onExit"):
+            raise ValueError(f"the workflow already has an exit handler ({spec['onExit']!r}); "
+                             f"the Kueue release handler would replace it")
+        templates.append(release_template())
+        spec["onExit"] = RELEASE_TEMPLATE

@@ -2,13 +2,16 @@
 the end whatever happens; the teardown then checks that none of its processes is left."""
 from __future__ import annotations
 
+import json
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 
-from tests.e2e.localcluster import Local, alive, why_skip
+from tests.e2e.localcluster import REPO, Local, alive, cond, wait, why_skip
 
 
 @pytest.fixture(scope="session")
@@ -40,6 +43,42 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Local]:
             except OSError:
                 continue
         assert not strays, f"pod processes left running after down: {strays}"
+
+
+# The local-kueue overlay: its ResourceFlavor, ClusterQueue baton-local and LocalQueue baton.
+KUEUE_OVERLAY = REPO / "templates" / "overlays" / "local-kueue"
+
+
+@pytest.fixture(scope="module")
+def kueue(cluster: Local) -> Iterator[Local]:
+    """Kueue added to the session's cluster for one module (`up --kueue`), with the local-kueue overlay's
+    queues, and removed at its end (`down --kueue` unregisters the webhooks first), so the other modules
+    see the cluster without it. Skips when Kueue is not built."""
+    from infra.local.kueue import MUTATING, VALIDATING, why_not_built
+
+    if why_not_built():
+        pytest.skip(f"Kueue not built (make cluster-build-kueue): {why_not_built()}")
+    t0 = time.monotonic()
+    up = cluster.cli("up", "--kueue")
+    try:
+        assert up.returncode == 0, f"up --kueue failed: {up.stderr.strip()}"
+        print(f"\n[e2e] {up.stdout.strip().splitlines()[-1]} (measured {time.monotonic() - t0:.1f} s)")
+        objs = subprocess.run(["kubectl", "kustomize", str(KUEUE_OVERLAY)], capture_output=True, text=True,
+                              check=True)
+        docs = [d for d in yaml.safe_load_all(objs.stdout) if d and d["apiVersion"].startswith("kueue.x-k8s.io/")]
+        assert {d["kind"] for d in docs} == {"ResourceFlavor", "ClusterQueue", "LocalQueue"}, docs
+        cluster.kubectl("apply", "--server-side", "-f", "-",
+                        stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": docs}))
+        wait(lambda: cond(cluster.get("clusterqueue", "baton-local"), "Active") == "True", 60,
+             "ClusterQueue baton-local Active")
+        yield cluster
+    finally:
+        down = cluster.cli("down", "--kueue")
+        assert down.returncode == 0, f"down --kueue failed: {down.stderr.strip()}"
+        left = cluster.kubectl("get", "mutatingwebhookconfiguration,validatingwebhookconfiguration", "-o", "name")
+        assert MUTATING not in left and VALIDATING not in left, left
+        info = json.loads((cluster.state / "pids.json").read_text())
+        assert "kueue" not in info["procs"], info["procs"].keys()
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, exitstatus: int, config: pytest.Config) -> None:

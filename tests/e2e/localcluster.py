@@ -84,3 +84,17 @@ def alive(pid: int) -> bool:
     except OSError:
         return False
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def wait(pred: Any, timeout: float, what: str, every: float = 1.0) -> None:
+    t0 = time.monotonic()
+    while not pred():
+        assert time.monotonic() - t0 < timeout, f"not within {timeout:.0f} s: {what}"
+        time.sleep(every)
+
+
+def cond(obj: dict[str, Any], kind: str) -> str | None:
+    for c in obj.get("status", {}).get("conditions", []):
+        if c["type"] == kind:
+            return c["status"]
+    return None

@@ -14,14 +14,15 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import yaml
 
-from infra.local.kueue import GATE, MUTATING, QUEUE_LABEL, VALIDATING, why_not_built
+from infra.local.kueue import GATE, QUEUE_LABEL, why_not_built
 from tests.e2e.localcluster import REPO, Local, why_skip
+from tests.e2e.localcluster import cond as _cond
+from tests.e2e.localcluster import wait as _wait
 
 _SKIP = why_skip() or (f"Kueue not built (make cluster-build-kueue): {why_not_built()}" if why_not_built() else "")
 pytestmark = [pytest.mark.skipif(bool(_SKIP), reason=_SKIP), pytest.mark.slow, pytest.mark.e2e]
@@ -29,44 +30,6 @@ pytestmark = [pytest.mark.skipif(bool(_SKIP), reason=_SKIP), pytest.mark.slow, p
 OVERLAY = REPO / "templates" / "overlays" / "local-kueue"
 SMALL = ["-p", "total_steps=200", "-p", "evictions=1"]
 FINAL = ("Succeeded", "Failed", "Error")
-
-
-@pytest.fixture(scope="module")
-def kueue(cluster: Local) -> Iterator[Local]:
-    t0 = time.monotonic()
-    up = cluster.cli("up", "--kueue")
-    try:
-        assert up.returncode == 0, f"up --kueue failed: {up.stderr.strip()}"
-        print(f"\n[e2e] {up.stdout.strip().splitlines()[-1]} (measured {time.monotonic() - t0:.1f} s)")
-        objs = subprocess.run(["kubectl", "kustomize", str(OVERLAY)], capture_output=True, text=True, check=True)
-        docs = [d for d in yaml.safe_load_all(objs.stdout) if d and d["apiVersion"].startswith("kueue.x-k8s.io/")]
-        assert {d["kind"] for d in docs} == {"ResourceFlavor", "ClusterQueue", "LocalQueue"}, docs
-        cluster.kubectl("apply", "--server-side", "-f", "-",
-                        stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": docs}))
-        _wait(lambda: _cond(cluster.get("clusterqueue", "baton-local"), "Active") == "True", 60,
-              "ClusterQueue baton-local Active")
-        yield cluster
-    finally:
-        down = cluster.cli("down", "--kueue")
-        assert down.returncode == 0, f"down --kueue failed: {down.stderr.strip()}"
-        left = cluster.kubectl("get", "mutatingwebhookconfiguration,validatingwebhookconfiguration", "-o", "name")
-        assert MUTATING not in left and VALIDATING not in left, left
-        info = json.loads((cluster.state / "pids.json").read_text())
-        assert "kueue" not in info["procs"], info["procs"].keys()
-
-
-def _wait(pred: Any, timeout: float, what: str, every: float = 1.0) -> None:
-    t0 = time.monotonic()
-    while not pred():
-        assert time.monotonic() - t0 < timeout, f"not within {timeout:.0f} s: {what}"
-        time.sleep(every)
-
-
-def _cond(obj: dict[str, Any], kind: str) -> str | None:
-    for c in obj.get("status", {}).get("conditions", []):
-        if c["type"] == kind:
-            return c["status"]
-    return None
 
 
 def _submit(env: dict[str, str], *params: str) -> str:

@@ -252,6 +252,8 @@ RULES: dict[str, dict[tuple[str, str, str], tuple[str, str]]] = {
         ("", "pods", "list"): ("steps/evict.py", "list_namespaced_pod("),
         ("", "pods", "get"): ("steps/evict.py", "read_namespaced_pod("),
         ("", "pods/eviction", "create"): ("steps/evict.py", "create_namespaced_pod_eviction("),
+        # steps.release marks a failed drill's Kueue pod groups unretriable, so that Kueue frees their quota.
+        ("", "pods", "patch"): ("steps/release.py", "patch_namespaced_pod("),
         # Argo's emissary executor reports each step's outputs through a WorkflowTaskResult.
         ("argoproj.io", "workflowtaskresults", "create"): ("argo", "docs/workflow-rbac.md"),
         ("argoproj.io", "workflowtaskresults", "patch"): ("argo", "docs/workflow-rbac.md"),

@@ -12,6 +12,7 @@ import subprocess
 import pytest
 import yaml
 
+from steps.contract import RELEASE_TEMPLATE
 from tests.crd import validate_kueue
 from tests.helpers import PY, REPO, base_env
 from tests.workflow.test_argo import (  # noqa: F401  (fixtures)
@@ -262,8 +263,8 @@ def test_at_two_nodes_each_role_is_one_kueue_pod_group_whose_size_is_the_nodes_p
     validate(wf)
     spec = wf["spec"]
     assert {x["name"]: x["value"] for x in spec["arguments"]["parameters"]}["nodes"] == "2"
-    assert spec["podMetadata"]["labels"][LABEL] == "baton"
     ts = templates_of(wf)
+    assert ts["trial"]["metadata"]["labels"][LABEL] == "baton"  # per template here: the release handler's pod has none
     tasks = {t["name"]: t for t in ts["drill"]["dag"]["tasks"]}
     groups = {}
     for task in ("reference", "reference-replay", "trial"):
@@ -279,8 +280,69 @@ def test_at_two_nodes_each_role_is_one_kueue_pod_group_whose_size_is_the_nodes_p
         groups[task] = name
     assert groups == {"reference": "{{workflow.name}}-reference", "reference-replay": "{{workflow.name}}-replay",
                       "trial": "{{workflow.name}}-trial"}
-    assert "withSequence" not in tasks["evict"] and "metadata" not in ts["evict"]  # evict is no group
+    assert "withSequence" not in tasks["evict"] and ts["evict"]["metadata"] == {"labels": {LABEL: "baton"}}  # no group
     # At one node the DAG is what it always was: no group, no expansion.
     one = eq.rendered(1)[0]
     assert all("withSequence" not in t for t in templates_of(one)["drill"]["dag"]["tasks"])
     assert all("metadata" not in t for t in templates_of(one).values())
+
+
+# ---- the release exit handler of a grouped drill (issue 36: no quota held after a drill that fails) ----------
+
+def _handler(spec: dict) -> tuple[str | None, list[dict]]:
+    return spec.get("onExit"), [t for t in spec["templates"] if t["name"] == RELEASE_TEMPLATE]
+
+
+def test_a_queued_drill_of_pod_groups_gets_the_release_handler_out_of_the_queue():
+    """At nodes=2 with a queue: spec.onExit runs steps.release, in a pod out of the queue, so that a queue full
+    of the drill's own held quota cannot keep it from running. Kueue's webhook refuses an empty queue name
+    (seen on the real one), so the label moves from spec.podMetadata onto each other pod template. Controls:
+    no queue, or one node (no pod group), no handler and the label on spec.podMetadata."""
+    p = _render("nodes=2", "queue=team-a")
+    assert p.returncode == 0, p.stderr
+    for d in yaml.safe_load_all(p.stdout):
+        validate(d)
+        spec = d["spec"].get("workflowSpec", d["spec"])
+        on_exit, [tmpl] = _handler(spec)
+        assert on_exit == RELEASE_TEMPLATE
+        assert LABEL not in (tmpl.get("metadata") or {}).get("labels", {})
+        assert LABEL not in (spec.get("podMetadata") or {}).get("labels", {})
+        pods = [t for t in spec["templates"] if "container" in t and t["name"] != RELEASE_TEMPLATE]
+        assert {t["name"] for t in pods} == {"train", "trial", "evict", "verify", "compare"}
+        assert all(t["metadata"]["labels"][LABEL] == "team-a" for t in pods)
+        assert tmpl["container"]["args"][:2] == ["-m", "steps.release"]
+        assert "{{workflow.name}}" in tmpl["container"]["args"]
+    for params in (("nodes=2",), ("queue=team-a",), ()):
+        p = _render(*params)
+        assert p.returncode == 0, p.stderr
+        for d in yaml.safe_load_all(p.stdout):
+            assert _handler(d["spec"].get("workflowSpec", d["spec"])) == (None, []), params
+
+
+def test_submit_from_a_file_keeps_one_handler_and_an_empty_queue_takes_it_off(argo, tmp_path):  # noqa: F811
+    argo.routes[("POST", CREATE)] = (200, fixture("created.json"))
+    p = _render("nodes=2", "queue=team-a")
+    wf = next(yaml.safe_load_all(p.stdout))
+    path = tmp_path / "wf.yaml"
+    path.write_text(yaml.safe_dump(wf))
+    assert eq.main(["submit", "--from-file", str(path)]) == 0
+    sent = json.loads(argo.requests[-1]["body"])["workflow"]["spec"]
+    assert _handler(sent)[0] == RELEASE_TEMPLATE and len(_handler(sent)[1]) == 1
+    assert eq.main(["submit", "--from-file", str(path), "-p", "queue="]) == 0
+    sent = json.loads(argo.requests[-1]["body"])["workflow"]["spec"]
+    assert _handler(sent) == (None, [])
+    assert not any(LABEL in (t.get("metadata") or {}).get("labels", {}) for t in sent["templates"])
+    assert LABEL not in (sent.get("podMetadata") or {}).get("labels", {})
+    # A file with the label on spec.podMetadata (what the kustomize components patch in) loses it there.
+    wf["spec"]["podMetadata"] = {"labels": {LABEL: "team-a"}}
+    path.write_text(yaml.safe_dump(wf))
+    assert eq.main(["submit", "--from-file", str(path)]) == 0
+    sent = json.loads(argo.requests[-1]["body"])["workflow"]["spec"]
+    assert "podMetadata" not in sent and _handler(sent)[0] == RELEASE_TEMPLATE
+
+
+def test_a_workflow_with_its_own_exit_handler_is_not_overwritten():
+    wf = eq.build_workflow(2).to_dict()
+    wf["spec"]["onExit"] = "notify"
+    with pytest.raises(ValueError, match="already has an exit handler"):
+        eq.set_queue_label(wf, "team-a")

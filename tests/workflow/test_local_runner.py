@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from steps.contract import RETRY_EXPRESSION
+from steps.contract import RELEASE_TEMPLATE, RETRY_EXPRESSION
 from steps.local_pods import list_pods
 from steps.local_pods import request_deletion as request_pod_deletion
 from workflows.local import UnsupportedSpec, argo_expr, run_workflow
@@ -648,6 +648,18 @@ def test_refusals_name_the_field_and_run_nothing(tmp_path, mutate, message):
     with pytest.raises(UnsupportedSpec, match=message):
         run(spec, tmp_path)
     assert not (tmp_path / "ran-a").exists() and not (tmp_path / "out").exists()
+
+
+def test_the_kueue_release_handler_is_accepted_and_runs_nothing(tmp_path):
+    """The one exit handler the runner accepts: the release of Kueue pod groups (no Kueue here). The spec
+    runs as without it (control: any other onExit is refused, in REFUSALS)."""
+    spec = copy.deepcopy(_base(tmp_path))
+    spec["spec"]["onExit"] = RELEASE_TEMPLATE
+    spec["spec"]["templates"].append({"name": RELEASE_TEMPLATE, "container": {
+        "image": "x", "command": ["sh", "-c", f"touch {tmp_path / 'released'}"]}})
+    run(spec, tmp_path / "ok")
+    assert (tmp_path / "ran-a").exists() and (tmp_path / "ran-b").exists()
+    assert not (tmp_path / "released").exists()
 
 
 def test_unknown_param_override_is_an_error(tmp_path):

@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 
 import workflows.local.argo_expr as argo_expr
+from steps.contract import RELEASE_TEMPLATE
 
 # Fields that the runner accepts and ignores because they have no meaning on one machine.
 ACCEPTED_WITHOUT_EFFECT: dict[str, frozenset[str]] = {
@@ -29,7 +30,7 @@ ACCEPTED_WITHOUT_EFFECT: dict[str, frozenset[str]] = {
 _SUPPORTED: dict[str, frozenset[str]] = {
     "workflow": frozenset({"apiVersion", "kind", "metadata", "spec"}),
     "metadata": frozenset({"name", "generateName"}),
-    "spec": frozenset({"entrypoint", "arguments", "templates", "activeDeadlineSeconds"}),
+    "spec": frozenset({"entrypoint", "arguments", "templates", "activeDeadlineSeconds", "onExit"}),
     "arguments": frozenset({"parameters"}),
     "wf_param": frozenset({"name", "value", "description", "enum"}),
     "template": frozenset({"name", "dag", "container", "suspend", "inputs", "outputs", "retryStrategy",
@@ -305,6 +306,10 @@ def build_plan(spec: dict, params: dict[str, str] | None) -> Plan:
     else:
         raise UnsupportedSpec("metadata: needs name or generateName")
     s = _check(spec.get("spec"), "spec", "spec")
+    # The one exit handler accepted, without effect: the release of Kueue pod groups' quota (steps/release.py).
+    # No Kueue runs here, so there is nothing to release; any other handler would be work not done, refused.
+    if s.get("onExit") not in (None, RELEASE_TEMPLATE):
+        raise _refuse("spec.onExit")
 
     wf_params: dict[str, str] = {}
     args = _check(s.get("arguments", {}), "spec.arguments", "arguments")
