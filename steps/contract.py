@@ -98,7 +98,9 @@ GONE_BEFORE_SEEN = ("evict", "delete", "kueue")
 """Modes whose pod object is gone before Argo's controller reads its final status (an Error "pod deleted"). A
 Kueue preemption too: Kueue removes its finalizer in the reconcile that finishes the Workload, as soon as the
 pod has terminated, and the real controller recorded every Kueue-preempted or Kueue-managed evicted trial as
-`pod deleted` with no exit code (docs/cluster-local.md, "Kueue on the local cluster")."""
+`pod deleted` with no exit code (docs/cluster-local.md, "Kueue on the local cluster"). Not a pod of a queued
+Kueue pod group (nodes > 1): Kueue keeps its finalizer until the whole group finishes, and Argo read every such
+evicted pod's exit code (75) on the real controllers (the local runner's Task.kueue_group)."""
 
 # ---- how Argo v3.7 records the end of an attempt (docs/cluster-local.md; read from its source) ---------------
 

@@ -191,3 +191,49 @@ def test_a_stopped_grouped_drill_frees_its_quota_through_its_exit_handler(kueue:
         _wait(lambda: not any(_finalizers(kueue, name).values()), 60, "Kueue's finalizers off the group's pods")
     finally:
         kueue.kubectl("delete", "workflow", name, "--ignore-not-found", "--wait=false", check=False)
+
+
+def test_a_grouped_drill_passes_with_each_node_evicted_once(kueue: Local, tmp_path: Path):
+    """nodes=2, two evictions drawn under seed 0 (node 1, then node 0: steps.evict.eviction_nodes): each item
+    of the trial's group loses one attempt to an eviction and comes back as a replacement in the same admitted
+    Workload; every tensor is equal (compare passes), nothing is replayed, and the quota is free after."""
+    from steps.evict import eviction_nodes
+
+    assert eviction_nodes(2, 2, seed=0) == [1, 0]
+    _wait(lambda: _free(kueue), 120, "baton-local free before the drill")
+    wf = grouped_drill(tmp_path, "-p", "total_steps=48", "-p", "evictions=2", "-p", "seed=0")
+    env = kueue.user_env()
+    r = subprocess.run([sys.executable, "workflows/equivalence.py", "submit", "--from-file", "-"],
+                       input=yaml.safe_dump(wf), cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    name = r.stdout.split()[0]
+    t0 = time.monotonic()
+    try:
+        trial_workloads: dict[str, Any] = {}
+
+        def ended() -> bool:
+            trial_workloads.update({k: v for k, v in _group_workloads(kueue, name).items() if k.endswith("-trial")})
+            return kueue.get("workflow", name).get("status", {}).get("phase") in ("Succeeded", "Failed", "Error")
+
+        _wait(ended, 1200, f"{name} ended", every=3)
+        done = kueue.get("workflow", name)
+        nodes = done["status"]["nodes"]
+        items = {n["displayName"]: [(nodes[c]["phase"], nodes[c].get("message"),
+                                     (nodes[c].get("outputs") or {}).get("exitCode")) for c in n.get("children", [])]
+                 for n in nodes.values() if n.get("type") == "Retry" and n["displayName"].startswith("trial(")}
+        compare = next((n for n in nodes.values() if n.get("type") == "Pod" and n["displayName"].startswith("compare")
+                        and n.get("phase") == "Succeeded"), {})
+        outs = {p["name"]: p.get("value") for p in (compare.get("outputs") or {}).get("parameters", [])}
+        print(f"\n[e2e] grouped drill {name}: {done['status']['phase']} after {time.monotonic() - t0:.0f} s; "
+              f"trial items {json.dumps(items)}; compare {json.dumps(outs)}; trial Workloads "
+              f"{sorted(trial_workloads)}")
+        assert done["status"]["phase"] == "Succeeded", json.dumps(items)
+        assert outs.get("preemptions") == "2" and outs.get("replayed_steps") == "0", outs
+        assert set(items) == {"trial(0:0)", "trial(1:1)"}, items
+        for item, attempts in items.items():  # each node: its eviction, its peer's 75, the finish
+            assert len(attempts) == 3 and attempts[-1][0] == "Succeeded", (item, attempts)
+        # One Workload for the trial's group across all its retries: the replacements joined it.
+        assert list(trial_workloads) == [f"{name}-trial"], sorted(trial_workloads)
+        _wait(lambda: _free(kueue), 120, "baton-local's quota free after the drill passed")
+    finally:
+        kueue.kubectl("delete", "workflow", name, "--ignore-not-found", "--wait=false", check=False)

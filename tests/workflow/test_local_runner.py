@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from steps.contract import RELEASE_TEMPLATE, RETRY_EXPRESSION
+from steps.contract import POD_GROUP_LABEL, QUEUE_LABEL, RELEASE_TEMPLATE, RETRY_EXPRESSION
 from steps.local_pods import list_pods
 from steps.local_pods import request_deletion as request_pod_deletion
 from workflows.local import UnsupportedSpec, argo_expr, run_workflow
@@ -395,6 +395,25 @@ def test_every_way_a_cluster_ends_a_pod_is_recorded_as_argo_does_and_the_drill_r
             in first["conditions"]
     # A lost VM sends no SIGTERM: the pod's child never heard of one.
     assert (tmp_path / "child-got-term").exists() == (how != "lost-vm" and mode == "term75")
+    assert_no_pods_alive(out)
+
+
+@pytest.mark.parametrize("labels, recorded", [
+    # A pod of a queued Kueue pod group: Kueue keeps its finalizer until the group finishes, so Argo reads the
+    # container's exit code (the real Kueue v0.19.2 and Argo v3.7.18: tests/e2e/test_kueue_groups.py).
+    ({POD_GROUP_LABEL: "wf-trial", QUEUE_LABEL: "q"}, ("Failed", 75, "main: Error (exit code 75)")),
+    # Controls: a group without a queue is not Kueue's, and neither is a queued pod without a group's finalizer
+    # rule (a single queued pod's finalizer goes once it terminated): both gone before Argo reads them.
+    ({POD_GROUP_LABEL: "wf-trial"}, ("Error", -1, "pod deleted")),
+    ({QUEUE_LABEL: "q"}, ("Error", -1, "pod deleted")),
+])
+def test_an_evicted_pod_of_a_queued_kueue_group_keeps_its_exit_code(tmp_path, labels, recorded):
+    spec = deletion_spec(tmp_path, "term75", 1, {"limit": 3, "retryPolicy": "Always", "expression": DRILL_EXPR}, "evict")
+    trial = next(t for t in spec["spec"]["templates"] if t["name"] == "trial")
+    trial["metadata"] = {"labels": labels}
+    res, out, progress = run(spec, tmp_path)
+    assert res.phase == "Succeeded", progress
+    assert statuses(res, "trial") == [recorded, ("Succeeded", 0, "")]
     assert_no_pods_alive(out)
 
 

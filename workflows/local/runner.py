@@ -438,7 +438,10 @@ class _Runner:
             status, message, code = "Failed", LOST_VM, -1
         elif pod.how == "node-shutdown":
             status, message = "Failed", NODE_SHUTDOWN
-        elif pod.how in GONE_BEFORE_SEEN:  # the pod's own record keeps the container's code (137 if SIGKILLed)
+        elif pod.how in GONE_BEFORE_SEEN and not pod.task.kueue_group:  # the pod's own record keeps the
+            # container's code (137 if SIGKILLed). A pod of a queued Kueue pod group is not gone: Kueue keeps
+            # its finalizer until the whole group finishes, so Argo reads the exit code (the real controllers,
+            # docs/cluster-local.md).
             container = EXIT_SIGKILL if pod.sigkilled else code
             self._finish(pod, "Error", POD_DELETED, may_retry=not self.aborting, code=-1, container_code=container)
             return

@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 
 import workflows.local.argo_expr as argo_expr
-from steps.contract import RELEASE_TEMPLATE
+from steps.contract import POD_GROUP_LABEL, QUEUE_LABEL, RELEASE_TEMPLATE
 
 # Fields that the runner accepts and ignores because they have no meaning on one machine.
 ACCEPTED_WITHOUT_EFFECT: dict[str, frozenset[str]] = {
@@ -94,6 +94,7 @@ class Task:
     group: str = ""  # the DAG task as written: a withSequence item's name is `<group>(<i>:<i>)`, as Argo's
     item: str | None = None  # the withSequence item ({{item}})
     root: bool = False  # the entrypoint itself is this container: Argo's root node, named as the workflow
+    kueue_group: bool = False  # its pods are in a Kueue pod group and a queue (labels; no Kueue runs here)
 
     def __post_init__(self) -> None:
         self.group = self.group or self.name
@@ -129,6 +130,7 @@ class Plan:
     wf_ctx: dict[str, str]
     tasks: dict[str, Task]
     deadline_s: float | None
+    pod_labels: dict[str, str] = field(default_factory=dict)  # spec.podMetadata's, under each template's own
 
 
 def _refuse(path: str, what: str = "") -> UnsupportedSpec:
@@ -334,7 +336,8 @@ def build_plan(spec: dict, params: dict[str, str] | None) -> Plan:
               **{f"workflow.parameters.{k}": v for k, v in wf_params.items()}}
     deadline = s.get("activeDeadlineSeconds")
     deadline = None if deadline is None else _seconds(deadline, "spec.activeDeadlineSeconds")
-    plan = Plan(name, wf_ctx, {}, deadline)
+    pod_meta = s.get("podMetadata") or {}
+    plan = Plan(name, wf_ctx, {}, deadline, dict(pod_meta.get("labels") or {}) if isinstance(pod_meta, dict) else {})
 
     templates: dict[str, tuple[str, dict]] = {}
     for i, t in enumerate(_list(s.get("templates"), "spec.templates")):
@@ -450,6 +453,8 @@ def _plan_task(plan: Plan, templates: dict[str, tuple[str, dict]], rt: dict, pat
                  None if tdl is None else _seconds(tdl, f"{tmpl_path}.activeDeadlineSeconds", ictx),
                  frozenset(st for k, st in (("failed", "Failed"), ("error", "Error")) if con.get(k)),
                  {k: v for k, v in late.items() if k in inputs}, group, item, root=path.startswith("spec.entrypoint["))
+    labels = {**plan.pod_labels, **((tmpl.get("metadata") or {}).get("labels") or {})}  # Argo's merge order
+    task.kueue_group = bool(labels.get(POD_GROUP_LABEL)) and bool(labels.get(QUEUE_LABEL))
     if task.suspend:
         plan.tasks[task_name] = task
         return
