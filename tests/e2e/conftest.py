@@ -1,4 +1,4 @@
-"""One local cluster for the whole e2e session (both modules), in a temporary state folder, brought down at
+"""One local cluster for the whole e2e session (every module), in a temporary state folder, brought down at
 the end whatever happens; the teardown then checks that none of its processes is left."""
 from __future__ import annotations
 

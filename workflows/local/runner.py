@@ -41,7 +41,9 @@ evicted, preempted by Kueue, its node shut down or its VM lost) is recorded as t
 says. A deleted, evicted or Kueue-preempted pod is an Error "pod deleted" with no exit code, whatever its process
 did: the object is gone before Argo's controller reads its final status, as on the real controllers
 (docs/cluster-local.md); the registry still shows the container's own exit code, as the pod's last status
-did. A task whose
+did. Except a pod of a queued Kueue pod group (``Task.kueue_group``): Kueue's finalizer keeps it until the
+whole group finishes, so Argo records its exit code. ``spec.onExit`` is accepted only when it names the Kueue
+release handler (``steps/release.py``), which does not run here: there is no Kueue to release. A task whose
 retries run out is failed with "No more retries left". Policies: Always (Failed, Error), OnFailure (Failed), OnError
 (Error), OnTransientError (Error only: an approximation, Argo also classifies messages). Without a policy
 the default is OnFailure, or Always when an expression is given (Argo >= 3.5). The policy is ANDed with
