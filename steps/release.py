@@ -17,7 +17,8 @@ Argo runs the handler after a success, a failure, a stop and a passed deadline (
 workflow's deadline), but not after `argo terminate`: then run this by hand with your own kubeconfig. The
 drill's Role grants what it needs: list pods, patch pods, create pods/eviction (templates/base/rbac.yaml).
 
-Exit: 0 done (or nothing to do), 1 the API refused (the message names the verb), 2 bad arguments.
+Exit: 0 done (or nothing to do), 1 the API refused or could not be reached (the message names the verb; the
+handler's retryStrategy tries again), 2 bad arguments.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from steps.contract import POD_GROUP_LABEL, QUEUE_LABEL, RETRIABLE_IN_GROUP
 SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 WORKFLOW_LABEL = "workflows.argoproj.io/workflow"
 ACTIVE = ("Pending", "Running")
+REQUEST_TIMEOUT_S = 30  # each API call: the client's default is none, and an exit handler must not hang
 _DNS_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 
 
@@ -70,41 +72,51 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     from kubernetes import client, config
+    from kubernetes.config.config_exception import ConfigException
+    from urllib3.exceptions import HTTPError
 
-    if args.kubeconfig:
-        config.load_kube_config(args.kubeconfig)
-        namespace = args.namespace or "baton"
-    else:
-        config.load_incluster_config()
-        namespace = SERVICE_ACCOUNT_NAMESPACE.read_text().strip()
+    try:
+        if args.kubeconfig:
+            config.load_kube_config(args.kubeconfig)
+            namespace = args.namespace or "baton"
+        else:
+            config.load_incluster_config()
+            namespace = SERVICE_ACCOUNT_NAMESPACE.read_text().strip()
+    except (ConfigException, OSError) as e:
+        where = args.kubeconfig or "the pod's service account"
+        print(f"error: no Kubernetes API configuration from {where}: {e}", file=sys.stderr)
+        return 1
     v1 = client.CoreV1Api()
 
     def refused(verb: str, e: Exception) -> int:
         status = getattr(e, "status", None)
-        print(f"error: {verb}: the API answered {status}: {getattr(e, 'reason', e)}"
+        why = f"the API answered {status}: {getattr(e, 'reason', e)}" if status else f"no answer: {e}"
+        print(f"error: {verb}: {why}"
               + (" (the drill's Role in templates/base/rbac.yaml grants it)" if status == 403 else ""),
               file=sys.stderr)
         return 1
 
     try:
-        pods = v1.list_namespaced_pod(namespace, label_selector=f"{WORKFLOW_LABEL}={args.workflow},{POD_GROUP_LABEL}")
-    except client.ApiException as e:
+        pods = v1.list_namespaced_pod(namespace, label_selector=f"{WORKFLOW_LABEL}={args.workflow},{POD_GROUP_LABEL}",
+                                      _request_timeout=REQUEST_TIMEOUT_S)
+    except (client.ApiException, HTTPError) as e:
         return refused("list pods", e)
     groups, mark, evict = plan(pods.items)
     for name in mark:
         try:
-            v1.patch_namespaced_pod(name, namespace, {"metadata": {"annotations": {RETRIABLE_IN_GROUP: "false"}}})
-        except client.ApiException as e:
-            if e.status != 404:  # a pod already gone holds nothing
+            v1.patch_namespaced_pod(name, namespace, {"metadata": {"annotations": {RETRIABLE_IN_GROUP: "false"}}},
+                                    _request_timeout=REQUEST_TIMEOUT_S)
+        except (client.ApiException, HTTPError) as e:
+            if getattr(e, "status", None) != 404:  # a pod already gone holds nothing
                 return refused(f"patch pod {name}", e)
     evicted = []
     for name in evict:
         body = client.V1Eviction(metadata=client.V1ObjectMeta(name=name, namespace=namespace))
         try:
-            v1.create_namespaced_pod_eviction(name, namespace, body)
+            v1.create_namespaced_pod_eviction(name, namespace, body, _request_timeout=REQUEST_TIMEOUT_S)
             evicted.append(name)
-        except client.ApiException as e:
-            if e.status != 404:
+        except (client.ApiException, HTTPError) as e:
+            if getattr(e, "status", None) != 404:
                 return refused(f"evict pod {name}", e)
     print(json.dumps({"event": "released", "workflow": args.workflow, "status": args.status, "groups": groups,
                       "marked": len(mark), "evicted": evicted}), flush=True)

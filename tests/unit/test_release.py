@@ -43,3 +43,29 @@ def test_a_bad_workflow_name_is_refused_before_any_request(name, capsys):
     with pytest.raises(SystemExit) as e:
         main(["--workflow", name])
     assert e.value.code == 2 and "is not a workflow name" in capsys.readouterr().err
+
+
+def test_no_api_configuration_is_a_clear_error_not_a_traceback(tmp_path, capsys):
+    """Run by hand with a kubeconfig that is not there: exit 1 and a message naming it (control: a kubeconfig
+    that parses but points at a closed loopback port fails on the request, also with a message)."""
+    missing = tmp_path / "nope.kubeconfig"
+    assert main(["--workflow", "wf", "--kubeconfig", str(missing)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: no Kubernetes API configuration") and str(missing) in err
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cfg = tmp_path / "closed.kubeconfig"
+    cfg.write_text(f"""apiVersion: v1
+kind: Config
+clusters: [{{name: c, cluster: {{server: "http://127.0.0.1:{port}"}}}}]
+users: [{{name: u, user: {{token: t}}}}]
+contexts: [{{name: x, context: {{cluster: c, user: u}}}}]
+current-context: x
+""")
+    assert main(["--workflow", "wf", "--kubeconfig", str(cfg)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: list pods: no answer:"), err
+    assert "Traceback" not in err
