@@ -526,8 +526,13 @@ def main(argv: list[str] | None = None) -> int:
         # the newer round, or ends as node 0 did.
         round_not_formed(evidence, nodes, rc, "round_superseded", by=watch.superseded)
         code = EXIT_PREEMPTED
-    elif done and (rc == 0 or signalled.is_set()):  # a SIGTERM after the final commit: the launcher's rc is its own
-        code = EXIT_OK
+    elif done:  # the final checkpoint is committed (`done` follows the commit and a barrier)
+        if rc != 0 and not signalled.is_set():
+            # Seen once at nodes=2 (torch 2.13): node 1's trainer aborted ("terminate called without an active
+            # exception", SIGABRT) while shutting down after `done`. Nothing committed can change after it.
+            print(f"[steps.train] the trainer wrote `done` and then exited {rc} while shutting down: the run is "
+                  "complete", file=sys.stderr)
+        code = EXIT_OK  # after a SIGTERM too: the launcher's rc is then its own
     elif preempted or (signalled.is_set() and not stepped):
         code = EXIT_PREEMPTED
     elif args.rendezvous and nodes is not None and nodes.rank > 0 and not recorded:

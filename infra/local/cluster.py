@@ -131,7 +131,7 @@ class Cluster:
         return any(c["type"] == "Ready" and c["status"] == "True" for c in conds)
 
     # --- up ---
-    def up(self, timeout: float = 180.0, kueue: bool = False) -> None:
+    def up(self, timeout: float = 180.0, kueue: bool = False, pods_ready_s: int | None = None) -> None:
         bindir = binaries()
         if kueue:
             kueue_mod.kueue_dir()  # built, or one line saying how to build it, before anything starts
@@ -145,7 +145,7 @@ class Cluster:
             health = self.health(info)
             if all(v == "ok" for v in health.values()):
                 if kueue and kueue_mod.healthy(info) != "ok":
-                    self.up_kueue(info, timeout)
+                    self.up_kueue(info, timeout, pods_ready_s)
                     return
                 print(f"cluster: already up, all {len(health)} components healthy "
                       f"(state {self.state}; `python -m infra.local.cluster status`)")
@@ -306,7 +306,7 @@ class Cluster:
                 sys.executable, "-m", "infra.local.node", "--config", str(node_cfg),
             ], self.state), lambda: self._node_ready(ports, tokens, pki / "ca.crt"))
             if kueue:
-                kueue_mod.start(self, info, kc, kcfg["admin"], timeout)
+                kueue_mod.start(self, info, kc, kcfg["admin"], timeout, pods_ready_s)
         except BaseException:
             self.down(quiet=True)
             raise
@@ -317,11 +317,11 @@ class Cluster:
               f"(API {server}); paste these, or eval \"$(python -m infra.local.cluster env)\":")
         self.env()
 
-    def up_kueue(self, info: dict[str, Any], timeout: float) -> None:
+    def up_kueue(self, info: dict[str, Any], timeout: float, pods_ready_s: int | None = None) -> None:
         """Kueue added to a running, healthy cluster."""
         admin = self.state / "admin.kubeconfig"
         try:
-            kueue_mod.start(self, info, kubectl(), admin, timeout)
+            kueue_mod.start(self, info, kubectl(), admin, timeout, pods_ready_s)
         except BaseException:
             self.down_kueue(quiet=True)
             raise
@@ -516,11 +516,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=180.0, help="seconds each component may take to be ready")
     ap.add_argument("--kueue", action="store_true",
                     help="up: also Kueue (infra/local/kueue.py; make cluster-build-kueue); down: Kueue only")
+    ap.add_argument("--kueue-pods-ready-timeout", type=int, metavar="SECONDS",
+                    help="up --kueue: Kueue's waitForPodsReady timeout and recoveryTimeout (default 5 and 3 min)")
     args = ap.parse_args(argv)
+    if args.kueue_pods_ready_timeout is not None and args.kueue_pods_ready_timeout < 1:
+        ap.error("--kueue-pods-ready-timeout must be at least 1")
     cluster = Cluster(state_dir())
     try:
         if args.command == "up":
-            cluster.up(args.timeout, kueue=args.kueue)
+            cluster.up(args.timeout, kueue=args.kueue, pods_ready_s=args.kueue_pods_ready_timeout)
         elif args.command == "down" and args.kueue:
             cluster.down_kueue()
         elif args.command == "down":

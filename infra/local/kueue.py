@@ -72,8 +72,11 @@ def kueue_dir() -> Path:
     return Path(out.stdout.strip())
 
 
-def configuration(ports: dict[str, int], certs: Path) -> dict[str, Any]:
-    """Kueue's Configuration (config.kueue.x-k8s.io/v1beta2, apis/config/v1beta2/configuration_types.go)."""
+def configuration(ports: dict[str, int], certs: Path, pods_ready_s: int | None = None) -> dict[str, Any]:
+    """Kueue's Configuration (config.kueue.x-k8s.io/v1beta2, apis/config/v1beta2/configuration_types.go).
+    `pods_ready_s`: waitForPodsReady's timeout and recoveryTimeout, both (a test's short ones)."""
+    pods_ready = ({"timeout": "5m", "recoveryTimeout": "3m"} if pods_ready_s is None
+                  else {"timeout": f"{pods_ready_s}s", "recoveryTimeout": f"{pods_ready_s}s"})
     return {
         "apiVersion": "config.kueue.x-k8s.io/v1beta2", "kind": "Configuration",
         "namespace": KUEUE_NAMESPACE,
@@ -87,7 +90,7 @@ def configuration(ports: dict[str, int], certs: Path) -> dict[str, Any]:
         "managedJobsNamespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": NAMESPACE}},
         "manageJobsWithoutQueueName": False,
         # On by default in v0.19 (30 min); the values Kueue's own sample configuration suggests.
-        "waitForPodsReady": {"timeout": "5m", "recoveryTimeout": "3m", "blockAdmission": False},
+        "waitForPodsReady": {**pods_ready, "blockAdmission": False},
         "integrations": {"frameworks": ["pod"]},
         "featureGates": {"VisibilityOnDemand": False},
         "clientConnection": {"qps": 50, "burst": 100},
@@ -211,7 +214,8 @@ def gated_dry_run(kc: str, admin: Path) -> bool:
     return any(g.get("name") == GATE for g in gates)
 
 
-def start(cluster: Any, info: dict[str, Any], kc: str, admin: Path, timeout: float) -> None:
+def start(cluster: Any, info: dict[str, Any], kc: str, admin: Path, timeout: float,
+          pods_ready_s: int | None = None) -> None:
     """Install Kueue and start its controller manager on a running cluster; register its webhooks once it is
     ready, and wait until the pod webhook gates a labelled pod. Adds `kueue` to info's procs, ports, figures."""
     t0 = time.monotonic()
@@ -226,7 +230,7 @@ def start(cluster: Any, info: dict[str, Any], kc: str, admin: Path, timeout: flo
     ports = {k: free_port(taken) for k in ("kueue_webhook", "kueue_health", "kueue_metrics")}
     info["ports"].update(ports)
     config = kstate / "config.yaml"
-    config.write_text(yaml.safe_dump(configuration(ports, certs), sort_keys=False))
+    config.write_text(yaml.safe_dump(configuration(ports, certs, pods_ready_s), sort_keys=False))
     ETC_KUEUE.mkdir(exist_ok=True)  # the mount point only; what Kueue reads there is bound from kstate/etc
     argv = ["unshare", "--mount", "--propagation", "private", "--", "sh", "-ec",
             'mount --bind "$1" /etc/kueue; shift; exec "$@"', "sh", str(kstate / "etc"),

@@ -6,6 +6,7 @@ import json
 import subprocess
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -49,17 +50,17 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Local]:
 KUEUE_OVERLAY = REPO / "templates" / "overlays" / "local-kueue"
 
 
-@pytest.fixture(scope="module")
-def kueue(cluster: Local) -> Iterator[Local]:
-    """Kueue added to the session's cluster for one module (`up --kueue`), with the local-kueue overlay's
-    queues, and removed at its end (`down --kueue` unregisters the webhooks first), so the other modules
+@contextmanager
+def kueue_added(cluster: Local, *up_args: str) -> Iterator[Local]:
+    """Kueue added to the session's cluster (`up --kueue`, with `up_args`), with the local-kueue overlay's
+    queues, and removed at the end (`down --kueue` unregisters the webhooks first), so the other modules
     see the cluster without it. Skips when Kueue is not built."""
     from infra.local.kueue import MUTATING, VALIDATING, why_not_built
 
     if why_not_built():
         pytest.skip(f"Kueue not built (make cluster-build-kueue): {why_not_built()}")
     t0 = time.monotonic()
-    up = cluster.cli("up", "--kueue")
+    up = cluster.cli("up", "--kueue", *up_args)
     try:
         assert up.returncode == 0, f"up --kueue failed: {up.stderr.strip()}"
         print(f"\n[e2e] {up.stdout.strip().splitlines()[-1]} (measured {time.monotonic() - t0:.1f} s)")
@@ -80,6 +81,22 @@ def kueue(cluster: Local) -> Iterator[Local]:
         info = json.loads((cluster.state / "pids.json").read_text())
         assert "kueue" not in info["procs"], info["procs"].keys()
 
+
+@pytest.fixture(scope="module")
+def kueue(cluster: Local) -> Iterator[Local]:
+    """Kueue as `up --kueue` configures it (waitForPodsReady 5 min, recovery 3 min)."""
+    with kueue_added(cluster) as k:
+        yield k
+
+
+PODS_READY_S = 20
+
+
+@pytest.fixture(scope="module")
+def kueue_quick_ready(cluster: Local) -> Iterator[Local]:
+    """Kueue with waitForPodsReady's timeout and recoveryTimeout at PODS_READY_S seconds."""
+    with kueue_added(cluster, "--kueue-pods-ready-timeout", str(PODS_READY_S)) as k:
+        yield k
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, exitstatus: int, config: pytest.Config) -> None:
     """The plain closing line issue #35 asks of `make e2e`: `e2e: N passed, N failed` (errors count as

@@ -74,3 +74,21 @@ def test_a_trainer_that_ends_before_any_record_is_named_by_its_own_error(tmp_pat
     p = subprocess.run([PY, "-m", "steps.train", "--trainer", str(script)], capture_output=True, text=True,
                        env=base_env(), cwd=REPO, timeout=120)
     assert p.returncode == 1 and '"trainer_error"' not in p.stdout
+
+
+def test_a_trainer_that_aborts_while_shutting_down_after_done_ends_the_pod_with_0(tmp_path):
+    """Seen at nodes=2: the trainer wrote `done` (after the final commit) and then aborted in its teardown
+    (SIGABRT, "terminate called without an active exception"). The run is complete: exit 0, and the message
+    says so. Control: the same abort after a `step` record, with no `done`, is 1."""
+    script = tmp_path / "abort.py"
+    body = ("import json, os, sys\nprint(json.dumps({'event': 'step', 'step': 1, 'attempt': 1}), flush=True)\n"
+            "DONE\nprint('terminate called without an active exception', file=sys.stderr, flush=True)\nos.abort()\n")
+    script.write_text(body.replace("DONE", "print(json.dumps({'event': 'done', 'step': 1, 'attempt': 1}), flush=True)"))
+    p = subprocess.run([PY, "-m", "steps.train", "--trainer", str(script)], capture_output=True, text=True,
+                       env=base_env(), cwd=REPO, timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "wrote `done` and then exited -6 while shutting down" in p.stderr
+    script.write_text(body.replace("DONE", ""))
+    p = subprocess.run([PY, "-m", "steps.train", "--trainer", str(script)], capture_output=True, text=True,
+                       env=base_env(), cwd=REPO, timeout=120)
+    assert p.returncode == 1 and "while shutting down" not in p.stderr, p.stderr[-2000:]
