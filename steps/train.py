@@ -104,6 +104,9 @@ def grace() -> float:
 # torchrun's wait between its SIGTERM to the workers and SIGKILL where it has no --shutdown-timeout
 # (before torch 2.13: PContext.close's default).
 TORCHRUN_FIXED_SHUTDOWN_S = 30
+# After the done record: a trainer's teardown (destroying the process group, closing the store) takes seconds;
+# torchrun's exit barrier can hold a finished pod 300 s (end_after_done).
+DONE_LINGER_S = 60.0
 
 
 MMAP_THRESHOLD = 1 << 20
@@ -194,6 +197,23 @@ def kill_after(child: subprocess.Popen, seconds: float) -> None:
             child.kill()
 
     t = threading.Timer(seconds, kill)
+    t.daemon = True
+    t.start()
+
+
+def end_after_done(child: subprocess.Popen, seconds: float, grace: float) -> None:
+    """After the `done` record, give the launcher `seconds` to exit, then SIGTERM it (and SIGKILL it `grace`
+    later). Everything is committed by then; what can still hold a pod is torchrun's exit barrier, which waits
+    300 s (torch 2.13, not settable from its command line) for a node whose agent failed, as one did when its
+    trainer aborted while shutting down (the suite, nodes=2)."""
+    def end() -> None:
+        if child.poll() is None:
+            print(f"[steps.train] the launcher still runs {seconds:g} s after the done record: SIGTERM",
+                  file=sys.stderr)
+            child.terminate()
+            kill_after(child, grace)
+
+    t = threading.Timer(seconds, end)
     t.daemon = True
     t.start()
 
@@ -394,6 +414,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="fsspec folder to copy the record lines to as they happen")
     ap.add_argument("--shutdown-timeout", type=float, default=None,
                     help="torchrun's --shutdown-timeout and the workers' BATON_GRACE (default: BATON_GRACE or 30)")
+    ap.add_argument("--done-linger", type=float, default=None, metavar="SECONDS",
+                    help="after the trainer's done record, how long the launcher may take to exit before it is "
+                         f"ended (default: {DONE_LINGER_S:g} for baton's trainer across nodes, where `done` is its "
+                         "last act and torchrun's exit barrier can hold the pod; otherwise never: a script may "
+                         "have more to do after its Trainer's done)")
     ap.add_argument("--name", default=baton_env.text("BATON_POD_NAME") or f"attempt-{uuid.uuid4().hex[:8]}",
                     help="name of this attempt's evidence file")
     ap.add_argument("--launcher", default="auto", choices=("auto", "torchrun", "direct"),
@@ -484,6 +509,8 @@ def main(argv: list[str] | None = None) -> int:
 
         watch = RoundWatch(args.rendezvous, nodes, args.round_key, child, g, PEER_POLL_S)
     preempted = done = stepped = recorded = False
+    linger = args.done_linger if args.done_linger is not None else (
+        DONE_LINGER_S if args.trainer == "baton" and nodes is not None else None)
     assert child.stdout is not None
     for line in child.stdout:
         sys.stdout.write(line)
@@ -500,7 +527,10 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"[steps.train] could not copy a record to the evidence: {e}", file=sys.stderr)
             # `retry_later`: the trainer ended retry-safe for another reason (trainer/faults.py)
             preempted |= rec.get("event") in ("preempt", "retry_later")
-            done |= rec.get("event") == "done"
+            if rec.get("event") == "done" and not done:
+                done = True
+                if linger is not None:
+                    end_after_done(child, linger, g)
             stepped |= rec.get("event") == "step"
             if not recorded and watch is not None:
                 watch.record_seen()

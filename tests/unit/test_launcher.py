@@ -92,3 +92,33 @@ def test_a_trainer_that_aborts_while_shutting_down_after_done_ends_the_pod_with_
     p = subprocess.run([PY, "-m", "steps.train", "--trainer", str(script)], capture_output=True, text=True,
                        env=base_env(), cwd=REPO, timeout=120)
     assert p.returncode == 1 and "while shutting down" not in p.stderr, p.stderr[-2000:]
+
+
+def test_a_launcher_that_lingers_after_done_is_ended_and_the_pod_ends_with_0(tmp_path):
+    """torchrun's exit barrier can hold a finished pod 300 s (a peer's agent that failed): after the done
+    record, steps.train gives the launcher --done-linger seconds, then ends it, and the pod ends with 0.
+    Control: a trainer that hangs without a done record is not ended by it (SIGTERM from outside ends it)."""
+    script = tmp_path / "linger.py"
+    body = ("import json, time\nprint(json.dumps({'event': 'step', 'step': 1, 'attempt': 1}), flush=True)\n"
+            "DONE\ntime.sleep(600)\n")
+    script.write_text(body.replace("DONE", "print(json.dumps({'event': 'done', 'step': 1, 'attempt': 1}), flush=True)"))
+    p = subprocess.run([PY, "-m", "steps.train", "--done-linger", "1", "--shutdown-timeout", "2",
+                        "--trainer", str(script)], capture_output=True, text=True, env=base_env(), cwd=REPO,
+                       timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "still runs 1 s after the done record: SIGTERM" in p.stderr
+    script.write_text(body.replace("DONE", ""))
+    proc = subprocess.Popen([PY, "-m", "steps.train", "--done-linger", "1", "--shutdown-timeout", "2",
+                             "--trainer", str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=base_env(), cwd=REPO)
+    assert proc.stdout is not None
+    while '"step"' not in proc.stdout.readline():
+        pass
+    try:
+        proc.wait(timeout=5)  # five times the linger: it must still run
+        raise AssertionError("steps.train ended a trainer that wrote no done record")
+    except subprocess.TimeoutExpired:
+        pass
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert "after the done record" not in err and proc.returncode != 0
