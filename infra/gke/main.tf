@@ -92,22 +92,43 @@ resource "google_container_node_pool" "system" {
   }
 }
 
-# The pool the trial is preempted on. Spot: cheap, and Compute Engine reclaims it with 30 s notice,
-# of which ordinary pods get about 15 s (GKE graceful node shutdown) -- the budget a preemption save
-# must fit in. Autoscaled from 0 so an idle cluster holds no GPU.
+# The two GPU pools: the same machines, GPUs and taint; they differ in the fields of local.gpu_pools.
+# - gpu-spot: the pool the trial is preempted on. Spot: cheap, and Compute Engine reclaims it with 30 s
+#   notice, of which ordinary pods get about 15 s (GKE graceful node shutdown) -- the budget a preemption
+#   save must fit in. Autoscaled from 0 so an idle cluster holds no GPU. A drill of N nodes per role holds
+#   3 x N at once (docs/cluster.md, "Kueue": what the pools must allow).
+# - gpu-on-demand: the baseline's pool, at size 0 until a drill asks for it (`-p baseline_pool=on-demand`:
+#   reference and reference-replay land here and are never preempted, so the floor and the reference hold no
+#   resumes). It costs nothing until used; while used, on-demand GPUs cost about 3x Spot (docs/drill.md,
+#   "The baseline").
+locals {
+  gpu_pools = {
+    "gpu-spot" = {
+      spot      = true
+      min_nodes = var.gpu_min_nodes
+      max_nodes = max(var.gpu_max_nodes, 3 * var.drill_nodes)
+    }
+    "gpu-on-demand" = {
+      spot      = false
+      min_nodes = 0
+      max_nodes = max(var.gpu_on_demand_max_nodes, 2 * var.drill_nodes)
+    }
+  }
+}
+
 resource "google_container_node_pool" "gpu" {
-  name               = "gpu-spot"
+  for_each           = local.gpu_pools
+  name               = each.key
   cluster            = google_container_cluster.this.id
   location           = local.location
   node_locations     = length(var.gpu_zones) > 0 ? var.gpu_zones : null
-  initial_node_count = var.gpu_min_nodes
+  initial_node_count = each.value.min_nodes
 
   # total_* bounds count the whole pool, and location_policy ANY lets the autoscaler take whichever
-  # zone has Spot capacity right now instead of balancing zones that have none.
+  # zone has capacity right now instead of balancing zones that have none.
   autoscaling {
-    total_min_node_count = var.gpu_min_nodes
-    # A drill of N nodes per role holds 3 x N at once (docs/cluster.md, "Kueue": what the pools must allow).
-    total_max_node_count = max(var.gpu_max_nodes, 3 * var.drill_nodes)
+    total_min_node_count = each.value.min_nodes
+    total_max_node_count = each.value.max_nodes
     location_policy      = "ANY"
   }
 
@@ -118,10 +139,10 @@ resource "google_container_node_pool" "gpu" {
 
   node_config {
     machine_type    = var.gpu_machine_type
-    spot            = true
+    spot            = each.value.spot
     service_account = google_service_account.nodes.email
     oauth_scopes    = local.node_scopes
-    labels          = merge(var.labels, { "baton.dev/pool" = "gpu-spot" })
+    labels          = merge(var.labels, { "baton.dev/pool" = each.key })
     resource_labels = var.labels
 
     guest_accelerator {
@@ -156,63 +177,15 @@ resource "google_container_node_pool" "gpu" {
   }
 }
 
-# The baseline's pool: the same GPUs on demand (not Spot), at size 0 until a drill asks for it
-# (`-p baseline_pool=on-demand`: reference and reference-replay land here and are never preempted, so the
-# floor and the reference hold no resumes). It costs nothing until used; while used, on-demand GPUs cost
-# about 3x Spot (docs/drill.md, "The baseline").
-resource "google_container_node_pool" "gpu_on_demand" {
-  name               = "gpu-on-demand"
-  cluster            = google_container_cluster.this.id
-  location           = local.location
-  node_locations     = length(var.gpu_zones) > 0 ? var.gpu_zones : null
-  initial_node_count = 0
+# State written before the two pools became one resource keeps its pools (no destroy and re-create).
+moved {
+  from = google_container_node_pool.gpu
+  to   = google_container_node_pool.gpu["gpu-spot"]
+}
 
-  autoscaling {
-    total_min_node_count = 0
-    total_max_node_count = max(var.gpu_on_demand_max_nodes, 2 * var.drill_nodes)
-    location_policy      = "ANY"
-  }
-
-  management {
-    auto_repair  = true
-    auto_upgrade = true
-  }
-
-  node_config {
-    machine_type    = var.gpu_machine_type
-    spot            = false
-    service_account = google_service_account.nodes.email
-    oauth_scopes    = local.node_scopes
-    labels          = merge(var.labels, { "baton.dev/pool" = "gpu-on-demand" })
-    resource_labels = var.labels
-
-    guest_accelerator {
-      type  = var.gpu_accelerator_type
-      count = var.gpu_accelerator_count
-
-      gpu_driver_installation_config {
-        gpu_driver_version = var.gpu_driver_version
-      }
-    }
-
-    taint {
-      key    = "nvidia.com/gpu"
-      value  = "present"
-      effect = "NO_SCHEDULE"
-    }
-
-    workload_metadata_config {
-      mode = "GKE_METADATA"
-    }
-
-    shielded_instance_config {
-      enable_secure_boot = true
-    }
-  }
-
-  lifecycle {
-    ignore_changes = [initial_node_count]
-  }
+moved {
+  from = google_container_node_pool.gpu_on_demand
+  to   = google_container_node_pool.gpu["gpu-on-demand"]
 }
 
 # ---- storage ----

@@ -108,14 +108,22 @@ def test_google_provider_is_pinned_to_major_6():
     assert re.fullmatch(r"~> 6\.\d+", providers["google"]["version"]), providers["google"]["version"]
 
 
-def test_gpu_pool_is_spot_l4_tainted_and_scales_from_zero():
+def test_gpu_pools_are_spot_and_on_demand_l4_tainted_and_scale_from_zero():
+    """One resource, two pools (for_each over local.gpu_pools): the Spot pool the trial is preempted on, and
+    the baseline's on-demand pool. State written before they were one resource moves, never re-creates."""
     tf = _gke()
     pools = _resources(tf, "google_container_node_pool")
     gpu = {name: p for name, p in pools.items() if "guest_accelerator" in _block(p, "node_config")}
-    assert sorted(gpu) == ["gpu", "gpu_on_demand"], "the Spot pool, and the baseline's on-demand one"
+    assert sorted(gpu) == ["gpu"]
     pool = gpu["gpu"]
+    assert pool["for_each"] == "${local.gpu_pools}" and pool["name"] == "${each.key}"
+    each = {k: v for entry in tf["locals"] for k, v in entry.items()}["gpu_pools"]
+    assert sorted(each) == ["gpu-on-demand", "gpu-spot"]
+    spot, demand = each["gpu-spot"], each["gpu-on-demand"]
+    assert spot["spot"] is True, "the GPU pool must be Spot: the drill is about preemption"
+    assert demand["spot"] is False
     node = _block(pool, "node_config")
-    assert node.get("spot") is True, "the GPU pool must be Spot: the drill is about preemption"
+    assert node["spot"] == "${each.value.spot}" and '"baton.dev/pool" = each.key' in node["labels"]
     accel = _block(node, "guest_accelerator")
     assert _var_default(tf, accel["type"]) == "nvidia-l4"
     assert _var_default(tf, node["machine_type"]) == "g2-standard-8"
@@ -123,18 +131,17 @@ def test_gpu_pool_is_spot_l4_tainted_and_scales_from_zero():
     assert _block(node, "workload_metadata_config")["mode"] == "GKE_METADATA"
     assert {"key": "nvidia.com/gpu", "value": "present", "effect": "NO_SCHEDULE"} in node.get("taint", [])
     scaling = _block(pool, "autoscaling")
-    assert _var_default(tf, scaling["total_min_node_count"]) == 0
+    assert scaling["total_min_node_count"] == pool["initial_node_count"] == "${each.value.min_nodes}"
+    assert scaling["total_max_node_count"] == "${each.value.max_nodes}"
+    assert _var_default(tf, spot["min_nodes"]) == 0 and demand["min_nodes"] == 0
     # At least 3 x drill_nodes: reference, reference-replay and trial, each a group of drill_nodes pods.
-    assert scaling["total_max_node_count"] == "${max(var.gpu_max_nodes, 3 * var.drill_nodes)}"
+    assert spot["max_nodes"] == "${max(var.gpu_max_nodes, 3 * var.drill_nodes)}"
     assert _var_default(tf, "${var.gpu_max_nodes}") >= 3 and _var_default(tf, "${var.drill_nodes}") == 1
-    # The baseline's pool: the same GPUs, not Spot, the same taint, at size 0 until a drill asks for it.
-    demand = _block(gpu["gpu_on_demand"], "node_config")
-    assert demand.get("spot") is False and demand["machine_type"] == node["machine_type"]
-    assert _block(demand, "guest_accelerator")["type"] == accel["type"] and demand["taint"] == node["taint"]
-    assert '"baton.dev/pool" = "gpu-on-demand"' in demand["labels"]
-    scaling = _block(gpu["gpu_on_demand"], "autoscaling")
-    assert scaling["total_min_node_count"] == 0 and gpu["gpu_on_demand"]["initial_node_count"] == 0
-    assert scaling["total_max_node_count"] == "${max(var.gpu_on_demand_max_nodes, 2 * var.drill_nodes)}"
+    assert demand["max_nodes"] == "${max(var.gpu_on_demand_max_nodes, 2 * var.drill_nodes)}"
+    moves = {(m["from"], m["to"]) for m in tf.get("moved", [])}
+    assert moves == {("${google_container_node_pool.gpu}", '${google_container_node_pool.gpu["gpu-spot"]}'),
+                     ("${google_container_node_pool.gpu_on_demand}",
+                      '${google_container_node_pool.gpu["gpu-on-demand"]}')}, moves
 
 
 def test_system_pool_is_on_demand_and_untainted():
