@@ -22,7 +22,7 @@ from torch.distributed.tensor import DTensor
 
 from trainer import env, faults, rng, trajectory
 from trainer.cadence import Attempt, Cadence
-from trainer.checkpoint import Boundary, Checkpointer, FencedOut, LoadTimes, Parts, RestorePolicy
+from trainer.checkpoint import Boundary, Checkpointer, FencedOut, Parts, RestorePolicy
 from trainer.config import Config
 from trainer.data import EpochData, read_corpus
 from trainer.exits import EXIT_FAIL, EXIT_OK, EXIT_PREEMPTED
@@ -206,9 +206,7 @@ class Trainer:
     def resume(self) -> None:
         if self.committed:  # what it is about to load: lets a watcher (the drill's chaos) act mid-restore
             self.emit("restore", self.committed[0], committed=len(self.committed), path=self.ckpt.url(self.committed[0]))
-        load_times = LoadTimes(listing=self.times.pop("listing_s"))
-        resumed = self.ckpt.resume(self.committed, self.emit, load_times, self.cfg.faults.read_retry_s)
-        self.times.update(load_times.as_dict())
+        resumed = self.ckpt.resume(self.committed, self.emit, self.cfg.faults.read_retry_s, self.times)
         t = time.perf_counter()
         if resumed is None:
             if self.empty_model:

@@ -21,8 +21,7 @@ run's) and `FencedOut` (a newer attempt owns the run) are the two others.
     digest.py           a file's checksum: the one place it is computed (checkpoints and model weights)
     hf_store.py         the HF Trainer's `checkpoint-N/` folders: commit, fetch, retention
     hf_read.py          reading an HF checkpoint safely, as one flat mapping (what compare judges)
-    roots.py            a checkpoint root of either format, as the drill and the bench read it
-                        (`CheckpointRoot`, `open_root`)
+    roots.py            a checkpoint root of either format, as the drill and the bench read it (`open_root`)
 
 Outside the package, modules import from here; what is not exported is the package's own (tests, and
 the bench, which measures the store itself, import those from their submodules).
@@ -33,10 +32,8 @@ from trainer.checkpoint.hf_checkpointer import HFCheckpointer
 from trainer.checkpoint.interface import Checkpoints
 from trainer.checkpoint.layout import CorruptCheckpoint, corpus_path, hf_step_name
 from trainer.checkpoint.read import load_flat
-from trainer.checkpoint.resolve import LoadTimes
-from trainer.checkpoint.roots import CheckpointRoot, open_root
+from trainer.checkpoint.roots import open_root
 from trainer.checkpoint.store import CheckpointRefused, FencedOut
 
-__all__ = ["Boundary", "CheckpointRefused", "CheckpointRoot", "Checkpointer", "Checkpoints",
-           "CorruptCheckpoint", "FencedOut", "HFCheckpointer", "LoadTimes", "Parts", "RestorePolicy", "corpus_path",
-           "hf_step_name", "load_flat", "open_root"]
+__all__ = ["Boundary", "CheckpointRefused", "Checkpointer", "Checkpoints", "CorruptCheckpoint", "FencedOut",
+           "HFCheckpointer", "Parts", "RestorePolicy", "corpus_path", "hf_step_name", "load_flat", "open_root"]

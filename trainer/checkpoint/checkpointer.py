@@ -238,18 +238,25 @@ class Checkpointer(Checkpoints):
         return st.save(b.step, self.state(b), manifest, attempt, committed, read_back=read_back).save_ms
 
     # -- resume --
-    def resume(self, steps: list[int], emit: Emit, times: LoadTimes, read_retry_s: float) -> Resumed | None:
+    def resume(self, steps: list[int], emit: Emit, read_retry_s: float,
+               times: dict[str, float] | None = None) -> Resumed | None:
         """Load the newest intact checkpoint among `steps` (committed, newest first) and restore it into the
         parts; None when none is usable (every one refused, or none committed). Each refused one is
         announced (`refused`: a log line and a `checkpoint_refused` record through `emit`). A store that
         fails while being read is retried for `read_retry_s` (then faults.StoreUnreachable); a checkpoint
-        of another run raises CheckpointRefused."""
+        of another run raises CheckpointRefused. `times` (the start's phase timings, for the `resume`
+        record) gets this load's: `listing_s` (the caller's, kept), `manifest_s` and `load_verify_s`."""
         p = self._p()
-        loaded = retry_reads(
-            lambda: resolve_and_load(self.store, self.fingerprint, self._template,
-                                     lambda step, why: self.refused(step, why, emit), times=times,
-                                     steps=steps, check_staged=_progress_matches),
-            read_retry_s, StorageError, log, several_ranks=p.world > 1)
+        load_times = LoadTimes(listing=(times or {}).pop("listing_s", 0.0))
+        try:
+            loaded = retry_reads(
+                lambda: resolve_and_load(self.store, self.fingerprint, self._template,
+                                         lambda step, why: self.refused(step, why, emit), times=load_times,
+                                         steps=steps, check_staged=_progress_matches),
+                read_retry_s, StorageError, log, several_ranks=p.world > 1)
+        finally:
+            if times is not None:
+                times.update(load_times.as_dict())
         if loaded is None:
             return None
         step, manifest, st = loaded
