@@ -18,6 +18,7 @@ from typing import Any
 from steps import trajectory
 from steps.contract import ROLES
 from steps.judge import component_of
+from steps.verify import after_it
 from trainer.exits import EXIT_SIGKILL
 
 
@@ -106,7 +107,7 @@ def verdict_of(report: dict[str, Any], evictions: dict[str, Any], trial_records:
         detail = "; ".join(
             f"attempt {x['attempt']} reached step {x['reached']}, its last save was step {x['last_save']} "
             + (f"and the next attempt resumed from {x['resumed_from']}" if x["resumed_from"] is not None
-               else "and no attempt came after it") + f" ({x['lost']} step(s) lost)"
+               else f"and {after_it(trial_records)}") + f" ({x['lost']} step(s) lost)"
             for x in lost_steps(trial_records))
         return (f"NOT preemption-safe: {lost} of {happened} evictions ended without a preempt record "
                 f"(the trial died on SIGTERM without committing the step it had reached); "

@@ -16,15 +16,45 @@ import sys
 from collections import Counter
 from typing import Any
 
-from steps.evidence import read_evidence, read_json, write_json
+from steps.evidence import read_evidence, read_json, shown, write_json
 from trainer.exits import EXIT_SIGKILL
 from trainer.faults import PEER_LOST
 from trainer.untrusted import Refused
 
 
+def _time(r: dict[str, Any]) -> float:
+    t = r.get("time")
+    return float(t) if isinstance(t, (int, float)) and not isinstance(t, bool) else 0.0
+
+
+def failed_start(records: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """steps.train's own `failed` record (attempt null: its trainer exited before writing any record, so it
+    claimed no attempt) written after every record of a claimed attempt: the trial's last attempt, which
+    failed at its start (a torn checkpoint it could not read, a config error). Exit 1 is never retried, so
+    there is at most one such attempt; at several nodes each node's copy of it is the same attempt."""
+    claimed = max((_time(r) for r in records if isinstance(r.get("attempt"), int)), default=None)
+    return next((r for r in records if r.get("event") == "failed" and r.get("source") == "steps.train"
+                 and r.get("attempt") is None and (claimed is None or _time(r) > claimed)), None)
+
+
+def attempts_of(records: list[dict[str, Any]]) -> int:
+    """The trial's attempts: those that claimed a number, and a last one that failed before it could."""
+    claimed = {r["attempt"] for r in records if isinstance(r.get("attempt"), int)}
+    return len(claimed) + (1 if failed_start(records) is not None else 0)
+
+
+def after_it(records: list[dict[str, Any]]) -> str:
+    """What came after the trial's last claimed attempt, for a sentence that ends in it."""
+    after = failed_start(records)
+    if after is None:
+        return "no attempt came after it"
+    return (f"the attempt after it failed before writing any record (exit {shown(after.get('launcher_exit'))}; "
+            "its log says why)")
+
+
 def trial_outcome(records: list[dict[str, Any]], eviction_list: list[dict[str, Any]]) -> tuple[str, str]:
     """(outcome, why): finished; died_on_sigterm (an evicted attempt ended without a preemption save and no
-    attempt came after it: the drill's negative control, a trainer that dies on SIGTERM); or failed."""
+    attempt resumed after it: the drill's negative control, a trainer that dies on SIGTERM); or failed."""
     if any(r.get("event") == "done" for r in records):
         return "finished", ""
     attempts = [r["attempt"] for r in records if isinstance(r.get("attempt"), int)]
@@ -37,7 +67,7 @@ def trial_outcome(records: list[dict[str, Any]], eviction_list: list[dict[str, A
             return "died_on_sigterm", (
                 f"the trial died on SIGTERM and was not resumable: attempt {last} was evicted at step "
                 f"{ev.get('observed_step')} and ended without a preemption save ({how or 'no exit recorded'}), "
-                "and no attempt came after it")
+                f"and {after_it(records)}")
     return "failed", "the trial ended without finishing and without an eviction to blame"
 
 
@@ -139,7 +169,7 @@ def verify(records: list[dict[str, Any]], total_steps: int, evictions: int | Non
                      "exit": p.get("exit"), "outcome": p.get("outcome"), "attempt": p["attempt"],
                      "during": p.get("during")}
                     for p in preempts],
-        "attempts": len({r["attempt"] for r in records if isinstance(r.get("attempt"), int)}),
+        "attempts": attempts_of(records),
         "trial_outcome": outcome,
         "evictions_met": {k: sum(1 for e in met if e["met"] == k) for k in ("landed", "missed", "killed", "lost")}
         if met is not None else None,

@@ -159,12 +159,23 @@ def test_a_failed_grouped_drill_frees_its_quota_through_its_exit_handler(kueue: 
         kueue.kubectl("delete", "workflow", name, "--ignore-not-found", "--wait=false", check=False)
 
 
-def test_a_stopped_grouped_drill_frees_its_quota_through_its_exit_handler(kueue: Local, tmp_path: Path):
-    """A drill stopped while its groups train (`argo stop`: spec.shutdown=Stop, which runs exit handlers):
-    Argo ends the running pods, the handler marks the groups, and baton-local holds nothing afterwards. The
-    control is the first test: a group whose pods all ended is still held without the handler."""
+# A drill past its deadline: long enough for the three groups to be admitted and train on this machine.
+DEADLINE_S = 150
+
+
+@pytest.mark.parametrize("end", ["stop", "deadline"])
+def test_a_stopped_or_deadlined_grouped_drill_frees_its_quota_through_its_exit_handler(kueue: Local,
+                                                                                       tmp_path: Path, end: str):
+    """A drill that ends while its groups train: stopped (`argo stop`: spec.shutdown=Stop, which runs exit
+    handlers), or past its deadline (`-p deadline`: Argo fails what runs and still runs the exit handler,
+    workflowpod.go: "ignore the workflow deadline for exit handler"). The handler marks the groups, and
+    baton-local holds nothing afterwards. The control is the first test: a group whose pods all ended is
+    still held without the handler."""
     _wait(lambda: _free(kueue), 120, "baton-local free before the drill")
-    wf = grouped_drill(tmp_path, "-p", "total_steps=2000", "-p", "evictions=1")
+    extra = ["-p", f"deadline={DEADLINE_S}"] if end == "deadline" else []
+    wf = grouped_drill(tmp_path, "-p", "total_steps=2000", "-p", "evictions=1", *extra)
+    if end == "deadline":
+        assert wf["spec"]["activeDeadlineSeconds"] == DEADLINE_S
     env = kueue.user_env()
     r = subprocess.run([sys.executable, "workflows/equivalence.py", "submit", "--from-file", "-"],
                        input=yaml.safe_dump(wf), cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
@@ -178,16 +189,25 @@ def test_a_stopped_grouped_drill_frees_its_quota_through_its_exit_handler(kueue:
             return len(groups) == 3 and all(_cond(w, "Admitted") == "True" for w in groups.values()) \
                 and len(running) >= 4
 
-        _wait(training, 300, "the three groups admitted and their pods running")
-        kueue.kubectl("patch", "workflow", name, "--type=merge", "-p", '{"spec": {"shutdown": "Stop"}}')
+        _wait(training, DEADLINE_S - 10 if end == "deadline" else 300,
+              "the three groups admitted and their pods running")
+        if end == "stop":
+            kueue.kubectl("patch", "workflow", name, "--type=merge", "-p", '{"spec": {"shutdown": "Stop"}}')
+        else:
+            assert not _free(kueue), "the groups hold quota while they train"
         done = _ended(kueue, name)
         handler = [n for n in done["status"]["nodes"].values() if n.get("templateName") == RELEASE_TEMPLATE
                    and n.get("type") == "Pod"]
-        print(f"\n[e2e] {name} stopped: {done['status']['phase']}: {done['status'].get('message')}; its release "
+        print(f"\n[e2e] {name} ({end}): {done['status']['phase']}: {done['status'].get('message')}; its release "
               "handler: " + json.dumps([(n["displayName"], n["phase"], n.get("message")) for n in handler]))
         assert done["status"]["phase"] in ("Failed", "Error"), done["status"]
+        if end == "deadline":  # ended by the deadline, not by something else that went wrong
+            said = {n["displayName"]: n.get("message") for n in done["status"]["nodes"].values()
+                    if "deadline" in (n.get("message") or "").lower()}
+            print(f"[e2e] nodes that name the deadline: {json.dumps(said)}")
+            assert said, {n["displayName"]: n.get("message") for n in done["status"]["nodes"].values()}
         assert handler and handler[-1]["phase"] == "Succeeded", handler
-        _wait(lambda: _free(kueue), 180, "baton-local's quota free after the stopped drill's exit handler")
+        _wait(lambda: _free(kueue), 180, f"baton-local's quota free after the {end} drill's exit handler")
         _wait(lambda: not any(_finalizers(kueue, name).values()), 60, "Kueue's finalizers off the group's pods")
     finally:
         kueue.kubectl("delete", "workflow", name, "--ignore-not-found", "--wait=false", check=False)

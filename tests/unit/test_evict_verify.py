@@ -162,6 +162,32 @@ def test_verify_says_the_trial_died_on_sigterm_and_was_not_resumable():
     assert "the trial ended first" in said and "finished first" not in said
 
 
+def test_a_retry_that_failed_before_any_record_is_counted_and_named_not_called_absent():
+    """Seen in the suite: the stock HF script died on SIGTERM mid-save, Argo retried it, and the retry failed at
+    its start on the torn checkpoint (exit 1, before any record): steps.train's own `failed` record, attempt
+    null, is the only trace. verify counts that attempt and the sentence names it. Controls: without that record
+    the sentence says no attempt came; the same record from before the evicted attempt's records is not one."""
+    from steps.verdict import verdict_of
+
+    recs, evictions = _died_on_sigterm()
+    own = {"event": "failed", "reason": "trainer_error", "step": 0, "launcher_exit": 1, "attempt": None,
+           "time": 1000, "source": "steps.train", "error": "the trainer exited 1 before writing any record"}
+    v = verify([*recs, own], 10, evictions=1, planned=1, eviction_list=evictions)
+    said = " ".join(v["problems"])
+    assert v["attempts"] == 2 and v["trial_outcome"] == "died_on_sigterm", v
+    assert "and the attempt after it failed before writing any record (exit 1; its log says why)" in said, said
+    assert "no attempt came after it" not in said
+    report = {"steps": {**v, "replayed": 0}, "evictions_met": {"lost": 1, "killed": 0}}
+    sentence = verdict_of(report, {"evictions": evictions}, [*recs, own])
+    assert "attempt 1 reached step 4" in sentence and "the attempt after it failed before writing" in sentence
+    # Controls.
+    v = verify(recs, 10, evictions=1, planned=1, eviction_list=evictions)
+    assert v["attempts"] == 1 and "and no attempt came after it" in " ".join(v["problems"])
+    assert "no attempt came after it" in verdict_of(report, {"evictions": evictions}, recs)
+    v = verify([{**own, "time": 50}, *recs], 10, evictions=1, planned=1, eviction_list=evictions)
+    assert v["attempts"] == 1 and "and no attempt came after it" in " ".join(v["problems"])
+
+
 def test_a_trial_that_was_retried_after_its_eviction_did_not_die_on_sigterm():
     recs, evictions = _died_on_sigterm()
     recs += [_rec("resume", 0, 2, from_step=0, fresh=True), _rec("step", 1, 2, loss=1.0)]  # a retry came

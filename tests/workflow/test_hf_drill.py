@@ -70,15 +70,22 @@ def test_hf_negative_control_without_the_callback_fails_and_says_why(tmp_path):
     assert report["trial_retries"] == 1 and report["steps"]["preemptions"] == 0
     verdict = report["verdict"]
     assert verdict.startswith("NOT preemption-safe: 1 of 1 evictions ended without a preempt record"), verdict
-    assert "died on SIGTERM" in verdict and "the next attempt resumed from" in verdict
+    assert "died on SIGTERM" in verdict
     # Where the signal landed depends on how fast evict saw its step (the stock script trains on meanwhile,
     # and may have just finished a save): the verdict must name the step reached, the last save on the
-    # 10-step cadence, and the steps between them as lost, which the retry trained again.
+    # 10-step cadence, and the steps between them as lost.
     m = re.search(r"attempt 1 reached step (\d+), its last save was step (\d+) .*\((\d+) step\(s\) lost\)", verdict)
     assert m, verdict
     reached, saved, lost = map(int, m.groups())
     assert reached >= 20 and saved % 10 == 0 and 10 <= saved <= reached and lost == reached - saved, verdict
-    assert report["steps"]["replayed"] == lost, verdict
+    if "the next attempt resumed from" in verdict:  # the retry trained the lost steps again
+        assert report["steps"]["replayed"] == lost, verdict
+    else:
+        # The signal landed mid-save (seen once in the suite, on a loaded machine): the stock script left a
+        # torn checkpoint-N/ (no trainer_state.json), and the retry, resuming from it, failed before any
+        # record. The retry is counted, and named as what it was, not as "no attempt came".
+        assert "the attempt after it failed before writing any record (exit 1" in verdict, verdict
+        assert report["steps"]["replayed"] == 0
     assert any("ended an attempt without a preempt record" in x for x in report["verify_problems"])
     assert "verdict: NOT preemption-safe" in (out / "report.md").read_text()
     assert "drill FAILED" in p.stdout and "verdict: NOT preemption-safe" in p.stdout

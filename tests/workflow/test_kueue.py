@@ -164,10 +164,20 @@ def test_the_kueue_overlay_builds_and_its_objects_reference_each_other_and_cover
     assert set(quota) == set(flavors)
 
     # The flavors' node labels and taints are the pools' (infra/gke, read by tests/unit/test_infra.py).
-    tf = (REPO / "infra" / "gke" / "main.tf").read_text()
+    from tests.unit.test_infra import _resources, _tf
+
+    tf = _tf(REPO / "infra" / "gke" / "main.tf")
+    pools: set[str] = set()  # each pool's baton.dev/pool label: a literal, or (for_each) a key of local.gpu_pools
+    for body in _resources(tf, "google_container_node_pool").values():
+        label = re.search(r'"baton.dev/pool" = ("([\w-]+)"|each\.key)', body["node_config"][0]["labels"])
+        assert label, body["node_config"][0]["labels"]
+        keys = ([label.group(2)] if label.group(2) else
+                [k for entry in tf["locals"] for n, v in entry.items() if n == "gpu_pools" for k in v])
+        pools.update(keys)
+    assert len(pools) == 3, pools  # system, gpu-spot, gpu-on-demand
     for f in flavors.values():
-        for k, v in f["spec"]["nodeLabels"].items():
-            assert f'"{k}" = "{v}"' in tf
+        assert f["spec"]["nodeLabels"] == {"baton.dev/pool": f["spec"]["nodeLabels"].get("baton.dev/pool")}
+        assert f["spec"]["nodeLabels"]["baton.dev/pool"] in pools, (f["spec"]["nodeLabels"], pools)
     for gpu in ("baton-spot-gpu", "baton-on-demand-gpu"):
         assert flavors[gpu]["spec"]["nodeTaints"] == [{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}]
 
