@@ -102,6 +102,15 @@ pod has terminated, and the real controller recorded every Kueue-preempted or Ku
 Kueue pod group (nodes > 1): Kueue keeps its finalizer until the whole group finishes, and Argo read every such
 evicted pod's exit code (75) on the real controllers (the local runner's Task.kueue_group)."""
 
+# ---- how a step finds its workflow's pods on a cluster (steps/evict.py, steps/release.py) --------------------
+
+WORKFLOW_LABEL = "workflows.argoproj.io/workflow"
+"""The label Argo puts on each pod of a workflow: its name."""
+NODE_NAME_ANNOTATION = "workflows.argoproj.io/node-name"
+"""Argo's node name of a pod: `<workflow>.<task>(<i>:<i>)(<attempt>)` for a withSequence item's attempt."""
+SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+"""Where a pod reads its own namespace (the service account's mount)."""
+
 # ---- how Argo v3.7 records the end of an attempt (docs/cluster-local.md; read from its source) ---------------
 
 

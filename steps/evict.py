@@ -36,6 +36,7 @@ import sys
 import time
 from pathlib import Path
 
+from steps.contract import NODE_NAME_ANNOTATION, SERVICE_ACCOUNT_NAMESPACE, WORKFLOW_LABEL
 from steps.evidence import read_evidence, read_json, write_json
 from steps.local_pods import ENV as LOCAL_PODS_ENV
 from steps.local_pods import HOW, LocalPods
@@ -107,25 +108,25 @@ class ClusterPods:
         config.load_incluster_config()
         self.v1 = client.CoreV1Api()
         self.client = client
-        self.namespace = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace").read_text().strip()
+        self.namespace = Path(SERVICE_ACCOUNT_NAMESPACE).read_text().strip()
         self.workflow, self.task = workflow, task
 
     def running(self, node: int | None = None) -> str | None:
         """A running pod of the task; with `node`, of that node of the group: Argo names a withSequence
         item's attempts `<workflow>.<task>(<i>:<i>)(<attempt>)` (generateNodeName)."""
         pods = self.v1.list_namespaced_pod(self.namespace,
-                                           label_selector=f"workflows.argoproj.io/workflow={self.workflow}")
+                                           label_selector=f"{WORKFLOW_LABEL}={self.workflow}")
         prefix = f"{self.workflow}.{self.task}(" + ("" if node is None else f"{node}:{node})(")
         for pod in pods.items:
-            name = (pod.metadata.annotations or {}).get("workflows.argoproj.io/node-name", "")
+            name = (pod.metadata.annotations or {}).get(NODE_NAME_ANNOTATION, "")
             if name.startswith(prefix) and pod.status.phase == "Running":
                 return pod.metadata.name
         return None
 
     def alive(self) -> bool:
         pods = self.v1.list_namespaced_pod(self.namespace,
-                                           label_selector=f"workflows.argoproj.io/workflow={self.workflow}")
-        return any((pod.metadata.annotations or {}).get("workflows.argoproj.io/node-name", "").startswith(
+                                           label_selector=f"{WORKFLOW_LABEL}={self.workflow}")
+        return any((pod.metadata.annotations or {}).get(NODE_NAME_ANNOTATION, "").startswith(
             f"{self.workflow}.{self.task}(") and pod.status.phase in ("Pending", "Running") for pod in pods.items)
 
     def evict(self, name: str, how: str = "evict") -> None:

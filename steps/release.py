@@ -30,10 +30,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from steps.contract import POD_GROUP_LABEL, QUEUE_LABEL, RETRIABLE_IN_GROUP
+from steps.contract import (
+    POD_GROUP_LABEL,
+    QUEUE_LABEL,
+    RETRIABLE_IN_GROUP,
+    SERVICE_ACCOUNT_NAMESPACE,
+    WORKFLOW_LABEL,
+)
 
-SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
-WORKFLOW_LABEL = "workflows.argoproj.io/workflow"
 ACTIVE = ("Pending", "Running")
 REQUEST_TIMEOUT_S = 30  # each API call: the client's default is none, and an exit handler must not hang
 _DNS_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
@@ -81,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
             namespace = args.namespace or "baton"
         else:
             config.load_incluster_config()
-            namespace = SERVICE_ACCOUNT_NAMESPACE.read_text().strip()
+            namespace = Path(SERVICE_ACCOUNT_NAMESPACE).read_text().strip()
     except (ConfigException, OSError) as e:
         where = args.kubeconfig or "the pod's service account"
         print(f"error: no Kubernetes API configuration from {where}: {e}", file=sys.stderr)

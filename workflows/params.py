@@ -222,9 +222,8 @@ def set_queue_label(obj: dict, queue: str) -> None:
 def release_template() -> dict:
     """The exit handler of a drill whose pods are Kueue pod groups (steps/release.py says why). Its pod has no
     queue label (set_queue_label labels the other templates), so that it runs even when the quota it releases
-    is what the queue lacks. Argo runs
-    an exit handler after a failure, a stop and a passed deadline (workflowpod.go: onExit pods ignore the
-    workflow's deadline), never after a terminate."""
+    is what the queue lacks. Argo runs an exit handler after a failure, a stop and a passed deadline
+    (workflowpod.go: onExit pods ignore the workflow's deadline), never after a terminate."""
     return {
         "name": RELEASE_TEMPLATE,
         "container": {

@@ -46,6 +46,7 @@ from infra.local.components import (
     wait_ready,
     write_kubeconfig,
 )
+from steps.contract import QUEUE_LABEL
 
 BUILD_KUEUE = REPO / "infra" / "local" / "build-kueue.sh"
 KUEUE_NAMESPACE = "kueue-system"
@@ -54,7 +55,6 @@ MUTATING = "kueue-mutating-webhook-configuration"
 VALIDATING = "kueue-validating-webhook-configuration"
 # Where cmd/kueue/main.go reads the metrics certificate when internal certificate management is off.
 ETC_KUEUE = Path("/etc/kueue")
-QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 GATE = "kueue.x-k8s.io/admission"
 
 

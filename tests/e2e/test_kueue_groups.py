@@ -19,12 +19,11 @@ from typing import Any
 import pytest
 import yaml
 
-from infra.local.kueue import QUEUE_LABEL
 from steps.contract import POD_GROUP_LABEL, RELEASE_TEMPLATE
 from tests.e2e.localcluster import REPO, Local
 from tests.e2e.localcluster import cond as _cond
 from tests.e2e.localcluster import wait as _wait
-from tests.e2e.test_kueue_real import _SKIP, _pods, _usage
+from tests.e2e.test_kueue_real import _SKIP, _pods, _usage, admits_most_of_the_quota
 
 pytestmark = [pytest.mark.skipif(bool(_SKIP), reason=_SKIP), pytest.mark.slow, pytest.mark.e2e]
 
@@ -60,6 +59,22 @@ def grouped_drill(tmp: Path, *params: str) -> dict[str, Any]:
             t["container"]["resources"] = {"requests": {"cpu": cpu, "memory": mem}}
     return {"apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow",
             "metadata": {"generateName": "baton-equivalence-", "namespace": "baton"}, "spec": spec}
+
+
+def _submit(cluster: Local, wf: dict[str, Any]) -> str:
+    """Submit `wf` as a user does (`equivalence.py submit`, which adds the release handler with the queue);
+    its name."""
+    r = subprocess.run([sys.executable, "workflows/equivalence.py", "submit", "--from-file", "-"],
+                       input=yaml.safe_dump(wf), cwd=REPO, env=cluster.user_env(), capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.split()[0]
+
+
+def _handler_pods(wf: dict[str, Any]) -> list[dict[str, Any]]:
+    """The release handler's pod nodes of a finished workflow, in Argo's order."""
+    return [n for n in wf["status"]["nodes"].values() if n.get("templateName") == RELEASE_TEMPLATE
+            and n.get("type") == "Pod"]
 
 
 def _group_workloads(cluster: Local, wf: str) -> dict[str, dict[str, Any]]:
@@ -132,30 +147,17 @@ def test_a_failed_grouped_drill_frees_its_quota_through_its_exit_handler(kueue: 
     failed, the handler ran and baton-local holds nothing; a pod that needs most of the quota is admitted."""
     _wait(lambda: _free(kueue), 120, "baton-local free before the drill")
     wf = grouped_drill(tmp_path, *FAILING)
-    env = kueue.user_env()
-    r = subprocess.run([sys.executable, "workflows/equivalence.py", "submit", "--from-file", "-"],
-                       input=yaml.safe_dump(wf), cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr
-    name = r.stdout.split()[0]
+    name = _submit(kueue, wf)
     try:
         done = _ended(kueue, name)
         assert done["status"]["phase"] == "Failed", done["status"].get("message")
-        handler = [n for n in done["status"]["nodes"].values() if n.get("templateName") == RELEASE_TEMPLATE
-                   and n.get("type") == "Pod"]
+        handler = _handler_pods(done)
         print(f"\n[e2e] {name} failed; its release handler: "
               + json.dumps([(n["displayName"], n["phase"], n.get("message")) for n in handler]))
         assert handler and handler[-1]["phase"] == "Succeeded", handler
         _wait(lambda: _free(kueue), 120, "baton-local's quota free after the drill's exit handler")
-        pod = {"apiVersion": "v1", "kind": "Pod",
-               "metadata": {"name": "kueue-after-groups", "namespace": "baton", "labels": {QUEUE_LABEL: "baton"}},
-               "spec": {"restartPolicy": "Never", "containers": [{"name": "c", "image": "x", "command": ["true"],
-                                                                  "resources": {"requests": {"cpu": "1500m",
-                                                                                             "memory": "1Gi"}}}]}}
-        kueue.kubectl("create", "-f", "-", stdin=json.dumps(pod))
-        ran = kueue.wait_phase("pod", "kueue-after-groups", ("Succeeded", "Failed"), timeout=120)
-        assert ran["status"]["phase"] == "Succeeded", ran["status"]
+        admits_most_of_the_quota(kueue, "kueue-after-groups")
     finally:
-        kueue.kubectl("delete", "pod", "kueue-after-groups", "--ignore-not-found", "--wait=false", check=False)
         kueue.kubectl("delete", "workflow", name, "--ignore-not-found", "--wait=false", check=False)
 
 
@@ -176,11 +178,7 @@ def test_a_stopped_or_deadlined_grouped_drill_frees_its_quota_through_its_exit_h
     wf = grouped_drill(tmp_path, "-p", "total_steps=2000", "-p", "evictions=1", *extra)
     if end == "deadline":
         assert wf["spec"]["activeDeadlineSeconds"] == DEADLINE_S
-    env = kueue.user_env()
-    r = subprocess.run([sys.executable, "workflows/equivalence.py", "submit", "--from-file", "-"],
-                       input=yaml.safe_dump(wf), cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr
-    name = r.stdout.split()[0]
+    name = _submit(kueue, wf)
     try:
         def training() -> bool:
             groups = _group_workloads(kueue, name)
@@ -196,8 +194,7 @@ def test_a_stopped_or_deadlined_grouped_drill_frees_its_quota_through_its_exit_h
         else:
             assert not _free(kueue), "the groups hold quota while they train"
         done = _ended(kueue, name)
-        handler = [n for n in done["status"]["nodes"].values() if n.get("templateName") == RELEASE_TEMPLATE
-                   and n.get("type") == "Pod"]
+        handler = _handler_pods(done)
         print(f"\n[e2e] {name} ({end}): {done['status']['phase']}: {done['status'].get('message')}; its release "
               "handler: " + json.dumps([(n["displayName"], n["phase"], n.get("message")) for n in handler]))
         assert done["status"]["phase"] in ("Failed", "Error"), done["status"]
@@ -222,11 +219,7 @@ def test_a_grouped_drill_passes_with_each_node_evicted_once(kueue: Local, tmp_pa
     assert eviction_nodes(2, 2, seed=0) == [1, 0]
     _wait(lambda: _free(kueue), 120, "baton-local free before the drill")
     wf = grouped_drill(tmp_path, "-p", "total_steps=48", "-p", "evictions=2", "-p", "seed=0")
-    env = kueue.user_env()
-    r = subprocess.run([sys.executable, "workflows/equivalence.py", "submit", "--from-file", "-"],
-                       input=yaml.safe_dump(wf), cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr
-    name = r.stdout.split()[0]
+    name = _submit(kueue, wf)
     t0 = time.monotonic()
     try:
         trial_workloads: dict[str, Any] = {}

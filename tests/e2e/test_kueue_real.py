@@ -19,7 +19,8 @@ from typing import Any
 import pytest
 import yaml
 
-from infra.local.kueue import GATE, QUEUE_LABEL, why_not_built
+from infra.local.kueue import GATE, why_not_built
+from steps.contract import QUEUE_LABEL
 from tests.e2e.localcluster import REPO, Local, why_skip
 from tests.e2e.localcluster import cond as _cond
 from tests.e2e.localcluster import wait as _wait
@@ -91,6 +92,23 @@ def _admitted_events(cluster: Local) -> list[str]:
     ev = json.loads(cluster.kubectl("get", "events", "--field-selector", "involvedObject.kind=Workload",
                                     "-o", "json"))["items"]
     return [f"{e['involvedObject']['name']}: {e['reason']}: {e.get('message', '')}" for e in ev]
+
+
+
+def admits_most_of_the_quota(cluster: Local, name: str) -> None:
+    """A queued pod of 1500m (three trainers' worth of baton-local's 1600m) is admitted and runs: it fits only
+    if what came before released its quota."""
+    pod = {"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"name": name, "namespace": "baton", "labels": {QUEUE_LABEL: "baton"}},
+           "spec": {"restartPolicy": "Never", "containers": [{"name": "c", "image": "x", "command": ["true"],
+                                                              "resources": {"requests": {"cpu": "1500m",
+                                                                                         "memory": "1Gi"}}}]}}
+    cluster.kubectl("create", "-f", "-", stdin=json.dumps(pod))
+    try:
+        done = cluster.wait_phase("pod", name, ("Succeeded", "Failed"), timeout=120)
+        assert done["status"]["phase"] == "Succeeded", done["status"]
+    finally:
+        cluster.kubectl("delete", "pod", name, "--ignore-not-found", "--wait=false", check=False)
 
 
 def test_kueue_admits_the_queued_drill_and_it_passes(kueue: Local):
@@ -211,18 +229,7 @@ def test_after_a_failed_drill_the_quota_is_free_and_the_next_pod_is_admitted(kue
                 for p, w in _workloads(kueue, name).items()}
         print(f"[e2e] after the failed drill: usage {usage} (after {time.monotonic() - t1:.1f} s); "
               f"its Workloads left (admitted, finished, finalizers): {json.dumps(left)[:800]}")
-    # The next pod: 1500m (three trainers' worth) fits only if the drill's quota was released.
-    pod = {"apiVersion": "v1", "kind": "Pod",
-           "metadata": {"name": "kueue-after-failure", "namespace": "baton", "labels": {QUEUE_LABEL: "baton"}},
-           "spec": {"restartPolicy": "Never", "containers": [{"name": "c", "image": "x", "command": ["true"],
-                                                              "resources": {"requests": {"cpu": "1500m",
-                                                                                         "memory": "1Gi"}}}]}}
-    kueue.kubectl("create", "-f", "-", stdin=json.dumps(pod))
-    try:
-        done = kueue.wait_phase("pod", "kueue-after-failure", ("Succeeded", "Failed"), timeout=120)
-        assert done["status"]["phase"] == "Succeeded", done["status"]
-    finally:
-        kueue.kubectl("delete", "pod", "kueue-after-failure", "--ignore-not-found", "--wait=false", check=False)
+    admits_most_of_the_quota(kueue, "kueue-after-failure")
 
 
 def test_a_kueue_preemption_of_the_trial_is_retried_and_the_drill_passes(kueue: Local):
