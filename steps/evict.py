@@ -20,10 +20,11 @@ No point lies past 80% of the run, every point is a distinct step, and the trial
 a new attempt after each eviction before the next one, so each eviction has work behind it. Step 1 and
 a point on a checkpoint step are evicted as soon as the step record is seen (polled every 10 ms): the
 periodic save follows that record, so the signal can land inside the save (the trial's `preempt` record
-says where it landed: `during`). A trial whose measured step rate predicts that it finishes within
-FINISH_GUARD_S seconds is evicted at once, before its point (the record says `early`): a signal that
-reaches a finished trainer says nothing about it (verify calls such an eviction missed, and the drill
-inconclusive).
+says where it landed: `during`). A trial whose measured step rate predicts that it finishes before evict could look again is
+evicted at once, before its point (the record says `early`): within FINISH_GUARD_S seconds, or within
+LOOKS_AHEAD looks where one look (the evidence read, the pod listing) takes longer, as it does on a
+loaded machine or a slow store. A signal that reaches a finished trainer says nothing about it (verify
+calls such an eviction missed, and the drill inconclusive).
 """
 
 from __future__ import annotations
@@ -47,6 +48,11 @@ MAX_FRACTION = 0.8
 # once, before its point: the signal takes a while to reach it (evidence, the request, the forwarding),
 # and one that lands after `done` says nothing about the trainer (verify calls it missed).
 FINISH_GUARD_S = 1.0
+# ... or within this many looks at the evidence, where a look is slower than that: on a loaded 2-core
+# machine (make e2e, nodes=2) a trainer at 5 steps/s went from its point (38) to its end (48) between two
+# looks, and the drill was inconclusive.
+LOOKS_AHEAD = 2
+MAX_LAG_S = 30.0
 
 
 JITTER_MODES = ("false", "true", "edges")
@@ -174,6 +180,31 @@ def step_rate(records: list[dict], attempt: int, last: int = 20) -> float | None
     return (times[-1][0] - times[0][0]) / (times[-1][1] - times[0][1])
 
 
+def early_reason(step: int, point: int, total_steps: int, rate: float | None, look_s: float,
+                 lag_s: float = 0.0) -> str | None:
+    """Why a trainer last seen at `step` (before its `point`), `lag_s` seconds ago, must be evicted now rather
+    than at its point: it is predicted, at `rate` steps/s, to finish within FINISH_GUARD_S or within
+    LOOKS_AHEAD looks of `look_s` seconds each. None: it can wait for its point (or its rate is not known)."""
+    if step >= point or rate is None or rate <= 0:
+        return None
+    guard = max(FINISH_GUARD_S, LOOKS_AHEAD * look_s)
+    if (total_steps - step) / rate - lag_s >= guard:
+        return None
+    why = f"{rate:.0f} steps/s: predicted to finish within {guard:.3g} s"
+    if guard > FINISH_GUARD_S:
+        why += f" ({LOOKS_AHEAD} looks of {look_s:.2g} s)"
+    return why + (f", seen {lag_s:.2g} s late" if lag_s >= 0.05 else "")
+
+
+def evidence_lag(records: list[dict], attempt: int, now: float) -> float:
+    """How long ago (by the wall clock `now`) `attempt` wrote its newest step record that is seen: what the
+    trainer's throttled flush to a store and the read add to evict's view. Clamped to 0 .. MAX_LAG_S, since
+    a record's time is the trainer's word and clocks differ."""
+    times = [r["time"] for r in records if r.get("event") == "step" and r.get("attempt") == attempt
+             and isinstance(r.get("time"), (int, float))]
+    return min(max(now - max(times), 0.0), MAX_LAG_S) if times else 0.0
+
+
 def say(event: dict) -> None:
     sys.stdout.write(json.dumps(event) + "\n")
     sys.stdout.flush()
@@ -275,6 +306,7 @@ def _evict_all(args: argparse.Namespace, pods, points: list[int], done_evictions
             write_json(args.out, result)
     last_attempt = done_evictions[-1]["attempt"] if done_evictions else -1
     seen_alive = time.monotonic()
+    looks: list[float] = []
     for point in points[len(done_evictions):]:
         # At an edge (step 1, a checkpoint step) evict as soon as the record is there: before step 2, or
         # inside the save that follows a checkpoint step's record.
@@ -303,19 +335,20 @@ def _evict_all(args: argparse.Namespace, pods, points: list[int], done_evictions
                 print(f"error: {result['problem']}; {len(done_evictions)} of {len(points)} evictions done",
                       file=sys.stderr)
                 return 1
+            looks.append(time.monotonic() - now)  # what one look costs: the evidence read and the pod listing
             # Work behind each eviction: a newer attempt must have trained since the last one. A trainer
-            # about to finish is evicted now rather than at its point (FINISH_GUARD_S).
+            # about to finish is evicted now rather than at its point (early_reason).
             rate = step_rate(records, attempt) if step < point else None
-            finishing = rate is not None and (args.total_steps - step) / rate < FINISH_GUARD_S
-            if (step >= point or finishing) and attempt > last_attempt:
+            early = early_reason(step, point, args.total_steps, rate, max(looks[-5:]),
+                                 evidence_lag(records, attempt, time.time()) if rate else 0.0)
+            if (step >= point or early) and attempt > last_attempt:
                 target = targets[len(done_evictions)]
                 name = pods.running(target)
                 if name:
                     ev = {"event": "evict", "point": point, "observed_step": step, "attempt": attempt,
                           "pod": name, **({"node": target} if target is not None else {}),
-                          "how": args.how, "time": time.time(), "ended": None,
-                          **({"early": f"{rate:.0f} steps/s: predicted to finish within {FINISH_GUARD_S:g} s"}
-                             if step < point else {})}
+                          "how": args.how, "time": time.time(), "look_s": round(looks[-1], 3), "ended": None,
+                          **({"early": early} if early else {})}
                     done_evictions.append(ev)
                     if args.out:  # the intent first: a retry of this step finishes it, never repeats it
                         write_json(args.out, result)

@@ -23,6 +23,7 @@ from steps.contract import POD_GROUP_LABEL, RELEASE_TEMPLATE
 from tests.e2e.localcluster import REPO, Local
 from tests.e2e.localcluster import cond as _cond
 from tests.e2e.localcluster import wait as _wait
+from tests.e2e.test_drill_real_argo import _describe
 from tests.e2e.test_kueue_real import _SKIP, _pods, _usage, admits_most_of_the_quota
 
 pytestmark = [pytest.mark.skipif(bool(_SKIP), reason=_SKIP), pytest.mark.slow, pytest.mark.e2e]
@@ -240,7 +241,7 @@ def test_a_grouped_drill_passes_with_each_node_evicted_once(kueue: Local, tmp_pa
         print(f"\n[e2e] grouped drill {name}: {done['status']['phase']} after {time.monotonic() - t0:.0f} s; "
               f"trial items {json.dumps(items)}; compare {json.dumps(outs)}; trial Workloads "
               f"{sorted(trial_workloads)}")
-        assert done["status"]["phase"] == "Succeeded", json.dumps(items)
+        assert done["status"]["phase"] == "Succeeded", _describe(done, kueue.user_env())
         assert outs.get("preemptions") == "2" and outs.get("replayed_steps") == "0", outs
         assert set(items) == {"trial(0:0)", "trial(1:1)"}, items
         for item, attempts in items.items():  # each node: its eviction, its peer's 75, the finish

@@ -238,6 +238,13 @@ def test_pod_gc_and_ttl_strategy_remove_what_they_say(cluster: Local):
         assert time.monotonic() - t0 < 60, f"the task results outlived the completed workflow: {results()}"
         time.sleep(1)
     assert pods() == {"bad": "Failed"}  # control: before the TTL, the failed pod stays
+    # The TTL controller queues a workflow only from an informer event that shows it completed. Argo writes
+    # its own update back into the informer's store (operator.go, writeBackToInformer), and client-go then
+    # passes the watch event with that same resourceVersion only to handlers in a resync (shared_informer.go,
+    # OnUpdate): when the write-back wins, the TTL waits for the next resync, 20 min (controller.go,
+    # workflowResyncPeriod). CI lost that race (argoproj/argo-workflows#10947). Any later change to the
+    # workflow gives the TTL controller its event; this annotation is one. The expiry counts from finishedAt.
+    cluster.kubectl("annotate", "workflow", name, "baton.test/ttl-event=1")
     t0 = time.monotonic()
     while cluster.kubectl("get", "workflow", name, "--ignore-not-found", "-o", "name").strip():
         assert time.monotonic() - t0 < ttl_s + 90, "ttlStrategy did not delete the workflow"

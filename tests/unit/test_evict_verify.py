@@ -275,6 +275,39 @@ def test_step_rate_comes_from_the_newest_attempt_and_needs_three_records():
     assert step_rate(recs[:2], 2) is None
 
 
+def test_a_slow_look_widens_the_finish_guard():
+    """A trainer at 5 steps/s at step 30 of 48 finishes in 3.6 s, before its point (38) if evict's looks take
+    2 s each (a loaded machine, a slow store): it is evicted now, and the reason names the looks. Controls:
+    with looks of 10 ms it waits for its point (the fixed 1 s guard); at its point there is no early reason;
+    an unknown rate never fires early."""
+    from steps.evict import FINISH_GUARD_S, LOOKS_AHEAD, early_reason
+
+    why = early_reason(30, 38, 48, 5.0, look_s=2.0)
+    assert why is not None and f"{LOOKS_AHEAD} looks of 2 s" in why, why
+    assert early_reason(30, 38, 48, 5.0, look_s=0.01) is None
+    assert early_reason(46, 38, 48, 5.0, look_s=2.0) is None  # at or past its point: evicted as planned
+    assert early_reason(30, 38, 48, None, look_s=2.0) is None
+    fast = early_reason(46, 47, 48, 5.0, look_s=0.01)  # 0.4 s left: the fixed guard alone
+    assert fast is not None and "looks" not in fast and f"{FINISH_GUARD_S:.3g} s" in fast, fast
+
+
+def test_evidence_seen_late_counts_against_the_time_left():
+    """Records on a store are flushed every 2 s (BATON_EVIDENCE_FLUSH_S): a trainer last seen at step 30 of 48
+    at 5 steps/s, 2 s ago, is at about step 40, with 1.6 s left, less than two looks of 1 s: evicted now.
+    Control: the same view seen at once (3.6 s left) waits for its point. The lag is the newest record's age, clamped."""
+    from steps.evict import MAX_LAG_S, early_reason, evidence_lag
+
+    why = early_reason(30, 38, 48, 5.0, look_s=1.0, lag_s=2.0)
+    assert why is not None and "seen 2 s late" in why, why
+    assert early_reason(30, 38, 48, 5.0, look_s=1.0, lag_s=0.0) is None
+    recs = [{"event": "step", "step": s, "attempt": 2, "time": 100.0 + s} for s in range(1, 5)]
+    recs.append({"event": "step", "step": 9, "attempt": 1, "time": 500.0})  # another attempt: not this one's
+    assert evidence_lag(recs, 2, now=106.5) == pytest.approx(2.5)
+    assert evidence_lag(recs, 2, now=50.0) == 0.0  # a clock behind the trainer's
+    assert evidence_lag(recs, 2, now=1e9) == MAX_LAG_S
+    assert evidence_lag(recs, 3, now=106.5) == 0.0
+
+
 def test_evict_fires_before_its_point_at_a_trainer_about_to_finish(tmp_path, monkeypatch):
     """A trial at step 5 of 40 that trains 100 steps a second finishes in 0.35 s, long before the point
     (step 32) could be seen and signalled: evict asks for the eviction now. Control: the same trial at
