@@ -339,8 +339,8 @@ def _evict_all(args: argparse.Namespace, pods, points: list[int], done_evictions
             # Work behind each eviction: a newer attempt must have trained since the last one. A trainer
             # about to finish is evicted now rather than at its point (early_reason).
             rate = step_rate(records, attempt) if step < point else None
-            early = early_reason(step, point, args.total_steps, rate, max(looks[-5:]),
-                                 evidence_lag(records, attempt, time.time()) if rate else 0.0)
+            early = None if rate is None else early_reason(step, point, args.total_steps, rate, max(looks[-5:]),
+                                                           evidence_lag(records, attempt, time.time()))
             if (step >= point or early) and attempt > last_attempt:
                 target = targets[len(done_evictions)]
                 name = pods.running(target)
