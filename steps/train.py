@@ -113,9 +113,18 @@ MMAP_THRESHOLD = 1 << 20
 
 
 def torchrun_has_shutdown_timeout() -> bool:
-    from torch.distributed.run import get_args_parser
+    """Whether this torch's torchrun takes --shutdown-timeout (torch 2.13 added it), from the installed
+    package's version: importing torch.distributed.run to read its parser cost this light PID 1 a whole torch
+    import (about 2 s of CPU) at every start of several ranks, before torchrun imports torch again."""
+    from importlib.metadata import PackageNotFoundError, version
 
-    return any("--shutdown-timeout" in a.option_strings for a in get_args_parser()._actions)
+    try:
+        major, minor = (int(x) for x in version("torch").split(".")[:2])
+    except (PackageNotFoundError, ValueError):  # a source build with an odd version: ask the parser itself
+        from torch.distributed.run import get_args_parser
+
+        return any("--shutdown-timeout" in a.option_strings for a in get_args_parser()._actions)
+    return (major, minor) >= (2, 13)
 
 
 def program(trainer: str) -> list[str]:

@@ -122,3 +122,25 @@ def test_a_launcher_that_lingers_after_done_is_ended_and_the_pod_ends_with_0(tmp
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=60)
     assert "after the done record" not in err and proc.returncode != 0
+
+
+def test_the_version_check_agrees_with_this_torchruns_own_parser():
+    """steps.train reads --shutdown-timeout's presence from torch's version, to keep torch out of PID 1; the
+    installed torchrun's parser is the truth it must agree with."""
+    import importlib.metadata
+
+    from torch.distributed.run import get_args_parser
+
+    from steps.train import torchrun_has_shutdown_timeout
+
+    parsed = any("--shutdown-timeout" in a.option_strings for a in get_args_parser()._actions)
+    assert torchrun_has_shutdown_timeout() is parsed, importlib.metadata.version("torch")
+    probe = ("import sys, steps.train; steps.train.torchrun_has_shutdown_timeout(); "
+             "print('torch' in sys.modules)")
+    out = subprocess.run([PY, "-c", probe], cwd=REPO, env=base_env(), capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False", out.stdout + out.stderr[-2000:]
+    # Control: the same probe sees torch once the parser itself is asked.
+    probe = probe.replace("steps.train.torchrun_has_shutdown_timeout()", "import torch.distributed.run")
+    out = subprocess.run([PY, "-c", probe], cwd=REPO, env=base_env(), capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "True", out.stdout
+
