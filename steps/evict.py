@@ -20,10 +20,10 @@ No point lies past 80% of the run, every point is a distinct step, and the trial
 a new attempt after each eviction before the next one, so each eviction has work behind it. Step 1 and
 a point on a checkpoint step are evicted as soon as the step record is seen (polled every 10 ms): the
 periodic save follows that record, so the signal can land inside the save (the trial's `preempt` record
-says where it landed: `during`). A trial whose measured step rate predicts that it finishes before evict could look again is
-evicted at once, before its point (the record says `early`): within FINISH_GUARD_S seconds, or within
-LOOKS_AHEAD looks where one look (the evidence read, the pod listing) takes longer, as it does on a
-loaded machine or a slow store. A signal that reaches a finished trainer says nothing about it (verify
+says where it landed: `during`). A trial whose measured step rate predicts that it finishes before
+evict could look again is evicted at once, before its point (the record says `early`): within
+FINISH_GUARD_S seconds, or within LOOKS_AHEAD looks where one look (the evidence read, the pod listing)
+takes longer, as it does on a loaded machine or a slow store. A signal that reaches a finished trainer says nothing about it (verify
 calls such an eviction missed, and the drill inconclusive).
 """
 
