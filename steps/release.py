@@ -13,12 +13,13 @@ webhook lets it go from retriable to not, never back), and every one still pendi
 (the Eviction API, as steps.evict does). Kueue then finishes each Workload, frees its quota and removes its
 pods' finalizers. A group whose pods all succeeded is finished already; marking it again changes nothing.
 
-Argo runs the handler after a success, a failure, a stop and a passed deadline (onExit pods ignore the
-workflow's deadline), but not after `argo terminate`: then run this by hand with your own kubeconfig. The
+Argo runs the handler after a success, a failure, a stop and a passed deadline (an onExit pod ignores the
+workflow's deadline, as long as the handler has no retryStrategy: workflows/params.py, release_template),
+but not after `argo terminate`: then run this by hand with your own kubeconfig. The
 drill's Role grants what it needs: list pods, patch pods, create pods/eviction (templates/base/rbac.yaml).
 
-Exit: 0 done (or nothing to do), 1 the API refused or could not be reached (the message names the verb; the
-handler's retryStrategy tries again), 2 bad arguments.
+Exit: 0 done (or nothing to do), 1 the API refused or could not be reached, after --attempts tries (the
+message names the verb; a 403 is not tried again), 2 bad arguments.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import argparse
 import json
 import re
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -73,7 +75,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--status", default="", help="the workflow's status ({{workflow.status}}), for the record")
     ap.add_argument("--kubeconfig", help="run by hand: this kubeconfig instead of the pod's service account")
     ap.add_argument("--namespace", help="with --kubeconfig: the drill's namespace (default: baton)")
+    ap.add_argument("--attempts", type=int, default=4,
+                    help="tries when the API refuses (not 403) or does not answer: the handler has no Argo "
+                         "retryStrategy (workflows/params.py, release_template, says why)")
+    ap.add_argument("--retry-wait", type=float, default=5.0, help="seconds between tries")
     args = ap.parse_args(argv)
+    if args.attempts < 1 or not args.retry_wait >= 0:
+        ap.error("--attempts must be >= 1 and --retry-wait >= 0")
 
     from kubernetes import client, config
     from kubernetes.config.config_exception import ConfigException
@@ -91,26 +99,38 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: no Kubernetes API configuration from {where}: {e}", file=sys.stderr)
         return 1
     v1 = client.CoreV1Api()
+    for attempt in range(1, args.attempts + 1):
+        rc, retriable = _release(v1, client, HTTPError, namespace, args)
+        if rc == 0 or not retriable or attempt == args.attempts:
+            return rc
+        print(f"[release] try {attempt} of {args.attempts} failed; trying again in {args.retry_wait:g} s",
+              file=sys.stderr, flush=True)
+        time.sleep(args.retry_wait)
+    return 1
 
-    def refused(verb: str, e: Exception) -> int:
+
+def _release(v1: Any, client: Any, http_error: type[Exception], namespace: str,
+             args: argparse.Namespace) -> tuple[int, bool]:
+    """One try: (exit code, whether another try could help: not after a 403, which the Role decides)."""
+    def refused(verb: str, e: Exception) -> tuple[int, bool]:
         status = getattr(e, "status", None)
         why = f"the API answered {status}: {getattr(e, 'reason', e)}" if status else f"no answer: {e}"
         print(f"error: {verb}: {why}"
               + (" (the drill's Role in templates/base/rbac.yaml grants it)" if status == 403 else ""),
               file=sys.stderr)
-        return 1
+        return 1, status != 403
 
     try:
         pods = v1.list_namespaced_pod(namespace, label_selector=f"{WORKFLOW_LABEL}={args.workflow},{POD_GROUP_LABEL}",
                                       _request_timeout=REQUEST_TIMEOUT_S)
-    except (client.ApiException, HTTPError) as e:
+    except (client.ApiException, http_error) as e:
         return refused("list pods", e)
     groups, mark, evict = plan(pods.items)
     for name in mark:
         try:
             v1.patch_namespaced_pod(name, namespace, {"metadata": {"annotations": {RETRIABLE_IN_GROUP: "false"}}},
                                     _request_timeout=REQUEST_TIMEOUT_S)
-        except (client.ApiException, HTTPError) as e:
+        except (client.ApiException, http_error) as e:
             if getattr(e, "status", None) != 404:  # a pod already gone holds nothing
                 return refused(f"patch pod {name}", e)
     evicted = []
@@ -119,13 +139,12 @@ def main(argv: list[str] | None = None) -> int:
         try:
             v1.create_namespaced_pod_eviction(name, namespace, body, _request_timeout=REQUEST_TIMEOUT_S)
             evicted.append(name)
-        except (client.ApiException, HTTPError) as e:
+        except (client.ApiException, http_error) as e:
             if getattr(e, "status", None) != 404:
                 return refused(f"evict pod {name}", e)
     print(json.dumps({"event": "released", "workflow": args.workflow, "status": args.status, "groups": groups,
                       "marked": len(mark), "evicted": evicted}), flush=True)
-    return 0
-
+    return 0, False
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -223,7 +223,13 @@ def release_template() -> dict:
     """The exit handler of a drill whose pods are Kueue pod groups (steps/release.py says why). Its pod has no
     queue label (set_queue_label labels the other templates), so that it runs even when the quota it releases
     is what the queue lacks. Argo runs an exit handler after a failure, a stop and a passed deadline
-    (workflowpod.go: onExit pods ignore the workflow's deadline), never after a terminate."""
+    (workflowpod.go: onExit pods ignore the workflow's deadline), never after a terminate.
+
+    No retryStrategy: steps.release tries again itself. With one, Argo v3.7.18 names the handler's pod node
+    `<workflow>.onExit(0)`, which IsPartOfExitHandler does not take for the exit handler (it looks for the
+    `.onExit` suffix), so after a passed deadline operator.go's failNodesWithoutCreatedPodsAfterDeadlineOrShutdown
+    failed the handler's pod while it was still Pending ("Step exceeded its deadline"), and processNodeRetries
+    retries nothing past the deadline: the quota stayed held (make e2e, 2026-12-05)."""
     return {
         "name": RELEASE_TEMPLATE,
         "container": {
@@ -231,7 +237,6 @@ def release_template() -> dict:
             "args": ["-m", "steps.release", "--workflow", "{{workflow.name}}", "--status", "{{workflow.status}}"],
             "resources": {"requests": {"cpu": "50m", "memory": "128Mi"}},
         },
-        "retryStrategy": {"limit": "3", "retryPolicy": "Always"},
     }
 
 

@@ -65,7 +65,18 @@ users: [{{name: u, user: {{token: t}}}}]
 contexts: [{{name: x, context: {{cluster: c, user: u}}}}]
 current-context: x
 """)
-    assert main(["--workflow", "wf", "--kubeconfig", str(cfg)]) == 1
+    assert main(["--workflow", "wf", "--kubeconfig", str(cfg), "--attempts", "2", "--retry-wait", "0"]) == 1
     err = capsys.readouterr().err
     assert err.startswith("error: list pods: no answer:"), err
     assert "Traceback" not in err
+    # It tried again (the handler has no Argo retryStrategy), and said so; with one try, it does not.
+    assert err.count("error: list pods") == 2 and "try 1 of 2 failed; trying again" in err, err
+    assert main(["--workflow", "wf", "--kubeconfig", str(cfg), "--attempts", "1"]) == 1
+    assert capsys.readouterr().err.count("error: list pods") == 1
+
+
+@pytest.mark.parametrize("bad", [["--attempts", "0"], ["--retry-wait", "-1"], ["--retry-wait", "nan"]])
+def test_bad_retry_arguments_are_refused(bad, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["--workflow", "wf", *bad])
+    assert e.value.code == 2 and "--attempts must be >= 1" in capsys.readouterr().err

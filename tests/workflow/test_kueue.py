@@ -322,6 +322,8 @@ def test_a_queued_drill_of_pod_groups_gets_the_release_handler_out_of_the_queue(
         assert all(t["metadata"]["labels"][LABEL] == "team-a" for t in pods)
         assert tmpl["container"]["args"][:2] == ["-m", "steps.release"]
         assert "{{workflow.name}}" in tmpl["container"]["args"]
+        # No Argo retry: a retried handler's pod is not exempt from a passed deadline (release_template).
+        assert "retryStrategy" not in tmpl
     for params in (("nodes=2",), ("queue=team-a",), ()):
         p = _render(*params)
         assert p.returncode == 0, p.stderr
