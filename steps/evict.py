@@ -23,8 +23,8 @@ periodic save follows that record, so the signal can land inside the save (the t
 says where it landed: `during`). A trial whose measured step rate predicts that it finishes before
 evict could look again is evicted at once, before its point (the record says `early`): within
 FINISH_GUARD_S seconds, or within LOOKS_AHEAD looks where one look (the evidence read, the pod listing)
-takes longer, as it does on a loaded machine or a slow store. A signal that reaches a finished trainer says nothing about it (verify
-calls such an eviction missed, and the drill inconclusive).
+takes longer, as it does on a loaded machine or a slow store. A signal that reaches a finished trainer
+says nothing about it (verify calls such an eviction missed, and the drill inconclusive).
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ import os
 import random
 import sys
 import time
+from collections import deque
 from pathlib import Path
 
 from steps.contract import NODE_NAME_ANNOTATION, SERVICE_ACCOUNT_NAMESPACE, WORKFLOW_LABEL
@@ -171,10 +172,15 @@ def latest(records: list[dict]) -> tuple[int, int, bool]:
     return step, attempt, done
 
 
+def _step_times(records: list[dict], attempt: int) -> list[tuple[int, float]]:
+    """(step, time) of each of `attempt`'s step records that carries a time, in step order."""
+    return sorted((r["step"], r["time"]) for r in records if r.get("event") == "step"
+                  and r.get("attempt") == attempt and isinstance(r.get("time"), (int, float)))
+
+
 def step_rate(records: list[dict], attempt: int, last: int = 20) -> float | None:
     """Steps per second of `attempt`, from the times of its newest `last` step records (None: too few)."""
-    times = sorted((r["step"], r["time"]) for r in records
-                   if r.get("event") == "step" and r.get("attempt") == attempt and "time" in r)[-last:]
+    times = _step_times(records, attempt)[-last:]
     if len(times) < 3 or times[-1][1] <= times[0][1]:
         return None
     return (times[-1][0] - times[0][0]) / (times[-1][1] - times[0][1])
@@ -200,8 +206,7 @@ def evidence_lag(records: list[dict], attempt: int, now: float) -> float:
     """How long ago (by the wall clock `now`) `attempt` wrote its newest step record that is seen: what the
     trainer's throttled flush to a store and the read add to evict's view. Clamped to 0 .. MAX_LAG_S, since
     a record's time is the trainer's word and clocks differ."""
-    times = [r["time"] for r in records if r.get("event") == "step" and r.get("attempt") == attempt
-             and isinstance(r.get("time"), (int, float))]
+    times = [t for _, t in _step_times(records, attempt)]
     return min(max(now - max(times), 0.0), MAX_LAG_S) if times else 0.0
 
 
@@ -306,7 +311,7 @@ def _evict_all(args: argparse.Namespace, pods, points: list[int], done_evictions
             write_json(args.out, result)
     last_attempt = done_evictions[-1]["attempt"] if done_evictions else -1
     seen_alive = time.monotonic()
-    looks: list[float] = []
+    looks: deque[float] = deque(maxlen=5)  # what the newest looks took
     for point in points[len(done_evictions):]:
         # At an edge (step 1, a checkpoint step) evict as soon as the record is there: before step 2, or
         # inside the save that follows a checkpoint step's record.
@@ -339,7 +344,7 @@ def _evict_all(args: argparse.Namespace, pods, points: list[int], done_evictions
             # Work behind each eviction: a newer attempt must have trained since the last one. A trainer
             # about to finish is evicted now rather than at its point (early_reason).
             rate = step_rate(records, attempt) if step < point else None
-            early = None if rate is None else early_reason(step, point, args.total_steps, rate, max(looks[-5:]),
+            early = None if rate is None else early_reason(step, point, args.total_steps, rate, max(looks),
                                                            evidence_lag(records, attempt, time.time()))
             if (step >= point or early) and attempt > last_attempt:
                 target = targets[len(done_evictions)]

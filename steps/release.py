@@ -85,7 +85,6 @@ def main(argv: list[str] | None = None) -> int:
 
     from kubernetes import client, config
     from kubernetes.config.config_exception import ConfigException
-    from urllib3.exceptions import HTTPError
 
     try:
         if args.kubeconfig:
@@ -99,19 +98,21 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: no Kubernetes API configuration from {where}: {e}", file=sys.stderr)
         return 1
     v1 = client.CoreV1Api()
-    for attempt in range(1, args.attempts + 1):
-        rc, retriable = _release(v1, client, HTTPError, namespace, args)
-        if rc == 0 or not retriable or attempt == args.attempts:
+    for attempt in range(1, args.attempts):
+        rc, retriable = _release(v1, namespace, args)
+        if rc == 0 or not retriable:
             return rc
         print(f"[release] try {attempt} of {args.attempts} failed; trying again in {args.retry_wait:g} s",
               file=sys.stderr, flush=True)
         time.sleep(args.retry_wait)
-    return 1
+    return _release(v1, namespace, args)[0]
 
 
-def _release(v1: Any, client: Any, http_error: type[Exception], namespace: str,
-             args: argparse.Namespace) -> tuple[int, bool]:
+def _release(v1: Any, namespace: str, args: argparse.Namespace) -> tuple[int, bool]:
     """One try: (exit code, whether another try could help: not after a 403, which the Role decides)."""
+    from kubernetes import client
+    from urllib3.exceptions import HTTPError
+
     def refused(verb: str, e: Exception) -> tuple[int, bool]:
         status = getattr(e, "status", None)
         why = f"the API answered {status}: {getattr(e, 'reason', e)}" if status else f"no answer: {e}"
@@ -123,14 +124,14 @@ def _release(v1: Any, client: Any, http_error: type[Exception], namespace: str,
     try:
         pods = v1.list_namespaced_pod(namespace, label_selector=f"{WORKFLOW_LABEL}={args.workflow},{POD_GROUP_LABEL}",
                                       _request_timeout=REQUEST_TIMEOUT_S)
-    except (client.ApiException, http_error) as e:
+    except (client.ApiException, HTTPError) as e:
         return refused("list pods", e)
     groups, mark, evict = plan(pods.items)
     for name in mark:
         try:
             v1.patch_namespaced_pod(name, namespace, {"metadata": {"annotations": {RETRIABLE_IN_GROUP: "false"}}},
                                     _request_timeout=REQUEST_TIMEOUT_S)
-        except (client.ApiException, http_error) as e:
+        except (client.ApiException, HTTPError) as e:
             if getattr(e, "status", None) != 404:  # a pod already gone holds nothing
                 return refused(f"patch pod {name}", e)
     evicted = []
@@ -139,12 +140,13 @@ def _release(v1: Any, client: Any, http_error: type[Exception], namespace: str,
         try:
             v1.create_namespaced_pod_eviction(name, namespace, body, _request_timeout=REQUEST_TIMEOUT_S)
             evicted.append(name)
-        except (client.ApiException, http_error) as e:
+        except (client.ApiException, HTTPError) as e:
             if getattr(e, "status", None) != 404:
                 return refused(f"evict pod {name}", e)
     print(json.dumps({"event": "released", "workflow": args.workflow, "status": args.status, "groups": groups,
                       "marked": len(mark), "evicted": evicted}), flush=True)
     return 0, False
+
 
 if __name__ == "__main__":
     sys.exit(main())

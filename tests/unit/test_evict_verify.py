@@ -294,7 +294,8 @@ def test_a_slow_look_widens_the_finish_guard():
 def test_evidence_seen_late_counts_against_the_time_left():
     """Records on a store are flushed every 2 s (BATON_EVIDENCE_FLUSH_S): a trainer last seen at step 30 of 48
     at 5 steps/s, 2 s ago, is at about step 40, with 1.6 s left, less than two looks of 1 s: evicted now.
-    Control: the same view seen at once (3.6 s left) waits for its point. The lag is the newest record's age, clamped."""
+    Control: the same view seen at once (3.6 s left) waits for its point. The lag is the newest record's age,
+    clamped."""
     from steps.evict import MAX_LAG_S, early_reason, evidence_lag
 
     why = early_reason(30, 38, 48, 5.0, look_s=1.0, lag_s=2.0)

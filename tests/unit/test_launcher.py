@@ -143,4 +143,3 @@ def test_the_version_check_agrees_with_this_torchruns_own_parser():
     probe = probe.replace("steps.train.torchrun_has_shutdown_timeout()", "import torch.distributed.run")
     out = subprocess.run([PY, "-c", probe], cwd=REPO, env=base_env(), capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "True", out.stdout
-

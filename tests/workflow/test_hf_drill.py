@@ -61,8 +61,8 @@ def test_hf_negative_control_without_the_callback_fails_and_says_why(tmp_path):
     # nothing it saved is committed. Its pod is gone before Argo reads the exit, so Argo records "pod
     # deleted" and retries it (as on the real controller); the retry resumes from HF's newest folder.
     # 160 steps, not fewer: evict signals early a trial it predicts to finish within 1 s, or two looks
-    # (steps/evict.py, early_reason). The stock script runs about 37 steps/s here, and at 40 steps a faster machine's was
-    # evicted at step 8, before its first save.
+    # (steps/evict.py, early_reason). The stock script runs about 37 steps/s here, and at 40 steps a faster
+    # machine's was evicted at step 8, before its first save.
     p = drill(out, "total_steps=160", "evictions=1", "every_steps=10", "disable_sigterm_handler=1")
     assert p.returncode == 1, p.stdout
     report = json.loads((out / "report.json").read_text())
