@@ -21,8 +21,11 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import os
 import pickle
-from collections.abc import Iterator
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import IO, Any, cast
@@ -35,6 +38,7 @@ from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPla
 from torch.futures import Future
 
 import trainer.checkpoint.digest as digest
+import trainer.checkpoint.tensor_record as tensor_record
 from trainer.checkpoint.layout import CorruptCheckpoint, checksum, plain_name
 from trainer.storage import storage_options, url_to_fs
 from trainer.untrusted import CAPS, Refused, open_regular, read_bytes
@@ -143,6 +147,10 @@ class VerifyingReader(SafeReader):
         self.files = files
         self.threads = max(1, threads)
         self.hashed: set[str] = set()
+        # Items loaded by each path: `direct` (read into the target: one copy), `buffered` (read into memory,
+        # then copied into the target: two), `torch_load` (three: bytes, torch.load's storage, the target).
+        self.copies: Counter[str] = Counter()
+        self._copies_lock = threading.Lock()
 
     def _metadata_cap(self) -> int:
         want = self.files.get(".metadata")
@@ -214,6 +222,8 @@ class VerifyingReader(SafeReader):
         algorithm, hexdigest = checksum(want, f"manifest entry {name!r}")
         sha, pos = digest.new(algorithm), 0
         with self._open(self.fs.concat_path(self.path, name)) as stream:
+            fd = _descriptor(stream)
+
             def take(n: int, keep: bool) -> bytes:
                 nonlocal pos
                 parts = []
@@ -228,10 +238,24 @@ class VerifyingReader(SafeReader):
                         parts.append(chunk)
                 return b"".join(parts) if keep else b""
 
+            def take_into(view: memoryview) -> None:
+                """Read straight into `view` (the target tensor's bytes), hashing what lands there."""
+                nonlocal pos
+                done = 0
+                while done < len(view):
+                    got = stream.readinto(view[done:done + _HASH_CHUNK])
+                    if not got:
+                        raise CorruptCheckpoint(f"{name} ends at byte {pos}, before the items it should hold")
+                    sha.update(view[done:done + got])
+                    pos += got
+                    done += got
+
             for info, group in self._by_item(reqs):
                 if info.offset < pos:
                     raise CorruptCheckpoint(f"{name}: items overlap at byte {info.offset}")
                 take(info.offset - pos, keep=False)
+                if fd is not None and self._direct(fd, name, info, group, planner, take, take_into):
+                    continue
                 data = take(info.length, keep=True)
                 for req in group:
                     self._deliver(req, info, data, planner)
@@ -245,6 +269,58 @@ class VerifyingReader(SafeReader):
             raise CorruptCheckpoint(f"{name} fails its {algorithm} checksum")
         self.hashed.add(name)
 
+    def _direct(self, fd: int, name: str, info: Any, group: list[ReadItem], planner: LoadPlanner,
+                take: Callable[[int, bool], bytes], take_into: Callable[[memoryview], None]) -> bool:
+        """One item read from the hashed stream (at its first byte) straight into its target: its
+        central directory is read first without moving the stream (pread), then everything up to the
+        storage record is read and kept, and the record itself lands in the target. False (nothing
+        read) when the item is not the plain kind; an item found not plain after its head was read is
+        finished through torch.load, so nothing is read twice."""
+        target = self._whole_target(info, group, planner)
+        if target is None:
+            return False
+        central = _pread_central(fd, info.offset, info.length)
+        head_len = tensor_record.header_end(central) if central is not None else None
+        if central is None or head_len is None:
+            return False
+        head = take(head_len, True)
+        start = tensor_record.storage_start(head, central)
+        if start is not None and head_len < start <= central[0]:
+            head += take(start - head_len, True)
+        record = tensor_record.locate(head, central, target) if start is not None else None
+        if record is None:  # finish this item the slow way, with the bytes already read
+            data = head + take(info.length - len(head), True)
+            for req in group:
+                self._deliver(req, info, data, planner)
+            return True
+        if record.size:
+            take_into(memoryview(_byte_view(target)))
+        rest = take(info.length - record.start - record.size, True)
+        # The central directory parsed above was read apart from the hashed stream: it must be what the
+        # stream then held, or the checksum would not cover what placed the record.
+        cd_at = central[0] - record.start - record.size
+        if os.pread(fd, info.length - central[0], info.offset + central[0]) != rest[cd_at:]:
+            raise CorruptCheckpoint(f"{name} changed while it was read")
+        planner.commit_tensor(group[0], target)
+        self._count("direct")
+        return True
+
+    def _count(self, path: str) -> None:
+        with self._copies_lock:  # the files are read on several threads
+            self.copies[path] += 1
+
+    def _whole_target(self, info: Any, group: list[ReadItem], planner: LoadPlanner) -> torch.Tensor | None:
+        """The target of an item read whole by one plain tensor request (no resharding, no transform)."""
+        if len(group) != 1 or info.transform_descriptors:
+            return None
+        req = group[0]
+        if req.type != LoadItemType.TENSOR or any(req.storage_offsets):
+            return None
+        target = planner.resolve_tensor(req).detach()  # already narrowed to the request's part
+        if type(target) is not torch.Tensor or not target.is_contiguous() or target.device.type != "cpu":
+            return None  # a DTensor, a strided view, a GPU tensor: torch.load's path
+        return target
+
     def _read_items(self, name: str, reqs: list[ReadItem], planner: LoadPlanner) -> None:
         with self._open(self.fs.concat_path(self.path, name)) as stream:
             for info, group in self._by_item(reqs):
@@ -256,10 +332,23 @@ class VerifyingReader(SafeReader):
                     self._deliver(req, info, data, planner)
 
     def _deliver(self, req: ReadItem, info: Any, data: bytes, planner: LoadPlanner) -> None:
-        """What FileSystemReader.read_data does with one item's bytes (torch 2.13)."""
+        """What FileSystemReader.read_data does with one item's bytes (torch 2.13), but for a plain whole
+        tensor the record's bytes are copied from `data` into the target, without torch.load."""
+        target = self._whole_target(info, [req], planner)
+        if target is not None:
+            tail = tensor_record.central_span(data[-tensor_record.EOCD.size:], len(data))
+            central = tensor_record.central_directory(data[len(data) - tail:], len(data)) if tail else None
+            record = tensor_record.locate(data, central, target) if central is not None else None
+            if record is not None:
+                if record.size:
+                    _byte_view(target)[:] = memoryview(data)[record.start:record.start + record.size]
+                planner.commit_tensor(req, target)
+                self._count("buffered")
+                return
         source = self.transforms.transform_load_stream(req, info.transform_descriptors or (), io.BytesIO(data))
         if req.type == LoadItemType.BYTE_IO:
             planner.load_bytes(req, io.BytesIO(source.read(-1)))
+            self._count("bytes")
             return
         seekable = source if source.seekable() else io.BytesIO(source.read(-1))
         tensor = cast(torch.Tensor, torch.load(seekable, map_location="cpu", weights_only=True))
@@ -270,6 +359,34 @@ class VerifyingReader(SafeReader):
                                     f"expected {tuple(target.size())}")
         target.copy_(tensor)
         planner.commit_tensor(req, target)
+        self._count("torch_load")
+
+
+def _descriptor(stream: Any) -> int | None:
+    """The OS file descriptor under `stream` (a local file), else None: an object store's file would
+    have to fetch the central directory apart, a request per item."""
+    try:
+        fd = stream.fileno()
+    except (AttributeError, OSError, ValueError, io.UnsupportedOperation):
+        return None
+    return fd if isinstance(fd, int) and hasattr(stream, "readinto") else None
+
+
+def _pread_central(fd: int, offset: int, length: int) -> tuple[int, dict] | None:
+    """The central directory of the item at `offset` (`length` bytes) of the open file `fd`, read without
+    moving the file's position; None unless plain."""
+    if length < tensor_record.EOCD.size:
+        return None
+    span = tensor_record.central_span(os.pread(fd, tensor_record.EOCD.size, offset + length - tensor_record.EOCD.size),
+                                      length)
+    if span is None:
+        return None
+    return tensor_record.central_directory(os.pread(fd, span, offset + length - span), length)
+
+
+def _byte_view(target: torch.Tensor) -> Any:
+    """A writable array over the bytes of a contiguous CPU tensor (numpy shares its memory)."""
+    return target.reshape(-1).view(torch.uint8).numpy()
 
 
 # ---- a whole checkpoint, without a process group (compare) ----------------------------------------------

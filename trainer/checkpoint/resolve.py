@@ -9,8 +9,9 @@ checkpoint that fails. Each phase is timed (`LoadTimes`) for the `resume` record
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -77,10 +78,18 @@ class LoadTimes:
     manifest: float = 0.0
     load: float = 0.0
     tried: int = 0
+    copies: Counter[str] = field(default_factory=Counter)
+    """Items loaded by each of the reader's paths (read.VerifyingReader.copies), over every try."""
 
     def as_dict(self) -> dict[str, float]:
+        items = sum(self.copies.values())
+        copies = (self.copies["direct"] + 2 * self.copies["buffered"] + 3 * self.copies["torch_load"]
+                  + 2 * self.copies["bytes"])
         return {"listing_s": round(self.listing, 3), "manifest_s": round(self.manifest, 3),
-                "load_verify_s": round(self.load, 3)}
+                "load_verify_s": round(self.load, 3), "items": items,
+                "items_direct": self.copies["direct"], "items_buffered": self.copies["buffered"],
+                "items_torch_load": self.copies["torch_load"],
+                "copies_per_item": round(copies / items, 2) if items else 0.0}
 
 
 def resolve_and_load(store: Store, fingerprint: str, build_state: Callable[[int, dict], dict],
@@ -136,7 +145,7 @@ def resolve_and_load(store: Store, fingerprint: str, build_state: Callable[[int,
             t = time.perf_counter()
             try:
                 state = _staging_like(build_state(step, manifest))
-                hashed = store.load_verified(step, manifest, state)
+                hashed = store.load_verified(step, manifest, state, times.copies)
                 verdict = _all_hashed(store, step, manifest, hashed)
                 if verdict is None and check_staged is not None:  # each rank checks its part; all agree
                     verdict = next((v for v in gather(check_staged(step, state)) if v), None)

@@ -36,6 +36,7 @@ import math
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
@@ -488,15 +489,21 @@ class Store:
         md = self._reader(step, manifest).read_metadata()
         return {k: tuple(v.size) for k, v in md.state_dict_metadata.items() if hasattr(v, "size")}
 
-    def load_verified(self, step: int, manifest: dict[str, Any], state: dict[str, Any]) -> set[str]:
+    def load_verified(self, step: int, manifest: dict[str, Any], state: dict[str, Any],
+                      copies: Counter[str] | None = None) -> set[str]:
         """dcp.load into `state`, hashing each file once while it is read (read.VerifyingReader).
-        Collective. A file that fails its sha256 raises on every rank, after some of its items may have
+        Collective. A file that fails its checksum raises on every rank, after some of its items may have
         been copied into `state`: pass a staging state, never the live tensors. Returns the files this
-        rank hashed (the caller checks that the ranks together hashed every file)."""
+        rank hashed (the caller checks that the ranks together hashed every file); `copies` gets how
+        many items each path loaded (VerifyingReader.copies)."""
         assert_tensors_only(state)
         reader = sharing(self.fs, VerifyingReader(self.url(self.step_path(step)), manifest["files"],
                                                    threads=self.io_threads, **storage_options(self.root_uri)))
-        dcp.load(state, storage_reader=reader)
+        try:
+            dcp.load(state, storage_reader=reader)
+        finally:
+            if copies is not None:
+                copies.update(reader.copies)
         return reader.hashed
 
     def _reader(self, step: int, manifest: dict[str, Any]) -> SafeReader:
