@@ -5,8 +5,10 @@ In one process, on local disk, a state of float32 tensors of 16 MiB each (0.5 GB
 written with `io_threads` = 4 files. Interleaved, `reps` times each, median reported:
 - hash_<alg>: the checksum of the checkpoint's files already in memory, one file per thread on 4
   threads, as the verifying reader does it (sha256: hashlib; blake3: the blake3 package, multi-threaded;
-  crc32c: google-crc32c, hardware-accelerated where the CPU has it);
-- dcp_save: `dcp.save` alone (DCP's fsspec writer, 4 threads, no hashing, no commit);
+  crc32c: the `crc32c` package, hardware-accelerated where the CPU has it);
+- dcp_save: `dcp.save` alone (DCP's fsspec writer, 4 threads, no hashing, no commit), twice a round
+  (`dcp_save`, `dcp_save_b`): their mean is the round's reference, and how far they differ is the
+  machine's own noise in that round;
   save_<alg>: `Store.save` as a periodic save does it (hashed while writing with <alg>, nothing read
   back, manifest and `_COMMIT`);
 - dcp_load: `dcp.load` of that checkpoint into the state (no verification);
@@ -17,6 +19,8 @@ of at least SAVE_REPS rounds with no round below 0.85x. The saves run WARM_ROUND
 max(reps, SAVE_REPS) timed ones; each timed save starts after an untimed `os.sync()`, so that no save meets
 the dirty pages of the one before it (issue 38, item 3: what moved the ratio between runs, in docs/results.md). The ratio is taken per round (the two sides ran next to
 each other), then its median, lowest and highest; the load average before and after says how quiet it was.
+A round below 0.85x whose two `dcp.save`s differed by more than NOISY (the same work, timed twice) says
+the machine moved in that round; one whose pair agreed is the integrity work's.
 
     python -m bench.digest --result FILE [--reps 3] [--quick]
 """
@@ -36,6 +40,8 @@ FP = "bench-digest"
 THREADS = 4
 SAVE_REPS = 5
 WARM_ROUNDS = 2
+LOW = 0.85     # the goal's lowest round
+NOISY = 0.15   # two dcp.saves of one round further apart than this: the machine moved in that round
 
 
 def hash_files(blobs: list[bytes], algorithm: str) -> float:
@@ -85,10 +91,10 @@ def main() -> None:
     dcp_saves = [0]
     load_before = os.getloadavg()[0]
     save_reps = max(args.reps, SAVE_REPS)
-    save_sides = ["dcp_save", *[f"save_{a}" for a in ALGORITHMS]]
+    save_sides = ["dcp_save", "dcp_save_b", *[f"save_{a}" for a in ALGORITHMS]]
 
     def save_side(side: str) -> None:
-        if side == "dcp_save":
+        if side.startswith("dcp_save"):
             # As Store.save does (it deletes the step before only after the new one is committed), the
             # previous copy is still there while this one is written: the same page cache on both sides.
             dcp_saves[0] += 1
@@ -127,12 +133,19 @@ def main() -> None:
     med = {k: median(v) for k, v in runs.items()}
     result: dict[str, Any] = {"bytes": nbytes, "threads": THREADS, "runs": runs, **{f"{k}_s": v for k, v in med.items()},
                               "save_reps": save_reps, "loadavg": [load_before, os.getloadavg()[0]]}
+    reference = [(x + y) / 2 for x, y in zip(runs["dcp_save"], runs["dcp_save_b"], strict=True)]
+    noise = [abs(x - y) / min(x, y) for x, y in zip(runs["dcp_save"], runs["dcp_save_b"], strict=True)]
+    result["dcp_save_s"] = median(reference)
+    result["dcp_save_noise_rounds"] = noise
     for a in ALGORITHMS:
         result[f"hash_{a}_GBps"] = nbytes / med[f"hash_{a}"] / 1e9
-        result[f"save_{a}_vs_dcp"] = med["dcp_save"] / med[f"save_{a}"]
-        per_round = [d / b for d, b in zip(runs["dcp_save"], runs[f"save_{a}"], strict=True)]
+        result[f"save_{a}_vs_dcp"] = result["dcp_save_s"] / med[f"save_{a}"]
+        per_round = [d / b for d, b in zip(reference, runs[f"save_{a}"], strict=True)]
         result[f"save_{a}_vs_dcp_rounds"] = per_round
         result[f"save_{a}_vs_dcp_median"] = median(per_round)
+        low = [i for i, r in enumerate(per_round) if r < LOW]
+        result[f"save_{a}_low_rounds"] = len(low)
+        result[f"save_{a}_low_rounds_noisy"] = sum(noise[i] > NOISY for i in low)
         result[f"load_{a}_vs_dcp"] = med["dcp_load"] / med[f"load_{a}"]
         log(f"digest {a}: hash {result[f'hash_{a}_GBps']:.2f} GB/s, Store.save {result[f'save_{a}_vs_dcp']:.2f}x "
             f"dcp.save, verified load {result[f'load_{a}_vs_dcp']:.2f}x dcp.load")

@@ -20,6 +20,14 @@ def digest_figure(d: dict[str, Any]) -> Figure:
                    f"{d['save_crc32c_s']:.2f} s", f"{d['dcp_save_s']:.2f} s",
                    f"{fmt_x(d.get('save_crc32c_vs_dcp_median', d['save_crc32c_vs_dcp']))} "
                    f"({fmt_x(min(rounds))} .. {fmt_x(max(rounds))})"))
+    if "dcp_save_noise_rounds" in d:
+        noise = d["dcp_save_noise_rounds"]
+        f.rows.append(("integrity: rounds of `Store.save` (crc32c) below 0.85x, and of those the rounds whose two "
+                       "`dcp.save`s differed by more than 15% (the machine moved); `dcp.save`'s own spread per "
+                       "round: median, highest",
+                       f"{d['save_crc32c_low_rounds']} of {len(rounds)}",
+                       f"{d['save_crc32c_low_rounds_noisy']} noisy",
+                       f"{100 * sorted(noise)[len(noise) // 2]:.0f}%, {100 * max(noise):.0f}%"))
     for a in algorithms:
         f.rows.append((f"integrity: {a}: checksum of the files in memory ({d['threads']} threads); load; save",
                        f"{d[f'hash_{a}_GBps']:.2f} GB/s; {d[f'load_{a}_s']:.2f} s; {d[f'save_{a}_s']:.2f} s",
@@ -30,5 +38,7 @@ def digest_figure(d: dict[str, Any]) -> Figure:
               "The data files use crc32c by default (`checkpoint.digest`), `.metadata` always sha256, since it is "
               "unpickled and a forger can match a crc32c; `_COMMIT` holds the manifest's sha256. A restart's load "
               "hashes each file while DCP reads it (one pass); the save hashes while writing. The ratios are "
-              "baton's path against DCP alone on the same files, in the same run.")
+              "baton's path against DCP alone on the same files, in the same run. Each save round times `dcp.save` "
+              "twice; their mean is the round's reference, and how far apart they are is the machine's noise in "
+              "that round, so a low round says whether the machine or the integrity work moved.")
     return f

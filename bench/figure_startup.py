@@ -9,6 +9,19 @@ from bench.figure import Figure, fmt_x
 GOAL = 1.5
 
 
+def _load(ph: dict[str, Any]) -> str:
+    """How the checkpoint was read: on a thread beside the model's build (overlapped) or alone, and how
+    many times each item's bytes were copied on their way to the tensor."""
+    if "items" not in ph:
+        return ""
+    if ph.get("prefetch_used"):
+        how = (f"read on a thread beside the build (overlapped) in {ph.get('prefetch_read_s', 0):.2f} s, the load "
+               f"waited {ph.get('prefetch_wait_s', 0):.2f} s for it")
+    else:
+        how = "read alone, after the build"
+    return f"; checkpoint {how}; {ph.get('copies_per_item', 0):.1f} copies per item over {ph['items']:.0f} items"
+
+
 def startup_figure(r: dict[str, Any]) -> Figure:
     rows = []
     for name, v in sorted(r["sizes"].items(), key=lambda kv: kv[1]["params"]):
@@ -17,7 +30,7 @@ def startup_figure(r: dict[str, Any]) -> Figure:
                                                                           "load_verify_s", "restore_s") if k in ph)
         rows.append((f"start: {name} ({v['params'] / 1e6:.0f} M parameters, {v['checkpoint_bytes'] / 1e9:.2f} GB "
                      f"checkpoint): spawn to first step vs imports + raw read + one step (goal <= {GOAL}x)"
-                     + (f"; phases, s: {parts}" if parts else ""),
+                     + (f"; phases, s: {parts}" if parts else "") + _load(ph),
                      f"{v['first_step_s']:.2f} s",
                      f"{v['imports_s']:.2f} + {v['raw_read_s']:.2f} + {v['steady_step_s']:.2f} = {v['floor_s']:.2f} s",
                      fmt_x(v["ratio"])))
@@ -29,5 +42,9 @@ def startup_figure(r: dict[str, Any]) -> Figure:
               "fresh `python -c \"import torch, transformers\"`, one read of every byte of the committed checkpoint "
               "(page cache as warm as the restart's), and one steady step of the same run. The goal is "
               f"{GOAL}x; the worst size here is {worst} at {r['sizes'][worst]['ratio']:.2f}x. The phases come from "
-              "the restart's `resume` record (medians).")
+              "the restart's `resume` record (medians). On one rank the checkpoint is read on a thread while the "
+              "model's class is imported and the model built (trainer/checkpoint/prefetch.py): the read overlaps "
+              "the build, and `load_verify` is what the load still waited for. Copies per item: 1 where the "
+              "bytes are read straight into the staging tensor, 3 through `torch.load` (bytes, its storage, "
+              "the target).")
     return f

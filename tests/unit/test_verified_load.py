@@ -56,8 +56,8 @@ def test_an_intact_checkpoint_loads_and_every_file_is_hashed_once(store, monkeyp
     seen: list[set[str]] = []
     real_load = Store.load_verified
 
-    def spy(self, step, manifest, st):
-        got = real_load(self, step, manifest, st)
+    def spy(self, step, manifest, st, *rest):
+        got = real_load(self, step, manifest, st, *rest)
         seen.append(set(got))
         return got
 

@@ -34,10 +34,11 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_model_st
 from trainer import rng
 from trainer.checkpoint.interface import Checkpoints, Emit
 from trainer.checkpoint.layout import CorruptCheckpoint
+from trainer.checkpoint.prefetch import Prefetch
 from trainer.checkpoint.resolve import LoadTimes, resolve_and_load
 from trainer.checkpoint.store import Store
 from trainer.checkpoint.write import SaveResult
-from trainer.collectives import broadcast, rank
+from trainer.collectives import broadcast, rank, world
 from trainer.config import CheckpointConfig
 from trainer.empty import unfilled
 from trainer.faults import retry_reads
@@ -138,6 +139,7 @@ class Checkpointer(Checkpoints):
         self.cfg, self.fingerprint, self.policy = cfg, fingerprint, policy
         self.store = Store(cfg.uri, run_id, io_threads=cfg.io_threads, digest_algorithm=cfg.digest)
         self.parts: Parts | None = None
+        self._prefetch: Prefetch | None = None
 
     # -- the store's, for the loop --
     def claim_attempt(self, info: dict[str, Any]) -> int:
@@ -150,6 +152,12 @@ class Checkpointer(Checkpoints):
 
     def url(self, step: int) -> str:
         return self.store.url(self.store.step_path(step))
+
+    def prefetch(self, step: int) -> None:
+        """Start reading `step` (the newest committed) on a thread, for the resume to take (prefetch.py).
+        One rank only: several ranks each load a shard, which the thread cannot know."""
+        if world() == 1 and self._prefetch is None:
+            self._prefetch = Prefetch(self.store, step)
 
     def attempt_start_times(self) -> list[float]:
         return self.store.attempt_start_times()
@@ -252,11 +260,18 @@ class Checkpointer(Checkpoints):
             loaded = retry_reads(
                 lambda: resolve_and_load(self.store, self.fingerprint, self._template,
                                          lambda step, why: self.refused(step, why, emit), times=load_times,
-                                         steps=steps, check_staged=_progress_matches),
+                                         steps=steps, check_staged=_progress_matches,
+                                         prefetched=self._prefetch.take if self._prefetch else None),
                 read_retry_s, StorageError, log, several_ranks=p.world > 1)
         finally:
+            if self._prefetch is not None:
+                if self._prefetch.used:  # its items were loaded on its thread
+                    load_times.copies.update(self._prefetch.copies)
+                if times is not None:
+                    times.update(self._prefetch.phases())
             if times is not None:
                 times.update(load_times.as_dict())
+            self._prefetch = None  # its tensors are the staged state now, or dropped
         if loaded is None:
             return None
         step, manifest, st = loaded

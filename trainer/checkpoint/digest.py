@@ -2,7 +2,7 @@
 
 A manifest entry is `{"size": N, ALGORITHM: HEX}` with exactly one algorithm of `ALGORITHMS`:
 
-- `crc32c` (google-crc32c, hardware-accelerated; GCS's own object checksum): the data files by default,
+- `crc32c` (the `crc32c` package, hardware-accelerated; GCS's own object checksum): the data files by default,
   the algorithm the bench picked (docs/results.md: several times the speed of sha256, above the disk).
   It finds torn, truncated and flipped files; it is no defence against a forger, who can make a file of
   the same size match it, which is why it is never used for `.metadata`.
@@ -40,18 +40,21 @@ class Hasher(Protocol):
 
 
 class _Crc32c:
-    def __init__(self) -> None:
-        import google_crc32c
+    """CRC-32C through the `crc32c` package: it takes any buffer (a memoryview of a tensor's bytes, as the
+    load reads them) without copying it, and releases the GIL over large ones, so the writer and reader
+    threads hash side by side. google-crc32c took only `bytes`: every other buffer was copied first,
+    which at 0.5 GB took longer than the checksum itself (docs/results.md, 2026-12-05)."""
 
-        self._c = google_crc32c.Checksum()
+    def __init__(self) -> None:
+        import crc32c
+
+        self._c = crc32c.CRC32CHash()
 
     def update(self, data: Any) -> None:
-        # Its C extension takes only bytes (argument format "y#" refuses memoryviews and bytearrays): a
-        # write's chunk is copied once, at memory speed.
-        self._c.update(data if isinstance(data, bytes) else bytes(data))
+        self._c.update(data)
 
     def hexdigest(self) -> str:
-        return self._c.digest().hex()
+        return self._c.hexdigest()
 
 
 def new(algorithm: str) -> Hasher:

@@ -406,18 +406,20 @@ def corrupt_reason(e: BaseException) -> str | None:
     return next((str(x) for x in wrapped_failures(e) if isinstance(x, CorruptCheckpoint)), None)
 
 
-def load_flat(url: str, files: dict[str, dict[str, Any]] | None = None) -> dict[str, torch.Tensor]:
+def load_flat(url: str, files: dict[str, dict[str, Any]] | None = None, threads: int = 1,
+              copies: Counter[str] | None = None) -> dict[str, torch.Tensor]:
     """Every tensor of a checkpoint, full (unsharded), by flattened key. No process group needed.
 
     With `files` (its manifest's), `.metadata` is checked against its checksum before it is unpickled and
     every file is hashed while it is read (CorruptCheckpoint on a mismatch); without (a bare DCP folder),
-    `.metadata` is still unpickled only under the allowlist."""
+    `.metadata` is still unpickled only under the allowlist. `threads` read files side by side; `copies`
+    gets the items each path loaded (VerifyingReader.copies)."""
     # The same private pair that torch's own dcp_to_torch_save uses: the public load() skips an empty dict.
     from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
     state: dict[str, Any] = {}
-    reader = VerifyingReader(url, files, **storage_options(url)) if files is not None else \
+    reader = VerifyingReader(url, files, threads=threads, **storage_options(url)) if files is not None else \
         SafeReader(url, **storage_options(url))
     # Checked (its checksum first, then the allowlist) here, where its refusal is a CorruptCheckpoint: DCP reports a
     # failure to read .metadata only as text inside an AssertionError.
@@ -429,6 +431,8 @@ def load_flat(url: str, files: dict[str, dict[str, Any]] | None = None) -> dict[
         if reason is None:
             raise
         raise CorruptCheckpoint(reason) from None
+    if copies is not None and isinstance(reader, VerifyingReader):
+        copies.update(reader.copies)
     if files is not None:
         unread = sorted(set(files) - reader.hashed)
         fs, path = url_to_fs(url)

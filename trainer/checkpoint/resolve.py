@@ -95,7 +95,8 @@ class LoadTimes:
 def resolve_and_load(store: Store, fingerprint: str, build_state: Callable[[int, dict], dict],
                      on_refused: Callable[[int, str], None], times: LoadTimes | None = None,
                      steps: list[int] | None = None,
-                     check_staged: Callable[[int, dict], str | None] | None = None) -> tuple[int, dict, dict] | None:
+                     check_staged: Callable[[int, dict], str | None] | None = None,
+                     prefetched: Callable[[int, dict, dict], dict | None] | None = None) -> tuple[int, dict, dict] | None:
     """Load the newest complete, intact checkpoint; fall back past torn or corrupt ones.
 
     `steps`: the committed steps, newest first, when the caller has listed them (same on every rank).
@@ -103,7 +104,9 @@ def resolve_and_load(store: Store, fingerprint: str, build_state: Callable[[int,
     it): the load goes into a staging copy of it, hashing every file while reading it, and the staging
     copy is returned only once every file has matched its checksum on every rank and `check_staged(step,
     staged)` (the caller's check of what the copy holds, the same on every rank) returned None, so no
-    tensor of a refused checkpoint reaches the live state. Returns (step, manifest, staged state), or None when no
+    tensor of a refused checkpoint reaches the live state. `prefetched(step, manifest, template)`, when
+    given, may return that staging copy already loaded, every file verified (prefetch.Prefetch.take);
+    None leaves the load to read it. Returns (step, manifest, staged state), or None when no
     usable checkpoint exists. Raises CheckpointRefused for a checkpoint of another run (a different
     fingerprint): that is a mistake to stop on, not to skip. A store that fails (after retries) while
     being read raises StorageError: a network fault is not a reason to pass over a good checkpoint.
@@ -144,9 +147,12 @@ def resolve_and_load(store: Store, fingerprint: str, build_state: Callable[[int,
         if verdict is None:
             t = time.perf_counter()
             try:
-                state = _staging_like(build_state(step, manifest))
-                hashed = store.load_verified(step, manifest, state, times.copies)
-                verdict = _all_hashed(store, step, manifest, hashed)
+                template = build_state(step, manifest)
+                state = prefetched(step, manifest, template) if prefetched is not None else None
+                if state is None:
+                    state = _staging_like(template)
+                    hashed = store.load_verified(step, manifest, state, times.copies)
+                    verdict = _all_hashed(store, step, manifest, hashed)
                 if verdict is None and check_staged is not None:  # each rank checks its part; all agree
                     verdict = next((v for v in gather(check_staged(step, state)) if v), None)
             except (Exception, CheckpointException) as e:  # DCP raises it on every rank together
