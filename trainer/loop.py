@@ -165,8 +165,10 @@ class Trainer:
         self.committed = self.ckpt.committed_steps()
         self.times["listing_s"] = round(time.perf_counter() - t_list, 3)
         self.empty_model = bool(self.committed)
-        if self.committed:  # read on a thread while the model is built (one rank; prefetch.py)
-            self.ckpt.prefetch(self.committed[0])
+        # One rank reads the checkpoint on a thread while the model is built (prefetch.py): the restore
+        # has begun, and a signal from here on lands in it.
+        if self.committed and self.ckpt.prefetch(self.committed[0]):
+            self.preempt.phase = "restore"
         mark = time.perf_counter()
         build_model = build_empty_model if self.empty_model else load_model
         model = build_model(cfg, path, self.device)

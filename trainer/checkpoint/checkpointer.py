@@ -153,11 +153,12 @@ class Checkpointer(Checkpoints):
     def url(self, step: int) -> str:
         return self.store.url(self.store.step_path(step))
 
-    def prefetch(self, step: int) -> None:
-        """Start reading `step` (the newest committed) on a thread, for the resume to take (prefetch.py).
-        One rank only: several ranks each load a shard, which the thread cannot know."""
+    def prefetch(self, step: int) -> bool:
+        """Start reading `step` (the newest committed) on a thread, for the resume to take (prefetch.py);
+        whether it started. One rank only: several ranks each load a shard, which the thread cannot know."""
         if world() == 1 and self._prefetch is None:
             self._prefetch = Prefetch(self.store, step)
+        return self._prefetch is not None
 
     def attempt_start_times(self) -> list[float]:
         return self.store.attempt_start_times()
