@@ -53,13 +53,25 @@ def machine() -> dict[str, str]:
         "ram": f"{mem_kb / 1024 / 1024:.1f} GiB",
         "cpu": cpu,
         "python": platform.python_version(),
-        "torch": version("torch"),
+        "torch": torch_build(),
         "transformers": version("transformers"),
         "accelerate": version("accelerate"),
         "moto": version("moto"),
         "s3fs": version("s3fs"),
         "kernel": platform.release(),
     }
+
+
+def torch_build() -> str:
+    """torch's version and build, without importing it: PyPI's default wheel is the CUDA build, whose
+    version has no local part (`2.13.0`, where the CPU index's is `2.13.0+cpu`)."""
+    import importlib.util
+    import re
+
+    spec = importlib.util.find_spec("torch")
+    text = (Path(spec.origin).parent / "version.py").read_text() if spec and spec.origin else ""
+    cuda = re.search(r"^cuda\b[^=]*=\s*'([^']+)'", text, re.M)
+    return f"{version('torch')} ({f'CUDA {cuda.group(1)} build, run on the CPU' if cuda else 'CPU build'})"
 
 
 def setup_text(m: dict[str, str], meta: dict[str, Any], results: dict[str, dict[str, Any]]) -> str:

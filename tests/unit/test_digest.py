@@ -176,3 +176,22 @@ def test_saves_skip_torch_saves_zip_crc_and_archives_with_it_still_load(tmp_path
     assert _load(store) == (3, [])  # the archives without a CRC load, exactly
     flip(store, 3)
     assert _load(store)[0] is None  # and a flipped byte in them is still refused, by the manifest
+
+
+def test_crc32c_is_the_standard_crc32c_over_any_buffer_in_any_pieces():
+    """The check value of CRC-32C (Castagnoli): the digests of checkpoints written through google-crc32c
+    before the `crc32c` package still match. Bytes, a memoryview and a numpy array of the same bytes, in
+    pieces, give one digest; another byte gives another (the control)."""
+    import numpy as np
+
+    from trainer.checkpoint.digest import new
+
+    assert of_bytes("crc32c", b"123456789") == "e3069283"
+    data = bytes(range(256)) * 300
+    for buf in (data, memoryview(data), np.frombuffer(data, dtype=np.uint8).copy()):
+        h = new("crc32c")
+        view = memoryview(buf)
+        for start in range(0, len(data), 7777):
+            h.update(view[start:start + 7777])
+        assert h.hexdigest() == of_bytes("crc32c", data)
+    assert of_bytes("crc32c", data[:-1] + b"\x01") != of_bytes("crc32c", data)

@@ -226,6 +226,11 @@ def test_a_huge_central_directory_claim_is_refused_before_it_is_read():
     fields[5] = 0x7FFFFFFF  # cd_size
     struct.pack_into("<IHHHHIIH", raw, eocd, *fields)
     assert tensor_record.central_span(bytes(raw[eocd:]), len(raw)) is None
+    fields[5], fields[6] = 100, 0  # a small directory said to start at the item's first byte
+    struct.pack_into("<IHHHHIIH", raw, eocd, *fields)
+    assert tensor_record.central_span(bytes(raw[eocd:]), 1 << 30) is None  # not a read of most of the item
+    fields = list(tensor_record.EOCD.unpack_from(archive(torch.randn(4)), eocd))
+    assert tensor_record.central_span(struct.pack("<IHHHHIIH", *fields), len(raw)) is not None  # the control
     fields[5], fields[3], fields[4] = 100, 65535, 65535  # entry count
     struct.pack_into("<IHHHHIIH", raw, eocd, *fields)
     assert tensor_record.central_directory(bytes(raw), len(raw)) is None

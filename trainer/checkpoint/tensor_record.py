@@ -33,6 +33,7 @@ MAX_ENTRIES = 32         # torch.save of one tensor writes 7 records
 MAX_CENTRAL = 64 << 10   # its central directory: about 500 bytes
 MAX_PICKLE = 64 << 10    # its data.pkl: about 150 bytes
 MAX_HEAD = 1 << 20       # the bytes before its storage record: about 600
+MAX_TRAILER = 4 << 10    # the bytes from its central directory to its end: the directory, then 98
 _ZIP64 = 0xFFFFFFFF      # a 32-bit field that defers to a zip64 extra field: not handled here
 
 
@@ -91,7 +92,10 @@ def central_span(last_22: bytes, item_size: int) -> int | None:
     sig, _, _, _, _, cd_size, cd_offset, comment = EOCD.unpack(last_22)
     if sig != EOCD_SIG or comment or cd_size > MAX_CENTRAL or cd_offset + cd_size > item_size - EOCD.size:
         return None
-    return item_size - cd_offset
+    span = item_size - cd_offset
+    # Between the directory and the end record torch writes only its zip64 end record and locator (76
+    # bytes): a directory that claims to start far earlier would have the caller read most of the item.
+    return span if span <= cd_size + MAX_TRAILER else None
 
 
 def _names(entries: dict[bytes, Entry]) -> tuple[bytes, bytes, bytes] | None:
