@@ -71,8 +71,7 @@ def archive(t: torch.Tensor, crc: bool = False) -> bytes:
 
 def place(raw: bytes, target: torch.Tensor) -> tensor_record.Record | None:
     """The in-memory path's lookup, as read.VerifyingReader._deliver makes it."""
-    span = tensor_record.central_span(raw[-tensor_record.EOCD.size:], len(raw))
-    central = tensor_record.central_directory(raw[len(raw) - span:], len(raw)) if span else None
+    central = tensor_record.read_central(lambda n: raw[len(raw) - n:], len(raw))
     return tensor_record.locate(raw, central, target) if central is not None else None
 
 

@@ -336,8 +336,7 @@ class VerifyingReader(SafeReader):
         tensor the record's bytes are copied from `data` into the target, without torch.load."""
         target = self._whole_target(info, [req], planner)
         if target is not None:
-            tail = tensor_record.central_span(data[-tensor_record.EOCD.size:], len(data))
-            central = tensor_record.central_directory(data[len(data) - tail:], len(data)) if tail else None
+            central = tensor_record.read_central(lambda n: data[len(data) - n:], len(data))
             record = tensor_record.locate(data, central, target) if central is not None else None
             if record is not None:
                 if record.size:
@@ -375,13 +374,7 @@ def _descriptor(stream: Any) -> int | None:
 def _pread_central(fd: int, offset: int, length: int) -> tuple[int, dict] | None:
     """The central directory of the item at `offset` (`length` bytes) of the open file `fd`, read without
     moving the file's position; None unless plain."""
-    if length < tensor_record.EOCD.size:
-        return None
-    span = tensor_record.central_span(os.pread(fd, tensor_record.EOCD.size, offset + length - tensor_record.EOCD.size),
-                                      length)
-    if span is None:
-        return None
-    return tensor_record.central_directory(os.pread(fd, span, offset + length - span), length)
+    return tensor_record.read_central(lambda n: os.pread(fd, n, offset + length - n), length)
 
 
 def _byte_view(target: torch.Tensor) -> Any:

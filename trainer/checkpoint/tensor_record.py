@@ -21,6 +21,7 @@ from __future__ import annotations
 import io
 import struct
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -96,6 +97,15 @@ def central_span(last_22: bytes, item_size: int) -> int | None:
     # Between the directory and the end record torch writes only its zip64 end record and locator (76
     # bytes): a directory that claims to start far earlier would have the caller read most of the item.
     return span if span <= cd_size + MAX_TRAILER else None
+
+
+def read_central(last: Callable[[int], bytes | memoryview], item_size: int) -> tuple[int, dict[bytes, Entry]] | None:
+    """`central_directory` of an item of `item_size` bytes, where `last(n)` returns its last `n` bytes
+    (a slice in memory, a pread on a file): the end record first, then the directory it points at."""
+    if item_size < EOCD.size:
+        return None
+    span = central_span(bytes(last(EOCD.size)), item_size)
+    return central_directory(last(span), item_size) if span is not None else None
 
 
 def _names(entries: dict[bytes, Entry]) -> tuple[bytes, bytes, bytes] | None:
