@@ -34,6 +34,11 @@ def startup_figure(r: dict[str, Any]) -> Figure:
                      f"{v['first_step_s']:.2f} s",
                      f"{v['imports_s']:.2f} + {v['raw_read_s']:.2f} + {v['steady_step_s']:.2f} = {v['floor_s']:.2f} s",
                      fmt_x(v["ratio"])))
+        if "ratio_paused" in v:
+            rows.append((f"start: {name}, against the floor with the collector paused for its imports too",
+                         f"{v['first_step_s']:.2f} s",
+                         f"{v['imports_paused_s']:.2f} + {v['raw_read_s']:.2f} + {v['steady_step_s']:.2f} s",
+                         fmt_x(v["ratio_paused"])))
     what, baton, other, ratio = rows[0]
     f = Figure("10", what, baton, other, ratio, "", rows[1:])
     worst = max(r["sizes"], key=lambda n: r["sizes"][n]["ratio"])
@@ -46,5 +51,7 @@ def startup_figure(r: dict[str, Any]) -> Figure:
               "model's class is imported and the model built (trainer/checkpoint/prefetch.py): the read overlaps "
               "the build, and `load_verify` is what the load still waited for. Copies per item: 1 where the "
               "bytes are read straight into the staging tensor, 3 through `torch.load` (bytes, its storage, "
-              "the target).")
+              "the target). `python -m trainer` imports with Python's cyclic garbage collector paused and freezes "
+              "what it built before the first step (trainer/collector.py); the second row of each size holds the "
+              "restart to a floor whose imports were paused the same way.")
     return f

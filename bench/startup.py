@@ -6,6 +6,8 @@ interleaved, `reps` times each:
   seconds from the spawn to its first step record, its `resume` record's phases, and its steady step
   time (the median gap between its step records K+3 .. K+6);
 - imports: a fresh `python -c "import torch, transformers"`, spawn to exit;
+- imports_paused: the same with Python's cyclic collector paused first, as `python -m trainer` pauses it
+  for its own start (trainer/collector.py): the floor a start with that pause is held to as well;
 - raw_read: every file of the committed step read once, in this process (the page cache is as warm as
   for the restart, which ran just before or after).
 The floor is imports + raw_read + one steady step; the goal is restart <= 1.5x the floor.
@@ -106,9 +108,10 @@ def raw_read(folder: Path) -> float:
     return time.perf_counter() - t0
 
 
-def bare_imports() -> float:
+def bare_imports(paused: bool = False) -> float:
+    code = ("import gc; gc.disable(); " if paused else "") + "import torch, transformers"
     t0 = time.monotonic()
-    subprocess.run([PY, "-c", "import torch, transformers"], check=True, env=child_env(), cwd=REPO)
+    subprocess.run([PY, "-c", code], check=True, env=child_env(), cwd=REPO)
     return time.monotonic() - t0
 
 
@@ -137,20 +140,23 @@ def main() -> None:
         cmd = [PY, "-m", "steps.train", "--nproc", "1", "--config", str(CONFIG)]
         for x in s:
             cmd += ["--set", x]
-        runs: dict[str, list[Any]] = {"restart": [], "imports": [], "raw_read": []}
+        runs: dict[str, list[Any]] = {"restart": [], "imports": [], "imports_paused": [], "raw_read": []}
         for rep, side in interleaved(args.reps, list(runs)):
-            value = restart(cmd) if side == "restart" else bare_imports() if side == "imports" else raw_read(folder)
+            value = (restart(cmd) if side == "restart" else raw_read(folder) if side == "raw_read"
+                     else bare_imports(paused=side == "imports_paused"))
             runs[side].append(value)
             shown = value["first_step_s"] if side == "restart" else value
             log(f"startup {name} rep {rep + 1}/{args.reps} {side}: {shown:.2f} s")
         first = median([r["first_step_s"] for r in runs["restart"]])
         step = median([r["steady_step_s"] for r in runs["restart"]])
         imports, read = median(runs["imports"]), median(runs["raw_read"])
+        paused = median(runs["imports_paused"])
         phased = [r["phases"] for r in runs["restart"] if r["phases"]]
         result["sizes"][name] = {
             "params": count, "checkpoint_bytes": nbytes, "first_step_s": first, "steady_step_s": step,
             "imports_s": imports, "raw_read_s": read, "floor_s": imports + read + step,
             "ratio": first / (imports + read + step),
+            "imports_paused_s": paused, "ratio_paused": first / (paused + read + step),
             "phases": {k: median([p[k] for p in phased if k in p]) for k in (phased[0] if phased else {})},
             "runs": runs}
         shutil.rmtree(ckpt, ignore_errors=True)

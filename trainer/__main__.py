@@ -10,7 +10,12 @@ import argparse
 import os
 import sys
 
-from trainer.preemption import Preemption
+from trainer import collector
+
+# Before torch's import: the start's imports run without the cyclic collector (trainer/collector.py).
+collector.pause()
+
+from trainer.preemption import Preemption  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

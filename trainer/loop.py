@@ -20,14 +20,21 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor
 
-from trainer import env, faults, rng, trajectory
+from trainer import collector, env, faults, rng, trajectory
 from trainer.cadence import Attempt, Cadence
 from trainer.checkpoint import Boundary, Checkpointer, FencedOut, Parts, RestorePolicy
 from trainer.config import Config
 from trainer.data import EpochData, read_corpus
 from trainer.exits import EXIT_FAIL, EXIT_OK, EXIT_PREEMPTED
 from trainer.hooks import Point, hooks
-from trainer.model import build_empty_model, compile_layers, ensure_model, load_model, shard
+from trainer.model import (
+    build_empty_model,
+    compile_layers,
+    ensure_model,
+    import_model_class,
+    load_model,
+    shard,
+)
 from trainer.notice import NoticeThread, NoticeWatcher
 from trainer.packed import PackedCorpus, packed_samples
 from trainer.preemption import Preemption
@@ -170,6 +177,10 @@ class Trainer:
         if self.committed and self.ckpt.prefetch(self.committed[0]):
             self.preempt.phase = "restore"
         mark = time.perf_counter()
+        # The last of the start's imports, then the collector back on with what the start made frozen,
+        # before the build allocates the model (trainer/collector.py).
+        import_model_class(path)
+        self.times["collector_frozen"] = collector.settle()
         build_model = build_empty_model if self.empty_model else load_model
         model = build_model(cfg, path, self.device)
         # Seeded again after the model is built, so how it was built cannot move the RNG stream.

@@ -47,6 +47,20 @@ def load_tokenizer(path: Path):
     return AutoTokenizer.from_pretrained(path)
 
 
+def import_model_class(path: Path) -> None:
+    """Import the module of `path`'s causal-LM class without building anything: the heaviest of a start's
+    imports (transformers' model module, and `torch._dynamo` through its masking utilities), done while
+    Python's collector is paused and before the build allocates (trainer/collector.py). A folder the
+    build cannot use is left for the build to report, with its own error."""
+    from transformers import AutoConfig
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    try:
+        MODEL_FOR_CAUSAL_LM_MAPPING[type(AutoConfig.from_pretrained(path))]
+    except Exception:  # noqa: BLE001 - only a warm-up: load_model/build_empty_model raise the error
+        pass
+
+
 def load_model(cfg: Config, path: Path, device: torch.device) -> torch.nn.Module:
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging

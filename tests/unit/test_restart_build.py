@@ -112,11 +112,13 @@ def test_the_resume_record_times_each_phase(tiny_model, tmp_path):
     loaded = {"prefetch_read_s", "prefetch_wait_s", "prefetch_used", "items", "items_direct", "items_buffered",
               "items_torch_load", "copies_per_item"}
     assert set(phases) == {"startup_s", "init_s", "build_s", "listing_s", "manifest_s", "load_verify_s",
-                           "restore_s"} | {f"{p}_{part}_s" for p, ps in parts.items() for part in ps} | loaded, json.dumps(phases)
+                           "restore_s", "collector_frozen"} | {f"{p}_{part}_s" for p, ps in parts.items() for part in ps} | loaded, json.dumps(phases)
     assert all(v >= 0 for v in phases.values())
     # One rank: the checkpoint was read on a thread beside the build, each item straight into its tensor.
     assert phases["prefetch_used"] == 1 and phases["items"] == phases["items_direct"] > 0, json.dumps(phases)
     assert phases["copies_per_item"] == 1.0
+    # The start imported with the cyclic collector paused and froze what it built (trainer/collector.py).
+    assert phases["collector_frozen"] > 100_000, json.dumps(phases)
     for whole, ps in parts.items():  # the parts are inside their whole (each rounded to the millisecond)
         assert sum(phases[f"{whole}_{p}_s"] for p in ps) <= phases[f"{whole}_s"] + 0.001 * len(ps), json.dumps(phases)
     assert "built empty for the resume" in err
