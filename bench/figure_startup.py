@@ -52,6 +52,6 @@ def startup_figure(r: dict[str, Any]) -> Figure:
               "the build, and `load_verify` is what the load still waited for. Copies per item: 1 where the "
               "bytes are read straight into the staging tensor, 3 through `torch.load` (bytes, its storage, "
               "the target). `python -m trainer` imports with Python's cyclic garbage collector paused and freezes "
-              "what it built before the first step (trainer/collector.py); the second row of each size holds the "
-              "restart to a floor whose imports were paused the same way.")
+              "what its imports made before the model is allocated (trainer/collector.py); the second row of each "
+              "size holds the restart to a floor whose imports were paused the same way.")
     return f
