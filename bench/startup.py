@@ -109,7 +109,7 @@ def raw_read(folder: Path) -> float:
 
 
 def bare_imports(paused: bool = False) -> float:
-    code = ("import gc; gc.disable(); " if paused else "") + "import torch, transformers"
+    code = ("from trainer import collector; collector.pause(); " if paused else "") + "import torch, transformers"
     t0 = time.monotonic()
     subprocess.run([PY, "-c", code], check=True, env=child_env(), cwd=REPO)
     return time.monotonic() - t0

@@ -2,8 +2,8 @@
 
 A restart imports torch, transformers, DCP and the model's module: about 650,000 objects that live as long
 as the process. With the collector on, those allocations set off six full collections, each walking a
-larger heap than the last. Paused, a 17 M-parameter restart reached its first step 0.6-0.8 s sooner
-(medians of 4 and 5 interleaved pairs, docs/results.md, 2026-12-05).
+larger heap than the last. Paused, a 17 M-parameter restart reached its first step 0.58 s and 0.84 s
+sooner (medians of 4 and 5 interleaved pairs, docs/results.md, 2026-12-05).
 
 `python -m trainer` pauses the collector before its first import. Once the model's class is imported and
 before the model is built (trainer/loop.py), `settle` moves everything that exists into the permanent
