@@ -19,12 +19,14 @@ from typing import Any
 import torch
 from torch.distributed.checkpoint.api import CheckpointException
 
-from steps.contract import ROLES
+from steps.contract import BOUNDS, ROLES
 from steps.evidence import read_evidence, read_json
 from steps.judge import judge, resolve_tier
 from steps.report import write_report
 from steps.verdict import assemble, verdict_of  # noqa: F401 - verdict_of: compare's API before steps/verdict.py
 from steps.verify import evictions_record
+from trainer import env as baton_env
+from trainer.bounded import ArgParser, flag_type
 from trainer.checkpoint import CorruptCheckpoint, open_root
 from trainer.checkpoint.read import wrapped_failures
 from trainer.untrusted import Refused
@@ -115,15 +117,16 @@ def evictions_of(uri: str | None, refused: list[str]) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m steps.compare", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    baton_env.check_or_exit()
+    ap = ArgParser(prog="python -m steps.compare", description=__doc__,
+                   formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--reference", required=True, help="checkpoint root of the reference run")
     ap.add_argument("--replay", required=True, help="checkpoint root of the reference's replay")
     ap.add_argument("--trial", required=True, help="checkpoint root of the evicted trial")
     ap.add_argument("--evidence", required=True, help="evidence root (reference/, replay/ and trial/ inside)")
     ap.add_argument("--verify", required=True, help="verify.json written by steps.verify")
     ap.add_argument("--evictions", help="evictions JSON written by steps.evict")
-    ap.add_argument("--total-steps", type=int, required=True)
+    ap.add_argument("--total-steps", type=flag_type(BOUNDS["total_steps"]), required=True)
     ap.add_argument("--tier", default="auto", choices=("auto", "1", "2"),
                     help="1: every tensor equal; 2: within the measured floor (steps/judge.py); "
                          "auto: 1 on a CPU with deterministic kernels, else 2")

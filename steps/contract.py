@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from trainer.bounded import Bound
+from trainer.env import MAX_GRACE_S
 from trainer.exits import EXIT_PREEMPTED, EXIT_SIGKILL, EXIT_SIGTERM
 
 # ---- roles and tasks ----------------------------------------------------------------------------------------
@@ -24,6 +26,25 @@ TASKS = (*TRAINING_TASKS, "evict", "verify", "compare")
 equivalence.py builds the DAG with these names; `run -p chaos=N` and `-p unschedulable=` choose among them."""
 RELEASE_TEMPLATE = "release"
 """The exit handler (Argo's onExit) of a drill whose pods are Kueue pod groups: steps/release.py."""
+
+# ---- the drill's numbers ------------------------------------------------------------------------------------
+
+BOUNDS: dict[str, Bound] = {
+    "total_steps": Bound(2, 10_000_000, integer=True),
+    "evictions": Bound(0, 10_000, integer=True),
+    "retry_limit": Bound(0, 100_000, integer=True),
+    "seed": Bound(0, 2**63 - 1, integer=True),
+    "every_steps": Bound(0, 10_000_000, integer=True),
+    "grace": Bound(1, MAX_GRACE_S, integer=True),
+    "ranks": Bound(1, 1024, integer=True),
+    "nodes": Bound(1, 1024, integer=True),
+    "deadline": Bound(0, 315_360_000, integer=True),  # 10 years: Go's time.Duration holds 292
+    "rendezvous_timeout": Bound(1, 604_800, integer=True),  # a week
+    "store_port": Bound(0, 65535, integer=True),
+    "dropout": Bound(0, 1, below=True),
+}
+"""The range of each number a drill is given: a workflow parameter of that name (workflows/params.py) and
+the step flag that carries it (steps.train, steps.evict) are read in it, through trainer/bounded.py."""
 
 # ---- Kueue's plain-pod integration (v0.19.2, pkg/controller/jobs/pod/constants/constants.go) ----------------
 

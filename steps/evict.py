@@ -38,10 +38,12 @@ import time
 from collections import deque
 from pathlib import Path
 
-from steps.contract import NODE_NAME_ANNOTATION, SERVICE_ACCOUNT_NAMESPACE, WORKFLOW_LABEL
+from steps.contract import BOUNDS, NODE_NAME_ANNOTATION, SERVICE_ACCOUNT_NAMESPACE, WORKFLOW_LABEL
 from steps.evidence import read_evidence, read_json, write_json
 from steps.local_pods import ENV as LOCAL_PODS_ENV
 from steps.local_pods import HOW, LocalPods
+from trainer import env as baton_env
+from trainer.bounded import ArgParser, Bound, flag_type, parse
 from trainer.redaction import redact
 
 MAX_FRACTION = 0.8
@@ -54,6 +56,7 @@ FINISH_GUARD_S = 1.0
 # looks, and the drill was inconclusive.
 LOOKS_AHEAD = 2
 MAX_LAG_S = 30.0
+MAX_WAIT_S = 604_800.0  # a week: every wait of evict is far shorter than its drill's deadline
 
 
 JITTER_MODES = ("false", "true", "edges")
@@ -216,37 +219,36 @@ def say(event: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m steps.evict", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    baton_env.check_or_exit()
+    ap = ArgParser(prog="python -m steps.evict", description=__doc__,
+                   formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--evidence", required=True, help="the trial's evidence folder (record lines)")
-    ap.add_argument("--total-steps", type=int, required=True)
-    ap.add_argument("--evictions", type=int, required=True)
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--total-steps", type=flag_type(BOUNDS["total_steps"]), required=True)
+    ap.add_argument("--evictions", type=flag_type(BOUNDS["evictions"]), required=True)
+    ap.add_argument("--seed", type=flag_type(BOUNDS["seed"]), default=0)
     ap.add_argument("--jitter", default="false", choices=JITTER_MODES,
                     help="true: jitter points inside their bands; edges: that, with step 1 and a checkpoint step")
-    ap.add_argument("--every-steps", type=int, default=0,
+    ap.add_argument("--every-steps", type=flag_type(BOUNDS["every_steps"]), default=0,
                     help="the trial's periodic checkpoint interval (checkpoint steps: --jitter edges, fast polling)")
     ap.add_argument("--workflow", default="", help="the workflow's name (to find its pods)")
     ap.add_argument("--task", default="trial")
-    ap.add_argument("--nodes", type=int, default=1, help="pods in the trial's group (one node each)")
+    ap.add_argument("--nodes", type=flag_type(BOUNDS["nodes"]), default=1, help="pods in the trial's group (one node each)")
     ap.add_argument("--node", default="", help="with --nodes > 1: the node whose pod each eviction ends; "
                                                "empty: drawn under --seed at each eviction")
     ap.add_argument("--out", help="where to write the evictions as JSON")
-    ap.add_argument("--poll", type=float, default=0.1)
-    ap.add_argument("--timeout", type=float, default=3600.0)
+    ap.add_argument("--poll", type=flag_type(Bound(0, 60, above=True)), default=0.1)
+    ap.add_argument("--timeout", type=flag_type(Bound(0, MAX_WAIT_S, above=True)), default=3600.0)
     ap.add_argument("--how", default="evict", choices=HOW,
                     help="how to end the trial's pod: evict (Eviction API); locally also delete, kueue, "
                          "node-shutdown, lost-vm (steps/local_pods.py)")
-    ap.add_argument("--gone-timeout", type=float, default=None,
+    ap.add_argument("--gone-timeout", type=flag_type(Bound(0, MAX_WAIT_S, above=True)), default=None,
                     help="give up when the task has had no pending or running pod this long and has not finished "
                          "(it failed for good: Argo waits for this step before it ends the workflow); default 90 s "
                          "on a cluster, 10 s locally, where a retry's pod appears at once")
     args = ap.parse_args(argv)
     try:
         points = eviction_points(args.total_steps, args.evictions, args.seed, args.jitter, args.every_steps)
-        pinned = int(args.node) if args.node else None
-        if args.nodes < 1 or (pinned is not None and not 0 <= pinned < args.nodes):
-            raise ValueError(f"--node must be empty or 0 .. {args.nodes - 1}, not {args.node!r}")
+        pinned = int(parse(args.node, "--node (empty, or)", Bound(0, args.nodes - 1, integer=True))) if args.node else None
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

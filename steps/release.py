@@ -39,6 +39,8 @@ from steps.contract import (
     SERVICE_ACCOUNT_NAMESPACE,
     WORKFLOW_LABEL,
 )
+from trainer import env as baton_env
+from trainer.bounded import ArgParser, Bound, flag_type
 
 ACTIVE = ("Pending", "Running")
 REQUEST_TIMEOUT_S = 30  # each API call: the client's default is none, and an exit handler must not hang
@@ -69,19 +71,18 @@ def plan(pods: list[Any]) -> tuple[list[str], list[str], list[str]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m steps.release", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    baton_env.check_or_exit()
+    ap = ArgParser(prog="python -m steps.release", description=__doc__,
+                   formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workflow", required=True, type=_workflow_name, help="the drill's workflow name")
     ap.add_argument("--status", default="", help="the workflow's status ({{workflow.status}}), for the record")
     ap.add_argument("--kubeconfig", help="run by hand: this kubeconfig instead of the pod's service account")
     ap.add_argument("--namespace", help="with --kubeconfig: the drill's namespace (default: baton)")
-    ap.add_argument("--attempts", type=int, default=4,
+    ap.add_argument("--attempts", type=flag_type(Bound(1, 100, integer=True)), default=4,
                     help="tries when the API refuses (not 403) or does not answer: the handler has no Argo "
                          "retryStrategy (workflows/params.py, release_template, says why)")
-    ap.add_argument("--retry-wait", type=float, default=5.0, help="seconds between tries")
+    ap.add_argument("--retry-wait", type=flag_type(Bound(0, 3600)), default=5.0, help="seconds between tries")
     args = ap.parse_args(argv)
-    if args.attempts < 1 or not args.retry_wait >= 0:
-        ap.error("--attempts must be >= 1 and --retry-wait >= 0")
 
     from kubernetes import client, config
     from kubernetes.config.config_exception import ConfigException

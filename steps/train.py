@@ -51,7 +51,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from steps.contract import BOUNDS
 from trainer import env as baton_env
+from trainer.bounded import ArgParser, Bound, flag_type
 from trainer.exits import EXIT_FAIL, EXIT_OK, EXIT_PREEMPTED
 
 
@@ -64,7 +66,7 @@ class Evidence:
         self.last_flush = 0.0
         # On an object store each flush rewrites the whole file: throttled (BATON_EVIDENCE_FLUSH_S,
         # default 2 s). What the drill's evict step sees of the trial lags by about this much.
-        self.flush_every_s = baton_env.number("BATON_EVIDENCE_FLUSH_S", 2.0, minimum=0)
+        self.flush_every_s = baton_env.number("BATON_EVIDENCE_FLUSH_S")
         if not uri:
             return
         from trainer.storage import is_local, url_to_fs
@@ -412,18 +414,21 @@ class RoundWatch:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m steps.train", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--nproc", type=int, default=1, help="ranks on this node (torchrun --nproc-per-node)")
+    baton_env.check_or_exit()  # every BATON_ variable, before anything starts: a bad one is one line and exit 1
+    ap = ArgParser(prog="python -m steps.train", description=__doc__,
+                   formatter_class=argparse.RawDescriptionHelpFormatter)
+    seconds = flag_type(Bound(0, baton_env.MAX_GRACE_S))
+    ap.add_argument("--nproc", type=flag_type(BOUNDS["ranks"]), default=1,
+                    help="ranks on this node (torchrun --nproc-per-node)")
     ap.add_argument("--trainer", default="baton",
                     help="baton (default), hf (the HF Trainer example), or 'SCRIPT ARGS...' / '-m MODULE ARGS...'")
     ap.add_argument("--config", help="config file, passed on as --config (baton's trainer requires one)")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--evidence", default=baton_env.text("BATON_EVIDENCE_URI") or None,
                     help="fsspec folder to copy the record lines to as they happen")
-    ap.add_argument("--shutdown-timeout", type=float, default=None,
+    ap.add_argument("--shutdown-timeout", type=seconds, default=None,
                     help="torchrun's --shutdown-timeout and the workers' BATON_GRACE (default: BATON_GRACE or 30)")
-    ap.add_argument("--done-linger", type=float, default=None, metavar="SECONDS",
+    ap.add_argument("--done-linger", type=seconds, default=None, metavar="SECONDS",
                     help="after the trainer's done record, how long the launcher may take to exit before it is "
                          f"ended (default: {DONE_LINGER_S:g} for baton's trainer across nodes, where `done` is its "
                          "last act and torchrun's exit barrier can hold the pod; otherwise never: a script may "
@@ -432,22 +437,21 @@ def main(argv: list[str] | None = None) -> int:
                     help="name of this attempt's evidence file")
     ap.add_argument("--launcher", default="auto", choices=("auto", "torchrun", "direct"),
                     help="auto (default): direct for one rank on one node, torchrun otherwise")
-    ap.add_argument("--nnodes", type=int, default=1, help="pods in the job, one node each (default 1)")
-    ap.add_argument("--node-rank", type=int, default=None, help="this pod's node, 0 .. nnodes-1 (with --nnodes > 1)")
+    ap.add_argument("--nnodes", type=flag_type(BOUNDS["nodes"]), default=1,
+                    help="pods in the job, one node each (default 1)")
+    ap.add_argument("--node-rank", type=flag_type(Bound(0, BOUNDS["nodes"].high - 1, integer=True)), default=None,
+                    help="this pod's node, 0 .. nnodes-1 (with --nnodes > 1)")
     ap.add_argument("--master-addr", default=None, help="node 0's address: the rendezvous (with --nnodes > 1)")
-    ap.add_argument("--master-port", type=int, default=29500,
+    ap.add_argument("--master-port", type=flag_type(BOUNDS["store_port"]), default=29500,
                     help="the rendezvous port on node 0 (default 29500; 0 with --rendezvous: a free one)")
     ap.add_argument("--rendezvous", default=None, metavar="URI",
                     help="instead of --master-addr: a folder where node 0 publishes each round's address "
                          "(steps/group.py); every other node joins only a round newer than its last")
-    ap.add_argument("--rendezvous-timeout", type=float, default=900.0,
+    ap.add_argument("--rendezvous-timeout", type=flag_type(Bound(0, BOUNDS["rendezvous_timeout"].high, above=True)),
+                    default=900.0,
                     help="seconds a node waits for node 0's next round, and torchrun's rendezvous for the other "
                          "nodes, before exiting 75 (default 900)")
     args = ap.parse_args(argv)
-    if args.nproc < 1:
-        ap.error("--nproc must be >= 1")
-    if args.rendezvous_timeout <= 0:
-        ap.error(f"--rendezvous-timeout must be > 0 seconds, not {args.rendezvous_timeout:g}")
     nodes = parse_nodes(ap, args)
     if args.rendezvous:
         from steps.group import round_key

@@ -10,11 +10,12 @@ import argparse
 import os
 import sys
 
-from trainer import collector
+from trainer import collector, env
 
 # Before torch's import: the start's imports run without the cyclic collector (trainer/collector.py).
 collector.pause()
 
+from trainer.bounded import ArgParser  # noqa: E402
 from trainer.preemption import Preemption  # noqa: E402
 
 
@@ -24,15 +25,17 @@ def main(argv: list[str] | None = None) -> int:
     # Weights come from model.path (a folder, or a bucket's copy): a hub download from a training pod would
     # depend on the hub at every attempt and could change the weights between the reference and the trial.
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    # The handler goes in before the slow imports: a SIGTERM during start-up still ends in a clean 75.
-    preempt = Preemption()
+    # The handler goes in before the slow imports: a SIGTERM during start-up still ends in a clean 75. Every
+    # BATON_ variable is read first: a bad one is one line and exit 1, never a traceback later.
     try:
+        env.check()
+        preempt = Preemption()
         preempt.install()
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    ap = argparse.ArgumentParser(prog="python -m trainer", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = ArgParser(prog="python -m trainer", description=__doc__,
+                   formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", required=True, help="YAML config file")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                     help="override a config key, e.g. --set model.dropout=0.1 (repeatable)")
@@ -58,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         return train(cfg, preempt)
-    except (ConfigError, CheckpointRefused) as e:
+    except (ConfigError, CheckpointRefused, env.EnvError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     except Exception:

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 from trainer import env
 
-DEFAULT_GRACE_S = 30.0
-
 
 def grace_seconds() -> float:
-    """`BATON_GRACE`: the seconds this process budgets against between SIGTERM and SIGKILL."""
-    return env.number("BATON_GRACE", DEFAULT_GRACE_S, minimum=0)
+    """`BATON_GRACE`: the seconds this process budgets against between SIGTERM and SIGKILL (its default and
+    range: trainer/env.py)."""
+    return float(env.number("BATON_GRACE"))

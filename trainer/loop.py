@@ -58,7 +58,7 @@ def restore_policy() -> RestorePolicy:
         return RestorePolicy(frozenset(s.strip() for s in raw.split(",") if s.strip()),
                              env.flag("BATON_SWAP_RANK_STATE"))
     except ValueError as e:
-        raise ValueError(f"BATON_SKIP_RESTORE: {e}") from None
+        raise env.EnvError(f"BATON_SKIP_RESTORE: {e}") from None
 
 
 def init_distributed(timeout: timedelta | None = None) -> tuple[int, int, torch.device]:

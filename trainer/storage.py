@@ -46,7 +46,6 @@ from trainer.redaction import redact  # noqa: F401 - storage errors redact with 
 from trainer.validation import ConfigError
 
 T = TypeVar("T")
-DEFAULT_S3_MAX_ATTEMPTS = 5
 
 
 class StorageError(ConfigError):
@@ -54,15 +53,15 @@ class StorageError(ConfigError):
     failing after the retries. The message names the URI and holds no credentials."""
 
 
-def _max_attempts(var: str, default: int) -> int:
+def _max_attempts(var: str) -> int:
     try:
-        return env.integer(var, default, minimum=1)
+        return int(env.number(var))
     except env.EnvError as e:  # a StorageError's parent: the CLI reports it as a config error, exit 1
         raise ConfigError(str(e)) from None
 
 
 def _s3_max_attempts() -> int:
-    return _max_attempts("BATON_S3_MAX_ATTEMPTS", DEFAULT_S3_MAX_ATTEMPTS)
+    return _max_attempts("BATON_S3_MAX_ATTEMPTS")
 
 
 # Storage clients that draw from Python's global `random` (botocore's retry jitter, aiohttp's pool)
@@ -139,7 +138,6 @@ def url_to_fs(uri: str) -> tuple[AbstractFileSystem, str]:
 
 # ---- gs:// --------------------------------------------------------------------------------------------
 
-DEFAULT_GCS_MAX_ATTEMPTS = 6  # gcsfs's own retry count
 _gcs_class: type | None = None
 
 
@@ -187,7 +185,7 @@ def gcs_filesystem_class() -> type:
     once = gcsfs.core.GCSFileSystem._request.__wrapped__  # one request, without gcsfs's retry_request
 
     async def _request(self, *args: Any, **kwargs: Any) -> Any:
-        attempts = _max_attempts("BATON_GCS_MAX_ATTEMPTS", DEFAULT_GCS_MAX_ATTEMPTS)
+        attempts = _max_attempts("BATON_GCS_MAX_ATTEMPTS")
         for i in range(attempts):
             if i:  # botocore's "standard" full jitter, as for s3:// (gcsfs's own waits 1-2 s at the first)
                 await asyncio.sleep(_LIBRARY_RANDOM.random() * min(2 ** (i - 1), 20))

@@ -19,9 +19,11 @@ from pathlib import Path
 from typing import Any
 
 from steps.contract import REPORT_FILES, REPORT_JSON, TASKS, TRAINING_TASKS, drill_root, report_root
+from trainer.bounded import ArgParser, Bound
 from trainer.untrusted import printable
 from workflows.params import (
     default_retry_limit,
+    number,
     parse_params,
     resolve_params,
     set_deadline,
@@ -50,7 +52,7 @@ def cmd_run(args: argparse.Namespace, build: Callable[[int], dict]) -> int:
     if "config" in overrides:
         overrides["config"] = config_from_here(overrides["config"], Path.cwd())
     if chaos_n and "retry_limit" not in overrides:  # room for every eviction and every chaos deletion, and more
-        evictions = int(values_of(overrides)["evictions"]) if values_of(overrides)["evictions"].isdigit() else 0
+        evictions = int(number(values_of(overrides), "evictions"))
         overrides["retry_limit"] = str(default_retry_limit(evictions, chaos_n))
     params = resolve_params(overrides)
     params.setdefault("bucket", f"file://{out}/bucket")
@@ -139,6 +141,8 @@ LOCAL_PARAMETERS = {
                      "drill then ends by its deadline (-p deadline=SECONDS)",
 }
 
+LOCAL_BOUNDS = {"chaos": Bound(0, 1000, integer=True), "chaos_seed": Bound(0, 2**63 - 1, integer=True)}
+
 
 def _local_params(items: list[str]) -> tuple[dict[str, str], list[str]]:
     local, rest = {}, []
@@ -150,8 +154,8 @@ def _local_params(items: list[str]) -> tuple[dict[str, str], list[str]]:
                 if unknown:
                     raise SystemExit(f"error: -p unschedulable: no task named {', '.join(unknown)} "
                                      f"(tasks: {', '.join(TASKS)})")
-            elif not value.isdigit():
-                raise SystemExit(f"error: -p {name} must be a non-negative integer, got {value!r}")
+            else:
+                value = str(number({name: value}, name, LOCAL_BOUNDS[name]))
             local[name] = value
         else:
             rest.append(item)
@@ -179,8 +183,8 @@ def drill_summary(report: dict[str, Any]) -> str:
 
 def parser() -> argparse.ArgumentParser:
     """Every command's arguments; equivalence.main parses with it and runs the command."""
-    ap = argparse.ArgumentParser(prog="python workflows/equivalence.py", description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = ArgParser(prog="python workflows/equivalence.py", description=__doc__.split("\n\n")[0],
+                   formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="command", required=True)
     rd = sub.add_parser("render", help="print every object as a multi-document YAML stream")
     rd.add_argument("-p", "--param", action="append", default=[], metavar="NAME=VALUE",

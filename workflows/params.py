@@ -7,16 +7,17 @@ here runs before anything is run or submitted, and names the parameter it refuse
 
 from __future__ import annotations
 
-import math
 import re
 
 from steps.contract import (
+    BOUNDS,
     CLUSTER_EVICTION_MODES,
     EVICTION_MODES,
     POD_GROUP_LABEL,
     QUEUE_LABEL,
     RELEASE_TEMPLATE,
 )
+from trainer.bounded import Bound, OutOfRange, parse
 
 STORE_PORT = 29500  # torchrun's default --master-port; docs/multinode.md shows a NetworkPolicy that allows it
 # name -> (default, description). The order is the order users see in the Argo UI; the overlays patch
@@ -67,16 +68,24 @@ PARAMETERS: dict[str, tuple[str, str]] = {
 BASELINE_POOLS = ("spot", "on-demand")
 # A Kubernetes label value: at most 63 characters, alphanumerics with - _ . inside.
 _LABEL_VALUE = re.compile(r"(?:[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?")
-_INTEGERS = ("total_steps", "evictions", "retry_limit", "seed", "grace", "ranks", "every_steps", "deadline", "nodes",
-             "rendezvous_timeout", "store_port")
-# The lower bounds the steps themselves would enforce inside the pod (steps.train --nproc, the grace,
-# eviction_points): refused here, before anything runs or is submitted.
-_AT_LEAST = {"ranks": 1, "grace": 1, "total_steps": 2, "nodes": 1, "rendezvous_timeout": 1}
+# The numeric parameters, each read in its range (steps/contract.py BOUNDS: the steps' flags that carry them
+# are read in the same one), so that what would fail inside a pod is refused here, before anything runs.
+_NUMBERS = ("total_steps", "evictions", "retry_limit", "seed", "grace", "ranks", "every_steps", "deadline", "nodes",
+            "rendezvous_timeout", "store_port", "dropout")
 # Booleans, normalised to "1"/"0" (BATON_DISABLE_SIGTERM_HANDLER is read as exactly that): a negative
 # control asked for as "true" must not quietly run as a normal trial.
 _BOOLEANS = ("disable_sigterm_handler",)
 _BOOLEAN_VALUES = {"1": "1", "true": "1", "0": "0", "false": "0"}
 TIERS = ("auto", "1", "2")
+
+
+def number(values: dict[str, str], name: str, bound: Bound | None = None) -> int | float:
+    """Parameter `name` of `values`, read in its range (BOUNDS, or `bound`); SystemExit naming the parameter
+    and the range otherwise, before any conversion of a value too long to be a number."""
+    try:
+        return parse(values[name], f"parameter {name}", bound or BOUNDS[name])
+    except OutOfRange as e:
+        raise SystemExit(f"error: {e}") from None
 
 
 def default_retry_limit(evictions: int, chaos: int = 0) -> int:
@@ -107,15 +116,10 @@ def resolve_params(overrides: dict[str, str], cluster: bool = False) -> dict[str
     `cluster`: the values go to a real Argo (only the eviction modes the Kubernetes API offers)."""
     params = dict(overrides)
     values = values_of(params)
-    for k in _INTEGERS:
-        if not re.fullmatch(r"[0-9]+", values[k]):
-            raise SystemExit(f"error: parameter {k} must be a non-negative integer, got {values[k]!r}")
-    for k, least in _AT_LEAST.items():
-        if int(values[k]) < least:
-            raise SystemExit(f"error: parameter {k} must be at least {least}, got {values[k]}")
-    if int(values["store_port"]) > 65535:
-        raise SystemExit(f"error: parameter store_port must be a TCP port (1 .. 65535, or 0: a free one at each "
-                         f"round), got {values['store_port']}")
+    for k in _NUMBERS:
+        value = number(values, k)
+        if k in params:  # what the pods get: the number as Python writes it ("+07" -> "7")
+            params[k] = values[k] = str(value)
     for k in _BOOLEANS:
         flag = _BOOLEAN_VALUES.get(values[k].strip().lower())
         if flag is None:
@@ -125,17 +129,10 @@ def resolve_params(overrides: dict[str, str], cluster: bool = False) -> dict[str
     if values["baseline_pool"] not in BASELINE_POOLS:
         raise SystemExit(f"error: parameter baseline_pool must be one of {', '.join(BASELINE_POOLS)}, "
                          f"got {values['baseline_pool']!r}")
-    if values["evict_node"] and not (re.fullmatch(r"[0-9]+", values["evict_node"]) and int(values["evict_node"]) < int(values["nodes"])):
-        raise SystemExit(f"error: parameter evict_node must be empty or a node 0 .. {int(values['nodes']) - 1}, "
-                         f"got {values['evict_node']!r}")
+    if values["evict_node"]:
+        number(values, "evict_node", Bound(0, int(values["nodes"]) - 1, integer=True))
     if values["tier"] not in TIERS:
         raise SystemExit(f"error: parameter tier must be one of {', '.join(TIERS)}, got {values['tier']!r}")
-    try:
-        dropout = float(values["dropout"])
-    except ValueError:
-        raise SystemExit(f"error: parameter dropout must be a number in [0, 1), got {values['dropout']!r}") from None
-    if not (math.isfinite(dropout) and 0.0 <= dropout < 1.0):  # model.dropout's own rule (trainer/config.py)
-        raise SystemExit(f"error: parameter dropout must be a number in [0, 1), got {values['dropout']!r}")
     if "retry_limit" not in params:
         params["retry_limit"] = str(default_retry_limit(int(values["evictions"])))
         values["retry_limit"] = params["retry_limit"]

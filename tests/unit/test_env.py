@@ -30,16 +30,16 @@ def test_any_other_spelling_of_a_flag_is_refused_by_name(monkeypatch, raw):
 
 def test_numbers_are_finite_and_bounded(monkeypatch):
     monkeypatch.setenv("BATON_GRACE", "12.5")
-    assert env.number("BATON_GRACE", 30.0, minimum=0) == 12.5
-    for bad in ("abc", "nan", "inf", "-1"):
+    assert env.number("BATON_GRACE") == 12.5
+    for bad in ("abc", "nan", "inf", "-1", "1e300", "1_0", "9" * 5000):
         monkeypatch.setenv("BATON_GRACE", bad)
-        with pytest.raises(env.EnvError, match="BATON_GRACE must be a finite number >= 0"):
-            env.number("BATON_GRACE", 30.0, minimum=0)
+        with pytest.raises(env.EnvError, match="BATON_GRACE must be a finite number >= 0 and <= 86400"):
+            env.number("BATON_GRACE")
     monkeypatch.delenv("BATON_GRACE")
-    assert env.number("BATON_GRACE", 30.0) == 30.0
+    assert env.number("BATON_GRACE") == 30.0
     monkeypatch.setenv("BATON_S3_MAX_ATTEMPTS", "0")
-    with pytest.raises(env.EnvError, match="BATON_S3_MAX_ATTEMPTS must be a positive integer, got '0'"):
-        env.integer("BATON_S3_MAX_ATTEMPTS", 5, minimum=1)
+    with pytest.raises(env.EnvError, match="BATON_S3_MAX_ATTEMPTS must be an integer >= 1 and <= 100, got '0'"):
+        env.number("BATON_S3_MAX_ATTEMPTS")
 
 
 def test_the_pods_pid_1_refuses_a_bad_variable_in_one_line(tmp_path):
@@ -48,7 +48,7 @@ def test_the_pods_pid_1_refuses_a_bad_variable_in_one_line(tmp_path):
     bad = subprocess.run([PY, "-m", "steps.train", "--trainer", "-c pass"], capture_output=True, text=True,
                          env=base_env(BATON_EVIDENCE_FLUSH_S="soon"), cwd=REPO, timeout=120)
     assert bad.returncode == 1 and "Traceback" not in bad.stderr, bad.stderr
-    assert "error: BATON_EVIDENCE_FLUSH_S must be a finite number >= 0, got 'soon'" in bad.stderr
+    assert "error: BATON_EVIDENCE_FLUSH_S must be a finite number >= 0 and <= 3600, got 'soon'" in bad.stderr
     script = tmp_path / "ran.py"
     script.write_text("print('ran')\n")
     good = subprocess.run([PY, "-m", "steps.train", "--trainer", str(script)], capture_output=True, text=True,

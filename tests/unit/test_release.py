@@ -42,7 +42,7 @@ def test_what_holds_no_quota_or_is_already_done_is_left_alone():
 def test_a_bad_workflow_name_is_refused_before_any_request(name, capsys):
     with pytest.raises(SystemExit) as e:
         main(["--workflow", name])
-    assert e.value.code == 2 and "is not a workflow name" in capsys.readouterr().err
+    assert e.value.code == 1 and "is not a workflow name" in capsys.readouterr().err
 
 
 def test_no_api_configuration_is_a_clear_error_not_a_traceback(tmp_path, capsys):
@@ -75,8 +75,10 @@ current-context: x
     assert capsys.readouterr().err.count("error: list pods") == 1
 
 
-@pytest.mark.parametrize("bad", [["--attempts", "0"], ["--retry-wait", "-1"], ["--retry-wait", "nan"]])
+@pytest.mark.parametrize("bad", [["--attempts", "0"], ["--retry-wait", "-1"], ["--retry-wait", "nan"],
+                                 ["--retry-wait", "1e300"]])
 def test_bad_retry_arguments_are_refused(bad, capsys):
     with pytest.raises(SystemExit) as e:
         main(["--workflow", "wf", *bad])
-    assert e.value.code == 2 and "--attempts must be >= 1" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert e.value.code == 1 and f"argument {bad[0]}: must be" in err and len(err.strip().splitlines()) == 1, err

@@ -216,7 +216,7 @@ def test_bad_gcs_retry_setting_is_refused(gcs, monkeypatch):
     from trainer.config import ConfigError
 
     monkeypatch.setenv("BATON_GCS_MAX_ATTEMPTS", "zero")
-    with pytest.raises(ConfigError, match="BATON_GCS_MAX_ATTEMPTS must be a positive integer"):
+    with pytest.raises(ConfigError, match="BATON_GCS_MAX_ATTEMPTS must be an integer >= 1 and <= 100"):
         Store(gcs.new_prefix("x"), "run")
 
 

@@ -88,7 +88,7 @@ def test_a_deletion_waits_for_its_moment_moves_when_its_task_is_done_and_is_miss
 def test_run_refuses_a_chaos_value_that_is_not_a_count(tmp_path):
     p = subprocess.run([PY, "workflows/equivalence.py", "run", "--out", str(tmp_path / "d"), "-p", "chaos=x"],
                        capture_output=True, text=True, cwd=REPO, env=base_env(), timeout=120)
-    assert p.returncode != 0 and "chaos must be a non-negative integer" in p.stderr
+    assert p.returncode != 0 and "chaos must be an integer >= 0 and <= 1000, got 'x'" in p.stderr
     p = subprocess.run([PY, "workflows/equivalence.py", "render", "-p", "chaos=1"],
                        capture_output=True, text=True, cwd=REPO, env=base_env(), timeout=120)
     assert p.returncode != 0 and "unknown parameter" in p.stderr  # the runner's option, not the workflow's
