@@ -73,6 +73,12 @@ def load(path: str) -> dict[str, Any] | None:
         return None
     from transformers.trainer_pt_utils import safe_globals
 
+    from trainer.checkpoint.tensor_record import file_problem
+
+    why = file_problem(path)
+    if why is not None:  # the fetch refused such a file already (hf_store._loads_safely): never inflated here
+        raise ValueError(f"{os.path.basename(path)} cannot be loaded safely: {why}")
+
     with safe_globals():
         return torch.load(path, weights_only=True)
 

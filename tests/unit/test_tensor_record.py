@@ -233,3 +233,146 @@ def test_a_huge_central_directory_claim_is_refused_before_it_is_read():
     fields[5], fields[3], fields[4] = 100, 65535, 65535  # entry count
     struct.pack_into("<IHHHHIIH", raw, eocd, *fields)
     assert tensor_record.central_directory(bytes(raw), len(raw)) is None
+
+
+# ---- no inflation past a cap: a compressed record is refused before torch.load allocates it ---------------
+
+def _deflated(raw: bytes) -> bytes:
+    """`raw` (torch.save's archive) written again with its storage record deflated: what a forger who wants
+    the reader to allocate far more than the file's bytes writes."""
+    src = zipfile.ZipFile(io.BytesIO(raw))
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w") as z:
+        for info in src.infolist():
+            method = zipfile.ZIP_DEFLATED if info.filename.endswith("/data/0") else zipfile.ZIP_STORED
+            z.writestr(info.filename, src.read(info.filename), compress_type=method, compresslevel=9)
+    return out.getvalue()
+
+
+def test_a_compressed_record_is_refused_and_a_plain_archive_is_not():
+    raw = archive(torch.zeros(1 << 16), crc=True)
+    assert tensor_record.bytes_problem(raw) is None  # the control: torch.save's own archive
+    bomb = _deflated(raw)
+    assert len(bomb) * 50 < len(raw)
+    assert "is compressed (method 8)" in tensor_record.bytes_problem(bomb)
+    assert torch.equal(torch.load(io.BytesIO(bomb), weights_only=True), torch.zeros(1 << 16))  # torch inflates it
+
+
+def test_records_declaring_more_than_the_archive_and_other_formats_are_refused():
+    raw = bytearray(archive(torch.randn(8)))
+    cd_offset = tensor_record.EOCD.unpack_from(raw, len(raw) - tensor_record.EOCD.size)[6]
+    for field, value in ((20, 1 << 30), (24, 1 << 30)):  # one of the two sizes of the first record
+        bad = bytearray(raw)
+        struct.pack_into("<I", bad, cd_offset + field, value)
+        assert "declares" in tensor_record.bytes_problem(bytes(bad))
+    legacy = io.BytesIO()
+    torch.save(torch.randn(8), legacy, _use_new_zipfile_serialization=False)
+    assert tensor_record.bytes_problem(legacy.getvalue()) == "not a zip archive (torch.save's format)"
+
+
+def test_every_single_byte_change_of_the_ends_is_handled_without_a_traceback():
+    raw = archive(torch.randn(6, 2))
+    cd_offset = tensor_record.EOCD.unpack_from(raw, len(raw) - tensor_record.EOCD.size)[6]
+    refused = 0
+    for i in [*range(0, 64), *range(cd_offset, len(raw))]:
+        for value in (0x00, 0xFF, raw[i] ^ 0x01):
+            bad = bytearray(raw)
+            bad[i] = value
+            refused += tensor_record.bytes_problem(bytes(bad)) is not None
+    for n in range(len(raw)):
+        tensor_record.bytes_problem(raw[:n])
+    assert refused > 0
+
+
+# torch.save's archive of 400 MB of zeros, written again with its storage record deflated (streamed: the
+# measured process below never holds the 400 MB).
+_BOMB = r"""
+import sys, zipfile, torch
+plain = sys.argv[1] + ".plain"
+torch.save(torch.zeros(100 << 20), plain)
+with zipfile.ZipFile(plain) as src, zipfile.ZipFile(sys.argv[1], "w") as out:
+    for info in src.infolist():
+        record = zipfile.ZipInfo(info.filename)
+        record.compress_type = zipfile.ZIP_DEFLATED if info.filename.endswith("/data/0") else zipfile.ZIP_STORED
+        with src.open(info) as fin, out.open(record, "w") as fout:
+            while chunk := fin.read(1 << 20):
+                fout.write(chunk)
+"""
+_RESUME_MEMORY = r"""
+import io, json, pickle, resource, sys, zipfile, hashlib, dataclasses
+import torch
+sys.path.insert(0, {repo!r})
+from trainer.checkpoint.read import _MetadataUnpickler
+from trainer.checkpoint.resolve import resolve_and_load
+from trainer.checkpoint.store import Store
+from trainer.checkpoint import digest
+
+root, mode = sys.argv[1], sys.argv[2]
+small = {{"w": torch.randn(16), "progress": torch.tensor([0])}}
+store = Store("file://" + root, "run")
+attempt = store.claim_attempt({{}})
+for step in (2, 4):
+    store.save(step, {{**small, "progress": torch.tensor([step])}}, {{"fingerprint": "f" * 64}}, attempt)
+# Step 4: the item of "w" replaced by a deflated archive of 400 MB of zeros, every checksum resealed.
+folder = store.step_path(4)
+md = _MetadataUnpickler(io.BytesIO(open(folder + "/.metadata", "rb").read())).load()
+key, info = next((k, v) for k, v in md.storage_data.items() if k.fqn == "w")
+data = open(f"{{folder}}/{{info.relative_path}}", "rb").read()
+bomb = open(sys.argv[3], "rb").read()
+delta = len(bomb) - info.length
+for k, v in list(md.storage_data.items()):
+    if v.relative_path == info.relative_path and v.offset > info.offset:
+        md.storage_data[k] = dataclasses.replace(v, offset=v.offset + delta)
+md.storage_data[key] = dataclasses.replace(info, length=len(bomb))
+new = data[:info.offset] + bomb + data[info.offset + info.length:]
+open(f"{{folder}}/{{info.relative_path}}", "wb").write(new)
+meta = pickle.dumps(md)
+open(folder + "/.metadata", "wb").write(meta)
+manifest = json.loads(open(folder + "/manifest.json").read())
+manifest["files"][info.relative_path] = digest.entry(len(new), "crc32c", digest.of_bytes("crc32c", new))
+manifest["files"][".metadata"] = digest.entry(len(meta), "sha256", digest.of_bytes("sha256", meta))
+text = json.dumps(manifest)
+open(folder + "/manifest.json", "w").write(text)
+commit = json.loads(open(folder + "/_COMMIT").read())
+commit["manifest_sha256"] = hashlib.sha256(text.encode()).hexdigest()
+open(folder + "/_COMMIT", "w").write(json.dumps(commit))
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+if mode == "control":  # what the reader did with the item before the check: torch.load of its bytes
+    try:
+        torch.load(io.BytesIO(bomb), weights_only=True)
+    except Exception:
+        pass
+    refused = []
+else:
+    refused = []
+    found = resolve_and_load(Store("file://" + root, "run"), "f" * 64,
+                             lambda step, manifest: {{k: torch.zeros_like(v) for k, v in small.items()}},
+                             lambda s, why: refused.append((s, why)))
+    assert found[0] == 2 and int(found[2]["progress"][0]) == 2, found
+grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+print(json.dumps({{"grown_kb": grown, "bomb": len(bomb), "refused": refused}}))
+"""
+
+
+@pytest.mark.parametrize("mode", ["resume", "control"])
+def test_a_resume_refuses_a_compressed_item_without_inflating_it(tmp_path, mode):
+    """The reader falls back past a checkpoint whose item declares 400 MB in a few hundred KB, and its memory
+    stays within a few MB while it refuses; the control, torch.load of the same item, grows by the 400 MB."""
+    import json
+    import subprocess
+
+    from tests.helpers import PY, REPO, base_env
+
+    big = tmp_path / "zeros.pt"
+    subprocess.run([PY, "-c", _BOMB, str(big)], check=True, env=base_env(), cwd=REPO, timeout=300)
+    script = tmp_path / "resume.py"
+    script.write_text(_RESUME_MEMORY.format(repo=str(REPO)))
+    p = subprocess.run([PY, str(script), str(tmp_path / "bucket"), mode, str(big)], capture_output=True,
+                       text=True, env=base_env(), cwd=REPO, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    got = json.loads(p.stdout.strip().splitlines()[-1])
+    if mode == "control":
+        assert got["grown_kb"] > 350_000, got  # inflated to its declared size
+    else:
+        assert got["refused"] and got["refused"][0][0] == 4 and "is compressed" in got["refused"][0][1], got
+        assert got["grown_kb"] < 32_000 and got["bomb"] < 2_000_000, got

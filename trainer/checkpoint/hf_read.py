@@ -24,6 +24,7 @@ import torch
 
 from trainer.checkpoint.digest import of_bytes
 from trainer.checkpoint.layout import COMMIT, CorruptCheckpoint, hf_step_name, hf_step_of, parse_hf_commit
+from trainer.checkpoint.tensor_record import bytes_problem
 from trainer.storage import full_url, url_to_fs
 from trainer.untrusted import Refused, parse_json, read_bytes
 
@@ -157,6 +158,9 @@ def load_hf_checkpoint(url: str) -> tuple[dict[str, Any], dict[str, int]]:
                 for k, v in load_safetensors(data).items():
                     flat[f"model.{k}"] = v
             elif part in ("optimizer", "scheduler", "rng", "other"):
+                why = bytes_problem(data)
+                if why is not None:  # before torch.load would inflate what its records declare
+                    raise CorruptCheckpoint(f"{url}/{name}: {why}")
                 with torch.serialization.safe_globals(numpy_safe_globals()):
                     obj = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
                 _flatten(part if part != "rng" and part != "other" else f"{part}.{name}", obj, flat)

@@ -22,6 +22,8 @@ import torch
 
 from trainer.checkpoint.digest import CHUNK, file_hexdigest
 from trainer.checkpoint.layout import COMMIT, CorruptCheckpoint, hf_step_name, hf_step_of, parse_hf_commit
+from trainer.checkpoint.tensor_record import file_problem
+from trainer.nofollow import check_below, open_write, remove
 from trainer.records import log
 from trainer.storage import full_url, is_local, retrying, storage_error, url_to_fs
 from trainer.untrusted import Refused, open_regular, parse_json, read_bytes
@@ -75,10 +77,12 @@ class HFStore:
                  for n in names}
         dst = f"{self.base}/{hf_step_name(step)}"
         if not self.in_place:
-            if is_local(self.fs):
-                self.fs.makedirs(dst, exist_ok=True)
+            if is_local(self.fs) and os.path.islink(dst):  # a link in the folder's place is foreign: only it goes
+                remove(self.fs, dst)
+                log(f"{hf_step_name(step)} was a symbolic link in the store, not a checkpoint: removed the link "
+                    "itself (nothing it points to) before the upload")
             for n in names:
-                retrying(lambda n=n: self.fs.put_file(os.path.join(src, n), f"{dst}/{n}"), self.url(step), "upload")
+                retrying(lambda n=n: _put(self.fs, os.path.join(src, n), f"{dst}/{n}"), self.url(step), "upload")
         return files
 
     def commit(self, step: int, world_size: int, device: str = "cpu",
@@ -102,13 +106,13 @@ class HFStore:
                 fd = os.open(os.path.join(src, n), os.O_RDONLY)
                 os.fsync(fd)
                 os.close(fd)
-            with open(os.path.join(src, COMMIT), "w") as f:
+            with open_write(self.fs, os.path.join(src, COMMIT), "w") as f:
                 f.write(body)
                 f.flush()
                 os.fsync(f.fileno())
         else:
             def write() -> None:
-                with self.fs.open(f"{dst}/{COMMIT}", "w") as f:
+                with open_write(self.fs, f"{dst}/{COMMIT}", "w") as f:
                     f.write(body)
             retrying(write, self.url(step), "commit")
         return self.url(step), sum(v["size"] for v in files.values())
@@ -121,8 +125,7 @@ class HFStore:
         deleted = []
         for step in self.committed_steps()[keep_last:]:  # real checkpoint-N folders only, never a symlink
             folder = f"{self.base}/{hf_step_name(step)}"
-            retrying(lambda folder=folder: self.fs.rm(f"{folder}/{COMMIT}"), self.url(step), "delete")
-            retrying(lambda folder=folder: self.fs.rm(folder, recursive=True), self.url(step), "delete")
+            retrying(lambda folder=folder: remove(self.fs, folder, first=COMMIT), self.url(step), "delete")
             deleted.append(step)
         return sorted(deleted)
 
@@ -199,11 +202,19 @@ class HFStore:
             n = len([p for p in self.fs.ls(folder, detail=False) if p.endswith(".json")]) + 1
         except FileNotFoundError:
             n = 1
-        if is_local(self.fs):
-            self.fs.makedirs(folder, exist_ok=True)
-        with self.fs.open(f"{folder}/{n:08d}-{uuid.uuid4().hex[:8]}.json", "w") as f:
+        check_below(self.fs, self.base, folder)
+        with open_write(self.fs, f"{folder}/{n:08d}-{uuid.uuid4().hex[:8]}.json", "w") as f:
             f.write(json.dumps({"attempt": n, "time": time.time(), "pid": os.getpid()}))
         return n
+
+
+def _put(fs: Any, src: str, dst: str) -> None:
+    """The local file `src` copied to the store's `dst`: on a local store never through a link."""
+    if not is_local(fs):
+        fs.put_file(src, dst)
+        return
+    with open(src, "rb") as fin, open_write(fs, dst) as fout:
+        shutil.copyfileobj(fin, fout, CHUNK)
 
 
 def _copy_capped(fs: Any, src: str, dst: str, size: int) -> None:
@@ -230,14 +241,12 @@ def _loads_safely(path: str) -> None:
     a refusal there would end the run: here it is a refused checkpoint, and the resume falls back."""
     from transformers.trainer_pt_utils import safe_globals
 
+    why = file_problem(path)
+    if why is not None:  # before torch.load would inflate what its records declare
+        raise CorruptCheckpoint(f"{os.path.basename(path)} cannot be loaded safely: {why}")
     try:
         with safe_globals():
-            try:
-                torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-            except RuntimeError as e:
-                if "mmap can only be used" not in str(e):
-                    raise
-                torch.load(path, map_location="cpu", weights_only=True)  # the legacy format: read it whole
+            torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception as e:  # noqa: BLE001 - every refusal of the safe unpickler, and torn archives
         raise CorruptCheckpoint(f"{os.path.basename(path)} cannot be loaded safely: "
                              f"{str(e).splitlines()[0][:200] if str(e) else type(e).__name__}") from None

@@ -30,7 +30,6 @@ restart is resolve.py, writing is write.py, asynchronous saves are async_save.py
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import threading
@@ -74,6 +73,7 @@ from trainer.checkpoint.write import (
     require_written,
     writer_thread_hook,
 )
+from trainer.nofollow import check_below, open_write, remove
 from trainer.records import log
 from trainer.storage import (
     StorageError,
@@ -121,8 +121,8 @@ class Store:
         self.io_threads = io_threads
         self.digest = digest_algorithm  # the data files' checksum (digest.py); .metadata's is always sha256
         threading.excepthook = writer_thread_hook
-        self.fs, root = url_to_fs(root_uri)
-        self.run_path = run_path(root, run_id)
+        self.fs, self.root = url_to_fs(root_uri)
+        self.run_path = run_path(self.root, run_id)
         self.run_id = run_id
         self.asyncs = AsyncSaves(self)  # saves written while training goes on (async_save.py)
         self._hasher: ThreadPoolExecutor | None = None
@@ -157,6 +157,7 @@ class Store:
         the bucket and the credentials). Nothing is created: a missing bucket is an error, not a
         bucket to make. Local folders are created on the first write."""
         with self._io("checking the checkpoint store"):
+            check_below(self.fs, self.root, f"{self.run_path}/attempts")  # runs/, the run's folder, attempts/
             self.committed_steps()
 
     # -- saves in flight: the member `asyncs` (async_save.py) --
@@ -279,7 +280,9 @@ class Store:
                             f"{self.run_id} has started since (another process now owns this run)")
 
     def _write(self, path: str, text: str) -> None:
-        with self.fs.open(path, "w") as f:
+        """A small file of the run (an attempt's claim, manifest.json, _COMMIT): never through a link."""
+        check_below(self.fs, self.root, path)
+        with open_write(self.fs, path, "w") as f:
             f.write(text)
 
     def _write_commit(self, p: PendingSave, commit: str) -> None:
@@ -330,8 +333,7 @@ class Store:
                 self._fence(attempt, step)
                 self._manifests.pop(step, None)
                 with self._io("clearing a leftover folder at", path):
-                    if self.fs.exists(path):
-                        self._delete(path)  # uncommitted leftover, or a refused one being replaced
+                    self._delete(path)  # uncommitted leftover, or a refused one being replaced
             except Exception as e:
                 error = _agreed(e)
         _raise_agreed(collectives.broadcast(error))
@@ -516,13 +518,13 @@ class Store:
         self._delete(self.step_path(step))
 
     def _delete(self, path: str) -> None:
-        # _COMMIT goes first: a half-deleted checkpoint must read as incomplete, never as complete.
-        def rm(target: str, recursive: bool) -> None:
-            with contextlib.suppress(FileNotFoundError):
-                self.fs.rm(target, recursive=recursive)
-
-        retrying(lambda: rm(f"{path}/{COMMIT}", False), self.url(path), "deleting the commit marker of")
-        retrying(lambda: rm(path, True), self.url(path), "deleting")
+        """Remove a step's folder, _COMMIT first (a half-deleted checkpoint must read as incomplete, never as
+        complete), and never through a link: one in its place is foreign, and only the link goes."""
+        check_below(self.fs, self.root, self.run_path)
+        was = retrying(lambda: remove(self.fs, path, first=COMMIT), self.url(path), "deleting")
+        if was in ("link", "file"):
+            log(f"{name_of(path)} was a {'symbolic link' if was == 'link' else 'file'}, not a checkpoint of this "
+                f"run: removed it{' (the link itself, nothing it points to)' if was == 'link' else ''}")
 
     def metric(self, step: int, name: str) -> float | None:
         """The value of metric `name` that the manifest of committed `step` records (None if absent)."""

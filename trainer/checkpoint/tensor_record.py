@@ -19,6 +19,7 @@ loads the item through `torch.load` as before, which is never wrong, only slower
 from __future__ import annotations
 
 import io
+import os
 import struct
 import sys
 from collections.abc import Callable
@@ -36,6 +37,11 @@ MAX_PICKLE = 64 << 10    # its data.pkl: about 150 bytes
 MAX_HEAD = 1 << 20       # the bytes before its storage record: about 600
 MAX_TRAILER = 4 << 10    # the bytes from its central directory to its end: the directory, then 98
 _ZIP64 = 0xFFFFFFFF      # a 32-bit field that defers to a zip64 extra field: not handled here
+ZIP64_LOCATOR = struct.Struct("<IIQI")           # zip64 end of central directory locator: 20 bytes
+ZIP64_END = struct.Struct("<IQHHIIQQQQ")         # zip64 end of central directory record: 56 bytes
+ZIP64_LOCATOR_SIG, ZIP64_END_SIG = 0x07064B50, 0x06064B50
+MAX_ARCHIVE_ENTRIES = 1 << 16   # an optimizer.pt of a large model: a record per state tensor
+MAX_ARCHIVE_CENTRAL = 64 << 20
 
 
 @dataclass(frozen=True)
@@ -151,6 +157,101 @@ def storage_start(head: bytes | memoryview, central: tuple[int, dict[bytes, Entr
     """Where the storage record begins, from `head` (at least `header_end` bytes)."""
     found = _names(central[1])
     return None if found is None else data_start(head, central[1][found[2]], found[2])
+
+
+def archive_problem(read_at: Callable[[int, int], bytes | memoryview], size: int) -> str | None:
+    """Why torch.load must not open this archive of `size` bytes (`read_at(offset, n)` reads it), or None.
+
+    torch's zip reader (miniz) allocates each record's declared uncompressed size and inflates into it,
+    before anything checks that size: a deflated record of zeros declares about 1,000 times its bytes. So
+    the central directory is read here as miniz reads it (the end record at the archive's end, the zip64
+    end record where its locator points, then every entry in turn: miniz_zip.c,
+    mz_zip_reader_read_central_dir, miniz 3.0.2 as torch 2.13 builds it), and the archive is refused
+    unless every record is stored as torch.save writes it: not compressed, not encrypted, its two sizes
+    equal, all together no larger than the archive. A file that is no zip at all (torch.load's legacy
+    format) is refused too: DCP and the Trainer write zip archives only."""
+    if size < EOCD.size or bytes(read_at(0, 4)) != struct.pack("<I", LOCAL_SIG):
+        return "not a zip archive (torch.save's format)"
+    eocd_at = size - EOCD.size
+    sig, disk, cd_disk, n_disk, n, cd_size, cd_offset, comment = EOCD.unpack(bytes(read_at(eocd_at, EOCD.size)))
+    if sig != EOCD_SIG or comment:
+        return "no end record at the archive's end"
+    if eocd_at >= ZIP64_LOCATOR.size + ZIP64_END.size:
+        lsig, _ldisk, z64_at, _disks = ZIP64_LOCATOR.unpack(bytes(read_at(eocd_at - ZIP64_LOCATOR.size,
+                                                                           ZIP64_LOCATOR.size)))
+        if lsig == ZIP64_LOCATOR_SIG:
+            if z64_at > size - ZIP64_END.size:
+                return "a zip64 end record outside the archive"
+            z64 = ZIP64_END.unpack(bytes(read_at(z64_at, ZIP64_END.size)))
+            if z64[0] == ZIP64_END_SIG:  # else miniz keeps the end record's 32-bit fields
+                disk, cd_disk, n_disk, n, cd_size, cd_offset = z64[4:]
+    if n != n_disk or disk or cd_disk or not 0 < n <= MAX_ARCHIVE_ENTRIES or cd_size > MAX_ARCHIVE_CENTRAL \
+            or cd_size < n * CENTRAL.size or cd_offset + cd_size > size:
+        return f"a central directory of {n} records and {cd_size} bytes at {cd_offset} does not fit"
+    central = bytes(read_at(cd_offset, cd_size))
+    pos, declared = 0, 0
+    for _ in range(n):
+        if pos + CENTRAL.size > len(central):
+            return "the central directory ends inside a record"
+        (sig, _made, _need, flags, method, _t, _d, _crc, csize, usize, name_len, extra_len, comment_len,
+         _disk, _iattr, _eattr, _header) = CENTRAL.unpack_from(central, pos)
+        name = central[pos + CENTRAL.size:pos + CENTRAL.size + name_len].decode("utf-8", "replace")[:80]
+        if sig != CENTRAL_SIG:
+            return "a central directory record without its signature"
+        if method != 0:
+            return f"record {name!r} is compressed (method {method}); torch.save stores every record as is"
+        if flags & 1:
+            return f"record {name!r} is encrypted"
+        extra = central[pos + CENTRAL.size + name_len:pos + CENTRAL.size + name_len + extra_len]
+        sizes = _zip64_sizes(extra, usize, csize)
+        if sizes is None:
+            return f"record {name!r} has a malformed zip64 field"
+        usize, csize = sizes
+        if usize != csize:
+            return f"record {name!r} declares {usize} bytes but holds {csize}"
+        declared += usize
+        pos += CENTRAL.size + name_len + extra_len + comment_len
+    if declared > size:
+        return f"its records declare {declared} bytes, more than the archive's {size}"
+    return None
+
+
+def bytes_problem(data: bytes | memoryview) -> str | None:
+    """`archive_problem` of an archive in memory."""
+    return archive_problem(lambda offset, n: data[offset:offset + n], len(data))
+
+
+def file_problem(path: str) -> str | None:
+    """`archive_problem` of a local file, read with pread (only its ends and its central directory)."""
+    with open(path, "rb") as f:
+        fd = f.fileno()
+        return archive_problem(lambda offset, n: os.pread(fd, n, offset), os.fstat(fd).st_size)
+
+
+def _zip64_sizes(extra: bytes, usize: int, csize: int) -> tuple[int, int] | None:
+    """(uncompressed, compressed) sizes of a central record, from its zip64 extra field (0x0001) where a
+    32-bit size is 0xFFFFFFFF, in miniz's order; None when that field is missing or short."""
+    if _ZIP64 not in (usize, csize):
+        return usize, csize
+    at = 0
+    while at + 4 <= len(extra):
+        field, length = struct.unpack_from("<HH", extra, at)
+        body = extra[at + 4:at + 4 + length]
+        if len(body) != length:
+            return None
+        if field == 1:
+            values = [int.from_bytes(body[i:i + 8], "little") for i in range(0, len(body) - 7, 8)]
+            if usize == _ZIP64:
+                if not values:
+                    return None
+                usize = values.pop(0)
+            if csize == _ZIP64:
+                if not values:
+                    return None
+                csize = values.pop(0)
+            return usize, csize
+        at += 4 + length
+    return None
 
 
 class _MetaUnpickler(torch._weights_only_unpickler.Unpickler):  # type: ignore[name-defined]

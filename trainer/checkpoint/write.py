@@ -13,7 +13,7 @@ import os
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,8 +21,10 @@ import torch
 from torch.distributed.checkpoint._fsspec_filesystem import FileSystem as DcpFileSystem
 
 import trainer.checkpoint.digest as digest
+from trainer import nofollow
 from trainer.checkpoint.layout import name_of
 from trainer.records import log
+from trainer.storage import is_local
 
 
 def skip_archive_crc32() -> None:
@@ -100,7 +102,8 @@ class HashingStream:
 
 class ArchiveFileSystem(DcpFileSystem):
     """DCP's fsspec filesystem over the store's fs, whose writer threads skip torch.save's zip CRC-32
-    (skip_archive_crc32): what every save writes through."""
+    (skip_archive_crc32): what every save writes through. On a local store its files are created and
+    renamed through their folder's descriptor, never through a link (trainer/nofollow.py)."""
 
     def __init__(self, fs: Any) -> None:
         super().__init__()
@@ -108,10 +111,23 @@ class ArchiveFileSystem(DcpFileSystem):
 
     @contextmanager
     def create_stream(self, path: Any, mode: str):
-        if "w" in mode:
-            skip_archive_crc32()  # this thread's torch.save archives go into this stream
-        with super().create_stream(path, mode) as stream:
-            yield stream
+        if "w" not in mode or not is_local(self.fs):
+            if "w" in mode:
+                skip_archive_crc32()  # this thread's torch.save archives go into this stream
+            with super().create_stream(path, mode) as stream:
+                yield stream
+            return
+        skip_archive_crc32()
+        with nofollow.open_write(self.fs, os.fspath(path), mode) as stream:
+            try:
+                yield stream
+            except BaseException:  # as DCP's own create_stream: no torn file left behind
+                with suppress(Exception):
+                    nofollow.remove(self.fs, os.fspath(path))
+                raise
+
+    def rename(self, path: Any, new_path: Any) -> None:
+        nofollow.rename(self.fs, os.fspath(path), os.fspath(new_path))
 
 
 class HashingFileSystem(ArchiveFileSystem):
