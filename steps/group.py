@@ -8,9 +8,12 @@ torch/distributed/rendezvous.py, _create_c10d_store), so a pod that reached the 
 would join a group that is over. Here:
 
 - node 0, at each start, picks a port (never the previous round's) and publishes
-  `<folder>/node-0.json` = {round, addr, port, pod}; `round` is new at every start;
-- node I > 0 remembers in `<folder>/node-I.json` the round it joined last, and joins only a round
-  newer than that one: an attempt of node 0 that started after node I's previous group ended.
+  `<folder>/node-0.json` = {round, addr, port, pod, acks}; `round` is new at every start;
+- node I > 0, at each start, writes a fresh nonce into `<folder>/node-I.json` (`waiting`), beside the round
+  it joined last; node 0 acknowledges each waiting nonce in its round file (`acks`: node -> nonce) when it
+  publishes the round and while the round forms (steps.train's RoundWatch);
+- node I joins only a round that acknowledges this attempt's nonce and is newer than the one it joined last:
+  an attempt of node 0 that started after node I's previous group ended, and that knew of this attempt.
 
 Argo never runs two attempts of one pod at once, so a newer round of node 0 means the node 0 that
 hosted the previous round has ended. A node 0 that finished the run (`done` in node-0.json) ends the
@@ -39,10 +42,10 @@ other field, keyed by a per-drill secret that is not in the bucket (BATON_ROUND_
 its Workflow's uid, which only the Workflow holds). Anyone who can write to the bucket could otherwise
 plant a node-0.json that sends node 1 to a store of their own, and the ranks of a group exchange
 pickles inside DCP and accelerate: code would run. A file that fails the check, is malformed, is not a
-regular file or is larger than its cap (trainer/untrusted.py) counts as absent. What the check does not
-stop: a valid file of this drill copied back over a newer one (a replay), which sends a node to a store
-of its own drill that is gone; its wait ends at --rendezvous-timeout with 75, like any round that does
-not form.
+regular file or is larger than its cap (trainer/untrusted.py) counts as absent. The MAC alone would not stop
+a valid file of an earlier round of this drill copied back over a newer one (a replay): the nonce does,
+since no earlier round can acknowledge a nonce drawn after it; a replayed round is ignored like a foreign
+one, and the node waits for a fresh round.
 """
 
 from __future__ import annotations
@@ -64,9 +67,10 @@ from trainer.storage import url_to_fs
 from trainer.untrusted import Refused, read_json
 
 WAIT_REPORT_EVERY_S = 10.0
-PEER_POLL_S = 2.0  # how often node 0 reads its peers' files while its round forms (failed_peers)
+PEER_POLL_S = 0.5  # how often node 0 reads its peers' files while its round forms (failed_peers, acknowledge)
 KEY_ENV = "BATON_ROUND_KEY"
 MIN_KEY_LEN = 16
+NONCE_LEN = 32  # uuid4().hex: drawn by each attempt of a node > 0
 
 
 @dataclass(frozen=True)
@@ -133,20 +137,42 @@ def free_port(avoid: int | None = None) -> int:
             return port
 
 
-def _publish(folder: str, rnd: Round, pod: str, state: str, key: bytes) -> None:
+def _publish(folder: str, rnd: Round, pod: str, state: str, key: bytes, acks: dict[str, str] | None = None) -> None:
     _write(folder, "node-0.json", {"round": rnd.round_id, "addr": rnd.addr, "port": rnd.port, "pod": pod,
-                                   "state": state, "time": time.time()}, key)
+                                   "state": state, "acks": acks or {}, "time": time.time()}, key)
 
 
-def host(folder: str, addr: str, pod: str, key: bytes, port: int = 0) -> Round:
+def host(folder: str, addr: str, pod: str, key: bytes, port: int = 0, count: int = 1) -> Round:
     """Node 0: publish a new round at `addr` (`port`, or 0: a free one other than the last round's),
-    signed with `key`."""
+    signed with `key`, acknowledging the nodes 1 .. count-1 already waiting."""
     last = _round_of(_read(folder, "node-0.json", key))
     if not port:
         port = free_port(last.port if last else None)
     rnd = Round(uuid.uuid4().hex[:12], addr, port)
-    _publish(folder, rnd, pod, "running", key)
+    _publish(folder, rnd, pod, "running", key, waiting(folder, count, key))
     return rnd
+
+
+def waiting(folder: str, count: int, key: bytes) -> dict[str, str]:
+    """The nonces of the nodes 1 .. count-1 waiting for a round, by node (as a string), from their signed files."""
+    found = {}
+    for i in range(1, count):
+        nonce = (_read(folder, f"node-{i}.json", key) or {}).get("waiting")
+        if isinstance(nonce, str) and len(nonce) == NONCE_LEN and all(c in "0123456789abcdef" for c in nonce):
+            found[str(i)] = nonce
+    return found
+
+
+def acknowledge(folder: str, rnd: Round, pod: str, count: int, key: bytes) -> None:
+    """Node 0, while round `rnd` forms: publish it again, with the nonce of each node now waiting, where the
+    round file (still `rnd`, still running) lacks one."""
+    doc = _read(folder, "node-0.json", key) or {}
+    acks = doc.get("acks")
+    if doc.get("round") != rnd.round_id or doc.get("state") != "running" or not isinstance(acks, dict):
+        return
+    now = {**acks, **waiting(folder, count, key)}
+    if now != acks:
+        _publish(folder, rnd, pod, "running", key, now)
 
 
 def end(folder: str, rnd: Round, pod: str, state: str, key: bytes) -> None:
@@ -159,18 +185,22 @@ def end(folder: str, rnd: Round, pod: str, state: str, key: bytes) -> None:
 
 def join(folder: str, node: int, pod: str, key: bytes, timeout_s: float, stop: Callable[[], bool],
          poll_s: float = 0.2) -> Round | str:
-    """Node `node` > 0: wait for a round of node 0 (signed with `key`) newer than the one this node
-    joined last, record it as joined and return it; or "done" (node 0 finished the run), "failed" (node
-    0 ended for good), "stopped" (`stop()` became true) or "timeout"."""
+    """Node `node` > 0: announce a fresh nonce, then wait for a round of node 0 (signed with `key`) that
+    acknowledges it and is newer than the one this node joined last; record it as joined and return it. Or
+    "done" (node 0 finished the run), "failed" (node 0 ended for good), "stopped" (`stop()` became true) or
+    "timeout"."""
     mine = _read(folder, f"node-{node}.json", key) or {}
     last = mine.get("joined") if isinstance(mine.get("joined"), str) else None
+    nonce = uuid.uuid4().hex
+    _write(folder, f"node-{node}.json", {"joined": last, "waiting": nonce, "pod": pod, "time": time.time()}, key)
     start = reported = time.monotonic()
     while True:
         doc = _read(folder, "node-0.json", key)
         rnd = _round_of(doc)
         if rnd is not None and doc.get("state") in ("done", "failed"):
             return doc["state"]
-        if rnd is not None and rnd.round_id != last:
+        acks = doc.get("acks") if rnd is not None else None
+        if rnd is not None and rnd.round_id != last and isinstance(acks, dict) and acks.get(str(node)) == nonce:
             _write(folder, f"node-{node}.json", {"joined": rnd.round_id, "pod": pod, "time": time.time()}, key)
             return rnd
         if stop():

@@ -261,7 +261,7 @@ def form_round(args: argparse.Namespace, nodes: Nodes, stop) -> Nodes | int:
     from steps import group
 
     if nodes.rank == 0:
-        rnd = group.host(args.rendezvous, advertised_addr(), args.name, args.round_key, nodes.port)
+        rnd = group.host(args.rendezvous, advertised_addr(), args.name, args.round_key, nodes.port, nodes.count)
         print(f"[steps.train] node 0 hosts round {rnd.round_id} at {rnd.addr}:{rnd.port}", file=sys.stderr)
     else:
         rnd = group.join(args.rendezvous, nodes.rank, args.name, args.round_key, args.rendezvous_timeout, stop)
@@ -347,16 +347,18 @@ class ErrorLine:
 class RoundWatch:
     """With --rendezvous: while torchrun forms this round, and until the trainer's first record, read the
     round files (steps/group.py). torchrun is stopped when the round cannot form or was abandoned:
-    - node 0 reads the other nodes' files (failed_peers): a node that ended with 1 for good can never join,
-      and torchrun's static rendezvous would wait for it until its timeout; this node then ends with 1
-      (`peer`: the node that failed);
+    - node 0 reads the other nodes' files: it acknowledges each node waiting with a fresh nonce (a node joins
+      only a round that acknowledges its own: group.acknowledge), and a node that ended with 1 for good
+      (failed_peers) can never join, and torchrun's static rendezvous would wait for it until its timeout;
+      this node then ends with 1 (`peer`: the node that failed);
     - a node other than 0 reads node 0's file: a newer round (node 0 came back after this one was given up)
       or an ended one means nobody will complete this round; this node then ends with 75, and its retry
       joins the newer round (`superseded`: the round or state that took its place)."""
 
     def __init__(self, folder: str, nodes: Nodes, key: bytes, child: subprocess.Popen, grace_s: float,
-                 poll_s: float) -> None:
+                 poll_s: float, pod: str) -> None:
         self.folder, self.nodes, self.key, self.child, self.grace_s, self.poll_s = folder, nodes, key, child, grace_s, poll_s
+        self.pod = pod
         self.peer: int | None = None
         self.superseded: str | None = None
         self._lock = threading.Lock()
@@ -372,13 +374,18 @@ class RoundWatch:
         self._over.set()
 
     def stop(self) -> None:
+        """The watch ends; once this returns it reads and writes no round file (node 0's end() may follow)."""
         self._over.set()
+        with self._lock:
+            pass
 
     def _check(self) -> str | None:
         """Why this round is over (a sentence), or None; sets `peer` or `superseded`."""
         from steps import group
 
         if self.nodes.rank == 0:
+            rnd = group.Round(self.nodes.round_id, self.nodes.addr, self.nodes.port)
+            group.acknowledge(self.folder, rnd, self.pod, self.nodes.count, self.key)
             peers = group.failed_peers(self.folder, self.nodes.count, self.key)
             if peers:
                 self.peer = peers[0]
@@ -397,7 +404,7 @@ class RoundWatch:
         while not self._over.wait(wait):
             wait = self.poll_s
             with self._lock:
-                if self._recorded:
+                if self._recorded or self._over.is_set():
                     return
                 try:
                     why = self._check()
@@ -520,7 +527,7 @@ def main(argv: list[str] | None = None) -> int:
     if nodes is not None and args.rendezvous:
         from steps.group import PEER_POLL_S
 
-        watch = RoundWatch(args.rendezvous, nodes, args.round_key, child, g, PEER_POLL_S)
+        watch = RoundWatch(args.rendezvous, nodes, args.round_key, child, g, PEER_POLL_S, args.name)
     preempted = done = stepped = recorded = False
     linger = args.done_linger if args.done_linger is not None else (
         DONE_LINGER_S if args.trainer == "baton" and nodes is not None else None)

@@ -6,6 +6,7 @@ forms again and the run ends bit-identical to the same two ranks in one pod."""
 from __future__ import annotations
 
 import json
+import threading
 
 import pytest
 
@@ -61,8 +62,8 @@ def test_a_lost_nodes_retry_waits_for_node_0s_next_round_and_the_run_is_exact(ti
     first[1].wait()
     # All that time node 1's retry waited: it joined no round and trained nothing.
     assert retry1.p.poll() is None and not retry1.records, retry1.err[-2000:]
-    assert json.loads((rdzv / "node-1.json").read_text()) | {"time": 0, "mac": ""} == {
-        "joined": old_round, "pod": "node-1-0", "time": 0, "mac": ""}
+    waiting = json.loads((rdzv / "node-1.json").read_text())
+    assert (waiting["joined"], waiting["pod"], len(waiting["waiting"])) == (old_round, "node-1-1", group.NONCE_LEN)
     assert committed(root) == [4]
     retry0 = start(0, 1, base_env(BATON_GRACE="20"))
     rcs = finish([retry0, retry1])
@@ -74,28 +75,59 @@ def test_a_lost_nodes_retry_waits_for_node_0s_next_round_and_the_run_is_exact(ti
     assert equal_to(reference, root)
 
 
+def joined(folder: str, rnd: group.Round, pod: str, timeout_s: float = 5, stop=lambda: False):
+    """group.join of node 1, with node 0 (round `rnd`, as steps.train's RoundWatch does) acknowledging the
+    nonce it waits with."""
+    result: list = []
+    thread = threading.Thread(target=lambda: result.append(
+        group.join(folder, 1, pod, BKEY, timeout_s, stop, poll_s=0.05)), daemon=True)
+    thread.start()
+    while thread.is_alive():
+        group.acknowledge(folder, rnd, "node-0", 2, BKEY)
+        thread.join(0.05)
+    return result[0]
+
+
 def test_join_takes_only_a_round_newer_than_the_last_one_joined(tmp_path):
     folder = str(tmp_path)
-    old = group.host(folder, "127.0.0.1", "pod-a", BKEY)
-    assert group.join(folder, 1, "pod-b", BKEY, 5, lambda: False) == old  # the first round: joined
-    # node 1's next attempt, node 0 still the same: it waits (here until its timeout).
-    assert group.join(folder, 1, "pod-c", BKEY, 0.3, lambda: False, poll_s=0.05) == "timeout"
-    assert group.join(folder, 1, "pod-c", BKEY, 5, lambda: True, poll_s=0.05) == "stopped"
-    new = group.host(folder, "127.0.0.1", "pod-d", BKEY)
+    old = group.host(folder, "127.0.0.1", "pod-a", BKEY, count=2)
+    assert joined(folder, old, "pod-b") == old  # the first round: joined
+    # node 1's next attempt, node 0 still the same: it waits (here until its timeout), acknowledged or not.
+    assert joined(folder, old, "pod-c", 0.3) == "timeout"
+    assert joined(folder, old, "pod-c", stop=lambda: True) == "stopped"
+    new = group.host(folder, "127.0.0.1", "pod-d", BKEY, count=2)
     assert new.round_id != old.round_id and new.port != old.port
-    assert group.join(folder, 1, "pod-c", BKEY, 5, lambda: False) == new
+    assert joined(folder, new, "pod-c") == new
     group.end(folder, new, "pod-d", "done", BKEY)
-    assert group.join(folder, 1, "pod-e", BKEY, 5, lambda: False) == "done"
+    assert joined(folder, new, "pod-e") == "done"
     group.end(folder, new, "pod-d", "failed", BKEY)  # node 0 ended with 1: nothing to wait for, and the retry says so
-    assert group.join(folder, 1, "pod-e", BKEY, 5, lambda: False) == "failed"
+    assert joined(folder, new, "pod-e") == "failed"
     # The control: a node that forgot which round it joined (no node-1.json) takes the old one back.
     (tmp_path / "node-1.json").unlink()
-    group.host(folder, "127.0.0.1", "pod-f", BKEY)
-    stale = json.loads((tmp_path / "node-0.json").read_text())
-    group._write(folder, "node-1.json", {"joined": stale["round"]}, BKEY)
-    assert group.join(folder, 1, "pod-g", BKEY, 0.3, lambda: False, poll_s=0.05) == "timeout"
+    again = group.host(folder, "127.0.0.1", "pod-f", BKEY, count=2)
+    group._write(folder, "node-1.json", {"joined": again.round_id}, BKEY)
+    assert joined(folder, again, "pod-g", 0.3) == "timeout"
     (tmp_path / "node-1.json").unlink()
-    assert group.join(folder, 1, "pod-g", BKEY, 5, lambda: False).round_id == stale["round"]
+    assert joined(folder, again, "pod-g").round_id == again.round_id
+
+
+def test_a_round_that_does_not_acknowledge_this_attempts_nonce_is_not_joined(tmp_path):
+    """A round node 1 never joined, valid under the key, but published before this attempt drew its nonce
+    (a replay, or a round that never heard of it): node 1 waits. Control: acknowledged, it is joined; and
+    a round published while node 1 waits acknowledges it at once (node 0's start)."""
+    folder = str(tmp_path)
+    rnd = group.host(folder, "127.0.0.1", "pod-a", BKEY, count=2)
+    assert group.join(folder, 1, "pod-b", BKEY, 0.3, lambda: False, poll_s=0.05) == "timeout"
+    assert joined(folder, rnd, "pod-b") == rnd
+    result: list = []
+    thread = threading.Thread(target=lambda: result.append(group.join(folder, 1, "pod-c", BKEY, 5, lambda: False,
+                                                                      poll_s=0.05)), daemon=True)
+    thread.start()
+    while "waiting" not in json.loads((tmp_path / "node-1.json").read_text()):
+        thread.join(0.02)
+    fresh = group.host(folder, "127.0.0.1", "pod-d", BKEY, count=2)  # sees the waiting nonce: acknowledges it
+    thread.join(10)
+    assert result == [fresh]
 
 
 @pytest.mark.parametrize("doc", ['{"round": 1, "addr": "h", "port": 5}', '{"round": "r", "addr": "", "port": 5}',

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+from contextlib import contextmanager
 
 import pytest
 
@@ -80,6 +81,26 @@ def plant(rounds, port: int, key: str | None, state: str = "running") -> None:
         group._write(str(rounds), "node-0.json", doc, key.encode())
 
 
+@contextmanager
+def acked(rounds, port: int):
+    """What a node 0 holding the drill's key does while its round forms: acknowledge the nonce node 1 waits
+    with (steps/group.py), so that node 1 may join the planted round."""
+    stop = threading.Event()
+    rnd = group.Round("attacker-1", "127.0.0.1", port)
+
+    def loop() -> None:
+        while not stop.wait(0.05):
+            group.acknowledge(str(rounds), rnd, "evil", 2, KEY.encode())
+
+    thread = threading.Thread(target=loop, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(5)
+
+
 @pytest.mark.parametrize("forgery", ["unsigned", "signed with another key", "signed for another folder"])
 def test_a_forged_round_file_sends_node_1_nowhere(tmp_path, listener, forgery):
     rounds = tmp_path / "trial" / "rounds"
@@ -103,12 +124,39 @@ def test_control_the_signed_file_does_reach_the_store_and_the_wait_is_bounded(tm
     record itself and exits 75."""
     rounds = tmp_path / "trial" / "rounds"
     plant(rounds, listener.port, KEY)
-    p = node1(rounds, timeout_s=3)
+    with acked(rounds, listener.port):
+        p = node1(rounds, timeout_s=3)
     assert listener.connections >= 1, p.stderr[-2000:]
     assert p.returncode == 75 and "the group did not form" in p.stderr, p.stderr[-3000:]
     rec = next(json.loads(line) for line in p.stdout.splitlines() if '"retry_later"' in line)
     assert rec["reason"] == "round_not_formed" and rec["round"] == "attacker-1" and rec["attempt"] is None
     assert json.loads((tmp_path / "trial" / "evidence" / "node-1-0.jsonl").read_text().splitlines()[-1]) == rec
+
+
+def test_a_replayed_round_of_this_drill_is_ignored_and_the_node_waits_for_a_fresh_one(tmp_path, listener):
+    """A valid round file of an earlier attempt of this drill (signed with its key, for this folder, node 1's
+    nonce of that attempt acknowledged), copied back over node 0's file: node 1's next attempt ignores it,
+    as a foreign one, and never reaches that round's store. Controls: the replayed file passes the MAC check
+    and names a round node 1 never joined, which is all the join rule used to ask; and the same round,
+    acknowledging the new attempt's nonce, is joined."""
+    rounds = tmp_path / "trial" / "rounds"
+    plant(rounds, listener.port, KEY)
+    with acked(rounds, listener.port):
+        first = node1(rounds, timeout_s=2)  # the earlier attempt: joined, reached the store, ended 75
+    assert listener.connections >= 1 and first.returncode == 75, first.stderr[-2000:]
+    earlier = (rounds / "node-0.json").read_text()
+    assert len(json.loads(earlier)["acks"]["1"]) == group.NONCE_LEN  # it acknowledged that attempt's nonce
+    (rounds / "node-1.json").unlink()  # node 1 as if it had never joined: only the nonce can refuse the replay
+    reached = listener.connections
+    (rounds / "node-0.json").write_text(earlier)  # the replay
+    assert group._read(str(rounds), "node-0.json", KEY.encode()) is not None  # control: its MAC is valid
+    p = node1(rounds, timeout_s=2)
+    assert p.returncode == 75 and "no round of node 0 to join (timeout)" in p.stderr, p.stderr[-2000:]
+    assert listener.connections == reached, "node 1 joined the replayed round"
+    (rounds / "node-0.json").write_text(earlier)
+    with acked(rounds, listener.port):  # control: acknowledged afresh, the same round is joined
+        p = node1(rounds, timeout_s=2)
+    assert listener.connections > reached, p.stderr[-2000:]
 
 
 def test_a_round_at_an_address_where_nothing_listens_ends_with_75_after_the_rendezvous_timeout(tmp_path):
@@ -119,7 +167,8 @@ def test_a_round_at_an_address_where_nothing_listens_ends_with_75_after_the_rend
         port = s.getsockname()[1]
     rounds = tmp_path / "trial" / "rounds"
     plant(rounds, port, KEY)
-    p = node1(rounds, timeout_s=3)
+    with acked(rounds, port):
+        p = node1(rounds, timeout_s=3)
     assert p.returncode == 75 and "round_not_formed" in p.stdout, p.stderr[-3000:]
     assert f"joins round attacker-1 at 127.0.0.1:{port}" in p.stderr  # control: it did try that address
     assert "timed out after 3000ms" in p.stderr, p.stderr[-2000:]
@@ -186,6 +235,7 @@ def test_under_run_a_forged_round_file_is_refused_and_the_signed_one_is_joined(t
     assert res.phase == "Failed" and listener.connections == 0
     log = next((tmp_path / "out").rglob("*.log")).read_text()
     assert "no round of node 0 to join (timeout)" in log, log[-2000:]
-    res = run_workflow(_node1_workflow(rounds, KEY), tmp_path / "out2", progress=io.StringIO(), cwd=REPO,
-                       env={"PYTHONPATH": str(REPO)})
+    with acked(rounds, listener.port):
+        res = run_workflow(_node1_workflow(rounds, KEY), tmp_path / "out2", progress=io.StringIO(), cwd=REPO,
+                           env={"PYTHONPATH": str(REPO)})
     assert listener.connections >= 1, "control: with the planter's key the pod joins the planted round"

@@ -114,3 +114,20 @@ def test_the_workflow_cli_renders_good_numbers_as_the_pods_read_them():
     p = _run([PY, "workflows/equivalence.py", "render", "-p", "total_steps=+0040", "-p", "dropout=0.25"])
     assert p.returncode == 0, p.stderr
     assert "value: '40'" in p.stdout and "value: '0.25'" in p.stdout, p.stdout[:2000]
+
+
+def _documented(text: str, name: str, default: float, bound: Bound) -> bool:
+    row = next((line for line in text.splitlines() if line.startswith(f"| `{name}` |")), "")
+    return f"| {default:g} |" in row and f"{bound.low:g} to {bound.high:g} |" in row
+
+
+def test_docs_give_every_variables_default_and_range():
+    """docs/config.md's table says what trainer/env.py reads. Control: a range that moved is seen."""
+    from trainer import env
+
+    text = (REPO / "docs" / "config.md").read_text()
+    for name, (default, bound) in env.NUMBERS.items():
+        assert _documented(text, name, default, bound), name
+    assert all(f"`{name}`" in text for name in env.FLAGS)
+    default, bound = env.NUMBERS["BATON_GRACE"]
+    assert not _documented(text, "BATON_GRACE", default, Bound(bound.low, bound.high + 1))
