@@ -26,7 +26,7 @@ from steps.report import write_report
 from steps.verdict import assemble, verdict_of  # noqa: F401 - verdict_of: compare's API before steps/verdict.py
 from steps.verify import evictions_record
 from trainer import env as baton_env
-from trainer.bounded import ArgParser, flag_type
+from trainer.bounded import ArgParser, Bound, flag_type
 from trainer.checkpoint import CorruptCheckpoint, open_root
 from trainer.checkpoint.read import wrapped_failures
 from trainer.untrusted import Refused
@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--evidence", required=True, help="evidence root (reference/, replay/ and trial/ inside)")
     ap.add_argument("--verify", required=True, help="verify.json written by steps.verify")
     ap.add_argument("--evictions", help="evictions JSON written by steps.evict")
-    ap.add_argument("--total-steps", type=flag_type(BOUNDS["total_steps"]), required=True)
+    ap.add_argument("--total-steps", type=flag_type(Bound(1, BOUNDS["total_steps"].high, integer=True)), required=True)
     ap.add_argument("--tier", default="auto", choices=("auto", "1", "2"),
                     help="1: every tensor equal; 2: within the measured floor (steps/judge.py); "
                          "auto: 1 on a CPU with deterministic kernels, else 2")

@@ -5,8 +5,8 @@ Tier 1 (deterministic kernels, the CPU and gloo): every entry of the trial equal
 `torch.equal` for tensors and `==` for the rest. Nothing else passes.
 
 Tier 2 (nondeterministic kernels: NCCL, fused attention, `deterministic: false`) judges with the floor
-only what kernels can change: the floating-point tensors of the model and the optimizer's moments
-(`floor_judged`). The floor is the L2 norm of (reference - replay) over every such element; the trial
+only what kernels can change: the floating-point tensors computed from training, in any file of the
+checkpoint (the model, the optimizer's moments, a script's own EMA: `floor_judged`). The floor is the L2 norm of (reference - replay) over every such element; the trial
 passes when its L2 distance to the reference is at most `FLOOR_SLACK` times the floor. Every other
 entry (step counters, RNG states, scheduler state, data position, HF's trainer_state) must be exactly
 equal among the reference, its replay and the trial: kernels cannot change an integer, and a resume bug
@@ -64,13 +64,14 @@ def component_of(key: str) -> str:
 
 
 def floor_judged(key: str, value: Any) -> bool:
-    """Whether Tier 2 judges this entry against the floor: a floating tensor of the model, or an optimizer
-    moment. Not the optimizer's step counters or hyper-parameters, which kernels cannot change."""
+    """Whether Tier 2 judges this entry against the floor, decided by what the entry is, in whichever file it
+    is: a floating-point tensor computed from training (the model, the optimizer's moments, a script's own
+    float state such as an EMA's shadow weights). Never an integer or a Python number (a counter, an EMA's
+    update count), a `.step` counter (the optimizer's is a float tensor), nor the scheduler's, the RNG's or
+    the data position's entries: kernels cannot change any of those."""
     if not isinstance(value, torch.Tensor) or not (value.is_floating_point() or value.is_complex()):
         return False
-    if key.startswith("model."):
-        return True
-    return key.startswith(("optim.state.", "optimizer.state.")) and not key.endswith(".step")
+    return component_of(key) not in ("scheduler", "rng", "data") and not key.endswith(".step")
 
 
 def excluded_at_tier_2(key: str) -> str | None:

@@ -20,6 +20,7 @@ from steps.contract import ROLES
 from steps.judge import component_of
 from steps.verify import after_it
 from trainer.exits import EXIT_SIGKILL
+from trainer.records import LOADER_WORKERS_KILLED, UNCOMMITTED_FILE
 
 
 def lost_steps(trial_records: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -70,6 +71,12 @@ def contract_breaks(records: dict[str, list[dict[str, Any]]], result: dict[str, 
                        "of trainer.train()?)")
         if role != "trial" and not any(r.get("event") == "done" for r in recs):  # the trial's is verify's
             out.append(f"the {role} did not finish (no done record)")
+        late = sorted({(r.get("step"), str(r.get("file"))) for r in recs if r.get("event") == UNCOMMITTED_FILE},
+                      key=lambda x: (x[0] if isinstance(x[0], int) else -1, x[1]))
+        if late:
+            shown = ", ".join(f"checkpoint-{step}/{name}" for step, name in late[:3]) + (" ..." if len(late) > 3 else "")
+            out.append(f"the {role} wrote {shown} after the commit: in no manifest, so a resume never sees it (a "
+                       "callback that saves its state outside on_save; docs/own-trainer.md)")
     problem = str(result.get("problem") or "")
     for role in ROLES:
         if problem.startswith(f"{role}:"):
@@ -109,9 +116,11 @@ def verdict_of(report: dict[str, Any], evictions: dict[str, Any], trial_records:
             + (f"and the next attempt resumed from {x['resumed_from']}" if x["resumed_from"] is not None
                else f"and {after_it(trial_records)}") + f" ({x['lost']} step(s) lost)"
             for x in lost_steps(trial_records))
+        workers = next((str(r.get("error")) for r in trial_records if r.get("event") == "failed"
+                        and r.get("reason") == LOADER_WORKERS_KILLED), None)
+        why = workers if workers else "the trial died on SIGTERM without committing the step it had reached"
         return (f"NOT preemption-safe: {lost} of {happened} evictions ended without a preempt record "
-                f"(the trial died on SIGTERM without committing the step it had reached); "
-                f"{report['steps']['replayed']} step(s) replayed" + (f"; {detail}" if detail else ""))
+                f"({why}); {report['steps']['replayed']} step(s) replayed" + (f"; {detail}" if detail else ""))
     if report.get("contract"):
         return "NOT certified: " + "; ".join(report["contract"])
     traj = report.get("trajectory") or {}

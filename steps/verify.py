@@ -19,7 +19,7 @@ from typing import Any
 from steps.contract import BOUNDS
 from steps.evidence import read_evidence, read_json, shown, write_json
 from trainer import env as baton_env
-from trainer.bounded import ArgParser, flag_type
+from trainer.bounded import ArgParser, Bound, flag_type
 from trainer.exits import EXIT_SIGKILL
 from trainer.faults import PEER_LOST
 from trainer.untrusted import Refused
@@ -214,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = ArgParser(prog="python -m steps.verify", description=__doc__,
                    formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--evidence", required=True, help="the trial's evidence folder")
-    ap.add_argument("--total-steps", type=flag_type(BOUNDS["total_steps"]), required=True)
+    ap.add_argument("--total-steps", type=flag_type(Bound(1, BOUNDS["total_steps"].high, integer=True)), required=True)
     ap.add_argument("--out", help="where to write verify.json")
     ap.add_argument("--evictions", help="evictions JSON written by steps.evict: each must show as a preemption")
     ap.add_argument("--no-fail", action="store_true",

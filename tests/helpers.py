@@ -49,12 +49,15 @@ def run(cmd: list[str], env: dict[str, str] | None = None, timeout: float = 300)
 
 
 def run_and_sigterm(cmd: list[str], at_step: int, env: dict[str, str] | None = None,
-                    target=None, timeout: float = 300, delay_s: float = 0.0) -> tuple[int, list[dict], str]:
+                    target=None, timeout: float = 300, delay_s: float = 0.0,
+                    group: bool = False) -> tuple[int, list[dict], str]:
     """Run with BATON_PAUSE_AFTER_STEP=at_step; when the step record for `at_step` shows, send a real
-    SIGTERM (to the process, or to `target(proc)`'s pid), and collect everything."""
+    SIGTERM (to the process, to `target(proc)`'s pid, or with `group` to the process group the process
+    leads, as Argo's emissary and the local runner signal a pod), and collect everything."""
     env = dict(env or base_env())
     env.setdefault("BATON_PAUSE_AFTER_STEP", str(at_step))
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO,
+                         start_new_session=group)
     out_lines = []
     deadline = time.monotonic() + timeout
     sent = False
@@ -65,8 +68,10 @@ def run_and_sigterm(cmd: list[str], at_step: int, env: dict[str, str] | None = N
             rec = json.loads(line)
             if rec["event"] == "step" and rec["step"] == at_step:
                 time.sleep(delay_s)  # lets a pause set after the record (BATON_PAUSE_AFTER_STEP=K:m) begin
-                pid = target(p) if target else p.pid
-                os.kill(pid, signal.SIGTERM)
+                if group:
+                    os.killpg(p.pid, signal.SIGTERM)
+                else:
+                    os.kill(target(p) if target else p.pid, signal.SIGTERM)
                 sent = True
         if time.monotonic() > deadline:
             p.kill()
@@ -129,3 +134,13 @@ def judged(roots: dict[str, Path | str], recs: dict[str, list[dict]], total: int
     urls = {role: str(root) if "://" in str(root) else f"file://{root}" for role, root in roots.items()}
     result = compare(urls["reference"], urls["replay"], urls["trial"], total, str(tier))
     return assemble(result, verify(recs["trial"], total), {}, recs, total)
+
+
+def with_workers(src: Path, dest: Path, workers: int = 2) -> Path:
+    """A copy of config `src` (baton's schema) whose data loader has `workers` worker processes."""
+    import yaml
+
+    cfg = yaml.safe_load(src.read_text())
+    cfg.setdefault("data", {})["num_workers"] = workers
+    dest.write_text(yaml.safe_dump(cfg))
+    return dest

@@ -14,8 +14,9 @@ from __future__ import annotations
 import hashlib
 import json
 import signal
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import fsspec
 import torch
@@ -149,9 +150,41 @@ class EpochSampler(Sampler[int]):
             yield from self.perm[base: base + bs].tolist()
 
 
-def _ignore_sigterm(_worker_id: int) -> None:
-    # A pod deletion signals the whole process group; workers must outlive the parent's final save.
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+class IgnoreSigterm:
+    """A DataLoader `worker_init_fn` that makes the worker ignore SIGTERM, then runs `inner` (the loader's own,
+    if any). An eviction signals the pod's whole process group (Argo's emissary, the local runner), and
+    torch's workers install a SIGTERM handler that ends them (torch/csrc/DataLoader.cpp, handler_SIGTERM):
+    the main process would then fail in the middle of a step, before its preemption save, with "DataLoader
+    worker ... exited unexpectedly". Ignoring it, a worker serves the step and the save, and ends when its
+    parent does (torch's watchdog). A class, not a closure: picklable where workers are spawned."""
+
+    def __init__(self, inner: Callable[[int], Any] | None = None) -> None:
+        self.inner = inner
+
+    def __call__(self, worker_id: int) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        if self.inner is not None:
+            self.inner(worker_id)
+
+
+def set_loader_attribute(loader: Any, name: str, value: Any) -> None:
+    """Set a DataLoader's attribute where its iterators read it: on the loader, and on the DataLoader that an
+    adapter wraps (accelerate's DataLoaderShard iterates its `base_dataloader`, and skip_first_batches builds
+    its loader from the adapter's attributes)."""
+    setattr(loader, name, value)
+    base = vars(loader).get("base_dataloader")
+    if base is not None:
+        setattr(base, name, value)
+
+
+def ignore_sigterm_in_workers(loader: Any) -> bool:
+    """Give a DataLoader with workers an IgnoreSigterm `worker_init_fn` (around its own); whether it has workers.
+    Before the loader's next iterator is made: each iterator reads the attribute when it starts its workers."""
+    if not getattr(loader, "num_workers", 0):
+        return False
+    if not isinstance(loader.worker_init_fn, IgnoreSigterm):
+        set_loader_attribute(loader, "worker_init_fn", IgnoreSigterm(loader.worker_init_fn))
+    return True
 
 
 class EpochData:
@@ -175,7 +208,7 @@ class EpochData:
         return StatefulDataLoader(
             self.dataset, batch_size=self.cfg.batch_size, sampler=sampler, drop_last=False,
             num_workers=self.cfg.num_workers, generator=gen,
-            worker_init_fn=_ignore_sigterm if self.cfg.num_workers else None,
+            worker_init_fn=IgnoreSigterm() if self.cfg.num_workers else None,
         )
 
     def seek(self, epoch: int, start: int, loader_state: dict | None = None, yielded: int = 0) -> None:

@@ -49,12 +49,13 @@ from transformers import TrainerCallback
 from trainer import collectives, trajectory
 from trainer.checkpoint import CorruptCheckpoint, HFCheckpointer, hf_step_name
 from trainer.config import Config
+from trainer.data import ignore_sigterm_in_workers
 from trainer.exits import EXIT_FAIL, EXIT_OK, EXIT_PREEMPTED
 from trainer.faults import FaultsConfig, SavesFailing, StoreUnreachable, is_peer_failure
 from trainer.hf_rng import EpochRng, PrefetchRng, UnsupportedSampler, refuse_private_samplers
 from trainer.hooks import Point, hooks
 from trainer.preemption import Preemption
-from trainer.records import POD_EVENTS, Records, log
+from trainer.records import LOADER_WORKERS_KILLED, POD_EVENTS, UNCOMMITTED_FILE, Records, log
 from trainer.storage import StorageError
 
 
@@ -136,6 +137,8 @@ class BatonCallback(TrainerCallback):
         self.rng_at_step_begin = 0
         self._hooked = False
         self.fresh = False  # a fresh start (no checkpoint to resume): its first on_train_begin writes `start`
+        self.committed_files: dict[int, dict[str, int]] = {}  # rank 0: each commit's local files and sizes
+        self.reported_late: set[tuple[int, str]] = set()
 
     @property
     def last_committed(self) -> int | None:
@@ -222,8 +225,12 @@ class BatonCallback(TrainerCallback):
         """`trainer.train()` from the newest committed checkpoint; the process's exit code: 0 finished
         and committed, 75 preempted and committed or ended by a fault a retry can mend (a `retry_later`
         record), 1 anything else."""
-        if self not in trainer.callback_handler.callbacks:
-            trainer.add_callback(self)
+        # Last among the callbacks, whatever the order they were given in: every other callback's on_save (an
+        # EMA's file, say) has written into checkpoint-N before this one commits it.
+        callbacks = trainer.callback_handler.callbacks
+        if self in callbacks:
+            callbacks.remove(self)
+        callbacks.append(self)
         try:
             checkpoint = self.resume_checkpoint(trainer.args)
             self.epoch_rng = EpochRng(self.rank, checkpoint)  # the sampler runs here, whatever the workers
@@ -240,6 +247,8 @@ class BatonCallback(TrainerCallback):
             self.emit("failed", getattr(trainer.state, "global_step", 0), reason="unsupported_sampler", error=str(e))
             return EXIT_FAIL
         except Exception as e:
+            if _loader_workers_died(e):
+                return self._loader_workers_killed(getattr(trainer.state, "global_step", 0), e)
             if self.world > 1 and is_peer_failure(e):
                 # A dead or hung peer (bounded by ddp_timeout): every commit waits for every rank and is
                 # all-or-nothing, so a retry resumes from the last one. Any rank may be the survivor.
@@ -247,6 +256,8 @@ class BatonCallback(TrainerCallback):
                                          every_rank=True)
             traceback.print_exc()
             return EXIT_FAIL
+        finally:
+            self._late_files()
         if self.retry_reason:
             return EXIT_PREEMPTED  # its retry_later record is written
         if self.failed:
@@ -260,6 +271,38 @@ class BatonCallback(TrainerCallback):
             return EXIT_OK
         log(f"training ended at step {step} of {trainer.state.max_steps} without a committed final checkpoint")
         return EXIT_FAIL
+
+    def _loader_workers_killed(self, step: int, e: BaseException) -> int:
+        """The training loader's workers died (torch raised in the middle of a step): a `failed` record that says
+        so, and 1. Torch's workers end on SIGTERM unless told otherwise; the callback gives every training
+        loader an IgnoreSigterm worker_init_fn (trainer/data.py), so a worker_init_fn that put SIGTERM back, or
+        another signal, did this."""
+        why = (f"the data loader's workers were killed{' by the SIGTERM of the eviction' if self.preempt.local else ''}"
+               f" at step {step}, before any preemption save ({str(e).splitlines()[0][:200]}); a worker_init_fn that "
+               "restores SIGTERM's default action undoes baton's (docs/own-trainer.md)")
+        log(f"error: {why}")
+        self.emit("failed", step, reason=LOADER_WORKERS_KILLED, error=why, checkpoint=self.last_checkpoint)
+        return EXIT_FAIL
+
+    def _late_files(self) -> None:
+        """Rank 0: each file written into a committed checkpoint-N after its commit (in no manifest, so a resume
+        would never see it: a callback that wrote it outside on_save, or after baton's) gets an `uncommitted_file`
+        record, once; the drill's verdict names it. Files HF rotated away are not looked for."""
+        if self.rank != 0 or self.ckpt is None:
+            return
+        for step, files in self.committed_files.items():
+            folder = self.ckpt.folder(step)
+            try:
+                now = {n: os.path.getsize(os.path.join(folder, n)) for n in self.ckpt.local_names(step)}
+            except OSError:  # rotated away (HF's save_total_limit), or being removed
+                continue
+            for name, size in sorted(now.items()):
+                if files.get(name) != size and (step, name) not in self.reported_late:
+                    self.reported_late.add((step, name))
+                    how = "changed" if name in files else "written"
+                    log(f"warning: {hf_step_name(step)}/{name} was {how} after the commit: it is in no manifest, so a "
+                        "resume does not see it (give that callback's writes to on_save)")
+                    self.emit(UNCOMMITTED_FILE, step, file=name, how=how)
 
     def _retry_later(self, reason: str, step: int, error: str, every_rank: bool = False) -> int:
         """End retry-safe (75) for a fault a retry can mend, with the `retry_later` record that tells
@@ -277,8 +320,13 @@ class BatonCallback(TrainerCallback):
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         self._setup(args)
-        if kwargs.get("train_dataloader") is not None:
-            refuse_private_samplers(kwargs["train_dataloader"])
+        loader = kwargs.get("train_dataloader")
+        if loader is not None:  # the loader the Trainer iterates: HF's, or the script's own
+            refuse_private_samplers(loader)
+            ignore_sigterm_in_workers(loader)  # an eviction's SIGTERM reaches the workers too (trainer/data.py)
+            why = self.prefetch.follow(loader) if self.prefetch is not None else None
+            if why is not None and self.rank == 0:
+                log(f"warning: {why}")
         self.preempt.phase = "step"
         if self.fresh and model is not None:  # the exact start (trainer/trajectory.py): before any step
             self.emit(trajectory.START_EVENT, 0, **trajectory.start_digests(model, kwargs.get("optimizer")))
@@ -293,6 +341,13 @@ class BatonCallback(TrainerCallback):
     def on_epoch_begin(self, args, state, control, **kwargs):
         if self.epoch_rng is not None:  # before the epoch's iterator draws the sampler's shuffle
             self.epoch_rng.begin(state.epoch or 0.0)
+        # A dataset with set_epoch (augmentation or an order per epoch) is told its epoch before the epoch's
+        # iterator starts. accelerate 1.16 does it in DataLoaderShard.set_epoch, but only in an `elif` after the
+        # batch sampler's: after a mid-epoch resume the loader is skip_first_batches', whose SkipBatchSampler has
+        # a sampler with set_epoch, and the dataset keeps epoch 0's.
+        dataset = getattr(kwargs.get("train_dataloader"), "dataset", None)
+        if hasattr(dataset, "set_epoch"):
+            dataset.set_epoch(int(math.floor((state.epoch or 0.0) + 1e-9)))
 
     def on_step_begin(self, args, state, control, **kwargs):
         self.micro = 0
@@ -345,7 +400,7 @@ class BatonCallback(TrainerCallback):
                   epoch=state.epoch, batch_sha=trajectory.combine(r[2] for r in rows),
                   rng_sha=trajectory.combine(r[3] for r in rows),
                   # the RNG before the step's batches were collated: only where baton sees the collator
-                  **({"batch_rng_sha": trajectory.combine(r[4] for r in rows)} if self.prefetch is not None else {}))
+                  **({"batch_rng_sha": trajectory.combine(r[4] for r in rows)} if self.prefetch is not None and self.prefetch.measured else {}))
         stop = any(r[0] for r in rows)
         if hooks().at_point(self._point(step)):
             stop = self.preempt.should_stop()  # a signal came during the test's pause
@@ -371,6 +426,7 @@ class BatonCallback(TrainerCallback):
         if self.epoch_rng is not None:  # and at the epoch's start, which the sampler drew from
             self.epoch_rng.save(folder)
         collectives.barrier()  # HF has none before on_save: every rank's rng_state_<i>.pth is on disk after it
+        self._late_files()  # in the checkpoints committed before this one
         other_nodes, node_error = ({}, None) if self.shared_disk else self._upload_other_nodes(step)
         outcome: list[Any] = [None, node_error]  # rank 0's: the committed url, or why the commit failed
         if self.rank == 0 and node_error is None:
@@ -380,6 +436,8 @@ class BatonCallback(TrainerCallback):
                 outcome = [None, str(e)[:500]]
             else:
                 outcome = [url, None]
+                self.committed_files[step] = {n: os.path.getsize(os.path.join(folder, n))
+                                              for n in self.ckpt.local_names(step)}
                 save_ms = (time.perf_counter() - started) * 1000
                 self.emit("checkpoint", step, reason=reason, save_ms=round(save_ms, 1),
                           blocking_ms=round(save_ms, 1), asynchronous=False, bytes=size, path=url)
@@ -447,6 +505,13 @@ class BatonCallback(TrainerCallback):
         if self.stopping is not None:
             control.should_evaluate = False
         return control
+
+
+def _loader_workers_died(e: BaseException) -> bool:
+    """Whether `e` is torch's error for a DataLoader whose worker processes died (torch/utils/data)."""
+    text = str(e)
+    return isinstance(e, RuntimeError) and text.startswith("DataLoader worker") and (
+        "exited unexpectedly" in text or "killed by signal" in text)
 
 
 def _one_disk(output_dir: str, rank: int) -> bool:

@@ -102,6 +102,9 @@ class PrefetchRng:
         self.snapshot: dict[str, Any] | None = None
         self.checkpoint: str | None = None
         self._load_rng_state: Callable[[str | None], None] | None = None
+        self.measured = True  # batch_rng_sha is recorded: every collator call of the training loop is seen
+        self.inner: Callable[[Any], Any] | None = None
+        self.wrapped: Callable[[Any], Any] | None = None
 
     def install(self, trainer: Any, checkpoint: str | None) -> None:
         inner = trainer.data_collator
@@ -109,7 +112,8 @@ class PrefetchRng:
             from transformers.data.data_collator import default_data_collator
 
             inner = default_data_collator
-        trainer.data_collator = self._collate(inner)
+        self.inner = inner
+        trainer.data_collator = self.wrapped = self._collate(inner)
         fetch = trainer.get_batch_samples
 
         def get_batch_samples(epoch_iterator: Any, num_batches: int, device: Any) -> Any:
@@ -152,6 +156,30 @@ class PrefetchRng:
             self.collated.append(digest())
             return inner(items)
         return collate
+
+    def follow(self, loader: Any) -> str | None:
+        """The DataLoader the Trainer iterates, seen at on_train_begin (before its first iterator). A script's own
+        loader (its own collate_fn, not the Trainer's data_collator) gets its collate_fn wrapped the same way. A
+        loader with workers collates in them, out of this process's reach: the collator is unwrapped there and
+        batch_rng_sha is not measured (None would be a constant, from which a wrong cause would be read). Returns
+        a warning for the log, or None."""
+        from trainer.data import set_loader_attribute
+
+        fn = loader.collate_fn
+        holder = loader if fn is self.wrapped else fn if getattr(fn, "data_collator", None) is self.wrapped else None
+        workers = getattr(loader, "num_workers", 0)
+        if workers:
+            self.measured = False
+            if holder is loader:
+                set_loader_attribute(loader, "collate_fn", self.inner)
+            elif holder is not None:
+                holder.data_collator = self.inner
+            return (f"the training DataLoader has {workers} worker processes: its collate_fn runs there, where baton "
+                    "cannot keep the RNG of the batch collated ahead; batch_rng_sha is not recorded, and a random "
+                    "collate_fn or dataset must draw from a generator seeded by the sample (docs/own-trainer.md)")
+        if holder is None:  # a collate_fn of the script's own loader
+            set_loader_attribute(loader, "collate_fn", self._collate(fn))
+        return None
 
     def take_batch_rng(self) -> int:
         """One digest of the RNG before each of the step's batches was collated (0: none was)."""

@@ -18,6 +18,10 @@ from trainer.redaction import redact
 # job of several nodes the first rank of each other node writes these too, with its own `rank`, so that
 # every pod sees them. A reader of several pods' records counts each once: `once` below.
 POD_EVENTS = frozenset({"step", "preempt", "retry_later", "done"})
+UNCOMMITTED_FILE = "uncommitted_file"
+"""The event of a file written into a committed checkpoint after its commit (the HF callback: `file`, `how`)."""
+LOADER_WORKERS_KILLED = "loader_workers_killed"
+"""The `reason` of a `failed` record whose trainer lost its data loader's workers in the middle of a step."""
 
 
 class Records:

@@ -309,8 +309,8 @@ def config_problems(text: str, reference: bool) -> list[str]:
             if m:
                 named.append(m.group(1))
         for line in text.split("\n"):
-            if line.startswith("| `"):
-                named += _SPAN.findall(line.split("|")[1])
+            if line.startswith("| `"):  # a table of config keys (the environment's table is env_problems')
+                named += [k for k in _SPAN.findall(line.split("|")[1]) if not k.startswith("BATON_")]
     for key in dict.fromkeys(named):
         if key not in keys:
             problems.append(f"no such config key: {key}")

@@ -80,3 +80,36 @@ def test_what_tier_2_leaves_out_is_named_with_why():
     assert verdict["equivalent"] and verdict["excluded"][0].startswith("trainer_state.log_history.0.loss: ")
     assert any("loss" in p for p in EXCLUDED_AT_TIER_2)
     assert not judge(ref, rep, tri, None, tier=1)["equivalent"]  # Tier 1 leaves nothing out
+
+
+def test_tier_2_splits_by_what_an_entry_is_in_any_file():
+    """An EMA's shadow weights, kept by a callback in a file of its own (`other.ema.pt...`), are floats computed
+    from training: judged against the floor, so real noise is no false failure. Its update counter, the
+    scheduler's lr tensor and the RNG stay exact, so a counter or an RNG that was not restored still fails."""
+    g = torch.Generator().manual_seed(5)
+    ref = {"model.w": torch.randn(32, generator=g), "other.ema.pt.shadow.w": torch.randn(32, generator=g),
+           "other.ema.pt.updates": 12, "optim_lr": torch.tensor([[1e-3, 1e-3]], dtype=torch.float64)}
+
+    def noisy(seed: int) -> dict:
+        gen = torch.Generator().manual_seed(seed)
+        return {k: v * (1 + 1e-6 * torch.randn(v.shape, generator=gen)) if floor_judged(k, v) else v
+                for k, v in ref.items()}
+
+    assert floor_judged("other.ema.pt.shadow.w", ref["other.ema.pt.shadow.w"])
+    assert not floor_judged("other.ema.pt.updates", 12) and not floor_judged("optim_lr", ref["optim_lr"])
+    assert not floor_judged("other.ema.pt.updates", torch.tensor(12))
+    rep, tri = noisy(1), noisy(2)
+    assert judge(ref, rep, tri, None, tier=2)["equivalent"]
+    assert not judge(ref, rep, {**tri, "other.ema.pt.updates": 0}, None, tier=2)["equivalent"]  # counter restarted
+    restarted = {**tri, "other.ema.pt.shadow.w": tri["model.w"].clone()}  # the EMA restarted from the weights
+    assert not judge(ref, rep, restarted, None, tier=2)["equivalent"]
+    # Control: judged exactly, as the rule once had it (only model.* and optimizer moments got the floor), the
+    # same noisy EMA fails a correct run.
+    import steps.judge as judge_module
+
+    old = judge_module.floor_judged
+    try:
+        judge_module.floor_judged = lambda k, v: old(k, v) and k.startswith(("model.", "optim.state."))
+        assert not judge(ref, rep, tri, None, tier=2)["equivalent"]
+    finally:
+        judge_module.floor_judged = old

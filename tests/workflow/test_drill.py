@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from tests.helpers import PY, REPO, base_env
+from tests.helpers import PY, REPO, base_env, with_workers
 
 pytestmark = pytest.mark.slow
 NASTY = "x\"; echo $(id) ' `whoami`"
@@ -161,3 +161,23 @@ def test_the_negative_control_across_two_nodes_fails_for_its_cause_without_a_ren
     trial = [json.loads(line) for f in sorted(out.glob("bucket/*/*/evidence/trial/*.jsonl"))
              for line in f.read_text().splitlines() if line.startswith("{")]
     assert [r["reason"] for r in trial if r["event"] == "retry_later"] == ["peer_lost"], trial
+
+
+def test_a_drill_with_loader_workers_and_unseeded_noise_measures_a_floor_and_passes_at_tier_2(tmp_path):
+    """The documented way to try Tier 2 on a CPU (docs/tier2.md: BATON_NOISE with no seed, tests/faultfs on
+    PYTHONPATH, one environment for the whole drill) gives every role its own noise: a floor above 0, and a
+    correct trial within it. The trainer's loader has two workers, which the evictions' SIGTERM (sent to each
+    pod's process group) must not kill: every eviction lands. The control, one seed for every role (what the
+    seam's seeded form gives a drill), measures a floor of 0: tests/unit/test_tier2.py."""
+    out = tmp_path / "drill"
+    config = with_workers(REPO / "trainer" / "configs" / "tiny.yaml", tmp_path / "tiny-workers.yaml")
+    cmd = [PY, "workflows/equivalence.py", "run", "--out", str(out)]
+    for param in ("total_steps=80", "evictions=2", "tier=2", f"config={config}"):
+        cmd += ["-p", param]
+    p = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env=base_env(BATON_NOISE="1e-4"), timeout=600)
+    report = json.loads((out / "report.json").read_text())
+    assert p.returncode == 0, report["verdict"] + p.stderr[-3000:]
+    assert report["tier"] == 2 and report["floor_l2"] > 0 and report["passed"], report
+    assert report["evictions_met"]["landed"] == 2 and report["steps"]["replayed"] == 0
+    logs = "".join(f.read_text() for f in (out / "argo" / "logs").glob("trial-*.log"))
+    assert "DataLoader worker" not in logs, logs[-3000:]

@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from tests.helpers import PY, REPO, base_env
+from tests.helpers import PY, REPO, base_env, with_workers
 
 pytestmark = pytest.mark.slow
 
@@ -23,12 +23,15 @@ def drill(out, *params):
 
 
 def test_hf_drill_passes_with_three_evictions_and_bit_identical_hf_checkpoints(tmp_path):
+    """With two data loader workers (dataloader_num_workers, from the config's data.num_workers): each
+    eviction's SIGTERM reaches the pod's whole process group, workers included, and every one lands."""
     out = tmp_path / "drill"
+    config = with_workers(REPO / "examples" / "hf_trainer" / "config.yaml", tmp_path / "hf-workers.yaml")
     # The example trains tens of steps a second: an eviction can still reach a trial that has just finished
     # (evict fires early at a trainer about to finish, but cannot outrun a loaded machine). Such an eviction
     # is "missed": the drill is then inconclusive, and must not blame the trainer. Either way every landed
     # eviction was a clean preemption and the checkpoints are bit-identical.
-    p = drill(out, "total_steps=80", "evictions=3")
+    p = drill(out, "total_steps=80", "evictions=3", f"config={config}")
     report = json.loads((out / "report.json").read_text())
     met = report["evictions_met"]
     assert met["lost"] == 0 and met["landed"] >= 1, report["verdict"]
@@ -53,6 +56,8 @@ def test_hf_drill_passes_with_three_evictions_and_bit_identical_hf_checkpoints(t
     assert (out / "bucket" / trial.split("/bucket/", 1)[1] / "_COMMIT").is_file()
     md = (out / "report.md").read_text()
     assert "checkpoint format hf-checkpoint; compared: " in md and "rng " in md
+    logs = "".join(f.read_text() for f in (out / "argo" / "logs").glob("trial-*.log"))
+    assert "DataLoader worker" not in logs, logs[-3000:]
 
 
 def test_hf_negative_control_without_the_callback_fails_and_says_why(tmp_path):
