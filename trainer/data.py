@@ -13,7 +13,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import multiprocessing
+import multiprocessing.context as mp_context
+import os
 import signal
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -151,20 +155,71 @@ class EpochSampler(Sampler[int]):
 
 
 class IgnoreSigterm:
-    """A DataLoader `worker_init_fn` that makes the worker ignore SIGTERM, then runs `inner` (the loader's own,
-    if any). An eviction signals the pod's whole process group (Argo's emissary, the local runner), and
-    torch's workers install a SIGTERM handler that ends them (torch/csrc/DataLoader.cpp, handler_SIGTERM):
-    the main process would then fail in the middle of a step, before its preemption save, with "DataLoader
-    worker ... exited unexpectedly". Ignoring it, a worker serves the step and the save, and ends when its
-    parent does (torch's watchdog). A class, not a closure: picklable where workers are spawned."""
+    """A DataLoader `worker_init_fn` after which the worker ends on a SIGTERM from its parent only, then runs
+    `inner` (the loader's own, if any). An eviction signals the pod's whole process group (Argo's emissary,
+    the local runner), and torch's workers install a SIGTERM handler that ends them whoever sent it
+    (torch/csrc/DataLoader.cpp, handler_SIGTERM): the main process would then fail in the middle of a step,
+    before its preemption save, with "DataLoader worker ... exited unexpectedly". Here SIGTERM stays blocked in
+    the worker and a thread takes each one (sigwaitinfo, which names the sender): from the parent (multiprocessing
+    ending its daemonic children at exit) the worker ends at once, as torch's handler would; from anyone else it
+    is dropped, and the worker serves the step and the save. A worker ignoring its parent's SIGTERM too would hold
+    the parent's exit, which joins it, until the grace's SIGKILL. Workers start with SIGTERM blocked
+    (SigtermBlockedFork, below), so one that comes while a worker starts waits for that thread. A class, not a
+    closure: picklable where workers are spawned."""
 
     def __init__(self, inner: Callable[[int], Any] | None = None) -> None:
         self.inner = inner
 
     def __call__(self, worker_id: int) -> None:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # threads started from here on inherit it
+        threading.Thread(target=_end_on_parents_sigterm, args=(os.getppid(),), daemon=True,
+                         name="baton-sigterm").start()
         if self.inner is not None:
             self.inner(worker_id)
+
+
+def _end_on_parents_sigterm(parent: int) -> None:
+    while True:
+        info = signal.sigwaitinfo({signal.SIGTERM})
+        if info.si_pid == parent:
+            os._exit(0)
+
+
+class _StartsWithSigtermBlocked:
+    """A worker process started with SIGTERM blocked: the child inherits the mask, so a SIGTERM sent to the pod's
+    process group while the worker starts (an eviction at an epoch's first batch, when a loader starts its
+    workers) stays pending until IgnoreSigterm runs, instead of meeting the handler torch installs first."""
+
+    def start(self) -> None:
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+        try:
+            super().start()  # type: ignore[misc]
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)  # a SIGTERM that came meanwhile reaches this process now
+
+
+class SigtermBlockedForkProcess(_StartsWithSigtermBlocked, mp_context.ForkProcess):
+    pass
+
+
+class SigtermBlockedSpawnProcess(_StartsWithSigtermBlocked, mp_context.SpawnProcess):
+    pass
+
+
+class SigtermBlockedFork(mp_context.ForkContext):
+    Process = SigtermBlockedForkProcess
+
+
+class SigtermBlockedSpawn(mp_context.SpawnContext):
+    Process = SigtermBlockedSpawnProcess
+
+
+def _sigterm_blocked(context: Any) -> Any:
+    """The loader's multiprocessing context, starting its workers with SIGTERM blocked (fork and spawn; a
+    forkserver's workers are forked by its server, so they are left as they are)."""
+    method = context.get_start_method() if context is not None else multiprocessing.get_start_method()
+    blocked = {"fork": SigtermBlockedFork, "spawn": SigtermBlockedSpawn}.get(method)
+    return context if blocked is None or isinstance(context, blocked) else blocked()
 
 
 def set_loader_attribute(loader: Any, name: str, value: Any) -> None:
@@ -184,6 +239,7 @@ def ignore_sigterm_in_workers(loader: Any) -> bool:
         return False
     if not isinstance(loader.worker_init_fn, IgnoreSigterm):
         set_loader_attribute(loader, "worker_init_fn", IgnoreSigterm(loader.worker_init_fn))
+    set_loader_attribute(loader, "multiprocessing_context", _sigterm_blocked(loader.multiprocessing_context))
     return True
 
 
@@ -209,6 +265,7 @@ class EpochData:
             self.dataset, batch_size=self.cfg.batch_size, sampler=sampler, drop_last=False,
             num_workers=self.cfg.num_workers, generator=gen,
             worker_init_fn=IgnoreSigterm() if self.cfg.num_workers else None,
+            multiprocessing_context=_sigterm_blocked(None) if self.cfg.num_workers else None,
         )
 
     def seek(self, epoch: int, start: int, loader_state: dict | None = None, yielded: int = 0) -> None:

@@ -279,7 +279,8 @@ class BatonCallback(TrainerCallback):
         another signal, did this."""
         why = (f"the data loader's workers were killed{' by the SIGTERM of the eviction' if self.preempt.local else ''}"
                f" at step {step}, before any preemption save ({str(e).splitlines()[0][:200]}); a worker_init_fn that "
-               "restores SIGTERM's default action undoes baton's (docs/own-trainer.md)")
+               "unblocks SIGTERM with its default action undoes baton's (docs/own-trainer.md), and a SIGKILL or the "
+               "OOM killer ends workers whatever they do")
         log(f"error: {why}")
         self.emit("failed", step, reason=LOADER_WORKERS_KILLED, error=why, checkpoint=self.last_checkpoint)
         return EXIT_FAIL

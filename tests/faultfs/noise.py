@@ -33,7 +33,7 @@ class GradNoise:
         try:
             scale_text, _, seed_text = raw.partition(",")
             scale = float(scale_text)
-            seed = int(seed_text) if seed_text else int.from_bytes(os.urandom(4), "little")
+            seed = int(seed_text) if seed_text else int.from_bytes(os.urandom(3), "little")  # keeps perturb's seed in int64
         except ValueError:
             raise ValueError(f"BATON_NOISE: expected '<scale>' or '<scale>,<seed>' such as '1e-6' or '1e-6,7', "
                              f"got {raw!r}") from None

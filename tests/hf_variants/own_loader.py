@@ -18,7 +18,7 @@ the ways it goes wrong are the certifier's third round (tests/workflow/test_cert
     main_collate          no workers; the collate_fn of the script's own loader draws from numpy's global RNG
                           (exact only if baton handles the batch collated ahead with any collate_fn)
     stream                correct, over an endless IterableDataset (each worker its share of the samples)
-    workers_die           correct, and the worker_init_fn puts SIGTERM back to its default action
+    workers_die           correct, and the worker_init_fn puts SIGTERM back to its default action and unblocks it
 `OWN_WORKERS` (default 2): the loader's worker processes. `OWN_SAMPLES=<n>`: the first n packed samples.
 `HF_NOISE`, `HF_VARIANT_OUTPUT_DIR`: as tests/hf_variants/train.py.
 """
@@ -110,8 +110,9 @@ def main() -> int:
 
     def worker_init(worker_id: int) -> None:
         np.random.seed((torch.initial_seed() + worker_id) % 2**32)  # the usual recipe
-        if VARIANT == "workers_die":
+        if VARIANT == "workers_die":  # SIGTERM's default action back, and unblocked: what baton set is undone
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
 
     class OwnLoaderTrainer(Trainer):
         def get_train_dataloader(self) -> DataLoader:

@@ -118,3 +118,27 @@ def test_each_skipped_restore_fails_tier_2_for_the_reason_that_names_it(noisy_ru
     cause = SKIPPED_CAUSE[part].replace("step 14", f"step {STOP_AT + 1}").replace("step 15", f"step {STOP_AT + 2}")
     report = _drill_judgment(noisy_runs, part, tier=2)
     assert not report["passed"] and cause in report["verdict"], report["verdict"]
+
+
+def test_the_documented_noise_gives_every_role_its_own_and_a_resume_bug_still_fails(tiny_model, tmp_path):
+    """docs/tier2.md's way to try Tier 2 on a CPU: `BATON_NOISE=<scale>` with no seed, one environment for every
+    role (what a drill gives its pods): each process draws its own noise, so the floor is above 0, and a trial
+    resumed without its optimizer state fails beside it. The control: one seed in that environment (the seam's
+    seeded form) gives the reference and its replay the same noise, a floor of 0: Tier 2 would measure nothing."""
+    env = base_env(BATON_NOISE=NOISE)
+
+    def full(name: str, environment: dict) -> dict:
+        rc, _, err = run(trainer_cmd(tiny_model, tmp_path / name, DROPOUT), env=environment)
+        assert rc == 0, err[-2000:]
+        return tensors(tmp_path / name, TOTAL)
+
+    ref, rep = full("ref", env), full("rep", env)
+    rc, _, err = run_and_sigterm(trainer_cmd(tiny_model, tmp_path / "trial", DROPOUT), at_step=STOP_AT, env=env)
+    assert rc == 75, err[-2000:]
+    rc, _, err = run(trainer_cmd(tiny_model, tmp_path / "trial", DROPOUT), env={**env, "BATON_SKIP_RESTORE": "optimizer"})
+    assert rc == 0, err[-2000:]
+    verdict = judge(ref, rep, tensors(tmp_path / "trial", TOTAL), compared_keys(ref), tier=2)
+    assert verdict["floor_l2"] > 0 and not verdict["equivalent"], verdict
+    seeded = base_env(BATON_NOISE=f"{NOISE},7")
+    a, b = full("seeded-ref", seeded), full("seeded-rep", seeded)
+    assert judge(a, b, a, compared_keys(a), tier=2)["floor_l2"] == 0

@@ -132,3 +132,32 @@ def test_a_trainer_that_exited_before_its_first_record_is_named_by_its_own_error
     assert ("the trial wrote no step records: its trainer exited 1 before its first record: error: config key "
             "'seed'") in report["verdict"], report["verdict"]
     assert "is BatonCallback attached" in verdict([])["verdict"]
+
+
+def test_a_file_written_after_the_commit_is_named_and_fails_the_drill():
+    """An `uncommitted_file` record (the HF callback's, for a file that reached checkpoint-N after its commit):
+    the verdict names the file, though checkpoints and trajectory agree. Control: the same records without it
+    pass (test_control_an_equal_trajectory_and_equal_checkpoints_pass)."""
+    trial = records() + [{"event": "uncommitted_file", "step": 5, "attempt": 2, "time": 5.9, "file": "ema.pt",
+                          "how": "written"}]
+    report = verdict(trial)
+    assert not report["passed"], report["verdict"]
+    assert "the trial wrote checkpoint-5/ema.pt after the commit" in report["verdict"], report["verdict"]
+
+
+def test_an_eviction_that_killed_the_loaders_workers_is_named_as_such():
+    """An evicted attempt that lost its loader workers ends with a `failed` record (loader_workers_killed) and no
+    preempt: the verdict quotes why, where it used to say only that the trial died on SIGTERM."""
+    from steps.verdict import verdict_of
+
+    trial = [r for r in records(resumed_at=3) if not (r["event"] == "preempt")]
+    why = "the data loader's workers were killed by the SIGTERM of the eviction at step 3, before any preemption save"
+    trial.append({"event": "failed", "step": 3, "attempt": 1, "time": 3.6, "reason": "loader_workers_killed",
+                  "error": why})
+    evictions = {"evictions": [{"point": 3, "attempt": 1, "observed_step": 3, "ended": {"exit_code": 1}}]}
+    report = {"steps": {"preemptions": 0, "replayed": 0}, "evictions_met": {"lost": 1, "killed": 0, "missed": 0,
+                                                                              "landed": 0}}
+    said = verdict_of(report, evictions, trial)
+    assert said.startswith("NOT preemption-safe: 1 of 1 evictions ended without a preempt record (" + why), said
+    plain = verdict_of(report, evictions, [r for r in trial if r["event"] != "failed"])  # control
+    assert "the trial died on SIGTERM without committing the step it had reached" in plain
