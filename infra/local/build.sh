@@ -20,13 +20,16 @@ here="$(cd "$(dirname "$0")" && pwd)"
 source "$here/versions.env"
 # shellcheck source=build-lib.sh
 source "$here/build-lib.sh"
+# shellcheck source=build-ui.sh
+source "$here/build-ui.sh"
 
 BINARIES=(etcd kube-apiserver kube-controller-manager kube-scheduler workflow-controller argoexec argo)
 LABEL="cluster binaries" BUILD_CMD="bash infra/local/build.sh" PINS=versions.env
 # The key: the versions, then a hash of what decides the binaries' content.
+mapfile -t ui_files < <(ui_inputs)
 key="k8s-${K8S_VERSION}_etcd-${ETCD_VERSION}_argo-${ARGO_VERSION}_$(cache_key "$here/build.sh" \
   "$here/versions.env" "$here/etcd/main.go" "$here/kube/go.mod" "$here/kube/go.sum" "$here/etcd/go.mod" \
-  "$here/etcd/go.sum")"
+  "$here/etcd/go.sum" "$here/build-ui.sh" "${ui_files[@]}")"
 cache_entry "$key" "${1:-build}"
 need_go "$GO_MIN" "the local control plane is built from Go modules" \
   "the newest 'go' line among the go.mod files of Kubernetes $K8S_VERSION, etcd $ETCD_VERSION and Argo $ARGO_VERSION"
@@ -64,11 +67,9 @@ if [ ! -e "$osdir/signal_linux.go" ]; then
   [ -f "$osdir/signal_darwin.go" ] || { echo "error: Argo $ARGO_VERSION has no $osdir/signal_darwin.go to link signal_linux.go to; see infra/local/README.md" >&2; exit 1; }
   ln -s signal_darwin.go "$osdir/signal_linux.go"
 fi
-mkdir -p "$work/argo-src/ui/dist/app"
-cat > "$work/argo-src/ui/dist/app/index.html" <<'EOF'
-<!doctype html><title>Argo Workflows</title>
-<p>Argo's web UI is not built in baton's local cluster (infra/local/README.md); the API answers under /api/v1/.</p>
-EOF
+# --- Argo's UI into ui/dist/app, which ui/embed.go embeds in `argo` (build-ui.sh): the module zip has the UI's
+# sources but not the built page.
+build_ui "$work/argo-src/ui"
 ARGO_CMDS=(workflow-controller argoexec argo)
 fetch argo "$work/argo-src" "${ARGO_CMDS[@]/#/./cmd/}"
 # The variables Argo's Makefile sets. With gitCommit, gitTag and gitTreeState=clean, `argo version` reports

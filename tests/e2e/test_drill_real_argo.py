@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from pathlib import Path
 from typing import Any
 
 import boto3
@@ -21,6 +22,7 @@ import pytest
 import yaml
 
 from tests.e2e.localcluster import REPO, Local, why_skip
+from tests.helpers import with_workers
 
 _SKIP = why_skip()
 pytestmark = [pytest.mark.skipif(bool(_SKIP), reason=_SKIP), pytest.mark.slow, pytest.mark.e2e]
@@ -109,10 +111,21 @@ def _describe(wf: dict[str, Any], env: dict[str, str] | None = None) -> str:
     return out
 
 
+def _workers_config(src: str) -> Path:
+    """A copy of config `src` (a path in the repository) with two data loader workers, where the pods see it: in
+    the repository's .baton/ (a pod's /tmp is its own)."""
+    folder = REPO / ".baton" / "e2e"
+    folder.mkdir(parents=True, exist_ok=True)
+    return with_workers(REPO / src, folder / f"workers-{Path(src).parent.name}.yaml")
+
+
 def test_the_drill_submitted_through_the_argo_server_passes_with_argo_retrying_the_evicted_trial(cluster: Local):
+    """The trainer's data loader has two worker processes: the eviction's SIGTERM, which the pod's emissary
+    forwards to the whole process group, must not end them (trainer/data.py, IgnoreSigterm)."""
     env = cluster.user_env()
     t0 = time.monotonic()
-    name = _submit(cluster, env, *SMALL)
+    config = _workers_config("trainer/configs/tiny.yaml")
+    name = _submit(cluster, env, *SMALL, "-p", f"config={config}")
     phase, status = _watch(env, name)
     print(f"\n[e2e] drill {name}: {phase} after {time.monotonic() - t0:.0f} s\n{status.stdout}")
     wf = cluster.get("workflow", name)  # what the controller wrote, read from the API server
@@ -176,6 +189,20 @@ def _gauges(cluster: Local, prefix: str, timeout: float = 60) -> dict[str, float
         if out or time.monotonic() - t0 > timeout:
             return out
         time.sleep(2)
+
+
+def test_the_hf_example_with_loader_workers_passes_on_the_real_controller(cluster: Local):
+    """The HF Trainer example with two loader workers (dataloader_num_workers from data.num_workers), evicted
+    through the Eviction API and retried by Argo: the workers outlive the SIGTERM (the callback's
+    worker_init_fn), the evicted attempt saves, and the drill passes with nothing replayed."""
+    env = cluster.user_env()
+    config = _workers_config("examples/hf_trainer/config.yaml")
+    name = _submit(cluster, env, *SMALL, "-p", "trainer=hf", "-p", f"config={config}")
+    phase, status = _watch(env, name)
+    wf = cluster.get("workflow", name)
+    assert wf["status"]["phase"] == phase == "Succeeded", _describe(wf, env)
+    out = _outputs(_tasks(wf)["compare"]["attempts"][-1])
+    assert out["replayed_steps"] == "0" and out["preemptions"] == "1", out
 
 
 def test_the_negative_control_fails_the_drill_on_the_real_controller(cluster: Local):
