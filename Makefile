@@ -90,8 +90,16 @@ cluster-status: install
 # (25 min cold, docs/results.md); root, for the pods' mount and PID namespaces. Not part of `make test`.
 # In a PID namespace of its own: a signal sent to pid -1 by anything it starts reaches only its own processes
 # (argoexec's emissary once did: docs/cluster-local.md).
-e2e: install cluster-build
+e2e: install cluster-build $(VENV)/.e2e
 	unshare --pid --fork --mount-proc $(PYTEST) -q tests/e2e
+
+# The browser test's Playwright (pip) and Chromium (Debian's package, where apt-get may run it): without them the
+# test is skipped, saying which is missing.
+$(VENV)/.e2e: pyproject.toml $(STAMP)
+	$(PY) -m pip install -q -e '.[e2e]'
+	command -v chromium >/dev/null || { command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ] && \
+	  apt-get install -y -q --no-install-recommends chromium >/dev/null; } || echo "note: no chromium; the UI test is skipped"
+	touch $@
 
 # ---- benchmarks (not tests: nothing asserts on time; writes docs/results.md) ----
 bench: install

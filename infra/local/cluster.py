@@ -99,7 +99,7 @@ class Cluster:
             else:
                 ok = {
                     "s3": lambda: "ListAllMyBucketsResult" in http_get(f"http://127.0.0.1:{ports['s3']}/"),
-                    "argo-server": lambda: http_get(f"https://127.0.0.1:{ports['argo_server']}/") != "",
+                    "argo-server": lambda: self._argo_server_ready(ports),
                     "etcd": lambda: '"health":"true"' in http_get(f"http://127.0.0.1:{ports['etcd']}/health"),
                     "kube-apiserver": lambda: http_get(f"https://127.0.0.1:{ports['apiserver']}/readyz",
                                                    tokens.get("admin"), ca) == "ok",
@@ -122,6 +122,16 @@ class Cluster:
             return "Starting Workflow Controller" in text
         except OSError:
             return False
+
+    def _argo_server_ready(self, ports: dict[str, int]) -> bool:
+        """A real request through the Argo Server to the API server, as `submit` and the UI make one, with the
+        submitter's token: the server answers its static pages before its gateway can reach its own gRPC port,
+        and a submit made then got "HTTP 503 ... connection refused" (seen once right after `up`)."""
+        token_file = self.state / "submitter.token"
+        token = token_file.read_text().strip() if token_file.exists() else None
+        body = http_get(f"https://127.0.0.1:{ports['argo_server']}/api/v1/workflows/{NAMESPACE}?listOptions.limit=1",
+                        token)
+        return body.startswith("{") and '"metadata"' in body
 
     def _node_ready(self, ports: dict[str, int], tokens: dict[str, str], ca: Path) -> bool:
         body = http_get(f"https://127.0.0.1:{ports['apiserver']}/api/v1/nodes/{NODE_NAME}", tokens.get("admin"), ca)
@@ -148,7 +158,9 @@ class Cluster:
                     self.up_kueue(info, timeout, pods_ready_s)
                     return
                 print(f"cluster: already up, all {len(health)} components healthy "
-                      f"(state {self.state}; `python -m infra.local.cluster status`)")
+                      f"(state {self.state}; `python -m infra.local.cluster status`); paste these, or eval "
+                      "\"$(python -m infra.local.cluster env)\":")
+                self.env()  # a new shell needs them as much as the first one did
                 return
             if any(alive(e) for e in info.get("procs", {}).values()):
                 bad = ", ".join(f"{k}: {v}" for k, v in health.items() if v != "ok")
@@ -292,7 +304,7 @@ class Cluster:
             started("argo-server", spawn("argo-server", [
                 str(b / "argo"), "server", "--kubeconfig", str(kcfg["argo-server"]), "--namespace", NAMESPACE,
                 "--auth-mode", "client", "--port", str(ports["argo_server"]), "--secure=true", "--loglevel", "info",
-            ], self.state, server_env), lambda: http_get(f"https://127.0.0.1:{ports['argo_server']}/") != "")
+            ], self.state, server_env), lambda: self._argo_server_ready(ports))
 
             node_cfg = self.state / "node.json"
             node_cfg.write_text(json.dumps({
@@ -508,6 +520,9 @@ class Cluster:
         for k, v in lines.items():
             print(f"export {k}={shlex.quote(v)}")
         print(f"export PATH={shlex.quote(info['bin'] + '/bin')}:$PATH")
+        # A comment, so that `eval "$(... env)"` still works: where to watch a drill, and how to log in.
+        print(f"# Argo UI: https://127.0.0.1:{ports['argo_server']}/ (self-signed certificate); log in with "
+              "the whole of $ARGO_TOKEN, 'Bearer ...', pasted into its login page")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,7 +12,19 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.e2e.localcluster import REPO, Local, alive, cond, wait, why_skip
+from tests.e2e.localcluster import (
+    REPO,
+    SMALL,
+    Drill,
+    Local,
+    alive,
+    cond,
+    submit,
+    wait,
+    watch,
+    why_skip,
+    workers_config,
+)
 
 
 @pytest.fixture(scope="session")
@@ -44,6 +56,19 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Local]:
             except OSError:
                 continue
         assert not strays, f"pod processes left running after down: {strays}"
+
+
+@pytest.fixture(scope="session")
+def drill(cluster: Local) -> Drill:
+    """One small drill, submitted through the Argo Server as a user does and watched to its end, whose trainer's
+    data loader has two worker processes: what test_drill_real_argo.py asserts on, and what test_argo_ui.py
+    watches in the UI (one drill for both: each costs minutes on two cores)."""
+    env = cluster.user_env()
+    t0 = time.monotonic()
+    name = submit(cluster, env, *SMALL, "-p", f"config={workers_config('trainer/configs/tiny.yaml')}")
+    phase, status = watch(env, name)
+    print(f"\n[e2e] drill {name}: {phase} after {time.monotonic() - t0:.0f} s\n{status.stdout}")
+    return Drill(name, phase, status, env)
 
 
 # The local-kueue overlay: its ResourceFlavor, ClusterQueue baton-local and LocalQueue baton.

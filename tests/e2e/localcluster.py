@@ -8,6 +8,7 @@ import shlex
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,8 @@ class Local:
         assert r.returncode == 0, r.stderr
         env = dict(self.env)
         for line in r.stdout.splitlines():
+            if line.startswith("#"):  # a comment for people (where the UI is), which eval skips too
+                continue
             words = shlex.split(line)
             assert words[0] == "export" and "=" in words[1], line
             k, v = words[1].split("=", 1)
@@ -98,3 +101,59 @@ def cond(obj: dict[str, Any], kind: str) -> str | None:
         if c["type"] == kind:
             return c["status"]
     return None
+
+
+# Small enough for 2 cores, large enough that the one eviction lands inside the trial's training. The tiny
+# trainer runs about 7 steps a second here, and evict sees a step record up to ~2 s after it was written (the
+# evidence is flushed every BATON_EVIDENCE_FLUSH_S = 2 s): at 60 steps, the 12 steps after the point at 48
+# took under 2 s, and the eviction reached a trial that had finished (INCONCLUSIVE, "the trial outran
+# them": measured 2026-12-04, evict saw step 50 when the trial was at 58). 200 steps leave 40 after the point.
+SMALL_STEPS = "200"
+SMALL = ["-p", f"total_steps={SMALL_STEPS}", "-p", "evictions=1"]
+FINAL = ("Succeeded", "Failed", "Error")
+
+
+def submit(cluster: Local, env: dict[str, str], *params: str) -> str:
+    wf = subprocess.run(["kubectl", "kustomize", str(REPO / "templates" / "overlays" / "local")],
+                        capture_output=True, text=True, check=True).stdout
+    r = subprocess.run([sys.executable, "workflows/equivalence.py", "submit", "--from-file", "-", *params],
+                       input=wf, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, f"submit failed: {r.stderr.strip()}"
+    name, url = r.stdout.split()[:2]
+    assert url == f"https://{env['ARGO_SERVER']}/workflows/baton/{name}", r.stdout
+    return name
+
+
+def watch(env: dict[str, str], name: str, timeout: float = 900) -> tuple[str, subprocess.CompletedProcess[str]]:
+    """`status NAME` against the Argo Server every few seconds, until its first line names a final phase."""
+    t0 = time.monotonic()
+    while True:
+        r = subprocess.run([sys.executable, "workflows/equivalence.py", "status", name], cwd=REPO, env=env,
+                           capture_output=True, text=True, timeout=120)
+        assert r.stdout.startswith(f"workflow {name}  "), f"status: {r.stdout[:300]} {r.stderr.strip()}"
+        phase = r.stdout.split()[2].rstrip(":")
+        if phase in FINAL:
+            return phase, r
+        assert time.monotonic() - t0 < timeout, f"{name} not finished after {timeout:.0f} s:\n{r.stdout}"
+        time.sleep(5)
+
+
+def workers_config(src: str) -> Path:
+    """A copy of config `src` (a path in the repository) with two data loader workers, where the pods see it: in
+    the repository's .baton/ (a pod's /tmp is its own)."""
+    folder = REPO / ".baton" / "e2e"
+    folder.mkdir(parents=True, exist_ok=True)
+    from tests.helpers import with_workers
+
+    return with_workers(REPO / src, folder / f"workers-{Path(src).parent.name}.yaml")
+
+
+@dataclass
+class Drill:
+    """A drill submitted and watched to its end: its name, its final phase, the last `status` output, and
+    the user's environment it was submitted with."""
+
+    name: str
+    phase: str
+    status: subprocess.CompletedProcess[str]
+    env: dict[str, str]

@@ -14,53 +14,27 @@ import subprocess
 import sys
 import time
 import urllib.request
-from pathlib import Path
 from typing import Any
 
 import boto3
 import pytest
 import yaml
 
-from tests.e2e.localcluster import REPO, Local, why_skip
-from tests.helpers import with_workers
+from tests.e2e.localcluster import (
+    FINAL,
+    REPO,
+    SMALL,
+    SMALL_STEPS,
+    Drill,
+    Local,
+    submit,
+    watch,
+    why_skip,
+    workers_config,
+)
 
 _SKIP = why_skip()
 pytestmark = [pytest.mark.skipif(bool(_SKIP), reason=_SKIP), pytest.mark.slow, pytest.mark.e2e]
-
-# Small enough for 2 cores, large enough that the one eviction lands inside the trial's training. The tiny
-# trainer runs about 7 steps a second here, and evict sees a step record up to ~2 s after it was written (the
-# evidence is flushed every BATON_EVIDENCE_FLUSH_S = 2 s): at 60 steps, the 12 steps after the point at 48
-# took under 2 s, and the eviction reached a trial that had finished (INCONCLUSIVE, "the trial outran
-# them": measured 2026-12-04, evict saw step 50 when the trial was at 58). 200 steps leave 40 after the point.
-SMALL_STEPS = "200"
-SMALL = ["-p", f"total_steps={SMALL_STEPS}", "-p", "evictions=1"]
-FINAL = ("Succeeded", "Failed", "Error")
-
-
-def _submit(cluster: Local, env: dict[str, str], *params: str) -> str:
-    wf = subprocess.run(["kubectl", "kustomize", str(REPO / "templates" / "overlays" / "local")],
-                        capture_output=True, text=True, check=True).stdout
-    r = subprocess.run([sys.executable, "workflows/equivalence.py", "submit", "--from-file", "-", *params],
-                       input=wf, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, f"submit failed: {r.stderr.strip()}"
-    name, url = r.stdout.split()[:2]
-    assert url == f"https://{env['ARGO_SERVER']}/workflows/baton/{name}", r.stdout
-    return name
-
-
-def _watch(env: dict[str, str], name: str, timeout: float = 900) -> tuple[str, subprocess.CompletedProcess[str]]:
-    """`status NAME` against the Argo Server every few seconds, until its first line names a final phase."""
-    t0 = time.monotonic()
-    while True:
-        r = subprocess.run([sys.executable, "workflows/equivalence.py", "status", name], cwd=REPO, env=env,
-                           capture_output=True, text=True, timeout=120)
-        assert r.stdout.startswith(f"workflow {name}  "), f"status: {r.stdout[:300]} {r.stderr.strip()}"
-        phase = r.stdout.split()[2].rstrip(":")
-        if phase in FINAL:
-            return phase, r
-        assert time.monotonic() - t0 < timeout, f"{name} not finished after {timeout:.0f} s:\n{r.stdout}"
-        time.sleep(5)
-
 
 def _tasks(wf: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """The DAG's tasks (Retry nodes) by name; each with its attempts, in order, under "attempts"."""
@@ -111,23 +85,12 @@ def _describe(wf: dict[str, Any], env: dict[str, str] | None = None) -> str:
     return out
 
 
-def _workers_config(src: str) -> Path:
-    """A copy of config `src` (a path in the repository) with two data loader workers, where the pods see it: in
-    the repository's .baton/ (a pod's /tmp is its own)."""
-    folder = REPO / ".baton" / "e2e"
-    folder.mkdir(parents=True, exist_ok=True)
-    return with_workers(REPO / src, folder / f"workers-{Path(src).parent.name}.yaml")
-
-
-def test_the_drill_submitted_through_the_argo_server_passes_with_argo_retrying_the_evicted_trial(cluster: Local):
-    """The trainer's data loader has two worker processes: the eviction's SIGTERM, which the pod's emissary
-    forwards to the whole process group, must not end them (trainer/data.py, IgnoreSigterm)."""
-    env = cluster.user_env()
-    t0 = time.monotonic()
-    config = _workers_config("trainer/configs/tiny.yaml")
-    name = _submit(cluster, env, *SMALL, "-p", f"config={config}")
-    phase, status = _watch(env, name)
-    print(f"\n[e2e] drill {name}: {phase} after {time.monotonic() - t0:.0f} s\n{status.stdout}")
+def test_the_drill_submitted_through_the_argo_server_passes_with_argo_retrying_the_evicted_trial(cluster: Local,
+                                                                                              drill: Drill):
+    """The session's drill (conftest.py): the trainer's data loader has two worker processes, and the
+    eviction's SIGTERM, which the pod's emissary forwards to the whole process group, must not end them
+    (trainer/data.py, IgnoreSigterm)."""
+    name, phase, status, env = drill.name, drill.phase, drill.status, drill.env
     wf = cluster.get("workflow", name)  # what the controller wrote, read from the API server
     assert wf["status"]["phase"] == phase == "Succeeded", _describe(wf, env)
     assert status.returncode == 0, status.stdout  # status also read the bucket (BATON_S3_ENDPOINT and keys)
@@ -196,9 +159,9 @@ def test_the_hf_example_with_loader_workers_passes_on_the_real_controller(cluste
     through the Eviction API and retried by Argo: the workers outlive the SIGTERM (the callback's
     worker_init_fn), the evicted attempt saves, and the drill passes with nothing replayed."""
     env = cluster.user_env()
-    config = _workers_config("examples/hf_trainer/config.yaml")
-    name = _submit(cluster, env, *SMALL, "-p", "trainer=hf", "-p", f"config={config}")
-    phase, status = _watch(env, name)
+    config = workers_config("examples/hf_trainer/config.yaml")
+    name = submit(cluster, env, *SMALL, "-p", "trainer=hf", "-p", f"config={config}")
+    phase, status = watch(env, name)
     wf = cluster.get("workflow", name)
     assert wf["status"]["phase"] == phase == "Succeeded", _describe(wf, env)
     out = _outputs(_tasks(wf)["compare"]["attempts"][-1])
@@ -209,8 +172,8 @@ def test_the_negative_control_fails_the_drill_on_the_real_controller(cluster: Lo
     env = cluster.user_env()
     t0 = time.monotonic()
     # As tests/workflow/test_drill.py's negative control: no periodic checkpoints, the SIGTERM handler off.
-    name = _submit(cluster, env, *SMALL, "-p", "every_steps=0", "-p", "disable_sigterm_handler=1")
-    phase, status = _watch(env, name)
+    name = submit(cluster, env, *SMALL, "-p", "every_steps=0", "-p", "disable_sigterm_handler=1")
+    phase, status = watch(env, name)
     print(f"\n[e2e] negative control {name}: {phase} after {time.monotonic() - t0:.0f} s\n{status.stdout}")
     wf = cluster.get("workflow", name)
     assert wf["status"]["phase"] == phase == "Failed", _describe(wf)
@@ -291,7 +254,7 @@ def _pod_of(wf: dict[str, Any], display: str, template: str) -> str | None:
 
 def test_a_chaos_deletion_of_the_reference_pod_through_the_api_and_the_drill_still_passes(cluster: Local):
     env = cluster.user_env()
-    name = _submit(cluster, env, *SMALL)
+    name = submit(cluster, env, *SMALL)
     t0 = time.monotonic()
     while True:  # the reference's first attempt, once it has trained a few steps
         pod = _pod_of(cluster.get("workflow", name), "reference(0)", "train")
@@ -300,7 +263,7 @@ def test_a_chaos_deletion_of_the_reference_pod_through_the_api_and_the_drill_sti
         assert time.monotonic() - t0 < 300, "reference(0) never reached step 10"
         time.sleep(1)
     cluster.kubectl("delete", "pod", pod, "--wait=false")
-    phase, status = _watch(env, name)
+    phase, status = watch(env, name)
     print(f"\n[e2e] chaos drill {name}: {phase} after {time.monotonic() - t0:.0f} s\n{status.stdout}")
     wf = cluster.get("workflow", name)
     assert phase == "Succeeded", _describe(wf, env)
@@ -325,7 +288,7 @@ def test_a_drill_whose_trial_cannot_be_scheduled_fails_at_its_deadline(cluster: 
     assert r.returncode == 0, r.stderr
     name = r.stdout.split()[0]
     t0 = time.monotonic()
-    phase, status = _watch(env, name, timeout=400)
+    phase, status = watch(env, name, timeout=400)
     took = time.monotonic() - t0
     print(f"\n[e2e] unschedulable drill {name}: {phase} after {took:.0f} s\n{status.stdout}")
     wf = cluster.get("workflow", name)

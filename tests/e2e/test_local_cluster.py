@@ -23,7 +23,12 @@ pytestmark = [pytest.mark.skipif(bool(_SKIP), reason=_SKIP), pytest.mark.slow, p
 def test_up_again_says_healthy_and_everything_listens_on_loopback(cluster: Local):
     again = cluster.cli("up")
     assert again.returncode == 0, again.stderr
-    assert "already up" in again.stdout and len(again.stdout.strip().splitlines()) == 1, again.stdout
+    lines = again.stdout.strip().splitlines()
+    assert "already up" in lines[0], again.stdout
+    # The export lines again, every time: a user in a new shell has them to paste (and the UI's address).
+    exports = dict(line.removeprefix("export ").split("=", 1) for line in lines if line.startswith("export "))
+    assert {"KUBECONFIG", "ARGO_SERVER", "ARGO_TOKEN", "PATH"} <= exports.keys(), again.stdout
+    assert any(line.startswith("# Argo UI: https://127.0.0.1:") for line in lines), again.stdout
     out = subprocess.run(["ss", "-Htlnp"], capture_output=True, text=True).stdout
     ours = {str(p) for p in cluster.pids()}
     listening = [line.split()[3] for line in out.splitlines()

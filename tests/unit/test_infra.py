@@ -271,6 +271,9 @@ RULES: dict[str, dict[tuple[str, str, str], tuple[str, str]]] = {
         # The Argo UI's workflow list and `argo watch`; the logs tab lists and watches pods, streams logs.
         ("argoproj.io", "workflows", "list"): ("argo", "server/workflow/workflow_server.go ListWorkflows"),
         ("argoproj.io", "workflows", "watch"): ("argo", "server/workflow/workflow_server.go WatchWorkflows"),
+        # The Argo UI's Cron Workflows page and the nightly drill's page (tests/e2e/test_argo_ui.py).
+        ("argoproj.io", "cronworkflows", "list"): ("argo", "server/cronworkflow/cron_workflow_server.go ListCronWorkflows"),
+        ("argoproj.io", "cronworkflows", "get"): ("argo", "server/cronworkflow/cron_workflow_server.go GetCronWorkflow"),
         ("", "pods", "list"): ("argo", "util/logs/workflow-logger.go WorkflowLogs"),
         ("", "pods", "watch"): ("argo", "util/logs/workflow-logger.go WorkflowLogs"),
         ("", "pods/log", "get"): ("argo", "util/logs/workflow-logger.go WorkflowLogs"),
