@@ -1,5 +1,5 @@
-"""Validate rendered objects against Argo's CRD openAPIV3Schema (v4.1.2, and v3.7.18, the release the local
-control plane runs: infra/local/versions.env), as the API server would:
+"""Validate rendered objects against Argo's CRD openAPIV3Schema (the release every cluster path installs,
+infra/local/versions.env, and FORWARD, the next major release, as a forward check), as the API server would:
 int-or-string accepts both, preserve-unknown-fields accepts anything, and every other object
 rejects unknown fields (kubectl's strict field validation)."""
 
@@ -13,10 +13,15 @@ from typing import Any
 import jsonschema
 import yaml
 
+from infra.local.pins import ARGO_VERSION, KUEUE_VERSION
+
 # Vendored in the repository (tests/argo/README.md, tests/kueue/README.md: source, version, license): a
 # clone stands alone.
 ARGO = Path(__file__).resolve().parent / "argo"
-ARGO_VERSIONS = {"v4.1.2": ARGO, "v3.7.18": ARGO / "v3.7.18"}  # each folder's README: source and license
+FORWARD = "v4.1.2"
+"""Argo's v4 release: validated against (its CRDs in tests/argo/), never installed or run. The proven release is
+ARGO_VERSION, whose CRDs are in tests/argo/ARGO_VERSION/ (a bumped pin without them fails here)."""
+ARGO_VERSIONS = {FORWARD: ARGO, ARGO_VERSION: ARGO / ARGO_VERSION}  # each folder's README: source and license
 CRD_FILES = {"Workflow": "crd-workflows.yaml", "CronWorkflow": "crd-cronworkflows.yaml"}
 KUEUE = Path(__file__).resolve().parent / "kueue"
 KUEUE_CRD_FILES = {"ClusterQueue": "crd-clusterqueues.yaml", "LocalQueue": "crd-localqueues.yaml",
@@ -44,7 +49,7 @@ def _strict(node: Any) -> Any:
 
 
 @functools.cache
-def crd_schema(kind: str, version: str = "v4.1.2") -> dict[str, Any]:
+def crd_schema(kind: str, version: str = FORWARD) -> dict[str, Any]:
     crd = _load((ARGO_VERSIONS[version] / CRD_FILES[kind]).read_text())
     schema = copy.deepcopy(crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"])
     # The API server fills metadata itself; its schema here is a bare object.
@@ -55,7 +60,7 @@ def crd_schema(kind: str, version: str = "v4.1.2") -> dict[str, Any]:
 def kueue_schema(kind: str, version: str) -> dict[str, Any]:
     crd = _load((KUEUE / KUEUE_CRD_FILES[kind]).read_text())
     served = {v["name"]: v for v in crd["spec"]["versions"] if v.get("served")}
-    assert version in served, f"Kueue v0.19.2 does not serve {kind} {version} (it serves {sorted(served)})"
+    assert version in served, f"Kueue {KUEUE_VERSION} does not serve {kind} {version} (it serves {sorted(served)})"
     schema = copy.deepcopy(served[version]["schema"]["openAPIV3Schema"])
     schema["properties"]["metadata"] = {"type": "object"}
     return _strict(schema)
@@ -68,7 +73,7 @@ def validate_kueue(obj: dict[str, Any]) -> None:
     jsonschema.validate(obj, kueue_schema(obj["kind"], version), cls=jsonschema.Draft7Validator)
 
 
-def validate(obj: dict[str, Any], version: str = "v4.1.2") -> None:
+def validate(obj: dict[str, Any], version: str = FORWARD) -> None:
     """Raise jsonschema.ValidationError on the first problem, against Argo `version`'s CRD."""
     assert obj.get("apiVersion") == "argoproj.io/v1alpha1", obj.get("apiVersion")
     _validator(obj["kind"], version).validate(obj)

@@ -25,10 +25,11 @@ source "$here/build-ui.sh"
 
 BINARIES=(etcd kube-apiserver kube-controller-manager kube-scheduler workflow-controller argoexec argo)
 LABEL="cluster binaries" BUILD_CMD="bash infra/local/build.sh" PINS=versions.env
-# The key: the versions, then a hash of what decides the binaries' content.
+# The key: the versions, then a hash of what decides the binaries' content (versions.env without the install
+# manifest's digest, which no binary depends on).
 mapfile -t ui_files < <(ui_inputs)
 key="k8s-${K8S_VERSION}_etcd-${ETCD_VERSION}_argo-${ARGO_VERSION}_$(cache_key "$here/build.sh" \
-  "$here/versions.env" "$here/etcd/main.go" "$here/kube/go.mod" "$here/kube/go.sum" "$here/etcd/go.mod" \
+  <(grep -v '^ARGO_INSTALL_SHA256=' "$here/versions.env") "$here/etcd/main.go" "$here/kube/go.mod" "$here/kube/go.sum" "$here/etcd/go.mod" \
   "$here/etcd/go.sum" "$here/build-ui.sh" "${ui_files[@]}")"
 cache_entry "$key" "${1:-build}"
 need_go "$GO_MIN" "the local control plane is built from Go modules" \

@@ -17,11 +17,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from infra.local.pins import ARGO_VERSION
+
 REPO = Path(__file__).resolve().parents[2]
 BUILD = REPO / "infra" / "local" / "build.sh"
 NAMESPACE = "baton"
 NODE_NAME = "baton-local"
-ARGO_VERSION = "v3.7.18"
 EXECUTOR_IMAGE = f"quay.io/argoproj/argoexec:{ARGO_VERSION}"
 # The Argo controller's health server: `http.ListenAndServe(":6060", nil)` in cmd/workflow-controller/main.go.
 ARGO_HEALTH_PORT = 6060

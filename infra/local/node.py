@@ -26,12 +26,13 @@ from pathlib import Path
 from typing import Any
 
 from infra.local.kube import ApiError, Kube
+from infra.local.pins import K8S_VERSION
 from infra.local.pods import TERMINAL, PodWorker, _mem_bytes, delete_now, now
 from trainer.exits import EXIT_SIGKILL
 
 LEASE_S = 10
 STATUS_S = 60
-VERSION = "v1.37.2-baton-node-agent"
+VERSION = f"{K8S_VERSION}-baton-node-agent"
 
 
 def micro_now() -> str:

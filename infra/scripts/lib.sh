@@ -2,14 +2,15 @@
 # Shared by the infra scripts (sourced, not run). Pins and helpers that must agree between gke-up.sh,
 # gke-destroy.sh and e2e-kind.sh live here once.
 
-# Argo Workflows release. Its CRDs and schema are what the project validates against
-# (tests/argo, vendored), so the cluster must run the same version.
-ARGO_VERSION="v4.1.2"
-ARGO_INSTALL_URL="https://github.com/argoproj/argo-workflows/releases/download/${ARGO_VERSION}/install.yaml"
-ARGO_NAMESPACE="argo"
-
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd -P)"
 export REPO_ROOT
+
+# The pinned versions' one home: ARGO_VERSION (the release `make e2e` runs on the local control plane) and
+# ARGO_INSTALL_SHA256, the digest of its install manifest, which every cluster path applies.
+# shellcheck source=SCRIPTDIR/../local/versions.env
+source "${REPO_ROOT}/infra/local/versions.env"
+ARGO_INSTALL="${REPO_ROOT}/infra/argo/install.yaml"
+ARGO_NAMESPACE="argo"
 
 log() { printf '==> %s\n' "$*" >&2; }
 die() { printf 'error: %s\n' "$*" >&2; exit 1; }
@@ -40,12 +41,17 @@ ensure_namespace() {
   kubectl create namespace "$1" --dry-run=client -o yaml | kubectl apply -f - >/dev/null
 }
 
-# Argo v4's release manifests carry full CRDs, too large for client-side apply's last-applied
-# annotation: the Argo docs require server-side apply.
+# The release's install manifest (infra/argo/install.yaml, rendered from the verified module by
+# infra/scripts/argo_install.py), refused unless its sha256 is the pinned one. Server-side apply, as Argo's
+# docs ask: a full CRD is too large for client-side apply's last-applied annotation.
 install_argo() {
-  log "installing Argo Workflows ${ARGO_VERSION} into namespace ${ARGO_NAMESPACE}"
+  local got
+  got="$(sha256sum "${ARGO_INSTALL}" | cut -d' ' -f1)"
+  [[ "${got}" == "${ARGO_INSTALL_SHA256}" ]] \
+    || die "${ARGO_INSTALL} has sha256 ${got}, not the pinned ARGO_INSTALL_SHA256 ${ARGO_INSTALL_SHA256} (infra/local/versions.env); nothing was installed. 'python3 infra/scripts/argo_install.py check' says why."
+  log "installing Argo Workflows ${ARGO_VERSION} (sha256 ${got:0:12}...) into namespace ${ARGO_NAMESPACE}"
   ensure_namespace "${ARGO_NAMESPACE}"
-  kubectl apply --server-side --force-conflicts -n "${ARGO_NAMESPACE}" -f "${ARGO_INSTALL_URL}"
+  kubectl apply --server-side --force-conflicts -n "${ARGO_NAMESPACE}" -f "${ARGO_INSTALL}"
   kubectl -n "${ARGO_NAMESPACE}" rollout status deployment/workflow-controller --timeout=300s
 }
 

@@ -9,6 +9,7 @@ before doing anything when a tool is missing, and that build-image.sh builds wha
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import shutil
@@ -343,13 +344,49 @@ def test_scripts_are_shellcheck_clean():
     assert p.returncode == 0, p.stdout + p.stderr
 
 
-def test_argo_is_pinned_to_the_validated_release():
+def test_every_cluster_path_installs_the_pinned_release_from_its_pinned_manifest():
+    """lib.sh reads the Argo release and its install manifest's digest from versions.env (no second spelling,
+    tests/unit/test_pins.py), and the committed manifest is that release's: images tagged with it, digest pinned."""
+    from infra.local.pins import ARGO_VERSION, PINS
+
     lib = (SCRIPTS / "lib.sh").read_text()
-    assert re.search(r'^ARGO_VERSION="v4\.1\.2"$', lib, re.M)
-    assert "releases/download/${ARGO_VERSION}/install.yaml" in lib
-    assert "kubectl apply --server-side" in lib  # v4's full CRDs exceed client-side apply's limit
-    # The CRDs the tests validate against are the same release, vendored in the repository.
-    assert "tag v4.1.2" in (REPO / "tests" / "argo" / "README.md").read_text()
+    assert 'source "${REPO_ROOT}/infra/local/versions.env"' in lib
+    assert 'ARGO_INSTALL="${REPO_ROOT}/infra/argo/install.yaml"' in lib
+    assert "kubectl apply --server-side" in lib  # a full CRD exceeds client-side apply's limit
+    install = INFRA / "argo" / "install.yaml"
+    assert hashlib.sha256(install.read_bytes()).hexdigest() == PINS["ARGO_INSTALL_SHA256"]
+    docs = list(yaml.safe_load_all(install.read_text()))
+    images = [c["image"] for d in docs if d["kind"] == "Deployment" for c in d["spec"]["template"]["spec"]["containers"]]
+    assert sorted(images) == [f"quay.io/argoproj/argocli:{ARGO_VERSION}", f"quay.io/argoproj/workflow-controller:{ARGO_VERSION}"]
+    assert ":latest" not in install.read_text()
+    # The forward check's CRDs are a release of their own, vendored (tests/crd.py).
+    from tests.crd import FORWARD
+
+    assert f"tag {FORWARD}" in (REPO / "tests" / "argo" / "README.md").read_text()
+
+
+def _install_argo(tmp_path: Path, manifest: bytes) -> tuple[subprocess.CompletedProcess, Path]:
+    """lib.sh's install_argo with kubectl recording its calls, the manifest at ARGO_INSTALL replaced."""
+    called = tmp_path / "called"
+    bindir = _stub_bin(tmp_path, {"kubectl": f'echo kubectl "$@" >> {called}; exit 0'},
+                       link=("dirname", "sha256sum", "cut"))
+    (tmp_path / "install.yaml").write_bytes(manifest)
+    script = f'source "{SCRIPTS / "lib.sh"}"; ARGO_INSTALL="{tmp_path / "install.yaml"}"; install_argo'
+    p = subprocess.run([BASH, "-c", script], capture_output=True, text=True, timeout=30, cwd=REPO,
+                       env={"PATH": str(bindir), "HOME": str(tmp_path)})
+    return p, called
+
+
+def test_install_argo_refuses_a_manifest_whose_digest_is_not_the_pinned_one(tmp_path):
+    good = (INFRA / "argo" / "install.yaml").read_bytes()
+    p, called = _install_argo(tmp_path, good.replace(b"argocli:", b"argocli-evil:", 1))
+    assert p.returncode == 1 and "not the pinned ARGO_INSTALL_SHA256" in p.stderr, p.stderr
+    assert not called.exists(), f"kubectl ran with a tampered manifest: {called.read_text()}"
+    # The control: the committed manifest is applied, server-side, to namespace argo.
+    (tmp_path / "ok").mkdir()
+    p, called = _install_argo(tmp_path / "ok", good)
+    assert p.returncode == 0, p.stderr
+    assert f"apply --server-side --force-conflicts -n argo -f {tmp_path / 'ok' / 'install.yaml'}" in called.read_text()
 
 
 def _stub_bin(tmp_path: Path, stubs: dict[str, str], link: tuple[str, ...] = ()) -> Path:

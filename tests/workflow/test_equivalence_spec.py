@@ -10,7 +10,8 @@ import jsonschema
 import pytest
 import yaml
 
-from tests.crd import validate
+from infra.local.pins import ARGO_VERSION
+from tests.crd import FORWARD, validate
 from tests.helpers import PY, REPO, base_env
 from workflows import equivalence as eq
 
@@ -20,13 +21,13 @@ def _templates(obj):
     return {t["name"]: t for t in spec["templates"]}
 
 
-@pytest.mark.parametrize("version", ["v4.1.2", "v3.7.18"])
+@pytest.mark.parametrize("version", [FORWARD, ARGO_VERSION])
 @pytest.mark.parametrize("index", [0, 1], ids=["Workflow", "CronWorkflow"])
 def test_rendered_objects_validate_against_argo_crds(index, version):
     validate(eq.rendered()[index], version)
 
 
-@pytest.mark.parametrize("version", ["v4.1.2", "v3.7.18"])
+@pytest.mark.parametrize("version", [FORWARD, ARGO_VERSION])
 def test_the_crd_check_rejects_unknown_fields_and_bad_types(version):
     wf = eq.rendered()[0]
     bad = json.loads(json.dumps(wf))
@@ -44,9 +45,9 @@ def test_the_two_releases_schemas_differ_where_argo_changed():
     same object passes one release's schema and fails the other's, so each test above reads its own."""
     cron = json.loads(json.dumps(eq.rendered()[1]))
     cron["spec"]["schedule"] = cron["spec"].pop("schedules")[0]
-    validate(cron, "v3.7.18")
+    validate(cron, ARGO_VERSION)
     with pytest.raises(jsonschema.ValidationError):
-        validate(cron, "v4.1.2")
+        validate(cron, FORWARD)
 
 
 def test_templates_folder_matches_a_fresh_render(tmp_path):
@@ -217,11 +218,9 @@ def test_a_file_rendered_for_one_shape_refuses_another_nodes_at_submit():
     assert apply_parameters(two, {"nodes": "2", "evict_node": "1"})["evict_node"] == "1"  # the control
 
 
-@pytest.mark.parametrize("version", ["v4.1.2", "v3.7.18"])
+@pytest.mark.parametrize("version", [FORWARD, ARGO_VERSION])
 @pytest.mark.parametrize("index", [0, 1])
 def test_the_two_node_rendering_validates_against_argo_crds(index, version):
-    from tests.crd import validate
-
     validate(eq.rendered(2)[index], version)
 
 
