@@ -181,6 +181,10 @@ def drill_summary(report: dict[str, Any]) -> str:
     return summary(report)
 
 
+TARGET_HELP = ("the cluster to render for: an overlay of templates/overlays/ (default: $BATON_TARGET, which make "
+               "cluster-up and make gke-up print; unset: the base Workflow, with no bucket credentials)")
+
+
 def parser() -> argparse.ArgumentParser:
     """Every command's arguments; equivalence.main parses with it and runs the command."""
     ap = ArgParser(prog="python workflows/equivalence.py", description=__doc__.split("\n\n")[0],
@@ -189,6 +193,7 @@ def parser() -> argparse.ArgumentParser:
     rd = sub.add_parser("render", help="print every object as a multi-document YAML stream")
     rd.add_argument("-p", "--param", action="append", default=[], metavar="NAME=VALUE",
                     help="parameter values to render (checked as for submit; -p queue=Q adds the Kueue label)")
+    rd.add_argument("--target", metavar="OVERLAY", help=TARGET_HELP)
     sub.add_parser("write-templates", help="regenerate templates/*.yaml")
     r = sub.add_parser("run", help="run the rendered workflow on this machine", epilog=parameters_help(),
                        formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -204,6 +209,7 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--from-file", metavar="FILE",
                    help="submit the Workflow (or a CronWorkflow's workflowSpec) in FILE ('-': stdin) instead, "
                         "e.g. from 'kubectl kustomize templates/overlays/kind'")
+    s.add_argument("--target", metavar="OVERLAY", help=TARGET_HELP)
     add_server_arguments(s)
     st = sub.add_parser("status", help="a submitted drill's nodes beside its checkpoint store")
     st.add_argument("name", help="the workflow's name, as submit printed it")

@@ -65,6 +65,7 @@ from infra.local.components import (
     write_kubeconfig,
     write_overlay,
 )
+from workflows.targets import TARGET_ENV
 
 
 class Cluster:
@@ -513,6 +514,8 @@ class Cluster:
             "ARGO_SECURE": "true",
             "ARGO_INSECURE_SKIP_VERIFY": "true",
             "ARGO_NAMESPACE": NAMESPACE,
+            # The overlay a bare `python workflows/equivalence.py submit` renders the drill with (its bucket and keys).
+            TARGET_ENV: "local-kueue" if "kueue" in info["procs"] else "local",
             # What `status` needs to read the drill's bucket on moto.
             "BATON_S3_ENDPOINT": f"http://127.0.0.1:{ports['s3']}",
             **S3_KEYS,

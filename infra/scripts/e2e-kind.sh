@@ -99,8 +99,7 @@ export ARGO_SERVER=localhost:2746 ARGO_NAMESPACE="${NAMESPACE}" ARGO_INSECURE_SK
 ARGO_TOKEN="Bearer $(kubectl -n "${NAMESPACE}" create token "${SUBMITTER}")"
 export ARGO_TOKEN
 # shellcheck disable=SC2086 # SUBMIT_ARGS is a word list on purpose
-WF="$(kubectl kustomize "${REPO_ROOT}/templates/overlays/kind" \
-  | "${PY}" "${REPO_ROOT}/workflows/equivalence.py" submit --from-file - \
+WF="$(BATON_TARGET=kind "${PY}" "${REPO_ROOT}/workflows/equivalence.py" submit \
     -p "image=${IMAGE}" -p "bucket=s3://${BUCKET}" ${SUBMIT_ARGS:-} | head -n 1)"
 [[ -n "${WF}" ]] || die "submit printed no workflow name."
 

@@ -120,4 +120,7 @@ IMAGE=${IMAGE}
 ARGO_VERSION=${ARGO_VERSION}
 ENV
 
-log "done. The drill can be submitted to namespace ${NAMESPACE} with image ${IMAGE} and bucket ${BUCKET_URL}."
+log "done. The drill can be submitted to namespace ${NAMESPACE} with image ${IMAGE} and bucket ${BUCKET_URL},"
+log "rendered with the ${OVERLAY} overlay: paste this (with ARGO_SERVER and ARGO_TOKEN, docs/cluster.md), then"
+log "'python workflows/equivalence.py submit':"
+printf 'export BATON_TARGET=%s\n' "${OVERLAY}"

@@ -114,11 +114,12 @@ FINAL = ("Succeeded", "Failed", "Error")
 
 
 def submit(cluster: Local, env: dict[str, str], *params: str) -> str:
-    wf = subprocess.run(["kubectl", "kustomize", str(REPO / "templates" / "overlays" / "local")],
-                        capture_output=True, text=True, check=True).stdout
-    r = subprocess.run([sys.executable, "workflows/equivalence.py", "submit", "--from-file", "-", *params],
-                       input=wf, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    """A bare `python workflows/equivalence.py submit`, as a user types it after pasting `cluster up`'s export
+    lines: BATON_TARGET, one of them, renders the drill with the local overlay (no pipe, no file)."""
+    r = subprocess.run([sys.executable, "workflows/equivalence.py", "submit", *params],
+                       cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, f"submit failed: {r.stderr.strip()}"
+    assert f"target: {env['BATON_TARGET']} (BATON_TARGET)" in r.stderr, r.stderr
     name, url = r.stdout.split()[:2]
     assert url == f"https://{env['ARGO_SERVER']}/workflows/baton/{name}", r.stdout
     return name

@@ -1,7 +1,7 @@
 """The drill as a user runs it, on the real Argo controller and Argo Server of the local cluster.
 
-`kubectl kustomize templates/overlays/local | python workflows/equivalence.py submit --from-file -` through
-the Argo Server with baton-submitter's token (`client` auth mode), then `status NAME` against the same server
+A bare `python workflows/equivalence.py submit` (the export lines of `cluster up` set BATON_TARGET=local, so it
+renders the drill with templates/overlays/local) through the Argo Server with baton-submitter's token (`client` auth mode), then `status NAME` against the same server
 until the workflow ends. The assertions are on what Argo itself recorded: the Workflow's phase and nodes in
 the API server, compare's outputs on the workflow, its artifacts in moto's bucket, and the API server's audit
 log for the eviction. Skipped when the binaries are not built (tests/e2e/localcluster.py).
@@ -312,3 +312,24 @@ def test_a_drill_whose_trial_cannot_be_scheduled_fails_at_its_deadline(cluster: 
         ("Failed", "Step exceeded its deadline")], _describe(wf)
     nodes = {n["displayName"]: n for n in wf["status"]["nodes"].values()}
     assert nodes["compare"]["type"] == "Skipped" and nodes["compare"]["phase"] == "Omitted"
+
+
+def test_a_submit_with_no_target_says_so_and_its_steps_cannot_reach_the_bucket(cluster: Local):
+    """The control for the session's bare submit (conftest.py's drill, with BATON_TARGET=local from the export
+    lines): without the variable, submit says in one line that it sends the base Workflow, and that Workflow's
+    steps, which name no bucket credentials, fail at their first read of the bucket (exit 1: no retry)."""
+    env = {k: v for k, v in cluster.user_env().items() if k != "BATON_TARGET"}
+    r = subprocess.run([sys.executable, "workflows/equivalence.py", "submit", *SMALL], cwd=REPO, env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "target: none (BATON_TARGET unset)" in r.stderr, r.stderr
+    name = r.stdout.split()[0]
+    phase, status = watch(env, name, timeout=300)
+    wf = cluster.get("workflow", name)
+    assert phase == "Failed", _describe(wf)
+    first = _tasks(wf)["reference"]["attempts"][0]
+    assert first["phase"] == "Failed" and (first.get("message") or "").endswith("Error (exit code 1)"), _describe(wf)
+    assert len(_tasks(wf)["reference"]["attempts"]) == 1, _describe(wf)  # exit 1: no retry can help
+    pod = _pod_of(wf, first["displayName"], "train")
+    log = cluster.kubectl("logs", pod, "-c", "main", check=False)
+    assert "Unable to locate credentials" in log, log[-2000:]

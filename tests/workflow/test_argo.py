@@ -21,6 +21,7 @@ import yaml
 
 from tests.crd import crd_schema, validate_kueue
 from tests.helpers import PY, REPO, base_env
+from tests.overlays import CLUSTER_IMAGE, TERRAFORM_OUTPUT, cluster_overlay, overlays
 from workflows import equivalence as eq
 
 FIXTURES = Path(__file__).parent / "fixtures" / "argo"
@@ -29,33 +30,8 @@ TOKEN = "Bearer eyJhbGciOiJSUzI1NiJ9.test-token"
 CREATE = "/api/v1/workflows/baton"
 KUBECTL = shutil.which("kubectl")
 OVERLAYS = REPO / "templates" / "overlays"
-TERRAFORM_OUTPUT = REPO / "tests" / "fixtures" / "terraform-output.json"  # recorded `terraform output -json`
-CLUSTER_IMAGE = "us-central1-docker.pkg.dev/acme-ml-42/baton/baton:abc123-cuda"
 
 
-def cluster_overlay():
-    """infra/scripts/cluster_overlay.py, the generator make gke-up runs (a script, not a package)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("cluster_overlay", REPO / "infra" / "scripts" / "cluster_overlay.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-@functools.cache
-def overlays() -> Path:
-    """templates/ copied aside, with the gke overlays' cluster values generated from recorded Terraform
-    outputs as `make gke-up` does (infra/scripts/cluster_overlay.py): the overlays a cluster gets."""
-    import atexit
-    import tempfile
-
-    gen = cluster_overlay()
-    root = Path(tempfile.mkdtemp(prefix="baton-overlays-"))
-    atexit.register(shutil.rmtree, root, True)
-    shutil.copytree(REPO / "templates", root / "templates", ignore=shutil.ignore_patterns(gen.FOLDER))
-    gen.write(root / "templates" / "overlays" / "gke" / gen.FOLDER, gen.outputs(TERRAFORM_OUTPUT), CLUSTER_IMAGE)
-    return root / "templates" / "overlays"
 ARGO_ENV = ("ARGO_SERVER", "ARGO_TOKEN", "ARGO_NAMESPACE", "ARGO_SECURE", "ARGO_INSECURE_SKIP_VERIFY",
             "ARGO_HTTP1", "ARGO_BASE_HREF")
 
@@ -131,6 +107,7 @@ def argo(monkeypatch):
     monkeypatch.setenv("ARGO_SERVER", srv.host)
     monkeypatch.setenv("ARGO_TOKEN", TOKEN)
     monkeypatch.setenv("ARGO_SECURE", "false")
+    monkeypatch.delenv("BATON_TARGET", raising=False)  # as a cluster's export lines may have set it
     yield srv
     srv.stop()
 
