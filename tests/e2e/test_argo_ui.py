@@ -85,6 +85,20 @@ class UI:
             "xpath=//*[local-name()='g'][*[local-name()='g']/*[local-name()='text' and contains(@class, 'node-label') "
             f"and normalize-space()='{label}']]/*[local-name()='g' and contains(@class, 'node')]")
 
+    def unfold(self, label: str) -> dict[str, str]:
+        """The graph's labels, with the folded group opened when `label` is not in view: the UI folds the children
+        of a node with more than three between its first and its last, and the drill has four first tasks, created
+        in an order the controller draws (docs/cluster-local.md). The fold comes back at each page load."""
+        self.page.wait_for_selector("g.node")
+        shown = self.labels()
+        if label not in shown:
+            folded = [lb for lb in shown if lb.endswith("hidden nodes")]
+            self.expect(bool(folded), f"graph: no {label} and nothing folded, got {sorted(shown)}")
+            self.node(folded[0]).click()
+            self.page.wait_for_timeout(500)
+            shown = self.labels()
+        return shown
+
     def labels(self) -> dict[str, str]:
         """Every node of the graph: its label -> its classes (the phase among them)."""
         pairs = self.page.eval_on_selector_all(
@@ -127,17 +141,8 @@ def _attempts(cluster: Local, name: str) -> list[dict[str, Any]]:
 def test_the_trial_and_its_attempts_are_in_the_graph_as_argo_recorded_them(ui: UI, cluster: Local, drill: Drill):
     assert drill.phase == "Succeeded", drill.status.stdout
     ui.open(f"workflows/baton/{drill.name}")
-    ui.page.wait_for_selector("g.node")
     attempts = _attempts(cluster, drill.name)
-    shown = ui.labels()
-    if "trial" not in shown:
-        # The UI folds the children of a node with more than three between its first and its last; the drill
-        # has four first tasks, created in an order the controller draws (docs/cluster-local.md): unfold them.
-        folded = [label for label in shown if label.endswith("hidden nodes")]
-        ui.expect(bool(folded), f"graph: no trial and nothing folded, got {sorted(shown)}")
-        ui.node(folded[0]).click()
-        ui.page.wait_for_timeout(500)
-        shown = ui.labels()
+    shown = ui.unfold("trial")
     ui.expect("trial" in shown and all(a["displayName"] in shown for a in attempts),
               f"graph: the trial and its attempts {[a['displayName'] for a in attempts]} in view, got {sorted(shown)}")
     evicted, last = attempts[0], attempts[-1]
@@ -160,6 +165,7 @@ def test_the_trial_and_its_attempts_are_in_the_graph_as_argo_recorded_them(ui: U
 def test_an_attempts_logs_show_the_trainers_lines(ui: UI, cluster: Local, drill: Drill):
     last = _attempts(cluster, drill.name)[-1]
     ui.open(f"workflows/baton/{drill.name}")
+    ui.unfold(last["displayName"])
     ui.node(last["displayName"]).click()
     # The logs viewer draws into a canvas (xterm.js), so what it was given is read from the response it asked
     # for: the attempt's archived log (its pod is gone: podGC OnPodSuccess) or the live stream.
