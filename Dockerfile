@@ -55,6 +55,7 @@ print('torch', torch.__version__, 'cuda', torch.version.cuda)"
 
 WORKDIR /app
 COPY pyproject.toml ./
+COPY baton ./baton
 COPY trainer ./trainer
 COPY steps ./steps
 COPY workflows ./workflows

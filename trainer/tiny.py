@@ -47,6 +47,14 @@ def build_tiny_qwen2(out_dir: str | Path, corpus_docs: list[str], **arch_overrid
         tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
         try:
             _build_into(tmp, corpus_docs, **arch_overrides)
+            # mkdtemp makes the folder 0700, and safetensors writes its file 0600: a model folder is read by others
+            # (the image builds it as root and runs as uid 1000, which could read neither), so each gets what a
+            # plain mkdir or open gives under the umask.
+            umask = os.umask(0)
+            os.umask(umask)
+            for path in tmp.rglob("*"):
+                path.chmod((0o777 if path.is_dir() else 0o666) & ~umask)
+            tmp.chmod(0o777 & ~umask)
             os.rename(tmp, out)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)

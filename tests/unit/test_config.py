@@ -61,3 +61,33 @@ def test_cli_refuses_bad_config_with_exit_1_and_names_the_key():
     p = subprocess.run([PY, "-m", "trainer", "--config", "/nonexistent.yaml"],
                        capture_output=True, text=True, env=base_env(), cwd=REPO, timeout=60)
     assert p.returncode == 1 and "does not exist" in p.stderr
+
+
+@pytest.mark.parametrize(("base", "twin"), [("trainer/configs/tiny.yaml", "trainer/configs/tiny-workers.yaml"),
+                                            ("examples/hf_trainer/config.yaml", "examples/hf_trainer/config-workers.yaml")])
+def test_each_workers_config_is_its_base_with_two_loader_workers(base, twin, tmp_path):
+    """The shipped twins the e2e drills run (they are in the image; a file written at test time is not): the
+    base with data.num_workers 2 and nothing else, so that an edit to one without the other fails here."""
+    import yaml
+
+    from tests.helpers import with_workers
+
+    want = yaml.safe_load(with_workers(REPO / base, tmp_path / "want.yaml").read_text())
+    assert yaml.safe_load((REPO / twin).read_text()) == want
+    assert load_config(REPO / twin).data.num_workers == 2 and load_config(REPO / base).data.num_workers != 2
+
+
+def test_the_tiny_model_folder_is_readable_by_other_users(tiny_model):
+    """The image builds the tiny model as root and runs as uid 1000: a folder left 0700 by mkdtemp, then a
+    model.safetensors left 0600, failed every step there (seen on the local cluster's real node). Each has the
+    mode a plain mkdir or open gives."""
+    import os
+    import stat
+
+    umask = os.umask(0)
+    os.umask(umask)
+    assert stat.S_IMODE(tiny_model.stat().st_mode) == 0o777 & ~umask
+    assert stat.S_IMODE(tiny_model.stat().st_mode) & 0o005 == 0o005  # others may list and enter it
+    files = [p for p in tiny_model.iterdir() if p.is_file()]
+    assert "model.safetensors" in {p.name for p in files}
+    assert {p.name: stat.S_IMODE(p.stat().st_mode) for p in files} == {p.name: 0o666 & ~umask for p in files}

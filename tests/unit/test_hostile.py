@@ -73,6 +73,7 @@ def test_the_gadgets_run_code_under_plain_pickle_and_under_the_old_allowlist(tmp
         assert marker.exists(), make.__name__
     marker = tmp_path / "old-allowlist"
     monkeypatch.setattr(ckpt_read, "_ALLOWED_GLOBALS", ckpt_read._ALLOWED_GLOBALS | OLD_ALLOWLIST_EXTRAS)
+    monkeypatch.setattr(ckpt_read, "_enum_member", getattr)  # the old allowlist gave the real getattr
     try:
         ckpt_read._MetadataUnpickler(io.BytesIO(gadget_through_allowed_names(marker))).load()
     except Exception:  # noqa: BLE001 - the result of os.system is not metadata; the marker is what counts
@@ -88,6 +89,51 @@ def test_the_allowlist_refuses_every_gadget(tmp_path):
         with pytest.raises(CorruptCheckpoint, match="which a DCP checkpoint never needs"):
             _MetadataUnpickler(io.BytesIO(make(marker))).load()
         assert not marker.exists()
+
+
+def _enum_by_name(obj: object) -> bytes:
+    """`obj` pickled as Python 3.11.0-3.11.2 pickle enum members: getattr(cls, name) (Debian bookworm's 3.11.2,
+    the image's Python, does; 3.11.7 writes cls(value))."""
+    import enum
+
+    class Pickler(pickle.Pickler):
+        def reducer_override(self, o):
+            if isinstance(o, enum.Enum):
+                return getattr, (type(o), o.name)
+            return NotImplemented
+
+    out = io.BytesIO()
+    Pickler(out, protocol=pickle.DEFAULT_PROTOCOL).dump(obj)  # as DCP writes .metadata
+    return out.getvalue()
+
+
+def test_metadata_with_enums_pickled_by_name_is_read_and_getattr_reaches_nothing_else(tmp_path):
+    """A .metadata written by Python 3.11.2 (baton's image; compare refused every checkpoint the image's trainer
+    wrote, seen on the local cluster's real node) reads as the same Metadata. getattr stays refused for anything
+    but a member of the allowed enum: another attribute of that enum, an attribute of another allowed class.
+    The control: each refused form reaches the attribute under plain pickle."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
+    from torch.distributed.checkpoint.metadata import _MEM_FORMAT_ENCODING
+
+    from trainer.checkpoint.read import CorruptCheckpoint, _MetadataUnpickler
+
+    dcp.save({"w": torch.ones(3)}, storage_writer=FsspecWriter(str(tmp_path / "ckpt")), no_dist=True)  # as Store does
+    raw = (tmp_path / "ckpt" / ".metadata").read_bytes()
+    plain = _MetadataUnpickler(io.BytesIO(raw)).load()
+    by_name = _enum_by_name(plain)
+    assert b"getattr" in by_name and b"getattr" not in raw
+    assert _MetadataUnpickler(io.BytesIO(by_name)).load() == plain
+    getattr_ = _global("builtins", "getattr")
+    enum_class = _global("torch.distributed.checkpoint.metadata", "_MEM_FORMAT_ENCODING")
+    for target, attr in ((enum_class, "__class__"), (enum_class, "_member_map_"), (_global("torch", "Size"), "__new__")):
+        data = _pickle(_call(getattr_, target, _str(attr)))
+        assert pickle.loads(data) is not None  # plain pickle hands out the attribute
+        with pytest.raises(CorruptCheckpoint, match="no member of an enum a DCP checkpoint holds"):
+            _MetadataUnpickler(io.BytesIO(data)).load()
+    member = _pickle(_call(getattr_, enum_class, _str("TORCH_CONTIGUOUS_FORMAT")))
+    assert _MetadataUnpickler(io.BytesIO(member)).load() is _MEM_FORMAT_ENCODING.TORCH_CONTIGUOUS_FORMAT
 
 
 # ---- a real DCP checkpoint, and its hostile variants ------------------------------------------------
@@ -150,7 +196,7 @@ def plant(variant: str, folder: Path, marker: Path) -> str:
         return "fails its sha256 checksum"
     if variant == "gadget, manifest rewritten":
         _replace_metadata(folder, gadget_through_allowed_names(marker), reseal=True)
-        return "builtins.getattr, which a DCP checkpoint never needs"
+        return "pathlib.PosixPath, which a DCP checkpoint never needs"
     if variant == "direct gadget, manifest rewritten":
         _replace_metadata(folder, gadget_direct(marker), reseal=True)
         return "which a DCP checkpoint never needs"
@@ -234,6 +280,7 @@ def test_the_checksum_of_metadata_is_checked_before_anything_is_unpickled(dcp_ru
     marker = tmp_path / "marker"
     plant("gadget padded to size", folder, marker)
     monkeypatch.setattr(ckpt_read, "_ALLOWED_GLOBALS", ckpt_read._ALLOWED_GLOBALS | OLD_ALLOWLIST_EXTRAS)
+    monkeypatch.setattr(ckpt_read, "_enum_member", getattr)  # the old allowlist gave the real getattr
     store = Store(str(tmp_path / "bucket"), folder.parent.name)
     manifest = store.read_manifest(6)
     with pytest.raises(CorruptCheckpoint, match="sha256"):
@@ -299,7 +346,7 @@ def test_a_resume_falls_back_past_every_hostile_checkpoint_and_finishes_bit_iden
     rc, recs, err = run(trainer_cmd(tiny_model, bucket, *SETS), env=base_env())
     assert rc == 0, err[-3000:]
     refused = {r["step"]: r["reason"] for r in recs if r["event"] == "checkpoint_refused"}
-    assert "holds progress for step 4" in refused[99] and "builtins.getattr" in refused[6], refused
+    assert "holds progress for step 4" in refused[99] and "pathlib.PosixPath" in refused[6], refused
     assert [r["from_step"] for r in recs if r["event"] == "resume"] == [4]
     assert not marker.exists() and (outside / "_COMMIT").is_file()
     equal, n = equal_count(model_and_optim(tensors(ref, TOTAL)), model_and_optim(tensors(bucket, TOTAL)))

@@ -546,7 +546,12 @@ def test_dockerfile_copies_only_what_exists_and_is_in_the_build_context():
         src = re.sub(r"\$\{(\w+)\}", lambda m: args[m.group(1)], src)
         assert (REPO / src).exists(), f"COPY source {src} does not exist"
         assert not _dockerignored(src, patterns), f"COPY source {src} is excluded by .dockerignore"
-    for needed in ("pyproject.toml", "trainer", "steps", "workflows"):
+    # Every package the project's wheel holds (pyproject.toml's packages.find), and the pyproject itself: the
+    # image runs them from /app (a missing `baton` once failed every step's first import, seen on the real node).
+    found = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]["include"]
+    packages = {pattern.rstrip("*") for pattern in found}
+    assert packages and all((REPO / p).is_dir() for p in packages), packages
+    for needed in ("pyproject.toml", *packages):
         assert needed in sources, f"the image needs {needed}"
     assert _dockerignored(".venv", patterns) and _dockerignored(".git", patterns)
 

@@ -51,7 +51,8 @@ _HASH_CHUNK = digest.CHUNK
 # Exactly what a DCP `.metadata` of tensors holds (read off real ones, torch 2.11-2.13): its dataclasses,
 # the memory-format enum, torch.Size and dtypes, and `_get_layout` (a lookup of torch's layouts by name).
 # No callable that reaches attributes or modules (getattr, pathlib's classes): with those, a chain of
-# allowed names gets from a class to its module's globals and on to os.system.
+# allowed names gets from a class to its module's globals and on to os.system. `builtins.getattr` stands only
+# for _enum_member, which names a member of an allowed enum (Python 3.11.0-3.11.2 pickle enums through it).
 _ALLOWED_GLOBALS = {
     ("torch.distributed.checkpoint.metadata", n) for n in (
         "Metadata", "TensorStorageMetadata", "ChunkStorageMetadata", "TensorProperties", "MetadataIndex",
@@ -64,8 +65,34 @@ _ALLOWED_GLOBALS = {
                             "int8", "uint8", "bool", "complex64", "complex128")}
 
 
+def _allowed_enums() -> frozenset[Any]:
+    from enum import Enum
+
+    from torch.distributed.checkpoint import metadata
+
+    return frozenset(getattr(metadata, n) for m, n in _ALLOWED_GLOBALS if m == metadata.__name__
+                     and isinstance(getattr(metadata, n), type) and issubclass(getattr(metadata, n), Enum))
+
+
+_ALLOWED_ENUMS = _allowed_enums()
+"""The enum classes among the allowed names (the memory-format encoding): the only classes getattr may name."""
+
+
+def _enum_member(cls: Any, name: Any) -> Any:
+    """What `builtins.getattr` may do in `.metadata`, and nothing else: name a member of an allowed enum. Python
+    3.11.0 to 3.11.2 (Debian bookworm's 3.11.2 among them: baton's image) pickle an enum member as
+    getattr(cls, name), where other versions write cls(value); the real getattr would reach any attribute."""
+    allowed = cls in _ALLOWED_ENUMS and isinstance(name, str) and name in cls.__members__
+    if not allowed:
+        raise CorruptCheckpoint(f".metadata uses getattr on {getattr(cls, '__qualname__', type(cls).__name__)}"
+                                f".{str(name)[:60]}, which is no member of an enum a DCP checkpoint holds")
+    return cls.__members__[name]
+
+
 class _MetadataUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
+        if (module, name) == ("builtins", "getattr"):
+            return _enum_member
         if (module, name) not in _ALLOWED_GLOBALS:
             raise CorruptCheckpoint(f".metadata references {module}.{name}, which a DCP checkpoint never needs")
         return super().find_class(module, name)
