@@ -17,6 +17,7 @@ Test-only; never on the image's path.
 from __future__ import annotations
 
 import os
+import sys
 import time
 
 from trainer import hooks
@@ -44,6 +45,8 @@ class Seams(hooks.Hooks):
             from noise import GradNoise
 
             self.noise = GradNoise.parse(env["BATON_NOISE"])
+            # One line per process, so that a drill's logs say which noise each role and attempt drew.
+            print(f"faultfs: BATON_NOISE seed {self.noise.seed} in pid {os.getpid()}", file=sys.stderr)
 
     def at_point(self, p: hooks.Point) -> bool:
         if (p.step, p.micro) not in self.pauses:

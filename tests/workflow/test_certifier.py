@@ -200,7 +200,6 @@ def tier_runs(request):
     return 2, {**request.getfixturevalue("noise_free"), **request.getfixturevalue("noisy")}
 
 
-RNG_BEFORE = "the RNG differed before this batch was drawn (RNG not restored, or consumed at start)"
 EXPECTED = {  # variant -> what the verdict names, at both tiers or {tier: ...}
     "correct": "preemption-safe in this drill",
     "random_collator": "preemption-safe in this drill",
@@ -209,12 +208,13 @@ EXPECTED = {  # variant -> what the verdict names, at both tiers or {tier: ...}
     "unseeded_shuffle": "NOT certifiable: the reference and its replay, two uninterrupted starts, already differ "
                         "at step 1: batch differs: the data order changes at every start",
     "unseeded_init": "NOT certifiable: the initial model differs at every start",
-    # Re-seeded (or drawn from) at the first step after the resume, after that step's batches were drawn:
-    # the next step's batch was drawn from another RNG; at Tier 1 the loss of the first step already differs.
-    "reseed_after_resume": {1: f"step 9: {RNG_BEFORE}; also different: the RNG at the step's start; the loss "
-                               "already differed at step 8", 2: f"step 9: {RNG_BEFORE}"},
-    "consume_at_start": {1: f"step 9: {RNG_BEFORE}; also different: the batch, the RNG at the step's start; the "
-                            "loss already differed at step 8", 2: f"step 9: {RNG_BEFORE}; also different: the batch"},
+    # Re-seeded (or drawn from) by the script's own callback at the first step_begin after the resume, after that
+    # step's batches were drawn: baton's callback runs last (trainer/hf.py), so the RNG the step starts from is
+    # read after the draw, and the first step after the resume is named.
+    "reseed_after_resume": "NOT preemption-safe: step 8: the RNG at the step's start differs (RNG not restored, or "
+                           "consumed at start)",
+    "consume_at_start": "NOT preemption-safe: step 8: the RNG at the step's start differs (RNG not restored, or "
+                        "consumed at start)",
     "callback_counter": {1: "NOT preemption-safe: step 9: the same batch and RNG, but the loss differs (state outside "
                             "the checkpoint", 2: "NOT preemption-safe: final checkpoints differ: "},
     "group_by_length": "preemption-safe in this drill",

@@ -176,7 +176,10 @@ def test_a_drill_with_loader_workers_and_unseeded_noise_measures_a_floor_and_pas
         cmd += ["-p", param]
     p = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env=base_env(BATON_NOISE="1e-4"), timeout=600)
     report = json.loads((out / "report.json").read_text())
-    assert p.returncode == 0, report["verdict"] + p.stderr[-3000:]
+    seeds = {f.name: [line for line in f.read_text().splitlines() if "BATON_NOISE seed" in line]
+             for f in sorted((out / "argo" / "logs").glob("*.log"))}
+    figures = {k: report.get(k) for k in ("floor_l2", "l2_diff", "diff_over_floor", "floor_slack")}
+    assert p.returncode == 0, f"{report['verdict']}\n{figures}\nseeds: {seeds}\n{p.stderr[-3000:]}"
     assert report["tier"] == 2 and report["floor_l2"] > 0 and report["passed"], report
     assert report["evictions_met"]["landed"] == 2 and report["steps"]["replayed"] == 0
     logs = "".join(f.read_text() for f in (out / "argo" / "logs").glob("trial-*.log"))
