@@ -465,7 +465,7 @@ def run_drill(args: argparse.Namespace, dp: Phase, result: dict[str, Any], out: 
         run_phase(dp, cmd, left() - 15, out / f"drill{suffix}.log", env=child_env(),
                   on_timeout=lambda: reap_pods(drill_out / "argo" / "pods"))
     d["gpu_memory_peak_mib"] = mem.peak_mib
-    from steps.contract import LOSS_PNG, REPORT_JSON, REPORT_MD, ROLES, local_drills, role_root
+    from steps.lib.contract import LOSS_PNG, REPORT_JSON, REPORT_MD, ROLES, local_drills, role_root
 
     report_path = drill_out / REPORT_JSON
     if report_path.exists():

@@ -3,7 +3,7 @@
 The deterministic drill certifies eager attention and deterministic kernels (Tier 1 on one GPU). The fast
 mode certifies what a fine-tune actually runs: `sdpa` attention, `torch.compile` of each decoder layer,
 `deterministic: false`, bf16, and a fine-tune's sequence length. Its kernels are not bit-reproducible, so
-its drill is judged by Tier 2 (steps/judge.py): the trial against the floor that the reference and its
+its drill is judged by Tier 2 (steps/lib/judge.py): the trial against the floor that the reference and its
 replay measure.
 
 MFU: achieved model FLOP/s over the chip's dense bf16 peak. FLOPs per token are the usual

@@ -39,7 +39,7 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 def drill_evidence(drill_out: Path) -> dict[str, list[dict[str, Any]]]:
     """Every role's records, from the evidence the drill copied into its local bucket."""
-    from steps.contract import ROLES, evidence_root, local_drills
+    from steps.lib.contract import ROLES, evidence_root, local_drills
 
     roles: dict[str, list[dict[str, Any]]] = {}
     for drill in local_drills(drill_out / "bucket"):

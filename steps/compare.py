@@ -6,7 +6,7 @@
 Tier 1 (CPU, gloo): every model and optimizer tensor of the trial equals the reference's (torch.equal).
 Tier 2 (CUDA, or `deterministic: false`): the floor is the L2 distance between the reference and its
 replay (the run's own nondeterminism), and the trial's L2 distance to the reference may be at most
-1.5x that floor (steps/judge.py). HF `checkpoint-N/` roots are judged the same way, over every entry.
+1.5x that floor (steps/lib/judge.py). HF `checkpoint-N/` roots are judged the same way, over every entry.
 """
 
 from __future__ import annotations
@@ -19,11 +19,11 @@ from typing import Any
 import torch
 from torch.distributed.checkpoint.api import CheckpointException
 
-from steps.contract import BOUNDS, ROLES
-from steps.evidence import read_evidence, read_json
-from steps.judge import judge, resolve_tier
-from steps.report import write_report
-from steps.verdict import assemble, verdict_of  # noqa: F401 - verdict_of: compare's API before steps/verdict.py
+from steps.lib.contract import BOUNDS, ROLES
+from steps.lib.evidence import read_evidence, read_json
+from steps.lib.judge import judge, resolve_tier
+from steps.lib.report import write_report
+from steps.lib.verdict import assemble, verdict_of  # noqa: F401 - verdict_of: compare's API before steps/lib/verdict.py
 from steps.verify import evictions_record
 from trainer import env as baton_env
 from trainer.bounded import ArgParser, Bound, flag_type
@@ -45,7 +45,7 @@ def compared_keys(t: dict[str, torch.Tensor]) -> list[str]:
 
 def compare(reference: str, replay: str, trial: str, total_steps: int | None = None,
             tier: str = "auto") -> dict[str, Any]:
-    """The three final checkpoints judged entry by entry (steps/judge.py), in either format, told apart by
+    """The three final checkpoints judged entry by entry (steps/lib/judge.py), in either format, told apart by
     the reference's layout (trainer.checkpoint.open_root): baton's DCP (`runs/`) or HF `checkpoint-N/`.
     `tier`: 1, 2, or auto (1 when the trial ran on a CPU with deterministic kernels, else 2). A role
     without a usable final checkpoint is a `problem` naming it, not an exception."""
@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--evictions", help="evictions JSON written by steps.evict")
     ap.add_argument("--total-steps", type=flag_type(Bound(1, BOUNDS["total_steps"].high, integer=True)), required=True)
     ap.add_argument("--tier", default="auto", choices=("auto", "1", "2"),
-                    help="1: every tensor equal; 2: within the measured floor (steps/judge.py); "
+                    help="1: every tensor equal; 2: within the measured floor (steps/lib/judge.py); "
                          "auto: 1 on a CPU with deterministic kernels, else 2")
     ap.add_argument("--out", required=True, help="local folder for report.json, report.md, loss.png")
     ap.add_argument("--report-uri", help="also copy the report there (the bucket)")

@@ -1,5 +1,5 @@
 """Evict the trial at computed points: on a cluster through the Eviction API (what a node drain does),
-locally through the local runner's pod registry (steps/local_pods.py), which can also end the pod the
+locally through the local runner's pod registry (steps/lib/local_pods.py), which can also end the pod the
 way a GKE Spot node shutdown, a lost VM or a Kueue preemption does (--how).
 
     python -m steps.evict --evidence URI --total-steps T --evictions N --seed S [--jitter]
@@ -38,10 +38,10 @@ import time
 from collections import deque
 from pathlib import Path
 
-from steps.contract import BOUNDS, NODE_NAME_ANNOTATION, SERVICE_ACCOUNT_NAMESPACE, WORKFLOW_LABEL
-from steps.evidence import read_evidence, read_json, write_json
-from steps.local_pods import ENV as LOCAL_PODS_ENV
-from steps.local_pods import HOW, LocalPods
+from steps.lib.contract import BOUNDS, NODE_NAME_ANNOTATION, SERVICE_ACCOUNT_NAMESPACE, WORKFLOW_LABEL
+from steps.lib.evidence import read_evidence, read_json, write_json
+from steps.lib.local_pods import ENV as LOCAL_PODS_ENV
+from steps.lib.local_pods import HOW, LocalPods
 from trainer import env as baton_env
 from trainer.bounded import ArgParser, Bound, flag_type, parse
 from trainer.redaction import redact
@@ -240,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=flag_type(Bound(0, MAX_WAIT_S, above=True)), default=3600.0)
     ap.add_argument("--how", default="evict", choices=HOW,
                     help="how to end the trial's pod: evict (Eviction API); locally also delete, kueue, "
-                         "node-shutdown, lost-vm (steps/local_pods.py)")
+                         "node-shutdown, lost-vm (steps/lib/local_pods.py)")
     ap.add_argument("--gone-timeout", type=flag_type(Bound(0, MAX_WAIT_S, above=True)), default=None,
                     help="give up when the task has had no pending or running pod this long and has not finished "
                          "(it failed for good: Argo waits for this step before it ends the workflow); default 90 s "
@@ -281,7 +281,7 @@ def _resume(out: str | None, points: list[int]) -> list[dict]:
         return []
     evs = earlier.get("evictions")
     if earlier.get("points") != points or not isinstance(evs, list) or not all(isinstance(e, dict) for e in evs):
-        return []  # another plan, or a file that is not this step's (read as untrusted: steps/evidence.py)
+        return []  # another plan, or a file that is not this step's (read as untrusted: steps/lib/evidence.py)
     print(f"[evict] resuming after {len(earlier['evictions'])} evictions recorded by an earlier attempt",
           file=sys.stderr)
     return list(earlier["evictions"])

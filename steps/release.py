@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from steps.contract import (
+from steps.lib.contract import (
     POD_GROUP_LABEL,
     QUEUE_LABEL,
     RETRIABLE_IN_GROUP,

@@ -33,7 +33,7 @@ first, so a retried pod takes back its own ranks' saved state (RNG, data positio
 rendezvous would order the nodes by arrival instead. HOST is node 0's address, where node 0's torchrun
 hosts the store; every pod waits for the others there. Each node's first rank writes the records this
 wrapper decides from (`step`, `preempt`, `retry_later`, `done`; trainer/loop.py), so every pod of the group
-exits 0, 75 or 1 by the same rule; readers of the evidence count each event once (steps/evidence.py).
+exits 0, 75 or 1 by the same rule; readers of the evidence count each event once (steps/lib/evidence.py).
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from steps.contract import BOUNDS
+from steps.lib.contract import BOUNDS
 from trainer import env as baton_env
 from trainer.bounded import ArgParser, Bound, flag_type
 from trainer.exits import EXIT_FAIL, EXIT_OK, EXIT_PREEMPTED
@@ -176,7 +176,7 @@ class Nodes:
     port: int
     """The store's port on node 0."""
     round_id: str = "none"
-    """torchrun's --rdzv-id: the round (steps/group.py), so that one round's agents never share keys with
+    """torchrun's --rdzv-id: the round (steps/lib/group.py), so that one round's agents never share keys with
     another's."""
     timeout_s: float = 600.0
     """How long torchrun's static rendezvous waits for the other nodes (its `timeout`; --rendezvous-timeout):
@@ -257,8 +257,8 @@ def advertised_addr() -> str:
 
 def form_round(args: argparse.Namespace, nodes: Nodes, stop) -> Nodes | int:
     """--rendezvous: node 0 publishes this round's store; every other node waits for a round newer than the
-    one it last joined (steps/group.py). An exit code instead when there is nothing to join."""
-    from steps import group
+    one it last joined (steps/lib/group.py). An exit code instead when there is nothing to join."""
+    from steps.lib import group
 
     if nodes.rank == 0:
         rnd = group.host(args.rendezvous, advertised_addr(), args.name, args.round_key, nodes.port, nodes.count)
@@ -309,7 +309,7 @@ def round_not_formed(evidence: Evidence, nodes: Nodes, rc: int, reason: str = "r
 def missing_peers(args: argparse.Namespace, nodes: Nodes) -> list[int]:
     """Node 0: the nodes whose files do not name this round as joined ([] when they cannot be read: the
     trainer's failure then stands as its own)."""
-    from steps import group
+    from steps.lib import group
 
     try:
         joined = set(group.joined_peers(args.rendezvous, nodes.count, nodes.round_id, args.round_key))
@@ -346,7 +346,7 @@ class ErrorLine:
 
 class RoundWatch:
     """With --rendezvous: while torchrun forms this round, and until the trainer's first record, read the
-    round files (steps/group.py). torchrun is stopped when the round cannot form or was abandoned:
+    round files (steps/lib/group.py). torchrun is stopped when the round cannot form or was abandoned:
     - node 0 reads the other nodes' files: it acknowledges each node waiting with a fresh nonce (a node joins
       only a round that acknowledges its own: group.acknowledge), and a node that ended with 1 for good
       (failed_peers) can never join, and torchrun's static rendezvous would wait for it until its timeout;
@@ -381,7 +381,7 @@ class RoundWatch:
 
     def _check(self) -> str | None:
         """Why this round is over (a sentence), or None; sets `peer` or `superseded`."""
-        from steps import group
+        from steps.lib import group
 
         if self.nodes.rank == 0:
             rnd = group.Round(self.nodes.round_id, self.nodes.addr, self.nodes.port)
@@ -453,7 +453,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="the rendezvous port on node 0 (default 29500; 0 with --rendezvous: a free one)")
     ap.add_argument("--rendezvous", default=None, metavar="URI",
                     help="instead of --master-addr: a folder where node 0 publishes each round's address "
-                         "(steps/group.py); every other node joins only a round newer than its last")
+                         "(steps/lib/group.py); every other node joins only a round newer than its last")
     ap.add_argument("--rendezvous-timeout", type=flag_type(Bound(0, BOUNDS["rendezvous_timeout"].high, above=True)),
                     default=900.0,
                     help="seconds a node waits for node 0's next round, and torchrun's rendezvous for the other "
@@ -461,7 +461,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     nodes = parse_nodes(ap, args)
     if args.rendezvous:
-        from steps.group import round_key
+        from steps.lib.group import round_key
 
         try:
             args.round_key = round_key()
@@ -525,7 +525,7 @@ def main(argv: list[str] | None = None) -> int:
             kill_after(child, g)
     watch = None
     if nodes is not None and args.rendezvous:
-        from steps.group import PEER_POLL_S
+        from steps.lib.group import PEER_POLL_S
 
         watch = RoundWatch(args.rendezvous, nodes, args.round_key, child, g, PEER_POLL_S, args.name)
     preempted = done = stepped = recorded = False
@@ -588,7 +588,7 @@ def main(argv: list[str] | None = None) -> int:
     elif args.rendezvous and nodes is not None and nodes.rank > 0 and not recorded:
         # The group never formed (node 0 went), or this node's trainer failed before its first step (a
         # node > 0 writes no record before it): the retry waits for node 0's next round, and ends with 1
-        # if node 0 ended with 1 (steps/group.py). Node 0 decides as a single node does.
+        # if node 0 ended with 1 (steps/lib/group.py). Node 0 decides as a single node does.
         print("[steps.train] torchrun ended before the trainer wrote any record: the group did not form",
               file=sys.stderr)
         round_not_formed(evidence, nodes, rc)
@@ -608,7 +608,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"[steps.train] {'the rank' if direct else 'torchrun'} exited {rc}; preempt record: {preempted}, done record: {done}, "
           f"signalled: {signalled.is_set()}, step records: {stepped} -> exit {code}", file=sys.stderr)
     if nodes is not None and args.rendezvous and nodes.rank == 0 and code in (EXIT_OK, EXIT_FAIL):
-        from steps import group
+        from steps.lib import group
 
         group.end(args.rendezvous, group.Round(nodes.round_id, nodes.addr, nodes.port), args.name,
                   "done" if code == EXIT_OK else "failed", args.round_key)
@@ -617,7 +617,7 @@ def main(argv: list[str] | None = None) -> int:
         # 1 without a SIGTERM: Argo records "Error (exit code 1)", which the drill never retries. Node 0's
         # next round would wait for this node until its rendezvous timeout; the signed mark ends that wait.
         # (After a SIGTERM the pod was deleted, and Argo may retry it as `pod deleted`: no mark.)
-        from steps import group
+        from steps.lib import group
 
         try:
             group.fail(args.rendezvous, nodes.rank, args.name, nodes.round_id, args.round_key)

@@ -16,8 +16,8 @@ import sys
 from collections import Counter
 from typing import Any
 
-from steps.contract import BOUNDS
-from steps.evidence import read_evidence, read_json, shown, write_json
+from steps.lib.contract import BOUNDS
+from steps.lib.evidence import read_evidence, read_json, shown, write_json
 from trainer import env as baton_env
 from trainer.bounded import ArgParser, Bound, flag_type
 from trainer.exits import EXIT_SIGKILL
@@ -152,7 +152,7 @@ def verify(records: list[dict[str, Any]], total_steps: int, evictions: int | Non
         problems.append(f"{evictions} evictions but {len(preempts)} clean preemptions: "
                         "an evicted attempt died without committing its step")
     # On several nodes every node stops at the same step: the nodes' copies of an attempt's `preempt`
-    # agree (steps.evidence keeps one copy per attempt and step, so copies that disagree are all here).
+    # agree (steps.lib.evidence keeps one copy per attempt and step, so copies that disagree are all here).
     for attempt in sorted({r["attempt"] for r in preempts}):
         stops = sorted({(r["step"], r.get("rank")) for r in preempts if r["attempt"] == attempt})
         if len({step for step, _ in stops}) > 1:

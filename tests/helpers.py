@@ -128,7 +128,7 @@ def judged(roots: dict[str, Path | str], recs: dict[str, list[dict]], total: int
     """steps.compare's judgment of a reference, replay and trial (checkpoint roots and their records),
     as the drill's compare step makes it, without evictions (a test's own SIGTERM stopped the trial)."""
     from steps.compare import compare
-    from steps.verdict import assemble
+    from steps.lib.verdict import assemble
     from steps.verify import verify
 
     urls = {role: str(root) if "://" in str(root) else f"file://{root}" for role, root in roots.items()}

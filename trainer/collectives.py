@@ -7,7 +7,7 @@ and untrusted.MAX_DEPTH deep, never a pickle: torch's `broadcast_object_list` un
 peer sends, and a peer is untrusted (a rank that joined an attacker's store would run its code). A value
 comes back as JSON gives it: tuples as lists, dict keys as strings. DCP and accelerate still exchange
 pickles between ranks inside their own collectives; what keeps an attacker out of the group is the
-authenticated round (steps/group.py).
+authenticated round (steps/lib/group.py).
 
 Every collective waits at most the process group's timeout (faults.collective_timeout_s): a dead or hung
 peer raises instead of holding the others (trainer/faults.py)."""

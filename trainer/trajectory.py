@@ -7,7 +7,7 @@ every rank), and `batch_rng_sha` (the RNG before the step's batches were drawn: 
 draws from no global RNG, the same state; the HF callback digests it before each collator call). Each rank digests its own into a signed 64-bit integer; the ranks' integers travel in the
 step's one collective (each rank fills its own slot of a SUM all-reduce, which gathers them in rank
 order), and `combine` hashes them in rank order. The drill compares them step by step: a data order or
-an RNG that was not restored shows at the first step it changes, whatever the tier (steps/trajectory.py).
+an RNG that was not restored shows at the first step it changes, whatever the tier (steps/lib/trajectory.py).
 """
 
 from __future__ import annotations

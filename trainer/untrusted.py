@@ -44,7 +44,7 @@ CAPS: dict[str, int] = {
     "weights_manifest": 1 * MIB,   # a model folder's manifest: ~150 B a file
     "trainer_state": 64 * MIB,     # HF trainer_state.json: its log_history grows with the run
     "hf_file": 64 << 30,           # a file of an HF checkpoint: read at most the size its _COMMIT declares
-    "round": 64 * KIB,             # steps/group.py's node-I.json: ~200 B
+    "round": 64 * KIB,             # steps/lib/group.py's node-I.json: ~200 B
     "step_json": 16 * MIB,         # evictions.json, verify.json, a report.json
     "evidence": 256 * MIB,         # one pod's *.jsonl: ~300 B a step
     "metadata": 256 * MIB,         # DCP's .metadata: ~1 kB a tensor

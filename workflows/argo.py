@@ -34,7 +34,7 @@ from typing import Any
 import requests
 import yaml
 
-from steps.contract import ROLES, drill_root, evidence_root
+from steps.lib.contract import ROLES, drill_root, evidence_root
 from trainer.untrusted import printable
 from workflows.params import (
     PARAMETERS,
@@ -446,7 +446,7 @@ def committed_steps(root: str, role: str) -> dict[str, list[int]]:
 def store_lines(wf: dict[str, Any]) -> tuple[list[str], bool]:
     """The checkpoint store of a drill beside its nodes: the newest committed step per prefix, and the gap
     between the trial's newest commit and its last step record (what a kill right now would replay)."""
-    from steps.evidence import read_evidence
+    from steps.lib.evidence import read_evidence
     from trainer.storage import describe, redact
 
     name = (wf.get("metadata") or {}).get("name", "")

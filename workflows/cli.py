@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from steps.contract import REPORT_FILES, REPORT_JSON, TASKS, TRAINING_TASKS, drill_root, report_root
+from steps.lib.contract import REPORT_FILES, REPORT_JSON, TASKS, TRAINING_TASKS, drill_root, report_root
 from trainer.bounded import ArgParser, Bound
 from trainer.untrusted import printable
 from workflows.params import (
@@ -176,7 +176,7 @@ def parameters_help() -> str:
 
 
 def drill_summary(report: dict[str, Any]) -> str:
-    from steps.report import summary
+    from steps.lib.report import summary
 
     return summary(report)
 

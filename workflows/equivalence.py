@@ -39,7 +39,7 @@ from hera.workflows import (  # noqa: E402
 )
 from hera.workflows import models as m  # noqa: E402
 
-from steps.contract import (  # noqa: E402
+from steps.lib.contract import (  # noqa: E402
     HELPER_RETRY_EXPRESSION,
     POD_GROUP_COUNT,
     POD_GROUP_LABEL,
@@ -71,7 +71,7 @@ NAME = "baton-equivalence"
 SERVICE_ACCOUNT = "baton-drill"
 # The overlays ship this ConfigMap (MinIO on kind, GCS on GKE): compare's output artifacts need a repository.
 ARTIFACT_REPOSITORY = ("artifact-repositories", "default-v1")
-# The retry expressions and Argo's messages they match: steps/contract.py.
+# The retry expressions and Argo's messages they match: steps/lib/contract.py.
 HELPER_RETRY_LIMIT = "3"
 REPORT_DIR = "/tmp/baton-report/{{workflow.name}}"
 # Numbers that compare writes to <out>/metrics/<name> (its output parameters; -1: not measured), exposed as
@@ -118,13 +118,13 @@ def _pod_ip_env() -> m.EnvVar:
 
 
 def _round_key_env() -> m.EnvVar:
-    """The secret that signs a group's round files (steps/group.py): the Workflow's uid, which only the
+    """The secret that signs a group's round files (steps/lib/group.py): the Workflow's uid, which only the
     Workflow holds; it is never written to the bucket."""
     return m.EnvVar(name="BATON_ROUND_KEY", value="{{workflow.uid}}")
 
 
 NODE = "{{inputs.parameters.node}}"
-# Kueue's plain-pod groups (steps/contract.py): no Workload, hence no quota, until total-count pods of the group
+# Kueue's plain-pod groups (steps/lib/contract.py): no Workload, hence no quota, until total-count pods of the group
 # exist; a retried pod of an admitted group joins it as a replacement. With a queue, the release exit handler
 # frees a group that did not succeed (workflows/params.py, set_release_handler).
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from steps.contract import (
+from steps.lib.contract import (
     BOUNDS,
     CLUSTER_EVICTION_MODES,
     EVICTION_MODES,
@@ -68,7 +68,7 @@ PARAMETERS: dict[str, tuple[str, str]] = {
 BASELINE_POOLS = ("spot", "on-demand")
 # A Kubernetes label value: at most 63 characters, alphanumerics with - _ . inside.
 _LABEL_VALUE = re.compile(r"(?:[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?")
-# The numeric parameters, each read in its range (steps/contract.py BOUNDS: the steps' flags that carry them
+# The numeric parameters, each read in its range (steps/lib/contract.py BOUNDS: the steps' flags that carry them
 # are read in the same one), so that what would fail inside a pod is refused here, before anything runs.
 _NUMBERS = ("total_steps", "evictions", "retry_limit", "seed", "grace", "ranks", "every_steps", "deadline", "nodes",
             "rendezvous_timeout", "store_port", "dropout")

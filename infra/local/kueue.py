@@ -46,7 +46,7 @@ from infra.local.components import (
     wait_ready,
     write_kubeconfig,
 )
-from steps.contract import QUEUE_LABEL
+from steps.lib.contract import QUEUE_LABEL
 
 BUILD_KUEUE = REPO / "infra" / "local" / "build-kueue.sh"
 KUEUE_NAMESPACE = "kueue-system"

@@ -1,4 +1,4 @@
-"""Rounds that overlap (steps/group.py): Argo retries each pod of a group on its own, so a lost node's
+"""Rounds that overlap (steps/lib/group.py): Argo retries each pod of a group on its own, so a lost node's
 next attempt starts while the survivor still waits out the collective timeout. With `--rendezvous`,
 the new attempt waits for node 0's next round instead of joining the one that is over; then the group
 forms again and the run ends bit-identical to the same two ranks in one pod."""
@@ -10,7 +10,7 @@ import threading
 
 import pytest
 
-from steps import group
+from steps.lib import group
 from tests.dist.test_multinode import Pod, equal_to, finish
 from tests.dist.test_multinode import reference as reference  # noqa: F401 - the 2-rank fixture
 from tests.dist.test_multirank import entry_cmd

@@ -89,7 +89,7 @@ def reference(tiny_model, tmp_path_factory):
 
 
 def equal_to_reference(reference: str, bucket: str) -> None:
-    from steps.hf_checkpoint import compare_flat, final_hf_checkpoint, load_hf_checkpoint
+    from steps.lib.hf_checkpoint import compare_flat, final_hf_checkpoint, load_hf_checkpoint
 
     ref, parts = load_hf_checkpoint(final_hf_checkpoint(reference)[0])
     tri, _ = load_hf_checkpoint(final_hf_checkpoint(bucket)[0])
@@ -100,7 +100,7 @@ def equal_to_reference(reference: str, bucket: str) -> None:
 
 def test_two_ranks_sigterm_to_one_worker_stop_together_exit_75_and_resume_bit_identical(tmp_path, tiny_model,
                                                                                        reference):
-    from steps.hf_checkpoint import final_hf_checkpoint
+    from steps.lib.hf_checkpoint import final_hf_checkpoint
 
     trial_bucket = f"file://{tmp_path}/trial"
     env = base_env(BATON_GRACE="20")

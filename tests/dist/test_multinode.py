@@ -199,7 +199,7 @@ def test_a_node_lost_mid_save_commits_nothing_and_the_retry_is_exact(tiny_model,
 
 
 def test_the_evidence_of_two_nodes_counts_each_pod_event_once(tmp_path):
-    from steps.evidence import read_evidence
+    from steps.lib.evidence import read_evidence
 
     rec = {"run_id": "r", "attempt": 2, "time": 1.0}
     lines = {"node-0": [{**rec, "event": "step", "step": 6, "rank": 0}, {**rec, "event": "checkpoint", "step": 6, "rank": 0},

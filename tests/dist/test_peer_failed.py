@@ -1,4 +1,4 @@
-"""A node other than 0 that ends with 1 for good marks it (steps/group.py, fail), and node 0's next round
+"""A node other than 0 that ends with 1 for good marks it (steps/lib/group.py, fail), and node 0's next round
 stops waiting for it at once, instead of waiting out torchrun's static rendezvous (--rendezvous-timeout).
 
 Real steps.train and real torchrun (static rendezvous on loopback), 2 pods x 1 rank. The trainer of the
@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from steps import group
+from steps.lib import group
 from tests.dist.test_group_rounds import pods as pods  # noqa: F401 - every pod a test starts, killed at its end
 from tests.dist.test_multinode import Pod
 from tests.helpers import PY

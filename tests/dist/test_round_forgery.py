@@ -17,7 +17,7 @@ from contextlib import contextmanager
 
 import pytest
 
-from steps import group
+from steps.lib import group
 from tests.helpers import REPO, base_env
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(300)]
@@ -84,7 +84,7 @@ def plant(rounds, port: int, key: str | None, state: str = "running") -> None:
 @contextmanager
 def acked(rounds, port: int):
     """What a node 0 holding the drill's key does while its round forms: acknowledge the nonce node 1 waits
-    with (steps/group.py), so that node 1 may join the planted round."""
+    with (steps/lib/group.py), so that node 1 may join the planted round."""
     stop = threading.Event()
     rnd = group.Round("attacker-1", "127.0.0.1", port)
 

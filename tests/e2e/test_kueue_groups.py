@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import yaml
 
-from steps.contract import POD_GROUP_LABEL, RELEASE_TEMPLATE
+from steps.lib.contract import POD_GROUP_LABEL, RELEASE_TEMPLATE
 from tests.e2e.localcluster import REPO, Local
 from tests.e2e.localcluster import cond as _cond
 from tests.e2e.localcluster import wait as _wait

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from infra.local.kueue import why_not_built
-from steps.contract import POD_GROUP_COUNT, POD_GROUP_LABEL, QUEUE_LABEL
+from steps.lib.contract import POD_GROUP_COUNT, POD_GROUP_LABEL, QUEUE_LABEL
 from tests.e2e.conftest import PODS_READY_S
 from tests.e2e.localcluster import Local, wait, why_skip
 

@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from infra.local.kueue import GATE, why_not_built
-from steps.contract import QUEUE_LABEL
+from steps.lib.contract import QUEUE_LABEL
 from tests.e2e.localcluster import REPO, Local, why_skip
 from tests.e2e.localcluster import cond as _cond
 from tests.e2e.localcluster import wait as _wait

@@ -13,7 +13,7 @@ draws one from the OS: in a drill the reference, its replay and each attempt of 
 they would on a GPU (a resumed trial's perturbations are drawn afresh, as a kernel's would be), so the
 floor is above 0. One seed for every role, what `<scale>,<seed>` set in a drill's environment gives, makes
 the floor and the distance 0: Tier 2 would then measure nothing. It never draws from the
-training RNG. Never set it for real work: it exists so that the Tier 2 judgment (`steps/judge.py`) can
+training RNG. Never set it for real work: it exists so that the Tier 2 judgment (`steps/lib/judge.py`) can
 be tested on a CPU, against a correct resume and against the negative controls under the same noise.
 """
 

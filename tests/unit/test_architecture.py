@@ -92,6 +92,40 @@ def test_the_layers_import_downwards_only(graph):
             assert not {d for d in deps if d.startswith("workflows")}, m
 
 
+def _is_command(path: Path) -> bool:
+    """Whether a module runs as a command: it has an `if __name__ == "__main__":` block (read on the syntax)."""
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Compare) and isinstance(node.test.left, ast.Name) \
+                and node.test.left.id == "__name__" and any(isinstance(c, ast.Constant) and c.value == "__main__"
+                                                             for c in node.test.comparators):
+            return True
+    return False
+
+
+def steps_misplaced(root: Path) -> list[str]:
+    """Modules of steps/ that are not pod commands, and modules of steps/lib/ that are."""
+    top = [p for p in sorted(root.glob("*.py")) if p.name != "__init__.py" and not _is_command(p)]
+    lib = [p for p in sorted((root / "lib").glob("*.py")) if _is_command(p)]
+    return [f"{p.relative_to(root.parent)}: a library among the pod commands" for p in top] + \
+           [f"{p.relative_to(root.parent)}: a command among the libraries" for p in lib]
+
+
+def test_steps_holds_the_pod_commands_and_steps_lib_what_they_share():
+    assert not steps_misplaced(REPO / "steps")
+
+
+def test_a_library_planted_among_the_pod_commands_is_found(tmp_path):
+    root = tmp_path / "steps"
+    (root / "lib").mkdir(parents=True)
+    (root / "train.py").write_text('def main():\n    pass\n\n\nif __name__ == "__main__":\n    main()\n')
+    (root / "lib" / "judge.py").write_text("X = 1\n")
+    assert not steps_misplaced(root)  # the control: as the tree is
+    (root / "helpers.py").write_text("Y = 2\n")
+    (root / "lib" / "run.py").write_text('if "__main__" == __name__:\n    pass\nif __name__ == "__main__":\n    pass\n')
+    assert steps_misplaced(root) == ["steps/helpers.py: a library among the pod commands",
+                                     "steps/lib/run.py: a command among the libraries"]
+
+
 @pytest.mark.parametrize("module", ["trainer.loop", "trainer.hf"])
 def test_the_loop_and_the_hf_callback_use_only_the_front_door(graph, module):
     inner = {d for d in graph[module] if d.startswith("trainer.checkpoint.")}

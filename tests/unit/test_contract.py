@@ -1,4 +1,4 @@
-"""The drill's contract (steps/contract.py) is defined once: no other product module spells its file names
+"""The drill's contract (steps/lib/contract.py) is defined once: no other product module spells its file names
 or the signal exit codes, the retry expression is built from trainer/exits.py's codes, and the module stays
 torch-free (steps.train, the pod's PID 1, and the local runner read it). Each check is run against a
 planted copy that breaks it, so that it can fail."""
@@ -10,13 +10,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-from steps import contract
+from steps.lib import contract
 from trainer import exits
 
 REPO = Path(__file__).resolve().parents[2]
 PRODUCT = ("trainer", "steps", "workflows", "gpu", "bench", "infra")
 FILE_NAMES = (contract.EVICTIONS_JSON, contract.VERIFY_JSON, *contract.REPORT_FILES)
-HOMES = {REPO / "steps" / "contract.py", REPO / "trainer" / "exits.py"}
+HOMES = {REPO / "steps" / "lib" / "contract.py", REPO / "trainer" / "exits.py"}
 
 
 def _docstrings(tree: ast.AST) -> set[int]:
@@ -80,11 +80,11 @@ def test_the_retry_expression_is_built_from_the_exit_codes_and_the_messages():
 
 
 def test_the_contract_imports_no_torch_and_nothing_of_the_workflows():
-    code = ("import sys, steps.contract, steps.local_pods; "
+    code = ("import sys, steps.lib.contract, steps.lib.local_pods; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'workflows', 'hera', 'numpy')))")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout
     # Control: the same probe sees torch when a module that needs it is imported.
-    code = code.replace("steps.local_pods", "trainer.rng")
+    code = code.replace("steps.lib.local_pods", "trainer.rng")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
     assert "torch" in out.stdout

@@ -167,7 +167,7 @@ def test_a_retry_that_failed_before_any_record_is_counted_and_named_not_called_a
     its start on the torn checkpoint (exit 1, before any record): steps.train's own `failed` record, attempt
     null, is the only trace. verify counts that attempt and the sentence names it. Controls: without that record
     the sentence says no attempt came; the same record from before the evicted attempt's records is not one."""
-    from steps.verdict import verdict_of
+    from steps.lib.verdict import verdict_of
 
     recs, evictions = _died_on_sigterm()
     own = {"event": "failed", "reason": "trainer_error", "step": 0, "launcher_exit": 1, "attempt": None,
@@ -339,7 +339,7 @@ def test_evict_fires_before_its_point_at_a_trainer_about_to_finish(tmp_path, mon
 
 
 def test_an_eviction_sigkilled_after_its_grace_is_a_save_that_did_not_finish_in_time():
-    from steps.verdict import verdict_of
+    from steps.lib.verdict import verdict_of
 
     recs = _clean_run(total=10, stops=(3,))
     recs = [r for r in recs if not (r["event"] == "preempt")]  # attempt 1 wrote no preempt record
@@ -359,7 +359,7 @@ def _baseline(resumes):
 
 
 def test_an_interrupted_baseline_leaves_the_verdict_open_where_a_resume_bug_could_hide():
-    from steps.verdict import baseline_doubts, baseline_interruptions
+    from steps.lib.verdict import baseline_doubts, baseline_interruptions
 
     clean = baseline_interruptions({"reference": _clean_run(10, ()), "replay": _clean_run(10, ())})
     assert clean == {"reference": {"preempted_at": [], "resumed_from": []},
@@ -380,8 +380,8 @@ def test_an_interrupted_baseline_leaves_the_verdict_open_where_a_resume_bug_coul
 
 
 def test_the_summary_names_an_interrupted_baseline_and_is_silent_for_a_clean_one():
-    from steps.report import summary
-    from steps.verdict import baseline_interruptions
+    from steps.lib.report import summary
+    from steps.lib.verdict import baseline_interruptions
 
     def report(baseline):
         return {"steps": {"total": 10, "distinct": 10, "resumed_from": [], "replayed": 0, "preemptions": 0},
@@ -406,7 +406,7 @@ def test_a_survivors_peer_lost_record_is_not_the_evicted_nodes_save():
     """nodes=2, the negative control: node 1 is evicted and dies on SIGTERM; node 0's rank writes `retry_later`
     `peer_lost` and exits 75. That says nothing of node 1: the eviction is lost, and the verdict says the
     trial died without its preempt record (it said "landed", then blamed the replayed steps)."""
-    from steps.verdict import verdict_of
+    from steps.lib.verdict import verdict_of
 
     recs = _clean_run(total=10, stops=(3,))
     recs = [r for r in recs if r["event"] != "preempt"]

@@ -70,7 +70,7 @@ def test_the_drill_role_is_bound_on_the_bucket_only_and_never_project_wide():
 
 def _every_kind_of_store_access(root: str, tmp_path: Path) -> None:
     from steps.compare import final_checkpoint
-    from steps.evidence import read_evidence, read_json, write_json
+    from steps.lib.evidence import read_evidence, read_json, write_json
     from steps.train import Evidence
     from trainer.checkpoint.resolve import resolve_and_load
     from trainer.checkpoint.store import Store
@@ -98,7 +98,7 @@ def _every_kind_of_store_access(root: str, tmp_path: Path) -> None:
     assert read_json(f"{root}/verify.json") == {"ok": True}
     (tmp_path / "report.md").write_text("report")
     fs, base = url_to_fs(f"{root}/report")
-    fs.put_file(str(tmp_path / "report.md"), f"{base}/report.md")  # what steps.report's copy does
+    fs.put_file(str(tmp_path / "report.md"), f"{base}/report.md")  # what steps.lib.report's copy does
 
 
 def test_the_drill_role_grants_exactly_what_the_store_calls(gcs, monkeypatch, tmp_path):

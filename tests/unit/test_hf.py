@@ -46,7 +46,7 @@ def steps_of(recs):
 
 
 def final(bucket):
-    from steps.hf_checkpoint import final_hf_checkpoint, load_hf_checkpoint
+    from steps.lib.hf_checkpoint import final_hf_checkpoint, load_hf_checkpoint
 
     url, manifest = final_hf_checkpoint(bucket)
     return manifest["step"], load_hf_checkpoint(url)
@@ -63,7 +63,7 @@ def reference(tmp_path_factory, tiny_model):
 
 def test_sigterm_mid_accumulation_then_at_a_boundary_exits_75_and_resume_is_bit_identical(tmp_path, tiny_model,
                                                                                         reference):
-    from steps.hf_checkpoint import compare_flat
+    from steps.lib.hf_checkpoint import compare_flat
     from steps.verify import verify
 
     bucket = f"file://{tmp_path}/bucket"
@@ -129,7 +129,7 @@ def test_a_resume_before_an_epochs_short_last_step_is_bit_identical(tmp_path, ti
     Trainer's own RNG restore follows it; the next epoch's first batch must not restore step 10's RNG
     again (it did: every nodes=2 HF drill evicted just before an epoch's end failed "the RNG differed").
     Its control is the uninterrupted run itself: the final checkpoints are compared on every tensor."""
-    from steps.hf_checkpoint import compare_flat
+    from steps.lib.hf_checkpoint import compare_flat
 
     sets = ("data.batch_size=8", "total_steps=14", "checkpoint.every_steps=0")
     ref_bucket, bucket = f"file://{tmp_path}/ref", f"file://{tmp_path}/bucket"
@@ -151,7 +151,7 @@ def test_a_resume_at_an_epoch_boundary_keeps_the_epochs_rng_snapshot_exact(tmp_p
     on_epoch_begin before it restores the checkpoint's RNG: the epoch RNG snapshot (baton_epoch_rng_0.pth,
     what a later resume in that epoch gives the sampler) must be the restored state, as in the uninterrupted
     run. A drill evicted at step 63 found it differing; the uninterrupted run is the control."""
-    from steps.hf_checkpoint import compare_flat
+    from steps.lib.hf_checkpoint import compare_flat
 
     sets = ("total_steps=24", "checkpoint.every_steps=0")
     ref_bucket, bucket = f"file://{tmp_path}/ref", f"file://{tmp_path}/bucket"
@@ -326,7 +326,7 @@ def fault_env(**faults) -> dict[str, str]:
 
 def test_failing_saves_go_on_then_end_with_75_a_store_down_at_resume_passes_over_nothing_and_the_end_is_exact(
         tmp_path, tiny_model, reference):
-    from steps.hf_checkpoint import compare_flat
+    from steps.lib.hf_checkpoint import compare_flat
 
     root = tmp_path / "bucket"
     cmd = hf_cmd(tiny_model, f"faulty://{root}", "checkpoint.every_steps=3", "faults.max_failed_saves=2")

@@ -1,4 +1,4 @@
-"""steps/hf_checkpoint.py: HF `checkpoint-N/` folders read without running pickled code, checked
+"""steps/lib/hf_checkpoint.py: HF `checkpoint-N/` folders read without running pickled code, checked
 against their `_COMMIT` manifest, compared entry by entry; and `compare` on them."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from steps.hf_checkpoint import (
+from steps.lib.hf_checkpoint import (
     compare_flat,
     final_hf_checkpoint,
     load_hf_checkpoint,
@@ -117,7 +117,7 @@ def test_compare_hf_finds_the_newest_committed_by_number_and_reports_without_cra
 
 
 def test_compare_hf_tier_2_judges_by_the_l2_floor_and_still_catches_a_skipped_rng_restore(tmp_path):
-    """Tier 2 on HF roots is steps/judge.py's rule: reference, replay and a correct trial differ by
+    """Tier 2 on HF roots is steps/lib/judge.py's rule: reference, replay and a correct trial differ by
     independent draws of the same small noise (a reduction order), and pass; the same trial with another
     RNG state (a resume that skipped it) fails by orders of magnitude; so does an entry only the trial
     has."""

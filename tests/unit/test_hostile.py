@@ -414,7 +414,7 @@ HF_VARIANTS = ["traversal name", "absolute name", "commit not an object", "entry
 
 @pytest.mark.parametrize("variant", HF_VARIANTS)
 def test_each_hostile_hf_checkpoint_is_refused_by_the_resume_and_by_compare(variant, hf_runs, tmp_path):
-    from steps.hf_checkpoint import compare_hf
+    from steps.lib.hf_checkpoint import compare_hf
     from trainer.checkpoint import CorruptCheckpoint
     from trainer.checkpoint.hf_store import HFStore
 
@@ -491,7 +491,7 @@ def test_a_stale_local_copy_is_never_used(hf_runs, tmp_path):
 
 def test_an_hf_resume_falls_back_past_a_traversal_commit_and_finishes_bit_identically(
         hf_runs, tiny_model, tmp_path):
-    from steps.hf_checkpoint import compare_flat
+    from steps.lib.hf_checkpoint import compare_flat
     from tests.unit.test_hf import final, hf_cmd
     from tests.unit.test_hf import run as hf_run
 
@@ -566,7 +566,7 @@ def test_an_hf_checkpoint_with_one_byte_flipped_and_its_size_kept_is_refused(hf_
 
 
 def test_an_hf_checkpoint_with_a_deep_trainer_state_is_refused_before_the_trainer_parses_it(hf_runs, tmp_path):
-    from steps.hf_checkpoint import compare_hf
+    from steps.lib.hf_checkpoint import compare_hf
     from trainer.checkpoint import CorruptCheckpoint
     from trainer.checkpoint.hf_store import HFStore
 

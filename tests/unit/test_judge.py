@@ -1,11 +1,11 @@
-"""steps/judge.py on synthetic checkpoints: exactness down to one ulp, counts that are not truncated,
+"""steps/lib/judge.py on synthetic checkpoints: exactness down to one ulp, counts that are not truncated,
 the components and their share of the L2, and what Tier 2 requires equal whatever the floor."""
 
 from __future__ import annotations
 
 import torch
 
-from steps.judge import EXCLUDED_AT_TIER_2, component_of, floor_judged, judge
+from steps.lib.judge import EXCLUDED_AT_TIER_2, component_of, floor_judged, judge
 
 
 def _state(seed: int = 0) -> dict:
@@ -105,7 +105,7 @@ def test_tier_2_splits_by_what_an_entry_is_in_any_file():
     assert not judge(ref, rep, restarted, None, tier=2)["equivalent"]
     # Control: judged exactly, as the rule once had it (only model.* and optimizer moments got the floor), the
     # same noisy EMA fails a correct run.
-    import steps.judge as judge_module
+    import steps.lib.judge as judge_module
 
     old = judge_module.floor_judged
     try:

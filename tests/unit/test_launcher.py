@@ -58,7 +58,7 @@ def test_a_trainer_that_ends_before_any_record_is_named_by_its_own_error(tmp_pat
     """A trainer that exits 1 before its first record (a bad config, say): steps.train writes a `failed`
     record of its own (reason trainer_error, attempt null) carrying the trainer's last `error:` line, and
     still passes the trainer's stderr through. Control: a trainer that wrote a record gets none."""
-    from steps.evidence import check_record
+    from steps.lib.evidence import check_record
 
     script = tmp_path / "bad.py"
     script.write_text("import sys\nprint('loading', file=sys.stderr)\n"

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from steps.contract import POD_GROUP_LABEL, QUEUE_LABEL, RETRIABLE_IN_GROUP
+from steps.lib.contract import POD_GROUP_LABEL, QUEUE_LABEL, RETRIABLE_IN_GROUP
 from steps.release import main, plan
 
 

@@ -98,7 +98,7 @@ def replay(tiny_model, tmp_path_factory):
     return ckpt, recs
 
 
-# What the drill's verdict must name for each skipped restore (steps/verdict.py): the trajectory finds the
+# What the drill's verdict must name for each skipped restore (steps/lib/verdict.py): the trajectory finds the
 # RNG (before the batch was drawn), the data order (with the same RNG) and the schedule at the first step
 # after the resume (14; the scheduler's lr was restored with the optimizer's param groups, so its own state
 # shows one step later); the optimizer's moments leave the trajectory equal and show in the checkpoints,

@@ -1,6 +1,6 @@
 """Tier 2 on a CPU: bounded nondeterminism injected into every run (BATON_NOISE, a seeded relative
 perturbation of each gradient that models a reduction in another order), and the judgment of
-steps/judge.py against it. A correct resume passes against the measured floor; the negative control
+steps/lib/judge.py against it. A correct resume passes against the measured floor; the negative control
 that skips the RNG restore, under the same noise, fails by a wide margin that the verdict states.
 """
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from steps.compare import compared_keys
-from steps.judge import FLOOR_SLACK, judge
+from steps.lib.judge import FLOOR_SLACK, judge
 from tests.helpers import base_env, judged, run, run_and_sigterm, tensors, trainer_cmd
 
 DROPOUT = "model.dropout=0.1"

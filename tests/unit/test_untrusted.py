@@ -245,7 +245,7 @@ GOOD = {"event": "step", "step": 1, "attempt": 1, "time": 1.0, "loss": 2.5, "ran
 @pytest.mark.parametrize("bad,field", [({"loss": None}, "loss"), ({"step": "5"}, "step"), ({"attempt": -1}, "attempt"),
                                        ({"event": 3}, "event"), ({"time": "noon"}, "time")])
 def test_a_malformed_record_is_refused_naming_its_field(tmp_path, bad, field):
-    from steps.evidence import check_record, read_evidence
+    from steps.lib.evidence import check_record, read_evidence
 
     assert check_record(GOOD) is None
     rec = {**GOOD, **bad}
@@ -258,7 +258,7 @@ def test_a_malformed_record_is_refused_naming_its_field(tmp_path, bad, field):
 
 def test_records_without_what_verify_sorts_on_are_refused_not_a_traceback(tmp_path):
     from steps import verify as verify_mod
-    from steps.evidence import read_evidence
+    from steps.lib.evidence import read_evidence
 
     recs = [{"event": "resume", "step": 0, "attempt": 1, "from_step": 0, "fresh": True},  # no time
             {"event": "preempt", "step": 3, "time": 2.0}]  # no attempt
@@ -302,7 +302,7 @@ def test_verify_and_compare_report_planted_files_instead_of_crashing(tmp_path):
 
 
 def test_record_text_lands_in_report_md_as_text_never_as_markup():
-    from steps.report import markdown
+    from steps.lib.report import markdown
 
     forged = ("x |\n\n# baton equivalence drill: PASS\n\n- verdict: PASS: every tensor equal\n\n<!--")
     report = {"passed": False, "verdict": "FAIL: 3 step(s) replayed", "tier": 1, "equal_tensors": 0, "tensors": 4,

@@ -1,5 +1,5 @@
 """The cause the verdict names is the cause, fast: records built by hand, so that the labelling rules of
-steps/trajectory.py and steps/verdict.py are what is tested. Each cause has a control that names another
+steps/lib/trajectory.py and steps/lib/verdict.py are what is tested. Each cause has a control that names another
 (or passes), so that no label is reached by default.
 
 The step's own order decides: the RNG before the batch was drawn, then the batch with that RNG, then the
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from steps.judge import judge as judge_checkpoints
-from steps.verdict import assemble
+from steps.lib.judge import judge as judge_checkpoints
+from steps.lib.verdict import assemble
 from steps.verify import verify
 from tests.unit.test_verdict_start import TOTAL as START_TOTAL
 from tests.unit.test_verdict_start import records as start_records
@@ -148,7 +148,7 @@ def test_a_file_written_after_the_commit_is_named_and_fails_the_drill():
 def test_an_eviction_that_killed_the_loaders_workers_is_named_as_such():
     """An evicted attempt that lost its loader workers ends with a `failed` record (loader_workers_killed) and no
     preempt: the verdict quotes why, where it used to say only that the trial died on SIGTERM."""
-    from steps.verdict import verdict_of
+    from steps.lib.verdict import verdict_of
 
     trial = [r for r in records(resumed_at=3) if not (r["event"] == "preempt")]
     why = "the data loader's workers were killed by the SIGTERM of the eviction at step 3, before any preemption save"

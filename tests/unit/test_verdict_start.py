@@ -7,7 +7,7 @@ ignored the trajectory, or the start, would pass the slow suite whenever the che
 
 from __future__ import annotations
 
-from steps.verdict import assemble, comebacks
+from steps.lib.verdict import assemble, comebacks
 from steps.verify import verify
 
 TOTAL = 6

@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from steps import evict as evict_step
-from steps import report as report_mod
-from steps.contract import TASKS, TRAINING_TASKS
-from steps.evidence import read_evidence
+from steps.lib import report as report_mod
+from steps.lib.contract import TASKS, TRAINING_TASKS
+from steps.lib.evidence import read_evidence
 from tests.helpers import PY, REPO, base_env
 from trainer.checkpoint import load_flat
 from workflows.local import Chaos

@@ -131,9 +131,9 @@ def test_dag_shape():
 
 @pytest.mark.parametrize("nodes", [1, 2])
 def test_the_dags_tasks_are_the_one_list_the_command_line_reads(nodes):
-    """steps/contract.py's TASKS, in the DAG's order, are the tasks with a pod (`run -p chaos` and
+    """steps/lib/contract.py's TASKS, in the DAG's order, are the tasks with a pod (`run -p chaos` and
     `-p unschedulable` choose among them), and TRAINING_TASKS those that run the trainer."""
-    from steps.contract import TASKS, TRAINING_TASKS
+    from steps.lib.contract import TASKS, TRAINING_TASKS
 
     templates = _templates(eq.rendered(nodes)[0])
     dag = templates["drill"]["dag"]["tasks"]

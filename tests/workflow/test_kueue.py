@@ -12,7 +12,7 @@ import subprocess
 import pytest
 import yaml
 
-from steps.contract import RELEASE_TEMPLATE
+from steps.lib.contract import RELEASE_TEMPLATE
 from tests.crd import validate_kueue
 from tests.helpers import PY, REPO, base_env
 from tests.workflow.test_argo import (  # noqa: F401  (fixtures)

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from steps.contract import POD_GROUP_LABEL, QUEUE_LABEL, RELEASE_TEMPLATE, RETRY_EXPRESSION
-from steps.local_pods import list_pods
-from steps.local_pods import request_deletion as request_pod_deletion
+from steps.lib.contract import POD_GROUP_LABEL, QUEUE_LABEL, RELEASE_TEMPLATE, RETRY_EXPRESSION
+from steps.lib.local_pods import list_pods
+from steps.lib.local_pods import request_deletion as request_pod_deletion
 from workflows.local import UnsupportedSpec, argo_expr, run_workflow
 
 REPO = Path(__file__).resolve().parents[2]

@@ -46,7 +46,7 @@ def _spec(tmp_path: Path) -> dict:
     evict = [sys.executable, "-c",
              "import os, sys, time\n"
              "from pathlib import Path\n"
-             "from steps.local_pods import list_pods, request_deletion\n"
+             "from steps.lib.local_pods import list_pods, request_deletion\n"
              "d = Path(sys.argv[1])\n"
              "while len(list(d.glob('worker-*'))) < 2: time.sleep(0.05)\n"
              "pods = os.environ['BATON_LOCAL_PODS']\n"

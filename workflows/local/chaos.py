@@ -16,7 +16,7 @@ limit that is configuration). A deletion whose task finished first is moved to a
 with a new moment, drawn from the same random stream; one that no task can take any more is recorded
 ``missed``. So is a deletion sent to a pod that then ended Succeeded (its exit 0 came before the SIGTERM
 took): it deleted nothing, and moves on the same way. A pod is deleted the way ``kubectl delete pod`` does it (SIGTERM, SIGKILL after its grace): the
-runner's ``delete`` (steps/local_pods.py). The planned evictions of the trial (``steps.evict``) are not
+runner's ``delete`` (steps/lib/local_pods.py). The planned evictions of the trial (``steps.evict``) are not
 chaos and are never counted here.
 """
 

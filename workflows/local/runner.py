@@ -36,7 +36,7 @@ Accepted without local effect: see ``ACCEPTED_WITHOUT_EFFECT`` in ``workflows/lo
 purpose), which holds the checks and the substitution; this module runs the plan.
 
 Retry semantics, recorded as Argo v3.7 records them: exit 0 is Succeeded; another exit is Failed,
-"main: Error (exit code N)". A pod ended through the registry (``steps/local_pods.py``: deleted,
+"main: Error (exit code N)". A pod ended through the registry (``steps/lib/local_pods.py``: deleted,
 evicted, preempted by Kueue, its node shut down or its VM lost) is recorded as that module's docstring
 says. A deleted, evicted or Kueue-preempted pod is an Error "pod deleted" with no exit code, whatever its process
 did: the object is gone before Argo's controller reads its final status, as on the real controllers
@@ -54,7 +54,7 @@ only the DAG's phase (seen on the real controller: tests/e2e/test_local_cluster.
 unless every failed task continued on.
 
 Pod registry (how a sibling "evict" step ends a pod locally): the protocol is the steps' own,
-``steps/local_pods.py``; every pod gets ``BATON_LOCAL_PODS=<out_dir>/pods``. The grace is the pod's
+``steps/lib/local_pods.py``; every pod gets ``BATON_LOCAL_PODS=<out_dir>/pods``. The grace is the pod's
 ``terminationGracePeriodSeconds`` (default 30). SIGKILL reaches the pod's whole process tree.
 
 Chaos (``run_workflow(..., chaos=Chaos(...))``, ``workflows/local/chaos.py``): the runner also deletes pods as the
@@ -82,7 +82,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import workflows.local.argo_expr as argo_expr
-from steps.contract import (
+from steps.lib.contract import (
     GONE_BEFORE_SEEN,
     LOST_VM,
     NO_MORE_RETRIES,
@@ -94,8 +94,8 @@ from steps.contract import (
     STEP_DEADLINE,
     container_error,
 )
-from steps.local_pods import ENV as PODS_ENV
-from steps.local_pods import read_request, write_atomic
+from steps.lib.local_pods import ENV as PODS_ENV
+from steps.lib.local_pods import read_request, write_atomic
 from trainer.exits import EXIT_SIGKILL, SIGNAL_EXIT_BASE, signal_exit
 from workflows.local.chaos import Chaos
 from workflows.local.pod_init import kill_descendants
@@ -118,12 +118,12 @@ POD_INIT = str(Path(__file__).resolve().parent / "pod_init.py")
 INTERRUPT_GRACE_S = 5.0
 POLL_S = 0.05
 STEP_PROGRESS_EVERY_S = 2.0
-# Argo's and the kubelet's messages for the end of a pod (steps/contract.py). A pod deleted or evicted through
+# Argo's and the kubelet's messages for the end of a pod (steps/lib/contract.py). A pod deleted or evicted through
 # the API: the kubelet writes the container's final status and deletes the object in one sync
 # (status_manager.go), and Argo's controller (default settings: no status-capture finalizer) finds the pod
 # gone before it read that status: an Error with no exit code. Seen in every eviction and deletion on the real
 # controller (docs/cluster-local.md), and in every Kueue preemption on the real Kueue: its finalizer goes as
-# soon as the pod has terminated (steps/contract.py, GONE_BEFORE_SEEN).
+# soon as the pod has terminated (steps/lib/contract.py, GONE_BEFORE_SEEN).
 NODE_SHUTDOWN_GRACE_S = 15.0  # what a GKE Spot node's shutdown leaves ordinary pods
 KUEUE_CONDITION = {"type": "TerminationTarget", "status": "True", "reason": "WorkloadEvictedDueToPreempted"}
 
@@ -175,7 +175,7 @@ class _Pod:
     started: float
     t0: float  # monotonic
     forced: tuple[str, str] | None = None  # (status, message) decided by whoever stopped it
-    how: str | None = None  # how a registry request ends it (steps.local_pods.HOW)
+    how: str | None = None  # how a registry request ends it (steps.lib.local_pods.HOW)
     sigkilled: bool = False  # still running when the grace ran out
     kill_at: float | None = None
     partial: bytes = b""
@@ -389,7 +389,7 @@ class _Runner:
             _killpg(pod.proc.pid, signal.SIGTERM)
 
     def _end(self, pod: _Pod, how: str) -> None:
-        """End a pod as a registry request says (steps/local_pods.py documents each way)."""
+        """End a pod as a registry request says (steps/lib/local_pods.py documents each way)."""
         pod.how = how
         self._record(pod, "Running")  # Kueue's TerminationTarget condition comes before its Delete
         if how == "lost-vm":

@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 
 import workflows.local.argo_expr as argo_expr
-from steps.contract import POD_GROUP_LABEL, QUEUE_LABEL, RELEASE_TEMPLATE
+from steps.lib.contract import POD_GROUP_LABEL, QUEUE_LABEL, RELEASE_TEMPLATE
 
 # Fields that the runner accepts and ignores because they have no meaning on one machine.
 ACCEPTED_WITHOUT_EFFECT: dict[str, frozenset[str]] = {

@@ -1,6 +1,6 @@
 """The drill's verdict: one sentence that says whether the trial's job is preemption-safe, and if not,
-what broke, from everything the drill gathered: the checkpoint comparison (steps/judge.py), the
-trajectory (steps/trajectory.py), the trial's records (steps/verify.py) and the roles' contract.
+what broke, from everything the drill gathered: the checkpoint comparison (steps/lib/judge.py), the
+trajectory (steps/lib/trajectory.py), the trial's records (steps/verify.py) and the roles' contract.
 
 The first finding that explains a failure wins, in this order: an eviction the trial did not survive, a
 role that broke the contract (no step records, no resume record, no `done`, no committed checkpoint), a
@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from steps import trajectory
-from steps.contract import ROLES
-from steps.judge import component_of
+from steps.lib import trajectory
+from steps.lib.contract import ROLES
+from steps.lib.judge import component_of
 from steps.verify import after_it
 from trainer.exits import EXIT_SIGKILL
 from trainer.records import LOADER_WORKERS_KILLED, UNCOMMITTED_FILE
@@ -208,7 +208,7 @@ def assemble(result: dict[str, Any], verify: dict[str, Any], evictions: dict[str
              records: dict[str, list[dict[str, Any]]], total_steps: int,
              refused: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
     """report.json: the comparison, verify's counts, the trajectory, the contract, and the verdict.
-    `refused`: the records and files that were refused as malformed (steps/evidence.py), each naming the
+    `refused`: the records and files that were refused as malformed (steps/lib/evidence.py), each naming the
     role and the field; any makes the drill fail, since what was refused may have been the evidence."""
     steps = {k: verify[k] for k in ("total", "distinct", "replayed", "resumed_from", "preemptions")}
     report = {**result, "steps": steps, "verify_passed": verify["passed"], "verify_problems": verify["problems"],

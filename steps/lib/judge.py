@@ -19,7 +19,7 @@ element, and it varies between draws. Measured on the CPU with injected noise (t
 2.74x the floor's, while its L2 distance was 0.91x to 1.10x the floor's. The largest |difference| is
 still reported. A floor of 0 makes Tier 2 as strict as Tier 1, and a floor that is not finite fails.
 What Tier 2 cannot see on its own (a bug whose effect stays inside the floor, or a trainer whose every
-start differs) the drill's trajectory check covers (steps/trajectory.py; docs/tier2.md).
+start differs) the drill's trajectory check covers (steps/lib/trajectory.py; docs/tier2.md).
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ _EXCLUDED = [(re.compile(p), why) for p, why in EXCLUDED_AT_TIER_2.items()]
 
 
 def component_of(key: str) -> str:
-    """The component an entry belongs to, for either format (baton's DCP keys, steps/hf_checkpoint.py's)."""
+    """The component an entry belongs to, for either format (baton's DCP keys, steps/lib/hf_checkpoint.py's)."""
     if key.startswith("model."):
         return "model"
     if key.startswith(("optim.", "optimizer.")):

@@ -62,7 +62,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from steps.evidence import write_json
+from steps.lib.evidence import write_json
 from trainer.storage import url_to_fs
 from trainer.untrusted import Refused, read_json
 

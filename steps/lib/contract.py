@@ -88,7 +88,7 @@ def evidence_root(root: str, role: str | None = None) -> str:
 
 
 def rounds_root(root: str, role: str) -> str:
-    """Where a role's node 0 publishes each round of its group (steps/group.py), with nodes > 1."""
+    """Where a role's node 0 publishes each round of its group (steps/lib/group.py), with nodes > 1."""
     return f"{root}/rounds/{role}"
 
 
@@ -112,7 +112,7 @@ def local_drills(bucket_dir: Path) -> list[Path]:
 # ---- how an attempt can be ended ----------------------------------------------------------------------------
 
 EVICTION_MODES = ("evict", "delete", "kueue", "node-shutdown", "lost-vm")
-"""How evict ends a trial attempt (steps/local_pods.py says what each does and how Argo records it)."""
+"""How evict ends a trial attempt (steps/lib/local_pods.py says what each does and how Argo records it)."""
 CLUSTER_EVICTION_MODES = ("evict",)
 """What steps.evict can do through the Kubernetes API; the others exist in the local runner only."""
 GONE_BEFORE_SEEN = ("evict", "delete", "kueue")

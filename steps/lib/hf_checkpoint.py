@@ -1,5 +1,5 @@
 """`compare` on Hugging Face Trainer roots: the three final `checkpoint-N/` folders, read safely
-(trainer/checkpoint/hf_read.py) and judged by steps/judge.py, as DCP checkpoints are."""
+(trainer/checkpoint/hf_read.py) and judged by steps/lib/judge.py, as DCP checkpoints are."""
 
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ def compare_flat(a: dict[str, Any], b: dict[str, Any]) -> tuple[float, list[str]
 def compare_hf(reference: str, replay: str, trial: str, total_steps: int | None = None,
                tier: str = "auto") -> dict[str, Any]:
     """`compare` for three roots of HF checkpoints: every entry judged as DCP checkpoints are
-    (steps/judge.py; Tier 2 leaves out the fields kernels change, `EXCLUDED_AT_TIER_2`)."""
+    (steps/lib/judge.py; Tier 2 leaves out the fields kernels change, `EXCLUDED_AT_TIER_2`)."""
     from steps.compare import compare
 
     return compare(reference, replay, trial, total_steps, tier)

@@ -13,7 +13,7 @@ step:
   with the same RNG, then the RNG the step trained with, then the schedule; every other field that
   differs there is named too.
 Some bugs leave the trajectory equal (optimizer moments not restored): those show in the checkpoint
-comparison (steps/judge.py).
+comparison (steps/lib/judge.py).
 """
 
 from __future__ import annotations

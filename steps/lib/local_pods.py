@@ -34,10 +34,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from steps.contract import EVICTION_MODES
+from steps.lib.contract import EVICTION_MODES
 
 ENV = "BATON_LOCAL_PODS"
-HOW = EVICTION_MODES  # steps/contract.py
+HOW = EVICTION_MODES  # steps/lib/contract.py
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")  # pod names are file names here
 
 

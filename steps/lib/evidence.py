@@ -45,7 +45,7 @@ def _is_digest(v: Any) -> bool:
 
 
 _BY_EVENT: dict[str, dict[str, tuple[Any, str]]] = {
-    # The trajectory's fields (steps/trajectory.py) are compared with ==: a list or a dict there would compare
+    # The trajectory's fields (steps/lib/trajectory.py) are compared with ==: a list or a dict there would compare
     # too, but nothing a trainer is meant to write.
     "step": {"loss": (_is_number, _NUMBER), "lr": (lambda v: v is None or _is_number(v), _NUMBER),
              "batch_sha": (_is_digest, _DIGEST), "rng_sha": (_is_digest, _DIGEST),

@@ -10,8 +10,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from steps.contract import LOSS_PNG, REPORT_JSON, REPORT_MD
-from steps.evidence import put_atomic, write_local_atomic
+from steps.lib.contract import LOSS_PNG, REPORT_JSON, REPORT_MD
+from steps.lib.evidence import put_atomic, write_local_atomic
 from trainer.storage import is_local, url_to_fs
 from trainer.untrusted import printable
 
@@ -25,7 +25,7 @@ def findings(report: dict[str, Any]) -> list[tuple[str, str]]:
 
 
 def losses(records: list[dict[str, Any]]) -> dict[int, float]:
-    """Step -> loss of checked records (steps/evidence.py: a number, or "nan"/"inf" as records.py writes them)."""
+    """Step -> loss of checked records (steps/lib/evidence.py: a number, or "nan"/"inf" as records.py writes them)."""
     return {r["step"]: float(r["loss"]) for r in records if r.get("event") == "step" and "loss" in r}
 
 
