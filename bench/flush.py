@@ -129,7 +129,7 @@ class Sides:
         import torch
         import torch.distributed.checkpoint as dcp
 
-        from trainer.checkpoint.write import ArchiveFileSystem
+        from trainer.checkpoint import ArchiveFileSystem
 
         path = self.store.step_path(self._next())
         writer = self._writer(path)
@@ -152,13 +152,13 @@ class Sides:
         return {"s": dt}
 
     def async_save(self) -> dict[str, float]:
-        if not hasattr(self.store, "save_async"):
+        if not hasattr(self.store, "asyncs"):
             return self._dcp_async(reuse_stager=False)
         step = self._next()
         t0 = time.perf_counter()
-        self.store.save_async(step, self.state, self.manifest, self.attempt, lambda res: None)
+        self.store.asyncs.save_async(step, self.state, self.manifest, self.attempt, lambda res: None)
         t1 = time.perf_counter()
-        self.store.step_boundary()
+        self.store.asyncs.step_boundary()
         blocking = time.perf_counter() - t0
         if self.work is not None:
             tw = time.perf_counter()
@@ -168,9 +168,9 @@ class Sides:
             t_work = 0.0
         tb = time.perf_counter()
         if hasattr(self.store, "before_update"):
-            self.store.before_update()  # what the next optimizer update waits for: the staging copy
+            self.store.asyncs.before_update()  # what the next optimizer update waits for: the staging copy
         blocking += time.perf_counter() - tb
-        self.store.drain()
+        self.store.asyncs.drain()
         total = time.perf_counter() - t0 - t_work
         _rm(self.store.fs, self.store.step_path(step))
         return {"s": blocking, "total_s": total, "call_s": t1 - t0, "work_s": t_work}
@@ -265,7 +265,7 @@ def main() -> None:
     args = section_args(__doc__ or "", _extra)
     from bench.s3 import LocalS3
     from bench.state import close, manifest_of, open_trainer, state_bytes, state_of
-    from trainer.checkpoint.store import Store
+    from trainer.checkpoint import Store
 
     quick = args.quick or args.where == "s3"
     t = open_trainer(f"file://{WORK / 'flush'}", quick=quick)
@@ -274,7 +274,7 @@ def main() -> None:
         "where": args.where,
         "state_bytes": state_bytes(state),
         "params": sum(p.numel() for p in t.model.parameters()),
-        "async_path": "Store.save_async" if hasattr(t.ckpt.store, "save_async") else "dcp.async_save",
+        "async_path": "Store.asyncs.save_async" if hasattr(t.ckpt.store, "asyncs") else "dcp.async_save",
     }
     if args.where == "local":
         batch = t.data.next_batch()

@@ -65,9 +65,9 @@ def main() -> None:
             if args.mode == "sync":
                 store.save(i, state, manifest, t.attempt)
             else:
-                store.save_async(i, state, manifest, t.attempt, lambda res: None)
-                store.step_boundary()
-                store.drain()
+                store.asyncs.save_async(i, state, manifest, t.attempt, lambda res: None)
+                store.asyncs.step_boundary()
+                store.asyncs.drain()
             save_s.append(time.perf_counter() - t0)
             if i > 1:
                 fs.rm(store.step_path(i - 1), recursive=True)

@@ -71,7 +71,7 @@ def baton_fabricate(sets: list[str], k: int) -> None:
         for _ in range(k):
             t.data.next_batch()
         t.step = k
-        t.ckpt.store.save(k, t.ckpt.state(t.boundary()), manifest_of(t), t.attempt)
+        t.ckpt.store.save(k, t.ckpt.state(t.boundary(), t.parts), manifest_of(t), t.attempt)
     finally:
         close(t)
 

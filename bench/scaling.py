@@ -104,8 +104,7 @@ def main() -> None:
     import torch
     import torch.distributed.checkpoint as dcp
 
-    from trainer.checkpoint.resolve import resolve_and_load
-    from trainer.checkpoint.store import Store
+    from trainer.checkpoint import Store, resolve_and_load
 
     root = WORK / "scaling"
     shutil.rmtree(root, ignore_errors=True)

@@ -52,7 +52,7 @@ def open_trainer(ckpt_uri: str, quick: bool = False, name: str = "bench-save") -
 
 
 def state_of(t: Any) -> dict[str, Any]:
-    return t.ckpt.state(t.boundary())
+    return t.ckpt.state(t.boundary(), t.parts)
 
 
 def manifest_of(t: Any) -> dict[str, Any]:

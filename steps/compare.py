@@ -27,8 +27,7 @@ from steps.lib.verdict import assemble, verdict_of  # noqa: F401 - verdict_of: c
 from steps.verify import evictions_record
 from trainer import env as baton_env
 from trainer.bounded import ArgParser, Bound, flag_type
-from trainer.checkpoint import CorruptCheckpoint, open_root
-from trainer.checkpoint.read import wrapped_failures
+from trainer.checkpoint import CorruptCheckpoint, open_root, wrapped_failures
 from trainer.untrusted import Refused
 
 

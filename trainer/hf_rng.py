@@ -73,7 +73,7 @@ def load(path: str) -> dict[str, Any] | None:
         return None
     from transformers.trainer_pt_utils import safe_globals
 
-    from trainer.checkpoint.tensor_record import file_problem
+    from trainer.checkpoint import file_problem
 
     why = file_problem(path)
     if why is not None:  # the fetch refused such a file already (hf_store._loads_safely): never inflated here

@@ -11,6 +11,8 @@ from __future__ import annotations
 import math
 import os
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
@@ -22,7 +24,7 @@ from torch.distributed.tensor import DTensor
 
 from trainer import collector, env, faults, rng, trajectory
 from trainer.cadence import Attempt, Cadence
-from trainer.checkpoint import Boundary, Checkpointer, FencedOut, Parts, RestorePolicy
+from trainer.checkpoint import Boundary, Checkpointer, FencedOut, Parts, RestorePolicy, SaveResult
 from trainer.config import Config
 from trainer.data import EpochData, read_corpus
 from trainer.exits import EXIT_FAIL, EXIT_OK, EXIT_PREEMPTED
@@ -107,24 +109,21 @@ class Trainer:
         if cfg.deterministic:
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
             deterministic_algorithms(compiled=cfg.model.compile)
-        self.ckpt = Checkpointer(cfg.checkpoint, cfg.run_id, cfg.fingerprint, policy,
-                                 max_failed_saves=cfg.faults.max_failed_saves)
-        mark = self._phase("init_store_s", mark)
-        self.attempt = self.ckpt.claim_attempt({"host": os.uname().nodename, "pid": os.getpid(),
-                                                "world_size": self.world})
-        self._phase("init_claim_s", mark)
+        self.ckpt = Checkpointer(cfg.checkpoint, cfg.run_id, cfg.fingerprint, self.emit, self._manifest,
+                                 self._committed, policy, cfg.faults.max_failed_saves, self._saving)
+        self._phase("init_store_s", mark)
+        # The attempt claimed, the committed steps listed, and the newest being read on a thread (prefetch.py)
+        # while the model is built: the restore has begun, and a signal from here on lands in it.
+        opened = self.ckpt.begin({"host": os.uname().nodename, "pid": os.getpid(), "world_size": self.world},
+                                 self.times, history=cfg.cadence.mode == "auto")
+        self.attempt, self.committed, self.opened = opened.attempt, opened.committed, opened
+        if opened.prefetching:
+            self.preempt.phase = "restore"
+        self.last_committed: int | None = None  # the checkpoints' own: set by the resume and by every commit
+        self.last_checkpoint: str | None = None
         self.rec = Records(cfg.run_id, self.attempt, self.rank)
         self.first_step_pending = True
-        self.times["init_s"] = round(time.perf_counter() - t, 3)
-
-    @property
-    def last_committed(self) -> int | None:
-        """The last committed step (the checkpoints' own: set by the resume and by every commit)."""
-        return self.ckpt.last_committed
-
-    @property
-    def last_checkpoint(self) -> str | None:
-        return self.ckpt.last_url
+        self.times["init_s"] = round(time.perf_counter() - t - self.times["listing_s"], 3)  # listing_s is its own phase
 
     def _phase(self, name: str, since: float) -> float:
         """Time a part of the start into the `resume` record's phases; returns now, the next part's start."""
@@ -168,15 +167,7 @@ class Trainer:
         # With a committed checkpoint to resume from, every parameter is about to be overwritten: build
         # the structure without reading the pretrained weights. Should every checkpoint be refused,
         # resume() reads them after all (pretrained_fallback).
-        t_list = time.perf_counter()
-        self.committed = self.ckpt.committed_steps()
-        self.times["listing_s"] = round(time.perf_counter() - t_list, 3)
         self.empty_model = bool(self.committed)
-        # One rank reads the checkpoint on a thread while the model is built (prefetch.py): the restore
-        # has begun, and a signal from here on lands in it.
-        if self.committed and self.ckpt.prefetch(self.committed[0]):
-            self.preempt.phase = "restore"
-        mark = time.perf_counter()
         # The last of the start's imports, then the collector back on with what the start made frozen,
         # before the build allocates the model (trainer/collector.py).
         import_model_class(path)
@@ -197,8 +188,8 @@ class Trainer:
         self.sched = torch.optim.lr_scheduler.LambdaLR(
             self.optim, lambda s: lr_factor(s, o.warmup_steps, cfg.total_steps, o.min_lr_ratio))
         self.step = 0
-        self.ckpt.attach(Parts(self.model, self.optim, self.sched, self.data, self.rank, self.world, cfg.seed,
-                               cfg.data.batch_size, cfg.data.num_workers))
+        self.parts = Parts(self.model, self.optim, self.sched, self.data, self.rank, self.world, cfg.seed,
+                           cfg.data.batch_size, cfg.data.num_workers)
         self._phase("build_optimizer_s", mark)
         self.metrics: dict[str, float] = {}
         self.notice: NoticeThread | None = None
@@ -212,16 +203,16 @@ class Trainer:
             f"{self.data.geo.n_samples} samples, {self.data.geo.steps_in_epoch()} steps/epoch, "
             f"{sum(p.numel() for p in self.model.parameters())} parameters (this rank's shards)"
             + (", built empty for the resume" if self.empty_model else ""))
-        self.times["build_s"] = round(time.perf_counter() - t - self.times["listing_s"], 3)
+        self.times["build_s"] = round(time.perf_counter() - t, 3)
 
     # -- the checkpoint --
     def boundary(self) -> Boundary:
-        return self.ckpt.capture(self.step)
+        return self.parts.capture(self.step)
 
     def resume(self) -> None:
         if self.committed:  # what it is about to load: lets a watcher (the drill's chaos) act mid-restore
-            self.emit("restore", self.committed[0], committed=len(self.committed), path=self.ckpt.url(self.committed[0]))
-        resumed = self.ckpt.resume(self.committed, self.emit, self.cfg.faults.read_retry_s, self.times)
+            self.emit("restore", self.committed[0], committed=len(self.committed), path=self.opened.newest_url)
+        resumed = self.ckpt.resume(self.parts, self.cfg.faults.read_retry_s, self.times)
         t = time.perf_counter()
         if resumed is None:
             if self.empty_model:
@@ -233,7 +224,8 @@ class Trainer:
             log("no committed checkpoint: starting fresh")
             return
         step, manifest = resumed.step, resumed.manifest
-        self.step = step  # the checkpoints' last_committed is this step now
+        self.step = self.last_committed = step
+        self.last_checkpoint = resumed.url
         if not resumed.same_world:
             log(f"resharded resume: saved by {manifest['world_size']} ranks, running on {self.world}; "
                 "model and optimizer load exactly, the continuation is not bitwise (reduction order)")
@@ -256,48 +248,40 @@ class Trainer:
         rng.seed_everything(self.cfg.seed, self.rank)
         self.empty_model = False
 
-    def save(self, b: Boundary, reason: str) -> float:
+    @contextmanager
+    def _saving(self) -> Iterator[None]:
+        """Around every save the checkpointer makes: its phase for a signal's record, and the next stop check
+        asks the ranks again (a save takes a while)."""
         before, self.preempt.phase = self.preempt.phase, "save"
+        self.preempt.invalidate()
         try:
-            return self._save(b, reason)
+            yield
         finally:
             self.preempt.phase = before
 
-    def _save(self, b: Boundary, reason: str) -> float:
-        self.preempt.invalidate()  # a save takes a while: the next stop check asks the ranks again
-        # The metrics of this step (the step record's loss), for keep-best retention.
-        manifest = {"run_id": self.cfg.run_id, "epoch": b.epoch, "device": self.device.type,
-                    "config": self.cfg.to_dict(), "time": time.time(), "metrics": dict(self.metrics)}
+    def _manifest(self, b: Boundary) -> dict[str, Any]:
+        """The trainer's fields of a save's manifest; the metrics of this step (the step record's loss), for
+        keep-best retention."""
+        return {"run_id": self.cfg.run_id, "epoch": b.epoch, "device": self.device.type,
+                "config": self.cfg.to_dict(), "time": time.time(), "metrics": dict(self.metrics)}
 
-        def committed(res) -> None:  # a SaveResult, once the checkpoint is committed (last_committed is its step)
-            self._after_save(res.blocking_ms if res.asynchronous else res.save_ms)
-            self.emit("checkpoint", res.step, reason=reason, save_ms=round(res.save_ms, 1),
-                      blocking_ms=round(res.blocking_ms, 1), bytes=res.bytes, path=res.path,
-                      asynchronous=res.asynchronous)
-
-        return self.ckpt.save(b, reason, manifest, self.attempt, committed)
+    def _committed(self, res: SaveResult, reason: str) -> None:
+        """A checkpoint is committed (every rank): the last committed step, the cadence, and its record."""
+        self.last_committed, self.last_checkpoint = res.step, res.path
+        self._after_save(res.blocking_ms if res.asynchronous else res.save_ms)
+        self.emit("checkpoint", res.step, reason=reason, save_ms=round(res.save_ms, 1),
+                  blocking_ms=round(res.blocking_ms, 1), bytes=res.bytes, path=res.path,
+                  asynchronous=res.asynchronous)
 
     # -- the stop --
     def stop(self, b: Boundary) -> int:
         signal_name = self.preempt.signal_name
-        save_ms = 0.0
-        failed = self.ckpt.drain(raise_storage_errors=False)  # a save in flight commits first
-        if failed:
-            log(f"the checkpoint in flight failed ({failed}); saving step {b.step} synchronously")
-        if b.step == 0 and self.last_committed is None:
-            # Nothing trained yet: a restart recomputes this exact state from the config and seed.
-            outcome = "nothing_to_save"
-            log(f"preempted ({signal_name}) before the first step: nothing to save")
-        elif self.last_committed == b.step:
-            outcome = "already_committed"
-            log(f"preempted ({signal_name}) at step {b.step}, already committed: exiting")
-        else:
-            outcome = "saved"
-            log(f"preempted ({signal_name}) at step {b.step}: saving, {self.preempt.grace_left():.1f}s of grace left")
-            save_ms = self.save(b, "preempt")
+        log(f"preempted ({signal_name}) at step {b.step}, {self.preempt.grace_left():.1f}s of grace left")
+        saved = self.ckpt.save(b, "preempt")  # a save in flight commits first; a committed step is not saved again
+        outcome = saved.outcome
         # No rank leaves before rank 0 has written the record: a launcher that sees one rank exit
         # signals the others, and the record is what says the stop was clean.
-        self.emit_after_rank0("preempt", b.step, signal=signal_name, save_ms=round(save_ms, 1),
+        self.emit_after_rank0("preempt", b.step, signal=signal_name, save_ms=round(saved.blocking_ms, 1),
                               grace_left_s=round(self.preempt.grace_left(), 2), grace_s=self.preempt.grace,
                               exit=EXIT_PREEMPTED, checkpoint=self.last_checkpoint,
                               already_committed=outcome == "already_committed", outcome=outcome,
@@ -342,27 +326,14 @@ class Trainer:
             reason = notice.reason if notice else "peer"
             self.warned = True
             log(f"preemption warning ({reason}{': ' + notice.source if notice else ''}) at step {self.step}")
-            if self.last_committed != self.step:
-                self.save(self.boundary(), "warning")
+            self.ckpt.save(self.boundary(), "warning")  # unless this step is committed already
             if self.cfg.notice.policy == "stop":
                 self.preempt.signal_name = f"warning:{reason}"
                 self.preempt.received_at = time.monotonic()
                 return self.stop(self.boundary())
-        elif due and self.last_committed != self.step:
-            self.periodic_save(self.boundary())
+        elif due:  # a periodic save, which may fail without ending the run (the checkpoints' rule)
+            self.ckpt.save(self.boundary(), "periodic", due=True)
         return None
-
-    def periodic_save(self, b: Boundary) -> None:
-        """A periodic save that may fail without ending the run (trainer/faults.py): every rank raises
-        the same StorageError (the commit is collective), so every rank goes on, or stops, together."""
-        try:
-            self.save(b, "periodic")
-        except StorageError as e:
-            self._save_failed(b.step, e)
-
-    def _save_failed(self, step: int, e: StorageError) -> None:
-        """The checkpoints' rule (interface.py): a `checkpoint_failed` record; SavesFailing at the limit."""
-        self.ckpt.periodic_save_failed(step, str(e), self.emit)
 
     def _after_save(self, save_ms: float) -> None:
         """Feed the measured cost to the cadence and to the warning lead time."""
@@ -378,7 +349,7 @@ class Trainer:
     def _attempt_history(self) -> list[Attempt]:
         """Approximate: every attempt before this one is taken to have ended by preemption."""
         if getattr(self, "_history", None) is None:
-            starts = self.ckpt.attempt_start_times()
+            starts = self.opened.start_times or []
             self._history = [Attempt(a, True, b - a) for a, b in zip(starts, starts[1:], strict=False)]
             self._history_started = starts[-1] if starts else time.time()
         return [*self._history, Attempt(self._history_started, False, time.time() - self._history_started)]
@@ -395,12 +366,6 @@ class Trainer:
         tokens_per_step = cfg.data.batch_size * cfg.data.seq_len * accum * self.world
         self._at_point()
         while self.step < cfg.total_steps:
-            if self.ckpt.pending is not None:  # waiting for staging or committing takes a while
-                self.preempt.invalidate()
-            try:
-                self.ckpt.step_boundary()  # the save in flight: commit it if every rank's upload is done
-            except StorageError as e:  # that async periodic save failed: nothing of it is committed
-                self._save_failed(self.step, e)
             b = self.boundary()
             t0 = time.perf_counter()
             loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)  # one host sync a step
@@ -420,7 +385,7 @@ class Trainer:
                 loss.backward()
                 hooks().after_backward(self.model, self.step, m, self.rank)
                 loss_sum += loss.detach().double()
-            self.ckpt.before_update()  # an async save's staging copy must be done before the update
+            self.ckpt.wait_for_staging()  # an async save's staging copy must be done before the update
             grad_norm = None
             if cfg.optim.grad_clip > 0:
                 grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.optim.grad_clip)
@@ -447,13 +412,13 @@ class Trainer:
                 log(f"step {self.step}/{cfg.total_steps} loss {loss_value:.4f} lr {lr:.2e} epoch {b.epoch}")
             if self.step == cfg.total_steps:
                 break
-            if cfg.checkpoint.every_steps and self.step % cfg.checkpoint.every_steps == 0:
-                self.periodic_save(self.boundary())
+            # The save in flight commits once every rank's upload is done; checkpoint.every_steps decides a new one.
+            if self.ckpt.save(self.boundary(), "periodic").busy:
+                self.preempt.invalidate()  # waiting for staging or committing takes a while
             if (code := self._on_boundary(warning, due)) is not None:
                 return code
             self._at_point()
-        if self.last_committed != cfg.total_steps:
-            self.save(self.boundary(), "final")
+        self.ckpt.save(self.boundary(), "final")  # unless the last step is committed already
         self.emit_after_rank0("done", self.step, total_steps=cfg.total_steps, checkpoint=self.last_checkpoint)
         log(f"done: {cfg.total_steps} steps, final checkpoint {self.last_checkpoint}")
         return EXIT_OK

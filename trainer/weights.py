@@ -124,9 +124,9 @@ def _sha256_file(path: Path) -> str:
     # A file's checksum has one definition, trainer/checkpoint/digest.py. Imported here, not at the top:
     # the config reads this module (the fingerprint), and the package's __init__ would bring torch into
     # every config load; only hashing the files needs it.
-    from trainer.checkpoint.digest import file_hexdigest
+    from trainer.checkpoint import digest
 
-    return file_hexdigest(None, str(path), "sha256")
+    return digest.file_hexdigest(None, str(path), "sha256")
 
 
 def write_manifest(folder: Path) -> dict[str, dict[str, Any]]:
@@ -189,13 +189,13 @@ def default_cache() -> Path:
 
 
 def _copy_checked(fs: Any, src: str, dst: Path, name: str, entry: dict[str, Any], uri: str) -> None:
-    from trainer.checkpoint.digest import new  # why here, not at the top: see _sha256_file
+    from trainer.checkpoint import digest  # why here, not at the top: see _sha256_file
 
-    h, n = new("sha256"), 0
+    h, n = digest.new("sha256"), 0
 
     def copy() -> None:
         nonlocal h, n
-        h, n = new("sha256"), 0
+        h, n = digest.new("sha256"), 0
         with open_regular(fs, src, f"{redact(uri)}/{name}") as fin, open(dst, "wb") as fout:
             while chunk := fin.read(CHUNK):
                 n += len(chunk)

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from trainer.checkpoint.hf_read import (  # noqa: F401 - the reading API, where tests and tools look for it
+from trainer.checkpoint import (  # noqa: F401 - the reading API, where tests and tools look for it
     committed_checkpoints,
     final_hf_checkpoint,
     is_hf_root,

@@ -132,6 +132,70 @@ def test_the_loop_and_the_hf_callback_use_only_the_front_door(graph, module):
     assert not inner, f"{module} reaches inside trainer/checkpoint/: {sorted(inner)}"
 
 
+OUTSIDE_CHECKPOINT = ("trainer", "steps", "workflows", "gpu", "baton", "bench", "examples")
+
+
+def front_door_violations(files: dict[str, str], exported: set[str]) -> list[str]:
+    """Imports of a checkpoint submodule, or of a name the package does not export, in `files` (name ->
+    source), read on the syntax."""
+    out = []
+    for name, text in files.items():
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                if node.module.startswith("trainer.checkpoint."):
+                    out.append(f"{name}:{node.lineno} imports from {node.module}")
+                elif node.module == "trainer.checkpoint":
+                    out += [f"{name}:{node.lineno} imports {a.name}, which trainer.checkpoint does not export"
+                            for a in node.names if a.name not in exported]
+            elif isinstance(node, ast.Import):
+                out += [f"{name}:{node.lineno} imports {a.name}" for a in node.names
+                        if a.name.startswith("trainer.checkpoint.")]
+    return out
+
+
+def test_every_room_outside_the_checkpoint_package_uses_its_exported_names_only():
+    import trainer.checkpoint
+
+    files = {str(p.relative_to(REPO)): p.read_text() for pkg in OUTSIDE_CHECKPOINT for p in (REPO / pkg).rglob("*.py")
+             if "checkpoint" not in p.relative_to(REPO).parts[1:2]}
+    assert "trainer/loop.py" in files and "bench/digest.py" in files
+    assert not front_door_violations(files, set(trainer.checkpoint.__all__))
+    for name in trainer.checkpoint.__all__:  # every exported name resolves
+        assert getattr(trainer.checkpoint, name) is not None, name
+
+
+def test_a_planted_side_door_is_found():
+    ok = "from trainer.checkpoint import Store, digest\n"
+    assert not front_door_violations({"a.py": ok}, {"Store", "digest"})  # the control
+    planted = {"a.py": "def f():\n    from trainer.checkpoint.store import Store\n",
+               "b.py": "import trainer.checkpoint.read\n", "c.py": "from trainer.checkpoint import _template\n"}
+    assert front_door_violations(planted, {"Store"}) == [
+        "a.py:2 imports from trainer.checkpoint.store", "b.py:1 imports trainer.checkpoint.read",
+        "c.py:1 imports _template, which trainer.checkpoint does not export"]
+
+
+DOOR = {"begin", "resume", "save", "wait_for_staging"}
+"""The checkpointer's members the training loop may use (trainer/checkpoint/checkpointer.py's docstring)."""
+
+
+def checkpointer_members(source: str) -> set[str]:
+    """The attributes the source reads of `self.ckpt`, on the syntax."""
+    return {n.attr for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Attribute)
+            and isinstance(n.value, ast.Attribute) and n.value.attr == "ckpt"
+            and isinstance(n.value.value, ast.Name) and n.value.value.id == "self"}
+
+
+def test_the_loop_goes_through_four_checkpointer_calls():
+    assert checkpointer_members((REPO / "trainer" / "loop.py").read_text()) == DOOR
+
+
+def test_a_fifth_checkpointer_member_in_the_loop_is_found():
+    source = "class T:\n    def run(self):\n        self.ckpt.save(b, 'periodic')\n        self.ckpt.wait_for_staging()\n"
+    assert checkpointer_members(source) <= DOOR  # the control
+    planted = source + "        if self.ckpt.pending is not None:\n            self.ckpt.drain()\n"
+    assert checkpointer_members(planted) - DOOR == {"pending", "drain"}
+
+
 def test_no_other_room_knows_the_checkpoint_layout():
     """The folder names (`step-`, `runs/`, `checkpoint-N`) and the commit marker are built in
     trainer/checkpoint/ only: every other room asks the package (trainer.checkpoint.open_root, ...)."""

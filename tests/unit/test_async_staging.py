@@ -20,7 +20,7 @@ pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
 
 def slow_staging(store: Store, monkeypatch, delay_s: float = 0.5) -> None:
-    stager = store._staging_buffers()
+    stager = store.asyncs.staging_buffers()
     real = stager._stage
 
     def late(state, **kw):
@@ -39,17 +39,17 @@ def test_the_update_waits_for_the_staging_copy(tmp_path, monkeypatch, mutate):
     state = {"w": w, "progress": torch.tensor([1])}
     committed = []
     t0 = time.perf_counter()
-    store.save_async(1, state, {"fingerprint": "f"}, attempt, committed.append)
-    store.step_boundary()
+    store.asyncs.save_async(1, state, {"fingerprint": "f"}, attempt, committed.append)
+    store.asyncs.step_boundary()
     assert time.perf_counter() - t0 < 0.4, "the call and the boundary do not wait for the staging copy"
-    assert store.pending is not None and store.pending.staging is not None
+    assert store.asyncs.pending is not None and store.asyncs.pending.staging is not None
     if mutate == "after_before_update":
-        store.before_update()
+        store.asyncs.before_update()
         w.add_(1)  # the optimizer's update
     else:  # the control: an update that does not wait
         w.add_(1)
-        store.before_update()
-    store.drain()
+        store.asyncs.before_update()
+    store.asyncs.drain()
     assert [r.step for r in committed] == [1]
     saved = load_flat(committed[0].path)["w"]
     if mutate == "after_before_update":

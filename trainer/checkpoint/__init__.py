@@ -23,17 +23,44 @@ run's) and `FencedOut` (a newer attempt owns the run) are the two others.
     hf_read.py          reading an HF checkpoint safely, as one flat mapping (what compare judges)
     roots.py            a checkpoint root of either format, as the drill and the bench read it (`open_root`)
 
-Outside the package, modules import from here; what is not exported is the package's own (tests, and
-the bench, which measures the store itself, import those from their submodules).
+Outside the package, every module (the trainer's, the steps, the workflows, gpu/, the bench) imports the
+names below from here, never a submodule (tests/unit/test_architecture.py reads every import). Each name is
+imported from its submodule when it is first asked for (PEP 562), so that a torch-free caller (the config
+hashing weights through `digest`) does not load torch with the package. Tests may reach inside.
 """
 
-from trainer.checkpoint.checkpointer import Boundary, Checkpointer, Parts, RestorePolicy
-from trainer.checkpoint.hf_checkpointer import HFCheckpointer
-from trainer.checkpoint.interface import Checkpoints
-from trainer.checkpoint.layout import CorruptCheckpoint, corpus_path, hf_step_name
-from trainer.checkpoint.read import load_flat
-from trainer.checkpoint.roots import open_root
-from trainer.checkpoint.store import CheckpointRefused, FencedOut
+from __future__ import annotations
 
-__all__ = ["Boundary", "CheckpointRefused", "Checkpointer", "Checkpoints", "CorruptCheckpoint", "FencedOut",
-           "HFCheckpointer", "Parts", "RestorePolicy", "corpus_path", "hf_step_name", "load_flat", "open_root"]
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    # the two implementations and what a trainer hands them
+    "Checkpoints": "interface", "Checkpointer": "checkpointer", "HFCheckpointer": "hf_checkpointer",
+    "Boundary": "checkpointer", "Parts": "checkpointer", "RestorePolicy": "checkpointer", "SaveResult": "write",
+    # the three refusals
+    "CorruptCheckpoint": "layout", "CheckpointRefused": "store", "FencedOut": "store",
+    # names and reading, for the drill's steps, the bench and the trainer's other rooms
+    "corpus_path": "layout", "hf_step_name": "layout", "load_flat": "read", "open_root": "roots",
+    "wrapped_failures": "read", "file_problem": "tensor_record", "committed_checkpoints": "hf_read",
+    "final_hf_checkpoint": "hf_read", "is_hf_root": "hf_read", "load_hf_checkpoint": "hf_read",
+    "numpy_safe_globals": "hf_read",
+    # what the bench measures itself: the store, a restart's load, a save's archive, and checksums
+    "Store": "store", "resolve_and_load": "resolve", "ArchiveFileSystem": "write", "digest": None,
+}
+"""Exported name -> the submodule that defines it (None: the name is a submodule)."""
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module = importlib.import_module(f"{__name__}.{_EXPORTS[name] or name}")
+    value = module if _EXPORTS[name] is None else getattr(module, name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

@@ -2,18 +2,24 @@
 (interface.py: newest first, resume with fallback, the last committed step, retention after a commit
 but a preemption's, the rule for failing periodic saves).
 
-A `Checkpointer` holds one run's store (trainer/checkpoint/store.py) and, once the model is built, the
-trainer's stateful parts (`Parts`: model and optimizer, scheduler, data position, RNG). It offers:
-- `claim_attempt`, `committed_steps`, `url`, `attempt_start_times` (the store's, for the loop's start-up
-  and cadence);
-- `capture()`: the state of a step boundary (`Boundary`), taken before the next step moves past it;
-- `save(boundary, reason, ...)`: a synchronous or asynchronous save, with the read-back policy; its
-  commit sets `last_committed` and is followed by the interface's retention;
-- `resume(...)`: the newest intact checkpoint (resolve.py, through `newest_intact`: fall back past
-  refused ones, retry a failing store), loaded into a staging copy and then restored into the live
-  parts; None for a fresh start;
-- `periodic_save_failed` (the interface's): the rule for a periodic save that failed;
-- `step_boundary`, `before_update`, `drain`, `pending`: the save in flight.
+A `Checkpointer` holds one run's store (trainer/checkpoint/store.py) and, from the resume on, the
+trainer's stateful parts (`Parts`: model and optimizer, scheduler, data position, RNG). The training loop
+goes through four calls:
+- `begin(info)`: claims the attempt, lists the committed steps and starts reading the newest on a thread
+  (prefetch.py), all before the model is built; its `Opened` says what the start needs;
+- `resume(parts)`: the newest intact checkpoint (resolve.py, through `newest_intact`: fall back past
+  refused ones, retry a failing store), loaded into a staging copy and then restored into the live parts;
+  None for a fresh start;
+- `save(boundary, reason)`: the checkpointer decides. Called with "periodic" at the end of every step, it
+  commits the save in flight once every rank's upload is done and saves when `checkpoint.every_steps` or
+  the wall-clock cadence says so, and a failure lets training go on (the interface's rule); "warning",
+  "preempt" and "final" save now, unless that step is committed already (a preemption first lets the save
+  in flight commit). A commit sets `last_committed`, tells the loop (`on_commit`) and is followed by the
+  interface's retention;
+- `wait_for_staging()`: before the optimizer moves the weights, an asynchronous save's staging copy must
+  be done.
+A boundary's state (`Boundary`) is the parts' own: `Parts.capture(step)`, taken before the next step
+moves past it.
 
 The checkpoint state is tensors only: the model's and the optimizer's state dicts, the learning rates,
 the scheduler's counters, the progress, and per rank (under rank-unique keys: DCP deduplicates on the
@@ -24,7 +30,9 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -118,50 +126,93 @@ class Parts:
     batch_size: int
     num_workers: int
 
+    def capture(self, step: int) -> Boundary:
+        """The state of the boundary before `step + 1`: what the next step moves past."""
+        d = self.data
+        return Boundary(step, d.epoch, d.start, d.yielded, rng.capture(), d.loader.state_dict())
+
+
+@dataclass
+class Opened:
+    """What a start needs from the store, read once by `Checkpointer.begin` (every rank gets the same)."""
+
+    attempt: int
+    """This attempt's number, claimed in the store (older attempts are fenced out from here on)."""
+    committed: list[int]
+    """The committed steps, newest first."""
+    newest_url: str | None
+    """Where the newest committed checkpoint is (None: none), for the `restore` record."""
+    prefetching: bool
+    """The newest is being read on a thread: the restore has begun."""
+    start_times: list[float] | None
+    """The attempts' start times (unix seconds), when asked for (the `auto` cadence's history)."""
+
 
 @dataclass
 class Resumed:
     step: int
     manifest: dict[str, Any]
     same_world: bool
+    url: str
+
+
+@dataclass
+class Saved:
+    """What `Checkpointer.save` did: `outcome` is saved, already_committed, nothing_to_save, not_due or failed
+    (a periodic save that may fail); `blocking_ms` what the caller waited; `busy` whether a save was or is in
+    flight (waiting for it took a while: a stop decision made before it is stale)."""
+
+    outcome: str
+    blocking_ms: float = 0.0
+    busy: bool = False
 
 
 class Checkpointer(Checkpoints):
-    """One run's checkpoints, and the parts they save and restore.
+    """One run's checkpoints, and the parts they save and restore (the module docstring lists the four calls).
 
     `policy` is what a resume restores (RestorePolicy: everything, unless a negative control says
-    otherwise). Never anything but the default for real work.
+    otherwise). Never anything but the default for real work. `emit` writes the records (it decides which
+    ranks write); `manifest(boundary)` gives the trainer's fields of a save's manifest; `on_commit(result,
+    reason)` is told of each commit, on every rank; `saving()` is entered around each save that happens (the loop marks its phase).
     """
 
-    def __init__(self, cfg: CheckpointConfig, run_id: str, fingerprint: str,
-                 policy: RestorePolicy = RestorePolicy(), max_failed_saves: int = 3) -> None:
+    def __init__(self, cfg: CheckpointConfig, run_id: str, fingerprint: str, emit: Emit,
+                 manifest: Callable[[Boundary], dict[str, Any]], on_commit: Callable[[SaveResult, str], None],
+                 policy: RestorePolicy = RestorePolicy(), max_failed_saves: int = 3,
+                 saving: Callable[[], AbstractContextManager[Any]] = nullcontext) -> None:
         super().__init__(max_failed_saves)
         self.cfg, self.fingerprint, self.policy = cfg, fingerprint, policy
+        self.emit, self.manifest, self.on_commit, self.saving = emit, manifest, on_commit, saving
         self.store = Store(cfg.uri, run_id, io_threads=cfg.io_threads, digest_algorithm=cfg.digest)
         self.parts: Parts | None = None
+        self.attempt: int | None = None
         self._prefetch: Prefetch | None = None
+        self._committed: list[int] | None = None  # begin's listing, for the resume
 
-    # -- the store's, for the loop --
-    def claim_attempt(self, info: dict[str, Any]) -> int:
-        """Every rank gets the number rank 0 claimed."""
-        return broadcast(self.store.claim_attempt(info) if self._rank0 else None)
+    # -- the start --
+    def begin(self, info: dict[str, Any], times: dict[str, float], history: bool = False) -> Opened:
+        """Claim this attempt (`info` is written beside it), list the committed steps, and start reading the
+        newest on a thread when one rank loads it all (prefetch.py: several ranks each load a shard, which the
+        thread cannot know). `times` gets `init_claim_s` and `listing_s`; `history`: read the attempts' start
+        times too. Collective: rank 0 asks the store, every rank gets its answers."""
+        t = time.perf_counter()
+        self.attempt = broadcast(self.store.claim_attempt(info) if self._rank0 else None)
+        times["init_claim_s"] = round(time.perf_counter() - t, 3)
+        t = time.perf_counter()
+        committed = self._committed = self.committed_steps()
+        times["listing_s"] = round(time.perf_counter() - t, 3)
+        if committed and world() == 1:
+            self._prefetch = Prefetch(self.store, committed[0])
+        return Opened(self.attempt, committed, self.url(committed[0]) if committed else None,
+                      self._prefetch is not None, self.store.attempt_start_times() if history else None)
 
+    # -- the store's --
     def committed_steps(self) -> list[int]:
         """Committed steps, newest first (one listing request, on rank 0; every rank gets its answer)."""
         return broadcast(self.store.committed_steps() if self._rank0 else None)
 
     def url(self, step: int) -> str:
         return self.store.url(self.store.step_path(step))
-
-    def prefetch(self, step: int) -> bool:
-        """Start reading `step` (the newest committed) on a thread, for the resume to take (prefetch.py);
-        whether it started. One rank only: several ranks each load a shard, which the thread cannot know."""
-        if world() == 1 and self._prefetch is None:
-            self._prefetch = Prefetch(self.store, step)
-        return self._prefetch is not None
-
-    def attempt_start_times(self) -> list[float]:
-        return self.store.attempt_start_times()
 
     def retain(self, newest: int) -> list[int]:
         """The store's retention (keep_last, the best by a metric, the newest verified), on rank 0."""
@@ -173,21 +224,15 @@ class Checkpointer(Checkpoints):
     def _rank0(self) -> bool:
         return rank() == 0
 
-    def attach(self, parts: Parts) -> None:
-        self.parts = parts
-
     def _p(self) -> Parts:
         if self.parts is None:
-            raise RuntimeError("Checkpointer.attach(parts) must come before saving or resuming")
+            raise RuntimeError("Checkpointer.resume(parts) must come before saving")
         return self.parts
 
     # -- the state --
-    def capture(self, step: int) -> Boundary:
-        d = self._p().data
-        return Boundary(step, d.epoch, d.start, d.yielded, rng.capture(), d.loader.state_dict())
-
-    def state(self, b: Boundary) -> dict[str, Any]:
-        p = self._p()
+    def state(self, b: Boundary, parts: Parts | None = None) -> dict[str, Any]:
+        """What a checkpoint of boundary `b` holds, from `parts` (by default the resume's)."""
+        p = parts or self._p()
         model_sd, optim_sd = get_state_dict(p.model, p.optim)
         return {
             "model": model_sd,
@@ -202,66 +247,91 @@ class Checkpointer(Checkpoints):
         }
 
     # -- save --
-    @property
-    def pending(self) -> Any:
-        return self.store.pending
+    def wait_for_staging(self) -> None:
+        """Before the optimizer moves the weights: an asynchronous save's staging copy must be done."""
+        self.store.asyncs.before_update()
 
-    def step_boundary(self) -> None:
-        self.store.step_boundary()
+    def save(self, b: Boundary, reason: str, due: bool = False) -> Saved:
+        """Save the boundary `b` if it is time (see the module docstring); `due`: the wall-clock cadence says a
+        periodic save is due (decided with every rank). Collective: every rank gets the same outcome, and every
+        rank raises the same StorageError for a warning, preemption or final save that failed."""
+        st = self.store.asyncs
+        busy = st.pending is not None
+        if reason == "periodic":
+            try:
+                st.step_boundary()  # the save in flight: commit it if every rank's upload is done
+            except StorageError as e:  # that asynchronous save failed: nothing of it is committed
+                self.periodic_save_failed(b.step, str(e), self.emit)
+            every = self.cfg.every_steps
+            if self.last_committed == b.step or not (due or (every and b.step % every == 0)):
+                return Saved("not_due", busy=busy or st.pending is not None)
+            try:
+                ms = self._save(b, reason)
+            except StorageError as e:  # every rank raises it (the commit is collective): every rank goes on
+                self.periodic_save_failed(b.step, str(e), self.emit)
+                return Saved("failed", busy=True)
+            return Saved("saved", ms, busy=True)
+        if reason == "preempt":
+            failed = st.drain(raise_storage_errors=False)  # a save in flight commits first
+            if failed:
+                log(f"the checkpoint in flight failed ({failed}); saving step {b.step} synchronously")
+            if b.step == 0 and self.last_committed is None:
+                # Nothing trained yet: a restart recomputes this exact state from the config and seed.
+                log("nothing to save before the first step")
+                return Saved("nothing_to_save", busy=busy)
+        if self.last_committed == b.step:
+            if reason == "preempt":
+                log(f"step {b.step} is committed already: exiting")
+            return Saved("already_committed", busy=busy)
+        return Saved("saved", self._save(b, reason), busy=True)
 
-    def before_update(self) -> None:
-        self.store.before_update()
-
-    def drain(self, raise_storage_errors: bool = True) -> str | None:
-        return self.store.drain(raise_storage_errors)
-
-    def save(self, b: Boundary, reason: str, manifest: dict[str, Any], attempt: int,
-             on_commit: Callable[[SaveResult], None]) -> float:
-        """Save the boundary `b` (reason: periodic, warning, preempt, final); once it is committed,
-        `last_committed` is its step, `on_commit` is called, and the interface's retention follows
-        (`after_commit`: none after a preemption save). Returns the ms the caller blocked. A periodic save with `async_save` commits later, at a
-        step boundary; a save of a step already in flight only waits for it (unless periodic)."""
-        pending = self.store.pending
+    def _save(self, b: Boundary, reason: str) -> float:
+        """Save `b` now (reason: periodic, warning, preempt, final); once it is committed, `last_committed` is its
+        step, `on_commit` is called and the interface's retention follows (`after_commit`: none after a
+        preemption save). Returns the ms the caller blocked. A periodic save with `async_save` commits later,
+        at a step boundary; a save of a step already in flight only waits for it (unless periodic)."""
+        pending = self.store.asyncs.pending
         if pending is not None and pending.step == b.step:  # this step is already being saved
             if reason != "periodic":
-                self.store.drain()  # it must be durable now: wait for it to commit
+                with self.saving():
+                    self.store.asyncs.drain()  # it must be durable now: wait for it to commit
             return 0.0
-        manifest = {"fingerprint": self.fingerprint, "reason": reason, **manifest}
+        manifest = {"fingerprint": self.fingerprint, "reason": reason, **self.manifest(b)}
 
         def committed(res: SaveResult) -> None:
             self.committed(res.step, res.path)
-            on_commit(res)
+            self.on_commit(res, reason)
             self.after_commit(res.step, reason)
 
-        if self.cfg.async_save and reason == "periodic":
-            return self.store.save_async(b.step, self.state(b), manifest, attempt, committed)
-        # Saves hash their files while writing them. Retention never deletes the newest verified
-        # checkpoint (read back, or loaded by this attempt's resume), so a periodic save also reads its
-        # files back when there is none yet, or when it would otherwise push the verified one out of the
-        # newest keep_last (one periodic save in keep_last; with keep_last 1, every one), and so does the
-        # final save. Preemption and warning saves never read back: the grace is short (GKE Spot: 15 s),
-        # and a resume hashes every file while loading it.
-        st = self.store
-        read_back = reason == "final" or (reason == "periodic" and (
-            st.verified_step is None or st.unverified_commits + 1 >= self.cfg.keep_last))
-        return st.save(b.step, self.state(b), manifest, attempt, committed, read_back=read_back).save_ms
+        with self.saving():
+            if self.cfg.async_save and reason == "periodic":
+                return self.store.asyncs.save_async(b.step, self.state(b), manifest, self.attempt, committed)
+            # Saves hash their files while writing them. Retention never deletes the newest verified
+            # checkpoint (read back, or loaded by this attempt's resume), so a periodic save also reads its
+            # files back when there is none yet, or when it would otherwise push the verified one out of the
+            # newest keep_last (one periodic save in keep_last; with keep_last 1, every one), and so does the
+            # final save. Preemption and warning saves never read back: the grace is short (GKE Spot: 15 s),
+            # and a resume hashes every file while loading it.
+            st = self.store
+            read_back = reason == "final" or (reason == "periodic" and (
+                st.verified_step is None or st.unverified_commits + 1 >= self.cfg.keep_last))
+            return st.save(b.step, self.state(b), manifest, self.attempt, committed, read_back=read_back).save_ms
 
     # -- resume --
-    def resume(self, steps: list[int], emit: Emit, read_retry_s: float,
-               times: dict[str, float] | None = None) -> Resumed | None:
-        """Load the newest intact checkpoint among `steps` (committed, newest first) and restore it into the
-        parts; None when none is usable (every one refused, or none committed). Each refused one is
-        announced (`refused`: a log line and a `checkpoint_refused` record through `emit`). A store that
-        fails while being read is retried for `read_retry_s` (then faults.StoreUnreachable); a checkpoint
-        of another run raises CheckpointRefused. `times` (the start's phase timings, for the `resume`
-        record) gets this load's: `listing_s` (the caller's, kept), `manifest_s` and `load_verify_s`."""
-        p = self._p()
+    def resume(self, parts: Parts, read_retry_s: float, times: dict[str, float] | None = None) -> Resumed | None:
+        """Load the newest intact checkpoint of those `begin` listed and restore it into `parts` (kept for the
+        saves); None when none is usable (every one refused, or none committed). Each refused one is
+        announced (`refused`: a log line and a `checkpoint_refused` record). A store that fails while being
+        read is retried for `read_retry_s` (then faults.StoreUnreachable); a checkpoint of another run raises
+        CheckpointRefused. `times` (the start's phase timings, for the `resume` record) gets this load's:
+        `listing_s` (begin's, kept), `manifest_s` and `load_verify_s`."""
+        self.parts = p = parts
         load_times = LoadTimes(listing=(times or {}).pop("listing_s", 0.0))
         try:
             loaded = retry_reads(
                 lambda: resolve_and_load(self.store, self.fingerprint, self._template,
-                                         lambda step, why: self.refused(step, why, emit), times=load_times,
-                                         steps=steps, check_staged=_progress_matches,
+                                         lambda step, why: self.refused(step, why, self.emit), times=load_times,
+                                         steps=self._committed, check_staged=_progress_matches,
                                          prefetched=self._prefetch.take if self._prefetch else None),
                 read_retry_s, StorageError, log, several_ranks=p.world > 1)
         finally:
@@ -281,7 +351,7 @@ class Checkpointer(Checkpoints):
         self.resumed(step)
         if self.policy.describe():
             log(self.policy.describe())
-        return Resumed(step, manifest, same_world)
+        return Resumed(step, manifest, same_world, self.url(step))
 
     def _source_rank(self) -> int:
         p = self._p()
@@ -309,7 +379,7 @@ class Checkpointer(Checkpoints):
         moments = self.policy.restores("optimizer")
         if moments:  # the control keeps the optimizer's own (zeroed) state: it is never loaded
             empty_adam_state(p.optim)
-        template = self.state(self.capture(0))
+        template = self.state(p.capture(0))
         if not moments:  # DCP loads in place, into the optimizer's own tensors: the control must not ask for them
             template.pop("optim")
         template.pop(f"rng.rank{p.rank}")

@@ -160,26 +160,8 @@ class Store:
             check_below(self.fs, self.root, f"{self.run_path}/attempts")  # runs/, the run's folder, attempts/
             self.committed_steps()
 
-    # -- saves in flight: the member `asyncs` (async_save.py) --
-    @property
-    def pending(self) -> PendingSave | None:
-        return self.asyncs.pending
-
-    def save_async(self, step: int, state: dict[str, Any], manifest: dict[str, Any], attempt: int,
-                   on_commit: Callable[[SaveResult], None]) -> float:
-        return self.asyncs.save_async(step, state, manifest, attempt, on_commit)
-
-    def before_update(self) -> None:
-        self.asyncs.before_update()
-
-    def step_boundary(self) -> None:
-        self.asyncs.step_boundary()
-
-    def drain(self, raise_storage_errors: bool = True) -> str | None:
-        return self.asyncs.drain(raise_storage_errors)
-
-    def _staging_buffers(self) -> Any:
-        return self.asyncs.staging_buffers()
+    # Saves in flight are the member `asyncs`'s (async_save.py: save_async, before_update, step_boundary, drain,
+    # pending): the checkpointer and the bench call it directly.
 
     def _fresh(self) -> None:
         # s3fs and gcsfs cache listings per instance; another process's _COMMIT must be seen.
@@ -306,7 +288,7 @@ class Store:
         and only their sizes are checked in the store, instead of reading them all back. A store that
         changed the bytes is then caught when a resume verifies the checkpoint, which falls back to an
         older one: retention deletes nothing after a preemption save, so that one still exists."""
-        self.drain()
+        self.asyncs.drain()
         res = self.commit_save(self.start_save(step, state, manifest, attempt, asynchronous=False, read_back=read_back))
         self.mark_verified(step, read_back)
         if on_commit:
