@@ -1,9 +1,11 @@
-# Every target sets up .venv by itself (idempotent). torch is pinned to 2.13.0, PyPI's CUDA build (several
+# Every target sets up .venv by itself (idempotent). torch is pinned in pyproject.toml, PyPI's CUDA build (several
 # GB of CUDA libraries, which run on a CPU too): a fresh install takes about 3 minutes here (docs/results.md).
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PYTEST := $(PY) -m pytest
 STAMP  := $(VENV)/.installed
+# pyproject.toml's torch pin (its one home), read here for the install's first, lone step
+TORCH  := $(shell sed -n 's/^ *"\(torch==[^"]*\)",*$$/\1/p' pyproject.toml)
 OUT    ?= out/drill
 
 .PHONY: install test test-unit test-dist test-workflow test-gpu drill render templates lint bench \
@@ -15,7 +17,8 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	# Pinned first and alone, so that nothing else decides its version.
-	$(PY) -m pip install -q torch==2.13.0
+	test -n "$(TORCH)" || { echo "error: no torch==VERSION in pyproject.toml's dependencies" >&2; exit 1; }
+	$(PY) -m pip install -q '$(TORCH)'
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $(STAMP)
 

@@ -15,6 +15,8 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from trainer.exits import EXIT_OK, EXIT_PREEMPTED
+
 REPO = Path(__file__).resolve().parent.parent
 WORK = REPO / ".baton" / "bench"
 PY = sys.executable
@@ -134,7 +136,7 @@ def run_records(
 ) -> tuple[int, list[dict]]:
     """Run to the end; (exit code, the JSON lines of stdout). stderr is dropped unless it fails."""
     p = subprocess.run(cmd, capture_output=True, text=True, env=env or child_env(), cwd=REPO, timeout=timeout)
-    if p.returncode not in (0, 75):
+    if p.returncode not in (EXIT_OK, EXIT_PREEMPTED):
         log(f"command failed ({p.returncode}): {' '.join(cmd)}\n{p.stderr[-3000:]}")
     return p.returncode, [r for r in map(parse_line, p.stdout.splitlines()) if r is not None]
 

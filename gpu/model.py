@@ -20,19 +20,25 @@ QWEN25_05B: dict[str, Any] = dict(
     rms_norm_eps=1e-6, hidden_act="silu", use_sliding_window=False, sliding_window=32768, max_window_layers=24,
 )
 QWEN25_05B_PARAMETERS = 494_032_768  # tied: the LM head is the embedding
-# `--tiny`: the same code path at a size a CPU runs in seconds (a dry run of the plumbing, not a measurement).
-TINY_SHAPE: dict[str, Any] = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                                  num_key_value_heads=2, vocab_size=1024, max_position_embeddings=512,
-                                  sliding_window=512, max_window_layers=2)
-BUILD_SEED = 1234
+
+
+def tiny_shape() -> dict[str, Any]:
+    """`--tiny`: the same code path at a size a CPU runs in seconds (a dry run of the plumbing, not a measurement):
+    the tiny trainer's network (trainer/tiny.py, its one home), with the 0.5B's tied head kept."""
+    from trainer.tiny import TINY_ARCH, VOCAB_SIZE
+
+    arch = {k: v for k, v in TINY_ARCH.items() if k != "tie_word_embeddings"}
+    return {**arch, "vocab_size": VOCAB_SIZE, "sliding_window": arch["max_position_embeddings"],
+            "max_window_layers": arch["num_hidden_layers"]}
+
 
 # ---- the model ---------------------------------------------------------------------------------------
 
 def qwen_config(eos_token_id: int = 0, tiny: bool = False, **overrides: Any):
-    """A Qwen2Config of the Qwen2.5-0.5B shape (or `TINY_SHAPE`), with `overrides` on top."""
+    """A Qwen2Config of the Qwen2.5-0.5B shape (or `tiny_shape()`), with `overrides` on top."""
     from transformers import Qwen2Config
 
-    arch = {**QWEN25_05B, **(TINY_SHAPE if tiny else {}), **overrides}
+    arch = {**QWEN25_05B, **(tiny_shape() if tiny else {}), **overrides}
     return Qwen2Config(bos_token_id=eos_token_id, eos_token_id=eos_token_id, attention_dropout=0.0, **arch)
 
 
@@ -67,6 +73,8 @@ def build_model(out_dir: Path | str, docs: list[str], dtype: str = "bfloat16", t
     """Build (once) the Qwen2.5-0.5B-shaped model with random weights and its tokenizer at `out_dir`."""
     import torch
     from transformers import Qwen2ForCausalLM
+
+    from trainer.tiny import BUILD_SEED  # the tiny model's seed: one home for how baton builds a model
 
     out = Path(out_dir)
     if (out / "config.json").exists():

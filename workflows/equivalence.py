@@ -45,6 +45,7 @@ from steps.lib.contract import (  # noqa: E402
     POD_GROUP_LABEL,
     REPORT_FILES,
     RETRY_EXPRESSION,
+    ROLES,
     TASKS,
     drill_root,
     evictions_file,
@@ -150,10 +151,19 @@ def _group(role: str, nodes: int) -> dict[str, Any]:
                 annotations={POD_GROUP_COUNT: p("nodes")})
 
 
+PUBLISH = "publish"
+"""The DAG's leaf (its template and task): the drill's metrics, from compare's outputs."""
+
+
 def _define_dag(nodes: int = 1) -> None:
     """Templates and the DAG, inside an active Workflow or CronWorkflow context; above one node, each
     training task expands into a group of `nodes` pods (docs/multinode.md)."""
     from hera.workflows import Gauge, NoneArchiveStrategy
+
+    # The roles and the DAG's task names are the contract's (steps/lib/contract.py); the trial, evict, verify and
+    # compare templates are named as their tasks.
+    reference, replay, trial_role = ROLES
+    reference_task, replay_task, trial_task, evict_task, verify_task, compare_task = TASKS
 
     # Prometheus metrics (Argo prefixes `argo_workflows_`), gauges only: Argo may evaluate a finished node's
     # metrics on more than one path, which a gauge's Set survives and a counter would count twice. Only
@@ -173,27 +183,27 @@ def _define_dag(nodes: int = 1) -> None:
                       env=[Env(name="BATON_GRACE", value=p("grace")), _pod_name_env(), *node_env],
                       retry_strategy=trainer_retry, **_group("{{inputs.parameters.role}}", nodes), **common)
     trial = Container(
-        name="trial", inputs=node_input, args=_train_args("trial", nodes),
+        name=trial_task, inputs=node_input, args=_train_args(trial_role, nodes),
         env=[Env(name="BATON_GRACE", value=p("grace")), _pod_name_env(), *node_env,
              Env(name="BATON_DISABLE_SIGTERM_HANDLER", value=p("disable_sigterm_handler"))],
-        retry_strategy=trainer_retry, **_group("trial", nodes), **common)
-    evict = Container(name="evict", image=p("image"), command=["python"],
-                      args=["-m", "steps.evict", "--evidence", evidence_root(ROOT, "trial"),
+        retry_strategy=trainer_retry, **_group(trial_role, nodes), **common)
+    evict = Container(name=evict_task, image=p("image"), command=["python"],
+                      args=["-m", "steps.evict", "--evidence", evidence_root(ROOT, trial_role),
                             "--total-steps", p("total_steps"), "--evictions", p("evictions"),
                             "--seed", p("seed"), "--jitter", p("jitter"), "--every-steps", p("every_steps"),
                             "--workflow", "{{workflow.name}}",
                             *(["--nodes", p("nodes"), "--node", p("evict_node")] if nodes > 1 else []),
                             "--how", p("eviction"), "--out", evictions_file(ROOT)],
                       retry_strategy=helper_retry)
-    verify = Container(name="verify", image=p("image"), command=["python"],
-                       args=["-m", "steps.verify", "--evidence", evidence_root(ROOT, "trial"),
+    verify = Container(name=verify_task, image=p("image"), command=["python"],
+                       args=["-m", "steps.verify", "--evidence", evidence_root(ROOT, trial_role),
                              "--total-steps", p("total_steps"), "--evictions", evictions_file(ROOT),
                              "--out", verify_file(ROOT), "--no-fail"],
                        retry_strategy=helper_retry)
     compare = Container(
-        name="compare", image=p("image"), command=["python"],
-        args=["-m", "steps.compare", "--reference", role_root(ROOT, "reference"),
-              "--replay", role_root(ROOT, "replay"), "--trial", role_root(ROOT, "trial"), "--evidence", EVIDENCE, "--verify", verify_file(ROOT),
+        name=compare_task, image=p("image"), command=["python"],
+        args=["-m", "steps.compare", "--reference", role_root(ROOT, reference),
+              "--replay", role_root(ROOT, replay), "--trial", role_root(ROOT, trial_role), "--evidence", EVIDENCE, "--verify", verify_file(ROOT),
               "--evictions", evictions_file(ROOT), "--total-steps", p("total_steps"), "--tier", p("tier"),
               "--out", REPORT_DIR, "--report-uri", report_root(ROOT)],
         # Not archived: the Argo UI shows report.md and loss.png as they are.
@@ -203,7 +213,7 @@ def _define_dag(nodes: int = 1) -> None:
            for name in COMPARE_METRICS],
         retry_strategy=helper_retry)
     publish = _MetricSuspend(
-        name="publish", duration="0", inputs=[Parameter(name=name) for name in COMPARE_METRICS],
+        name=PUBLISH, duration="0", inputs=[Parameter(name=name) for name in COMPARE_METRICS],
         metrics=[Gauge(name=f"baton_drill_{name}", value="{{inputs.parameters." + name + "}}", realtime=False,
                        help=help_) for name, help_ in COMPARE_METRICS.items()])
     with DAG(name="drill", metrics=[
@@ -218,17 +228,16 @@ def _define_dag(nodes: int = 1) -> None:
         # breaks the contract: the report names the role and the clause); compare then fails, and with it
         # the drill (publish, the leaf, never starts; Argo fails a DAG whose task failed without continueOn).
         keep_going = m.ContinueOn(failed=True, error=True)
-        reference_task, replay_task, trial_task, evict_task, verify_task, compare_task = TASKS
         # Above one node: N tasks per role (`trial(0:0)`, `trial(1:1)`, ...), each retried on its own.
         each = dict(with_sequence=m.Sequence(count=p("nodes"))) if nodes > 1 else {}
         node_arg = {"node": "{{item}}"} if nodes > 1 else {}
-        train(name=reference_task, arguments={"role": "reference", **node_arg}, continue_on=keep_going, **each)
-        train(name=replay_task, arguments={"role": "replay", **node_arg}, continue_on=keep_going, **each)
+        train(name=reference_task, arguments={"role": reference, **node_arg}, continue_on=keep_going, **each)
+        train(name=replay_task, arguments={"role": replay, **node_arg}, continue_on=keep_going, **each)
         trial(name=trial_task, continue_on=keep_going, **({"arguments": node_arg} if nodes > 1 else {}), **each)
         evict(name=evict_task, continue_on=keep_going)
         verify(name=verify_task, dependencies=[trial_task, evict_task])
         compare(name=compare_task, dependencies=[reference_task, replay_task, verify_task])
-        publish(name="publish", dependencies=[compare_task],
+        publish(name=PUBLISH, dependencies=[compare_task],
                 arguments={name: "{{tasks." + compare_task + ".outputs.parameters." + name + "}}" for name in COMPARE_METRICS})
 
 

@@ -32,7 +32,7 @@ def _docstrings(tree: ast.AST) -> set[int]:
 
 def spellings(source: str) -> list[str]:
     """Each string constant of `source` that is one of the contract's file names (alone, or as a path's last
-    part), and each integer constant 137 or 143; docstrings aside (help text may quote them)."""
+    part), and each integer constant 75, 137 or 143; docstrings aside (help text may quote them)."""
     tree = ast.parse(source)
     skip = _docstrings(tree)
     found = []
@@ -42,12 +42,12 @@ def spellings(source: str) -> list[str]:
         v = node.value
         if isinstance(v, str) and any(v == n or v.endswith("/" + n) for n in FILE_NAMES):
             found.append(v)
-        elif type(v) is int and v in (exits.EXIT_SIGKILL, exits.EXIT_SIGTERM):
+        elif type(v) is int and v in (exits.EXIT_PREEMPTED, exits.EXIT_SIGKILL, exits.EXIT_SIGTERM):
             found.append(str(v))
     return found
 
 
-def test_no_product_module_spells_the_contracts_file_names_or_the_signal_exit_codes():
+def test_no_product_module_spells_the_contracts_file_names_or_the_retry_exit_codes():
     offenders = {}
     for pkg in PRODUCT:
         for path in (REPO / pkg).rglob("*.py"):
@@ -63,6 +63,7 @@ def test_the_check_finds_a_planted_spelling():
     """Controls: what the drill's code once held (equivalence.py's paths, verify's 137, report.py's names)."""
     assert spellings('x = f"{ROOT}/evictions.json"') == ["/evictions.json"]
     assert spellings('if code == 137:\n    pass') == ["137"]
+    assert spellings('if p.returncode not in (0, 75):\n    pass') == ["75"]  # bench/common.py's, once
     assert spellings('for n in ("report.md", "loss.png"):\n    pass') == ["report.md", "loss.png"]
     assert spellings('"""Writes report.json."""\nhelp = "where verify.json goes"') == []
 
@@ -88,3 +89,22 @@ def test_the_contract_imports_no_torch_and_nothing_of_the_workflows():
     code = code.replace("steps.lib.local_pods", "trainer.rng")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
     assert "torch" in out.stdout
+
+
+def role_and_task_literals(source: str) -> list[str]:
+    """String constants of `source` that are a role or a task name of the contract (docstrings aside)."""
+    tree = ast.parse(source)
+    skip = _docstrings(tree)
+    names = set(contract.ROLES) | set(contract.TASKS)
+    return [n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and id(n) not in skip and n.value in names]
+
+
+def test_the_drill_definition_names_roles_and_tasks_through_the_contract_only():
+    assert role_and_task_literals((REPO / "workflows" / "equivalence.py").read_text()) == []
+
+
+def test_a_planted_role_literal_in_the_drill_definition_is_found():
+    """Controls: what workflows/equivalence.py once held."""
+    assert role_and_task_literals('train(name=reference_task, arguments={"role": "reference"})') == ["reference"]
+    assert role_and_task_literals('Container(name="evict", args=[evidence_root(ROOT, "trial")])') == ["evict", "trial"]
+    assert role_and_task_literals('Container(name="train", args=["--role", role])') == []  # a template, not a task

@@ -1,6 +1,6 @@
 """Each pinned version has one home: Kubernetes, etcd and Argo in infra/local/versions.env, Kueue and JobSet in
-infra/local/kueue.env (read by infra/local/pins.py and by the scripts that source them), and the forward-checked
-Argo release in tests/crd.py. No other file of the repository's code spells one out.
+infra/local/kueue.env (read by infra/local/pins.py and by the scripts that source them), the forward-checked
+Argo release in tests/crd.py, and torch in pyproject.toml (the Makefile reads it there). No other file of the repository's code spells one out.
 
 The check reads each file's syntax, so that prose never counts and code always does: Python's string
 constants (docstrings left out), the words of shell, env, Makefile and Dockerfile lines (comments left out, as
@@ -28,9 +28,13 @@ from infra.local import pins
 from tests.crd import FORWARD
 from tests.helpers import REPO
 
+_DEPENDENCIES = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+TORCH = next(d.split("==", 1)[1].strip() for d in _DEPENDENCIES if re.match(r"torch\s*==", d))
+"""torch's pin, whose home is pyproject.toml: the Makefile reads it there; the Dockerfile's default for a bare
+`docker build` and the house rule's own check (tests/unit/test_infra.py) are checked to agree with it."""
 HOMES = {**{name: {home.relative_to(REPO).as_posix() for home in pins.HOMES} for name in pins.VERSIONS},
-         "FORWARD": {"tests/crd.py"}}
-SPELLINGS = {**pins.VERSIONS, "FORWARD": FORWARD}
+         "FORWARD": {"tests/crd.py"}, "TORCH": {"pyproject.toml", "Dockerfile", "tests/unit/test_infra.py"}}
+SPELLINGS = {**pins.VERSIONS, "FORWARD": FORWARD, "TORCH": TORCH}
 # Not the repository's code: vendored trees and recordings keep their sources' own words, prose may name a
 # version (it says where the pin lives), and the install manifest is the release's, checked against the pin by
 # tests/unit/test_infra.py.
@@ -144,6 +148,8 @@ def test_each_home_spells_its_version():
     ("a.sh", '# built from {v}\necho "it\'s\n{v} here"\n', True),
     ("a.sh", '# built from {v}\nexit 0\n', False),
     ("Makefile", "e2e:\n\tKUEUE={v} pytest # {v}\n", True),
+    ("Makefile", "install:\n\tpip install -q torch=={t}\n", True),  # the Makefile's torch, once
+    ("Makefile", "# torch is pinned to {t}\ninstall:\n\tpip install -q '$(TORCH)'\n", False),
     ("a.yaml", "image: quay.io/argoproj/argocli:{v}\n", True),
     ("a.yaml", "# argocli {v}\nimage: quay.io/argoproj/argocli\n", False),
     ("a.json", '{{"tag": "{v}"}}', True),
@@ -153,7 +159,7 @@ def test_each_home_spells_its_version():
 def test_the_reader_catches_code_and_passes_prose(path, text, caught):
     """Planted spellings, one per syntax the check reads: each one in code is caught, each one in prose is not."""
     version = pins.ARGO_VERSION
-    assert bool(second_spellings(path, text.format(v=version))) is caught
+    assert bool(second_spellings(path, text.format(v=version, t=TORCH))) is caught
 
 
 def _go_mod(text: str) -> dict[str, dict[str, str]]:
