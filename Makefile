@@ -111,4 +111,4 @@ bench: install
 # ---- GPU (see gpu/README.md): pre-flight suite + 0.5B-shaped drill; exits 2 without a CUDA device ----
 GPU_CHECK_ARGS ?=
 gpu-check: install
-	$(PY) gpu/check.py $(GPU_CHECK_ARGS)
+	$(PY) -m gpu.check $(GPU_CHECK_ARGS)

@@ -3,7 +3,8 @@
 The implementation lives in the package `trainer`, a name a user's script may well have too (a
 `trainer.py` beside it comes first on `sys.path` and would shadow baton's). Importing `baton` first
 binds `trainer` to the package installed beside this one, so every later `import trainer...`, baton's
-own included, gets baton's whatever the script's folder holds.
+own included, gets baton's whatever the script's folder holds (tests/unit/test_user_script.py shows both: a
+script beside its own `trainer.py` imports that one without `baton`, and baton's with it).
 """
 
 from __future__ import annotations

@@ -1,1 +1,1 @@
-"""GPU checks: `python gpu/check.py` (`make gpu-check`). See gpu/README.md."""
+"""GPU checks: `python -m gpu.check` (`make gpu-check`). See gpu/README.md."""

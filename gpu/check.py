@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """The GPU check: the pre-flight suite, then an equivalence drill on a Qwen2.5-0.5B-shaped model.
 
-    python gpu/check.py [--out out/gpu-check] [--model DIR] [--ranks N] [--steps 100] [--evictions 2]
+    python -m gpu.check [--out out/gpu-check] [--model DIR] [--ranks N] [--steps 100] [--evictions 2]
                         [--dtype bfloat16] [--budget S] [--skip-preflight] [--skip-drill]
                         [--mode deterministic|fast|both] [--fast-seq-len 2048 ...] [--solo-steps 30]
-    python gpu/check.py build-model DIR [--dtype bfloat16]       the 0.5B-shaped model alone
+    python -m gpu.check build-model DIR [--dtype bfloat16]       the 0.5B-shaped model alone
 
 Phases, each under its own timeout inside one overall budget (470 s for one mode, under 8 minutes; 720 s
 for both):
@@ -49,11 +49,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:  # run as a script: `python gpu/check.py`
-    sys.path.insert(0, str(REPO))
+from trainer.exits import EXIT_FAIL, EXIT_OK
 
-from trainer.exits import EXIT_FAIL, EXIT_OK  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent
+
 
 EXIT_NO_CUDA = 2  # this tool's own: nothing was checked, a GPU machine is needed
 NO_CUDA = "no CUDA device: nothing to check"
@@ -271,7 +270,7 @@ def check(args: argparse.Namespace, argv: list[str]) -> int:
         shutil.rmtree(out)  # an earlier check's results: replaced
     out.mkdir(parents=True, exist_ok=True)
     result: dict[str, Any] = {
-        "command": "python gpu/check.py" + (" " + shlex.join(argv) if argv else ""),
+        "command": "python -m gpu.check" + (" " + shlex.join(argv) if argv else ""),
         "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"), "passed": False, "ranks": args.ranks,
         "budget_s": args.budget, "phases": {},
     }
@@ -487,7 +486,7 @@ def run_drill(args: argparse.Namespace, dp: Phase, result: dict[str, Any], out: 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["build-model"]:
-        bp = argparse.ArgumentParser(prog="python gpu/check.py build-model")
+        bp = argparse.ArgumentParser(prog="python -m gpu.check build-model")
         bp.add_argument("out_dir")
         bp.add_argument("--dtype", choices=sorted(BYTES), default="bfloat16")
         bp.add_argument("--tiny", action="store_true", help="the tiny shape (a dry run), not Qwen2.5-0.5B")
@@ -499,7 +498,7 @@ def main(argv: list[str] | None = None) -> int:
         path = build_model(a.out_dir, read_documents(a.corpus), dtype=a.dtype, tiny=a.tiny)
         print(f"model at {path} ({time.monotonic() - t0:.0f} s)")
         return 0
-    ap = argparse.ArgumentParser(prog="python gpu/check.py", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m gpu.check", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=str(REPO / "out" / "gpu-check"), help="results folder (default out/gpu-check)")
     ap.add_argument("--model", help="a local Hugging Face model folder instead of the built 0.5B-shaped one")

@@ -50,7 +50,7 @@ run)
         (while sleep 10; do mirror; done) &
         mirror_pid=$!
     fi
-    "$PY" gpu/check.py --out out/gpu-check "$@"
+    "$PY" -m gpu.check --out out/gpu-check "$@"
     rc=$?
     if [ -n "${OUT:-}" ]; then
         kill "$mirror_pid" 2>/dev/null

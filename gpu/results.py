@@ -129,7 +129,7 @@ def markdown(result: dict[str, Any]) -> str:
     verdict = "PASSED" if result.get("passed") else "FAILED"
     lines = [f"### GPU check: {dev.get('name', '?')} x {dev.get('count', '?')} ({result.get('date', '?')}): {verdict}",
              "",
-             f"`{result.get('command', 'python gpu/check.py')}` in {_fmt(result.get('seconds'))} s; torch "
+             f"`{result.get('command', 'python -m gpu.check')}` in {_fmt(result.get('seconds'))} s; torch "
              f"{dev.get('torch', '?')}, CUDA {dev.get('cuda', '?')}, NCCL {dev.get('nccl', '?')}, "
              f"transformers {dev.get('transformers', '?')}, {d.get('ranks', result.get('ranks', 1))} rank(s).",
              "",

@@ -27,11 +27,6 @@ import os
 import shutil
 import sys
 import tempfile
-from pathlib import Path
-
-REPO = Path(__file__).resolve().parents[2]
-if str(REPO) not in sys.path:  # run as a script from anywhere
-    sys.path.insert(0, str(REPO))
 
 
 def parse_args(argv: list[str] | None):

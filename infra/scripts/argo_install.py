@@ -3,8 +3,8 @@
 one file `make gke-up` and `make e2e-kind` apply (infra/argo/install.yaml, committed; its digest pinned as
 ARGO_INSTALL_SHA256 beside the version).
 
-    python3 infra/scripts/argo_install.py check [MANIFESTS]   render again and compare, byte for byte
-    python3 infra/scripts/argo_install.py write [MANIFESTS]   render into infra/argo/install.yaml
+    python3 -m infra.scripts.argo_install check [MANIFESTS]   render again and compare, byte for byte
+    python3 -m infra.scripts.argo_install write [MANIFESTS]   render into infra/argo/install.yaml
 
 MANIFESTS is the `manifests/` folder of the release's Go module, which infra/local/build.sh verifies (its
 h1: hashes and the tag's commit) and keeps in its cache as argo-manifests/ (the default). The recipe is the
@@ -27,11 +27,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-if str(REPO) not in sys.path:  # run as a script
-    sys.path.insert(0, str(REPO))
+from infra.local.pins import ARGO_VERSION, PINS
 
-from infra.local.pins import ARGO_VERSION, PINS  # noqa: E402
+REPO = Path(__file__).resolve().parents[2]
+
 
 INSTALL = REPO / "infra" / "argo" / "install.yaml"
 HEADER = "# This is an auto-generated file. DO NOT EDIT\n"  # hack/manifests/auto-gen-msg.sh's one line
@@ -66,7 +65,7 @@ def render(manifests: Path) -> bytes:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python3 infra/scripts/argo_install.py", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python3 -m infra.scripts.argo_install", description=__doc__.split("\n\n")[0])
     ap.add_argument("command", choices=["check", "write"])
     ap.add_argument("manifests", nargs="?", type=Path, help="Argo's manifests/ folder (default: the build cache's)")
     args = ap.parse_args(argv)

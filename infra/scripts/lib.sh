@@ -48,7 +48,7 @@ install_argo() {
   local got
   got="$(sha256sum "${ARGO_INSTALL}" | cut -d' ' -f1)"
   [[ "${got}" == "${ARGO_INSTALL_SHA256}" ]] \
-    || die "${ARGO_INSTALL} has sha256 ${got}, not the pinned ARGO_INSTALL_SHA256 ${ARGO_INSTALL_SHA256} (infra/local/versions.env); nothing was installed. 'python3 infra/scripts/argo_install.py check' says why."
+    || die "${ARGO_INSTALL} has sha256 ${got}, not the pinned ARGO_INSTALL_SHA256 ${ARGO_INSTALL_SHA256} (infra/local/versions.env); nothing was installed. 'python3 -m infra.scripts.argo_install check' says why."
   log "installing Argo Workflows ${ARGO_VERSION} (sha256 ${got:0:12}...) into namespace ${ARGO_NAMESPACE}"
   ensure_namespace "${ARGO_NAMESPACE}"
   kubectl apply --server-side --force-conflicts -n "${ARGO_NAMESPACE}" -f "${ARGO_INSTALL}"

@@ -138,7 +138,7 @@ def test_a_misspelled_key_under_a_retry_strategy_is_refused_naming_the_field(ser
 def test_the_install_manifest_is_the_render_of_the_verified_module():
     """infra/argo/install.yaml is what the release's recipe makes from the module that build.sh verified (its
     manifests/ kept in the build cache): rendered again here, byte for byte, and its digest the pinned one."""
-    r = subprocess.run([sys.executable, str(REPO / "infra" / "scripts" / "argo_install.py"), "check"], cwd=REPO,
+    r = subprocess.run([sys.executable, "-m", "infra.scripts.argo_install", "check"], cwd=REPO,
                        capture_output=True, text=True, timeout=180)
     assert r.returncode == 0, r.stderr
     assert Path(REPO / "infra" / "argo" / "install.yaml").read_bytes().startswith(b"# This is an auto-generated")

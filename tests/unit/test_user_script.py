@@ -97,3 +97,17 @@ def test_a_scripts_config_needs_only_the_keys_the_drill_sets(tmp_path):
         load_config(config, [o for o in drill if o != "--set"])
     with pytest.raises(ConfigError, match="config key 'model.path': is required"):
         load_config(config, ["name=x", "data.uri=/c", "checkpoint.uri=/k"])
+
+
+def test_without_baton_first_a_users_trainer_py_shadows_baton_s_package(tmp_path):
+    """Why baton/__init__.py rebinds `trainer`: Python puts the script's folder first on sys.path, so a user's own
+    `trainer.py` there is what `import trainer` finds (the control), unless `baton` was imported first."""
+    (tmp_path / "trainer.py").write_text('raise SystemExit("the user\'s own trainer.py was imported")\n')
+    script = tmp_path / "job.py"
+    script.write_text("import trainer\nprint(trainer.__file__)\n")
+    plain = subprocess.run([PY, str(script)], capture_output=True, text=True, cwd=tmp_path, env=base_env(), timeout=120)
+    assert plain.returncode != 0 and "the user's own trainer.py was imported" in plain.stderr  # the control
+    script.write_text("import baton\nimport trainer\nprint(trainer.__file__)\n")
+    first = subprocess.run([PY, str(script)], capture_output=True, text=True, cwd=tmp_path, env=base_env(), timeout=120)
+    assert first.returncode == 0, first.stderr[-2000:]
+    assert first.stdout.strip() == str(REPO / "trainer" / "__init__.py")
