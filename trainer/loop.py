@@ -326,13 +326,13 @@ class Trainer:
             reason = notice.reason if notice else "peer"
             self.warned = True
             log(f"preemption warning ({reason}{': ' + notice.source if notice else ''}) at step {self.step}")
-            self.ckpt.save(self.boundary(), "warning")  # unless this step is committed already
+            self.ckpt.save(self.step, "warning")  # unless this step is committed already
             if self.cfg.notice.policy == "stop":
                 self.preempt.signal_name = f"warning:{reason}"
                 self.preempt.received_at = time.monotonic()
                 return self.stop(self.boundary())
         elif due:  # a periodic save, which may fail without ending the run (the checkpoints' rule)
-            self.ckpt.save(self.boundary(), "periodic", due=True)
+            self.ckpt.save(self.step, "periodic", due=True)
         return None
 
     def _after_save(self, save_ms: float) -> None:
@@ -413,12 +413,12 @@ class Trainer:
             if self.step == cfg.total_steps:
                 break
             # The save in flight commits once every rank's upload is done; checkpoint.every_steps decides a new one.
-            if self.ckpt.save(self.boundary(), "periodic").busy:
+            if self.ckpt.save(self.step, "periodic").busy:
                 self.preempt.invalidate()  # waiting for staging or committing takes a while
             if (code := self._on_boundary(warning, due)) is not None:
                 return code
             self._at_point()
-        self.ckpt.save(self.boundary(), "final")  # unless the last step is committed already
+        self.ckpt.save(self.step, "final")  # unless the last step is committed already
         self.emit_after_rank0("done", self.step, total_steps=cfg.total_steps, checkpoint=self.last_checkpoint)
         log(f"done: {cfg.total_steps} steps, final checkpoint {self.last_checkpoint}")
         return EXIT_OK

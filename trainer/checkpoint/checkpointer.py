@@ -10,7 +10,9 @@ goes through four calls:
 - `resume(parts)`: the newest intact checkpoint (resolve.py, through `newest_intact`: fall back past
   refused ones, retry a failing store), loaded into a staging copy and then restored into the live parts;
   None for a fresh start;
-- `save(boundary, reason)`: the checkpointer decides. Called with "periodic" at the end of every step, it
+- `save(at, reason)`: the checkpointer decides (`at` is the step the loop is at, whose boundary is captured
+  only when a save happens, or a boundary captured earlier: a preemption's). Called with "periodic" at the
+  end of every step, it
   commits the save in flight once every rank's upload is done and saves when `checkpoint.every_steps` or
   the wall-clock cadence says so, and a failure lets training go on (the interface's rule); "warning",
   "preempt" and "final" save now, unless that step is committed already (a preemption first lets the save
@@ -251,39 +253,45 @@ class Checkpointer(Checkpoints):
         """Before the optimizer moves the weights: an asynchronous save's staging copy must be done."""
         self.store.asyncs.before_update()
 
-    def save(self, b: Boundary, reason: str, due: bool = False) -> Saved:
-        """Save the boundary `b` if it is time (see the module docstring); `due`: the wall-clock cadence says a
-        periodic save is due (decided with every rank). Collective: every rank gets the same outcome, and every
-        rank raises the same StorageError for a warning, preemption or final save that failed."""
+    def save(self, at: Boundary | int, reason: str, due: bool = False) -> Saved:
+        """Save if it is time (see the module docstring): `at` is a boundary captured earlier (a preemption's,
+        taken at the step's start) or the step the loop is at, whose boundary is captured only when a save
+        happens; `due`: the wall-clock cadence says a periodic save is due (decided with every rank).
+        Collective: every rank gets the same outcome, and every rank raises the same StorageError for a
+        warning, preemption or final save that failed."""
+        step = at if isinstance(at, int) else at.step
         st = self.store.asyncs
         busy = st.pending is not None
         if reason == "periodic":
             try:
                 st.step_boundary()  # the save in flight: commit it if every rank's upload is done
             except StorageError as e:  # that asynchronous save failed: nothing of it is committed
-                self.periodic_save_failed(b.step, str(e), self.emit)
+                self.periodic_save_failed(step, str(e), self.emit)
             every = self.cfg.every_steps
-            if self.last_committed == b.step or not (due or (every and b.step % every == 0)):
+            if self.last_committed == step or not (due or (every and step % every == 0)):
                 return Saved("not_due", busy=busy or st.pending is not None)
             try:
-                ms = self._save(b, reason)
+                ms = self._save(self._boundary(at), reason)
             except StorageError as e:  # every rank raises it (the commit is collective): every rank goes on
-                self.periodic_save_failed(b.step, str(e), self.emit)
+                self.periodic_save_failed(step, str(e), self.emit)
                 return Saved("failed", busy=True)
             return Saved("saved", ms, busy=True)
         if reason == "preempt":
             failed = st.drain(raise_storage_errors=False)  # a save in flight commits first
             if failed:
-                log(f"the checkpoint in flight failed ({failed}); saving step {b.step} synchronously")
-            if b.step == 0 and self.last_committed is None:
+                log(f"the checkpoint in flight failed ({failed}); saving step {step} synchronously")
+            if step == 0 and self.last_committed is None:
                 # Nothing trained yet: a restart recomputes this exact state from the config and seed.
                 log("nothing to save before the first step")
                 return Saved("nothing_to_save", busy=busy)
-        if self.last_committed == b.step:
+        if self.last_committed == step:
             if reason == "preempt":
-                log(f"step {b.step} is committed already: exiting")
+                log(f"step {step} is committed already: exiting")
             return Saved("already_committed", busy=busy)
-        return Saved("saved", self._save(b, reason), busy=True)
+        return Saved("saved", self._save(self._boundary(at), reason), busy=True)
+
+    def _boundary(self, at: Boundary | int) -> Boundary:
+        return self._p().capture(at) if isinstance(at, int) else at
 
     def _save(self, b: Boundary, reason: str) -> float:
         """Save `b` now (reason: periodic, warning, preempt, final); once it is committed, `last_committed` is its
