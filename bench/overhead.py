@@ -14,15 +14,19 @@ batch 4 x 64 tokens, no accumulation) for `steps` optimizer steps:
   each rank half of each global batch of 8): the plain loop wrapped in FSDP2 with one all-reduce a
   step of its own, and baton, checkpointing only at the end.
 steps/s counts from the first step record to the last one, so start-up and the final save are out,
-and every periodic save in between is in.
+and every periodic save in between is in. The figure is the median of the per-round ratios (baton over
+the plain run of the same round: rounds are interleaved, so a round's two runs saw the same neighbours),
+with their lowest and highest, over at least MIN_ROUNDS rounds; every run records the machine's 1-minute
+load average when it started.
 
-    python -m bench.overhead --result FILE [--reps 3] [--steps 120] [--ws2]
+    python -m bench.overhead --result FILE [--reps 7] [--steps 120] [--ws2]
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import os
 import shutil
 from typing import Any
 
@@ -67,6 +71,20 @@ def baton_cmd(model: str, ckpt: str, steps: int, *sets: str) -> list[str]:
     return cmd
 
 
+MIN_ROUNDS = 7
+"""Rounds of the loop figure at the least (`--reps` asks for more): with 3, one slow round moved the median."""
+PAIRS = {"ws1": ("baton", "plain"), "yd": ("baton_yd", "plain"), "ws2": ("baton_ws2", "plain_ws2")}
+"""The figure's ratios: name -> (baton's side, the plain side it is divided by, round by round)."""
+
+
+def round_ratios(runs: dict[str, list[dict[str, Any]]], side: str, plain: str) -> dict[str, Any] | None:
+    """Per round, `side`'s steps/s over `plain`'s of the same round: their median, lowest and highest."""
+    if not runs.get(side) or not runs.get(plain):
+        return None
+    ratios = [a["steps_per_s"] / b["steps_per_s"] for a, b in zip(runs[side], runs[plain], strict=True)]
+    return {"median": median(ratios), "lowest": min(ratios), "highest": max(ratios), "rounds": ratios}
+
+
 def _extra(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--steps", type=int, default=120)
     ap.add_argument("--ws2", action="store_true", help="also world size 2 (torchrun, gloo)")
@@ -81,13 +99,15 @@ def main() -> None:
     root = WORK / "overhead"
     shutil.rmtree(root, ignore_errors=True)
     steps = 60 if args.quick else args.steps
+    reps = args.reps if args.quick else max(args.reps, MIN_ROUNDS)
     runs: dict[str, list[dict[str, Any]]] = {"plain": [], "plain_fsdp": [], "baton": [], "baton_yd": []}
     if args.ws2:
         runs.update(plain_ws2=[], baton_ws2=[])
     save_cost: list[float] = []
     plan: dict[str, float] = {}
-    for rep, side in interleaved(args.reps, list(runs)):
+    for rep, side in interleaved(reps, list(runs)):
         ckpt = str(root / f"{side}-{rep}")
+        load1 = os.getloadavg()[0]
         if side == "plain_ws2":
             rc, recs = run_records([*TORCHRUN, "-m", "bench.plain_loop", "--model", model, "--corpus",
                                     str(TINY_CORPUS), "--steps", str(steps)])
@@ -141,16 +161,21 @@ def main() -> None:
                 "exit": rc,
                 "periodic_saves": len(saves),
                 "periodic_save_s": sum(r["save_ms"] for r in saves) / 1000,
+                "load1": load1,
             }
         )
         shutil.rmtree(ckpt, ignore_errors=True)
         log(
-            f"overhead rep {rep + 1}/{args.reps} {side}: {sps:.1f} steps/s over {span:.1f} s"
+            f"overhead round {rep + 1}/{reps} {side}: {sps:.1f} steps/s over {span:.1f} s, load {load1:.2f}"
             + (f", {len(saves)} periodic saves" if side == "baton_yd" else "")
         )
     result: dict[str, Any] = {"steps": steps, "runs": runs, "plan": plan}
     for side, rs in runs.items():
         result[f"{side}_steps_per_s"] = median([r["steps_per_s"] for r in rs])
+    for name, (side, plain) in PAIRS.items():
+        result[f"ratio_{name}"] = round_ratios(runs, side, plain)
+    loads = [r["load1"] for rs in runs.values() for r in rs]
+    result["load1"] = {"median": median(loads), "lowest": min(loads), "highest": max(loads)}
     result["yd_saves"] = median([r["periodic_saves"] for r in runs["baton_yd"]])
     result["yd_save_s"] = median([r["periodic_save_s"] for r in runs["baton_yd"]])
     result["trajectory_ms"] = trajectory_ms(batch=4, seq=64, accum=1)
