@@ -32,12 +32,14 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     HF_DATASETS_OFFLINE=1 \
     HF_HUB_DISABLE_TELEMETRY=1 \
     HF_HOME=/tmp/hf-home \
+    MPLCONFIGDIR=/tmp/matplotlib \
     MALLOC_MMAP_THRESHOLD_=1048576
 
 # MALLOC_MMAP_THRESHOLD_ (glibc, read at process start): buffers of 1 MiB and more are mmapped and go
 # back to the OS when freed, instead of glibc raising its threshold after the first large free and
 # keeping freed checkpoint-sized buffers on the heap (async saves peaked at 1.29 checkpoints without
-# it, 1.06 with it: docs/results.md, figure 7). steps.train sets the same for its workers.
+# it, 1.06 with it: docs/results.md, figure 7). steps.train sets the same for its workers. MPLCONFIGDIR: the
+# image's user 1000 has no writable home (/app is root's), and compare's plot would warn at every run.
 
 # torch first, pinned and alone: `pip install .` below would otherwise resolve `torch==2.13.0` from
 # PyPI, which is the CUDA build of several GB even for the CPU image. The check proves the variant.

@@ -9,7 +9,7 @@ TORCH  := $(shell sed -n 's/^ *"\(torch==[^"]*\)",*$$/\1/p' pyproject.toml)
 OUT    ?= out/drill
 
 .PHONY: install test test-unit test-dist test-workflow test-gpu drill render templates lint bench \
-        image gke-up gke-destroy e2e-kind cluster-build cluster-build-kueue cluster-up cluster-down cluster-status e2e gpu-check clean
+        image image-docker gke-up gke-destroy e2e-kind cluster-build cluster-build-kueue cluster-up cluster-down cluster-status e2e gpu-check clean
 
 install: $(STAMP)
 
@@ -55,9 +55,15 @@ clean:
 	rm -rf .baton out .pytest_cache
 
 # ---- cluster (see infra/README.md) ----
+# baton's image without a daemon (buildah, on a Debian base made here), with Argo's executor and the pause
+# sandbox: what the local cluster's containerd runs (infra/local/image.sh; cached by a content key).
+image: cluster-build
+	nice bash infra/local/image.sh
+
 IMAGE ?= baton:dev
-# MODEL=models/NAME bakes that model folder (inside the repository) into the image, with its manifest.
-image:
+# The same Dockerfile with Docker, for a registry (make gke-up pushes the CUDA variant this way). MODEL=models/NAME
+# bakes that model folder (inside the repository) into the image, with its manifest.
+image-docker:
 	$(if $(MODEL),MODEL_DIR=$(MODEL)) bash infra/scripts/build-image.sh $(IMAGE)
 
 gke-up:
@@ -71,6 +77,7 @@ e2e-kind:
 
 # ---- the real control plane on this machine (see infra/local/README.md): built from Go modules, cached ----
 cluster-build:
+	bash infra/local/packages.sh
 	bash infra/local/build.sh
 
 # Kueue's controller manager and JobSet's (infra/local/kueue.env), a cache entry of their own (about 18 min
@@ -80,7 +87,7 @@ cluster-build-kueue:
 	nice bash infra/local/build-kueue.sh
 
 # Builds first on a cold cache (about 25 min, with progress); a warm one costs nothing.
-cluster-up: install cluster-build
+cluster-up: install image
 	$(PY) -m infra.local.cluster up
 
 cluster-down: install
@@ -93,7 +100,7 @@ cluster-status: install
 # (25 min cold, docs/results.md); root, for the pods' mount and PID namespaces. Not part of `make test`.
 # In a PID namespace of its own: a signal sent to pid -1 by anything it starts reaches only its own processes
 # (argoexec's emissary once did: docs/cluster-local.md).
-e2e: install cluster-build $(VENV)/.e2e
+e2e: install image $(VENV)/.e2e
 	unshare --pid --fork --mount-proc $(PYTEST) -q tests/e2e
 
 # The browser test's Playwright (pip) and Chromium (Debian's package, where apt-get may run it): without them the

@@ -23,7 +23,7 @@ source "$here/build-lib.sh"
 # shellcheck source=build-ui.sh
 source "$here/build-ui.sh"
 
-BINARIES=(etcd kube-apiserver kube-controller-manager kube-scheduler workflow-controller argoexec argo)
+BINARIES=(etcd kube-apiserver kube-controller-manager kube-scheduler kubelet pause workflow-controller argoexec argo)
 LABEL="cluster binaries" BUILD_CMD="bash infra/local/build.sh" PINS=versions.env
 # The key: the versions, then a hash of what decides the binaries' content (versions.env without the install
 # manifest's digest, which no binary depends on).
@@ -42,7 +42,7 @@ fetch etcd "$here/etcd" .
 build etcd "$here/etcd" . "-s -w"
 
 # --- Kubernetes: k8s.io/kubernetes through kube/go.mod (the staging modules replaced by their tags).
-K8S_CMDS=(kube-apiserver kube-controller-manager kube-scheduler)
+K8S_CMDS=(kube-apiserver kube-controller-manager kube-scheduler kubelet)
 fetch kubernetes "$here/kube" "${K8S_CMDS[@]/#/k8s.io/kubernetes/cmd/}"
 k8s_date="$(cd "$here/kube" && info_time k8s.io/kubernetes "$K8S_VERSION")"
 k8s_major="${K8S_VERSION#v}"; k8s_major="${k8s_major%%.*}"
@@ -55,6 +55,13 @@ k8s_ldflags="-s -w -X $v.gitVersion=$K8S_VERSION -X $v.gitMajor=$k8s_major -X $v
 for cmd in "${K8S_CMDS[@]}"; do
   build "$cmd" "$here/kube" "k8s.io/kubernetes/cmd/$cmd" "$k8s_ldflags"
 done
+# The pod sandbox's process, as Kubernetes builds it (build/pause/Makefile: its TAG and CFLAGS), from the same
+# module: infra/local/image.sh makes it the image registry.k8s.io/pause:TAG that containerd's CRI starts.
+pause_src="$(cd "$here/kube" && go list -m -f '{{.Dir}}' k8s.io/kubernetes)/build/pause"
+pause_tag="$(sed -n 's/^TAG ?= *//p' "$pause_src/Makefile")"
+[ -n "$pause_tag" ] || { echo "error: no TAG in $pause_src/Makefile" >&2; exit 1; }
+gcc -Os -Wall -Werror -static -DVERSION="v$pause_tag-baton" -o "$work/bin/pause" "$pause_src/linux/pause.c"
+echo "$pause_tag" > "$work/bin/pause.tag"
 
 # --- Argo: its own main module (its go.mod and go.sum), from a writable copy of the module, since the UI is
 # embedded from ui/dist/app, which the module zip lacks (yarn builds it). The copy gets a placeholder page
@@ -96,6 +103,7 @@ check_version() {
 }
 check_version etcd "etcd Version: ${ETCD_VERSION#v}" --version
 for cmd in "${K8S_CMDS[@]}"; do check_version "$cmd" "Kubernetes $K8S_VERSION" --version; done
+check_version pause "v$pause_tag-baton" -v
 check_version argo "argo: $ARGO_VERSION" version
 check_version argoexec "argoexec: $ARGO_VERSION" version
 

@@ -2,21 +2,24 @@
 
     python -m infra.local.cluster up        start moto's S3 server, etcd, kube-apiserver, kube-controller-manager,
                                             kube-scheduler, Argo's workflow-controller and Argo Server, and the
-                                            node agent (infra/local/node.py); apply templates/overlays/local
+                                            node: containerd and the kubelet (infra/local/kubelet.py), with the
+                                            images of infra/local/image.sh; apply templates/overlays/local
     python -m infra.local.cluster up --kueue   the same, plus Kueue's controller manager, its CRDs and its
                                             webhooks (infra/local/kueue.py; built by build-kueue.sh); on a
                                             running cluster it adds Kueue
-    python -m infra.local.cluster down      stop them all, by process id, in reverse order
+    python -m infra.local.cluster down      stop them all, by process id, in reverse order; remove the node's
+                                            containers, mounts and cgroups, and undo its changes to the host
     python -m infra.local.cluster down --kueue   stop Kueue only (its webhooks unregistered first)
     python -m infra.local.cluster status    one line per component
     python -m infra.local.cluster env       the `export` lines a user needs (eval "$(... env)"): KUBECONFIG,
                                             ARGO_SERVER, ARGO_TOKEN, ARGO_SECURE, ARGO_INSECURE_SKIP_VERIFY,
-                                            ARGO_NAMESPACE, BATON_S3_ENDPOINT and the bucket's keys
+                                            ARGO_NAMESPACE, BATON_TARGET, BATON_S3_ENDPOINT and the bucket's keys
 
 State (certificates, tokens, kubeconfigs, etcd's data, logs/, pids.json) lives in
 ${BATON_CLUSTER_STATE:-~/.cache/baton/cluster-state}. Every server listens on 127.0.0.1 only, on free ports
 chosen at each `up`, except two that Argo binds on every interface with no flag to change it: the
-workflow-controller's health port :6060 and the Argo Server's port (docs/cluster-local.md).
+workflow-controller's health port :6060 and the Argo Server's port, and the kubelet, on the host's own address
+(it refuses a loopback node IP; docs/cluster-local.md).
 """
 from __future__ import annotations
 
@@ -25,7 +28,6 @@ import base64
 import json
 import os
 import shlex
-import signal
 import subprocess
 import sys
 import time
@@ -33,6 +35,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from infra.local import kubelet as node_mod
 from infra.local import kueue as kueue_mod
 from infra.local.components import (
     ARGO_HEALTH_PORT,
@@ -41,7 +44,6 @@ from infra.local.components import (
     KCM_CONTROLLERS,
     NAMESPACE,
     NODE_NAME,
-    POD_MARKER,
     S3_KEYS,
     SUBMITTER_TOKEN_SECRET,
     USERS,
@@ -56,7 +58,6 @@ from infra.local.components import (
     http_get,
     kubectl,
     listener_pids,
-    pod_processes,
     rss_mb,
     spawn,
     state_dir,
@@ -107,7 +108,8 @@ class Cluster:
                     "kube-controller-manager": lambda: http_get(f"https://127.0.0.1:{ports['kcm']}/healthz") == "ok",
                     "kube-scheduler": lambda: http_get(f"https://127.0.0.1:{ports['scheduler']}/healthz") == "ok",
                     "workflow-controller": lambda e=e: self._argo_ready(e),
-                    "node-agent": lambda: self._node_ready(ports, tokens, ca),
+                    "containerd": lambda: node_mod.containerd_ready(node_mod.Paths(self.state)),
+                    "kubelet": lambda: self._node_ready(ports, tokens, ca),
                 }[name]()
                 out[name] = "ok" if ok else "running, not ready"
         return out
@@ -147,8 +149,15 @@ class Cluster:
         if kueue:
             kueue_mod.kueue_dir()  # built, or one line saying how to build it, before anything starts
         if os.geteuid() != 0:
-            raise ClusterError("the node agent needs root: each container runs in a private mount namespace "
-                               "(unshare --mount) with the pod's volumes bound at their mount paths")
+            raise ClusterError("the node needs root: containerd, runc and the kubelet mount, make cgroups and set "
+                               "the kernel settings the kubelet requires")
+        missing = node_mod.missing_tools()
+        if missing:
+            raise ClusterError(f"the node needs Debian's {', '.join(missing)}: apt-get install {' '.join(missing)} "
+                               "(make cluster-build installs them)")
+        images = subprocess.run(["bash", str(node_mod.IMAGES), "--check"], capture_output=True, text=True)
+        if images.returncode:
+            raise ClusterError(images.stderr.strip().removeprefix("error: "))
         self.state.mkdir(parents=True, exist_ok=True)
         (self.state / "logs").mkdir(exist_ok=True)
         info = self.load()
@@ -173,8 +182,8 @@ class Cluster:
         ensure_pki(pki)
         tokens = ensure_tokens(self.state)
         taken: set[int] = set()
-        ports = {k: free_port(taken) for k in ("s3", "etcd", "etcd_peer", "apiserver", "kcm", "scheduler", "node",
-                                              "argo_server", "argo_metrics")}
+        ports = {k: free_port(taken) for k in ("s3", "etcd", "etcd_peer", "apiserver", "kcm", "scheduler", "kubelet",
+                                              "kubelet_healthz", "argo_server", "argo_metrics")}
         server = f"https://127.0.0.1:{ports['apiserver']}"
         kcfg = {}
         for who in USERS:
@@ -225,7 +234,7 @@ class Cluster:
                           {"level": "Metadata", "verbs": ["delete"], "resources": [{"group": "", "resources": ["pods"]}]},
                           {"level": "None"}]}))
             # --endpoint-reconciler-type none: the lease reconciler refuses a loopback --advertise-address.
-            # The kubelet flags let `kubectl logs` reach the node agent over TLS checked both ways.
+            # The kubelet flags let `kubectl logs` and `exec` reach the kubelet over TLS checked both ways.
             started("kube-apiserver", spawn("kube-apiserver", [
                 str(b / "kube-apiserver"),
                 "--etcd-servers", f"http://127.0.0.1:{ports['etcd']}",
@@ -307,17 +316,21 @@ class Cluster:
                 "--auth-mode", "client", "--port", str(ports["argo_server"]), "--secure=true", "--loglevel", "info",
             ], self.state, server_env), lambda: self._argo_server_ready(ports))
 
-            node_cfg = self.state / "node.json"
-            node_cfg.write_text(json.dumps({
-                "server": server, "token": tokens["node-agent"], "ca": str(pki / "ca.crt"),
-                "node_name": NODE_NAME, "port": ports["node"], "state": str(self.state),
-                "cert": str(pki / "node.crt"), "key": str(pki / "node.key"), "bin": str(b),
-                "executor_image_prefix": "quay.io/argoproj/argoexec", "marker": POD_MARKER,
-            }, indent=1))
-            node_cfg.chmod(0o600)
-            started("node-agent", spawn("node-agent", [
-                sys.executable, "-m", "infra.local.node", "--config", str(node_cfg),
-            ], self.state), lambda: self._node_ready(ports, tokens, pki / "ca.crt"))
+            # The node: containerd, the images imported into it, the host's changes, the kubelet.
+            node = node_mod.Paths(self.state)
+            ip = node_mod.node_ip()
+            info["node_ip"] = ip
+            node_mod.prepare(node, pki, pki / "ca.crt", server, ip, ports, node_mod.pause_image(b))
+            started("containerd", node_mod.start_containerd(node), lambda: node_mod.containerd_ready(node))
+            t_import = time.monotonic()
+            imported = node_mod.import_images(node, node_mod.image_archives())
+            figures["images_imported"] = round(time.monotonic() - t_import, 1)
+            if imported:
+                print(f"cluster: imported {', '.join(imported)} into containerd in {figures['images_imported']:.0f} s")
+            changed = node_mod.change_host(node, ports["apiserver"])
+            if changed:
+                print(f"cluster: changed on this host (down restores them): {'; '.join(changed)}")
+            started("kubelet", node_mod.start_kubelet(node, b, ip), lambda: self._node_ready(ports, tokens, pki / "ca.crt"))
             if kueue:
                 kueue_mod.start(self, info, kc, kcfg["admin"], timeout, pods_ready_s)
         except BaseException:
@@ -394,7 +407,7 @@ class Cluster:
         path.chmod(0o600)
 
     def bootstrap(self, kc: str, kubeconfig: Path, bindir: Path, metrics_port: int) -> None:
-        """Argo's CRDs, namespace baton, the RBAC of Argo's own manifests, the node agent's binding, and the
+        """Argo's CRDs, namespace baton, the RBAC of Argo's own manifests, the node's binding, and the
         controller's configuration (its Prometheus endpoint on `metrics_port`)."""
         rbac = bindir / "argo-manifests" / "cluster-install-no-crds" / "workflow-controller-rbac"
 
@@ -432,8 +445,8 @@ class Cluster:
             binding("RoleBinding", "executor-default", "Role", "executor",
                      {"kind": "ServiceAccount", "name": "default", "namespace": NAMESPACE}, NAMESPACE),
             # The bootstrap ClusterRole system:node, which RBAC no longer binds to system:nodes by itself.
-            binding("ClusterRoleBinding", "baton-node-agent", "ClusterRole", "system:node",
-                     {"kind": "User", "name": USERS["node-agent"][0], "apiGroup": "rbac.authorization.k8s.io"}),
+            binding("ClusterRoleBinding", "baton-node", "ClusterRole", "system:node",
+                     {"kind": "User", "name": f"system:node:{NODE_NAME}", "apiGroup": "rbac.authorization.k8s.io"}),
             # The controller's configuration. Its Prometheus endpoint serves the drill's gauges
             # (argo_workflows_baton_drill_*) on a free port, over its self-signed TLS (Argo's default); it
             # listens on every interface, as exporter_prometheus.go's ":PORT" has it, and panics if the port
@@ -459,27 +472,31 @@ class Cluster:
         # Only live ones count: pids.json written inside another PID namespace (an e2e session's `up`) names
         # pids that mean other processes here, and stop() leaves any whose start time differs alone.
         live = [name for name in reversed(COMPONENTS) if name in procs and alive(procs[name])]
+        node = node_mod.Paths(self.state)
+        containers = 0
         for name in live:
+            if name == "containerd" and node_mod.containerd_ready(node):
+                containers = node_mod.remove_containers(node)  # the kubelet is stopped: nothing starts them again
             stop(procs[name])
-        # What a node agent killed with SIGKILL could not stop itself.
-        stray = pod_processes(self.state)
-        for pid in stray:
-            try:
-                pgid = os.getpgid(pid)
-                if pgid > 1 and pgid != os.getpgid(0):  # never kill(-1) or our own group
-                    os.killpg(pgid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-        live += ["kueue"] if kueue_ran else []
         left = [n for n, e in procs.items() if alive(e)]
         if left:
             raise ClusterError(f"still running after SIGKILL: {', '.join(left)}")
+        shims = node_mod.stop_shims(node)
+        mounts = node_mod.unmount_below(self.state)
+        cgroups_left = node_mod.remove_cgroups()
+        node_mod.remove_run_dirs()
+        restored = node_mod.restore_host(node)
+        live += ["kueue"] if kueue_ran else []
         if self.pids_file.exists():
             self.pids_file.unlink()
+        if cgroups_left:
+            raise ClusterError(f"{cgroups_left} cgroups under kubepods still hold processes after down")
         if not quiet:
-            extra = f", and {len(stray)} stray pod processes" if stray else ""
+            extra = "".join(f", {n} {what}" for n, what in ((containers, "containers removed"), (shims, "shims stopped"),
+                                                           (mounts, "mounts unmounted")) if n)
+            extra += f"; restored: {', '.join(restored)}" if restored else ""
             print(f"cluster: down ({len(live)} components stopped{extra}); state kept in {self.state}"
-                  if live or stray else f"cluster: not running (state {self.state})")
+                  if live or restored else f"cluster: not running (state {self.state})")
 
     # --- status / env ---
     def status(self) -> int:

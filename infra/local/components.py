@@ -26,10 +26,8 @@ NODE_NAME = "baton-local"
 EXECUTOR_IMAGE = f"quay.io/argoproj/argoexec:{ARGO_VERSION}"
 # The Argo controller's health server: `http.ListenAndServe(":6060", nil)` in cmd/workflow-controller/main.go.
 ARGO_HEALTH_PORT = 6060
-# Every process a pod runs carries this variable, so that `down` finds what a crashed node agent left.
-POD_MARKER = "BATON_LOCAL_POD_OF"
 COMPONENTS = ("s3", "etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "workflow-controller",
-              "argo-server", "node-agent")
+              "argo-server", "containerd", "kubelet")
 # The drill's bucket on moto, and its placeholder keys (moto checks no signature): the same values are in
 # templates/overlays/local/s3.yaml, which the pods and Argo's artifact repository read.
 BUCKET = "baton"
@@ -105,8 +103,9 @@ def _signed(pki: Path, name: str, cn: str, ext: str, org: str = "") -> None:
 
 
 def ensure_pki(pki: Path) -> None:
-    """A CA, the API server's and the node agent's serving certificates, the API server's client certificate
-    for the node agent, and the service-account key pair. Kept across `up`s (only 127.0.0.1 is named in them)."""
+    """A CA, the API server's serving certificate, its client certificate for the kubelet (logs, exec), and the
+    service-account key pair. Kept across `up`s (only 127.0.0.1 is named in them); the kubelet's own are made
+    by infra/local/kubelet.py, which knows the node's address."""
     if (pki / ".complete").exists():
         return
     if pki.exists():
@@ -120,7 +119,6 @@ def ensure_pki(pki: Path) -> None:
     _signed(pki, "apiserver", "kube-apiserver",
             "subjectAltName=IP:127.0.0.1,IP:10.96.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,"
             "DNS:kubernetes.default.svc\nextendedKeyUsage=serverAuth")
-    _signed(pki, "node", NODE_NAME, "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth")
     _signed(pki, "apiserver-kubelet-client", "kube-apiserver-kubelet-client", "extendedKeyUsage=clientAuth",
             org="system:masters")
     _openssl("genrsa", "-out", str(pki / "sa.key"), "2048")
@@ -137,7 +135,6 @@ USERS = {
     "kube-scheduler": ("system:kube-scheduler", ""),
     "workflow-controller": ("baton:workflow-controller", ""),
     "argo-server": ("baton:argo-server", ""),
-    "node-agent": (f"system:node:{NODE_NAME}", "system:nodes"),
 }
 
 
@@ -239,21 +236,6 @@ def _reap(pid: int) -> None:
         os.waitpid(pid, os.WNOHANG)
     except ChildProcessError:
         pass
-
-
-def pod_processes(state: Path) -> list[int]:
-    """Processes that a node agent of this state folder started for pods (their environment says so)."""
-    mark = f"{POD_MARKER}={state}".encode()
-    found = []
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            if mark in (d / "environ").read_bytes().split(b"\0"):
-                found.append(int(d.name))
-        except OSError:
-            continue
-    return found
 
 
 # --- readiness -----------------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -15,6 +16,7 @@ import yaml
 from tests.e2e.localcluster import (
     REPO,
     SMALL,
+    WORKERS_CONFIGS,
     Drill,
     Local,
     alive,
@@ -23,8 +25,19 @@ from tests.e2e.localcluster import (
     wait,
     watch,
     why_skip,
-    workers_config,
 )
+
+
+def _host() -> dict[str, Any]:
+    """What the node may change on the host and must give back: the kernel settings the kubelet requires, the
+    NAT table, the v1 cgroup hierarchies' kubepods trees, what containerd left in /run/containerd."""
+    from infra.local.kubelet import CGROUP_ROOT, KERNEL_SETTINGS, RUN_DIR
+
+    nat = subprocess.run(["iptables", "-t", "nat", "-S"], capture_output=True, text=True).stdout
+    return {"sysctl": {k: Path("/proc/sys", k).read_text().strip() for k in KERNEL_SETTINGS},
+            "nat": sorted(line for line in nat.splitlines() if "baton-local" in line),
+            "kubepods": sorted(str(d) for d in CGROUP_ROOT.glob("*/kubepods")),
+            "run_containerd": sorted(str(p) for p in RUN_DIR.rglob("*")) if RUN_DIR.exists() else None}
 
 
 @pytest.fixture(scope="session")
@@ -32,8 +45,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Local]:
     if why_skip():
         pytest.skip(why_skip())
     local = Local(tmp_path_factory.mktemp("cluster-state"))
+    before = _host()
     t0 = time.monotonic()
-    up = local.cli("up")
+    up = local.cli("up", timeout=1800)  # the first up imports the images into containerd
     pids: list[int] = []
     try:
         assert up.returncode == 0, f"cluster up failed: {up.stderr.strip()}"
@@ -43,19 +57,25 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Local]:
     finally:
         if (local.state / "pids.json").exists() and not pids:
             pids = local.pids()
-        marker = f"BATON_LOCAL_POD_OF={local.state}".encode()
         down = local.cli("down")
         assert down.returncode == 0, f"cluster down failed: {down.stderr.strip()}"
+        print(f"\n[e2e] {down.stdout.strip()}")
         left = [p for p in pids if alive(p)]
         assert not left, f"processes left running after down: {left}"
-        strays = []
-        for d in Path("/proc").iterdir():
-            try:
-                if d.name.isdigit() and marker in (d / "environ").read_bytes().split(b"\0"):
-                    strays.append(int(d.name))
-            except OSError:
-                continue
-        assert not strays, f"pod processes left running after down: {strays}"
+        sock = str(local.state / "containerd" / "containerd.sock").encode()
+        shims = [d.name for d in Path("/proc").iterdir() if d.name.isdigit() and _argv_has(d, sock)]
+        assert not shims, f"containerd shims left running after down: {shims}"
+        mounts = [line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()
+                  if line.split()[4].startswith(str(local.state))]
+        assert not mounts, f"mounts left after down: {mounts}"
+        assert _host() == before, f"the host is not as it was before up: {before} -> {_host()}"
+
+
+def _argv_has(proc: Path, word: bytes) -> bool:
+    try:
+        return word in (proc / "cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
 
 
 @pytest.fixture(scope="session")
@@ -65,7 +85,7 @@ def drill(cluster: Local) -> Drill:
     watches in the UI (one drill for both: each costs minutes on two cores)."""
     env = cluster.user_env()
     t0 = time.monotonic()
-    name = submit(cluster, env, *SMALL, "-p", f"config={workers_config('trainer/configs/tiny.yaml')}")
+    name = submit(cluster, env, *SMALL, "-p", f"config={WORKERS_CONFIGS['trainer/configs/tiny.yaml']}")
     phase, status = watch(env, name)
     print(f"\n[e2e] drill {name}: {phase} after {time.monotonic() - t0:.0f} s\n{status.stdout}")
     return Drill(name, phase, status, env)

@@ -21,7 +21,14 @@ def why_skip() -> str:
     if check.returncode != 0:
         return f"local cluster binaries not built (bash infra/local/build.sh): {check.stderr.strip()}"
     if os.geteuid() != 0:
-        return "the node agent needs root (a private mount namespace per container)"
+        return "the node needs root (containerd, runc and the kubelet mount, make cgroups, set kernel settings)"
+    from infra.local.kubelet import IMAGES, missing_tools
+
+    if missing_tools():
+        return f"the node's Debian packages are missing: apt-get install {' '.join(missing_tools())}"
+    images = subprocess.run(["bash", str(IMAGES), "--check"], capture_output=True, text=True)
+    if images.returncode != 0:
+        return f"the node's images are not built (make image): {images.stderr.strip()}"
     if not any((Path(d) / "kubectl").exists() for d in os.environ.get("PATH", "").split(os.pathsep)):
         return "no kubectl on PATH"
     return ""
@@ -139,14 +146,10 @@ def watch(env: dict[str, str], name: str, timeout: float = 900) -> tuple[str, su
         time.sleep(5)
 
 
-def workers_config(src: str) -> Path:
-    """A copy of config `src` (a path in the repository) with two data loader workers, where the pods see it: in
-    the repository's .baton/ (a pod's /tmp is its own)."""
-    folder = REPO / ".baton" / "e2e"
-    folder.mkdir(parents=True, exist_ok=True)
-    from tests.helpers import with_workers
-
-    return with_workers(REPO / src, folder / f"workers-{Path(src).parent.name}.yaml")
+# The shipped configs with two data loader workers, by the config they are a twin of (tests/unit/test_config.py):
+# files in the image, which is where a pod reads its config.
+WORKERS_CONFIGS = {"trainer/configs/tiny.yaml": "trainer/configs/tiny-workers.yaml",
+                   "examples/hf_trainer/config.yaml": "examples/hf_trainer/config-workers.yaml"}
 
 
 @dataclass

@@ -29,8 +29,8 @@ def _group(cluster: Local, group: str, unschedulable: set[int]) -> list[str]:
     node has, so the scheduler leaves them Pending once Kueue ungates them."""
     names = []
     for i in range(2):
-        spec: dict[str, Any] = {"restartPolicy": "Never", "terminationGracePeriodSeconds": 1,
-                                "containers": [{"name": "c", "image": "x", "command": ["sleep", "600"],
+        spec: dict[str, Any] = {"restartPolicy": "Never", "terminationGracePeriodSeconds": 1, "hostNetwork": True,
+                                "containers": [{"name": "c", "image": "baton:local", "command": ["sleep", "600"],
                                                 "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}}}]}
         if i in unschedulable:
             spec["nodeSelector"] = {"baton.dev/nowhere": "true"}

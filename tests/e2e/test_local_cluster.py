@@ -1,5 +1,6 @@
 """The local control plane end to end: real etcd, kube-apiserver, kube-controller-manager, kube-scheduler and
-Argo's workflow-controller (infra/local/build.sh), with the node agent running pods as host processes.
+Argo's workflow-controller (infra/local/build.sh), and a real node: the kubelet, containerd and runc running every
+pod's containers from baton's image (infra/local/kubelet.py, image.sh). Every pod uses the node's network.
 
 The cluster is conftest.py's, shared with test_drill_real_argo.py. Skipped when the binaries are not built.
 """
@@ -15,6 +16,8 @@ from typing import Any
 import pytest
 
 from tests.e2e.localcluster import Local, why_skip
+
+IMAGE = "baton:local"  # baton's own image (infra/local/image.sh): it has python, as every step needs
 
 _SKIP = why_skip()
 pytestmark = [pytest.mark.skipif(bool(_SKIP), reason=_SKIP), pytest.mark.slow, pytest.mark.e2e]
@@ -39,30 +42,38 @@ def test_up_again_says_healthy_and_everything_listens_on_loopback(cluster: Local
     # exporter_prometheus.go) and the Argo Server's ":PORT" (server/apiserver/argoserver.go).
     ports = cluster.ports()
     exceptions = (":6060", f":{ports['argo_metrics']}", f":{ports['argo_server']}")
-    beyond = [a for a in listening if not a.startswith("127.0.0.1:") and not a.endswith(exceptions)]
+    # And the kubelet, on the node's own address: the API server reaches it there (a loopback node IP is refused).
+    kubelet = f"{_node_ip(cluster)}:{ports['kubelet']}"
+    beyond = [a for a in listening if not a.startswith("127.0.0.1:") and not a.endswith(exceptions) and a != kubelet]
     assert not beyond, f"listening beyond 127.0.0.1: {beyond}"
+
+
+def _node_ip(cluster: Local) -> str:
+    return json.loads((cluster.state / "pids.json").read_text())["node_ip"]
 
 
 def test_plain_pod_succeeds_and_its_logs_are_read_through_the_api_server(cluster: Local):
     pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "plain"},
-           "spec": {"restartPolicy": "Never", "containers": [{
-               "name": "main", "image": "python:3.11",
+           "spec": {"restartPolicy": "Never", "hostNetwork": True, "containers": [{
+               "name": "main", "image": IMAGE,
                "command": ["python", "-c", "import os; print('plain pod', os.environ['POD_NAME']); "
-                           "print(open('/var/run/secrets/kubernetes.io/serviceaccount/namespace').read())"],
+                           "print(open('/var/run/secrets/kubernetes.io/serviceaccount/namespace').read()); "
+                           "print('uid', os.getuid(), 'app', os.path.isdir('/app/trainer'))"],
                "env": [{"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}]}]}}
     cluster.kubectl("create", "-f", "-", stdin=json.dumps(pod))
     done = cluster.wait_phase("pod", "plain", ("Succeeded", "Failed"))
     assert done["status"]["phase"] == "Succeeded", json.dumps(done["status"])
     term = done["status"]["containerStatuses"][0]["state"]["terminated"]
     assert term["exitCode"] == 0 and term["reason"] == "Completed"
-    assert done["status"]["podIP"] == "127.0.0.1" and done["spec"]["nodeName"] == "baton-local"
-    # Through the API server, which reaches the node agent's log port over TLS checked both ways.
-    assert cluster.kubectl("logs", "plain").splitlines() == ["plain pod plain", "baton"]
+    assert done["status"]["podIP"] == _node_ip(cluster) and done["spec"]["nodeName"] == "baton-local"
+    # The image's own user and filesystem, not the host's: the Dockerfile's USER 1000 and its /app.
+    # Through the API server, which reaches the kubelet over TLS checked both ways.
+    assert cluster.kubectl("logs", "plain").splitlines() == ["plain pod plain", "baton", "uid 1000 app True"]
 
 
 def _workflow(name: str, steps: list[list[dict[str, Any]]], templates: list[dict[str, Any]]) -> str:
     return json.dumps({"apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow", "metadata": {"name": name},
-                       "spec": {"entrypoint": "main",
+                       "spec": {"entrypoint": "main", "hostNetwork": True,
                                 "templates": [{"name": "main", "steps": steps}, *templates]}})
 
 
@@ -72,11 +83,11 @@ def _nodes(wf: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 def test_two_step_workflow_passes_a_parameter_and_succeeds(cluster: Local):
     produce = {"name": "produce", "container": {
-        "image": "python:3.11",
+        "image": IMAGE,
         "command": ["python", "-c", "open('/tmp/word.txt', 'w').write('baton'); print('produced')"]},
         "outputs": {"parameters": [{"name": "word", "valueFrom": {"path": "/tmp/word.txt"}}]}}
     consume = {"name": "consume", "inputs": {"parameters": [{"name": "word"}]}, "container": {
-        "image": "python:3.11",
+        "image": IMAGE,
         "command": ["python", "-c", "import sys; print('got', sys.argv[1]); sys.exit(sys.argv[1] != 'baton')",
                     "{{inputs.parameters.word}}"]}}
     steps = [[{"name": "produce", "template": "produce"}],
@@ -95,7 +106,7 @@ def test_two_step_workflow_passes_a_parameter_and_succeeds(cluster: Local):
 
 
 def test_a_step_that_exits_3_fails_the_workflow_with_that_exit_code(cluster: Local):
-    fail = {"name": "fail", "container": {"image": "python:3.11",
+    fail = {"name": "fail", "container": {"image": IMAGE,
                                           "command": ["python", "-c", "import sys; print('failing'); sys.exit(3)"]}}
     cluster.kubectl("create", "-f", "-", stdin=_workflow("exits-3", [[{"name": "fail", "template": "fail"}]], [fail]))
     wf = cluster.wait_phase("workflow", "exits-3", ("Succeeded", "Failed", "Error"))
@@ -108,30 +119,27 @@ def test_a_step_that_exits_3_fails_the_workflow_with_that_exit_code(cluster: Loc
     assert main["state"]["terminated"]["exitCode"] == 3
 
 
-def _pod_processes(cluster: Local, pod: str) -> list[int]:
-    """The host pids of a pod's processes (the node agent marks each one's environment)."""
-    mark, host = f"BATON_LOCAL_POD_OF={cluster.state}".encode(), f"HOSTNAME={pod}".encode()
+def _pod_processes(cluster: Local, pod: str, uid: str | None = None) -> list[int]:
+    """The host pids of a pod's processes: those in its cgroup (the kubelet names it pod<uid>, cgroupfs driver)."""
+    uid = uid or cluster.get("pod", pod)["metadata"]["uid"]
     found = []
     for d in Path("/proc").iterdir():
         try:
-            env = (d / "environ").read_bytes().split(b"\0") if d.name.isdigit() else []
+            groups = (d / "cgroup").read_text() if d.name.isdigit() else ""
         except OSError:
             continue
-        if mark in env and host in env:
+        if f"/pod{uid}/" in groups:
             found.append(int(d.name))
     return found
 
 
 def _assert_own_pid_namespace(cluster: Local, pod: str) -> None:
     """Before anything signals the pod: its processes are in a PID namespace of their own. Argo's emissary
-    forwards signals as kill(-1) (infra/local/pods.py says why), which on the host would hit every process."""
+    forwards signals as kill(-1) (docs/cluster-local.md), which on the host would hit every process."""
     pids = _pod_processes(cluster, pod)
     assert pids, f"no processes found for pod {pod}"
     ours = os.readlink("/proc/self/ns/pid")
-    # unshare itself stays outside the namespace it makes: only what runs under it must be inside.
-    inside = [p for p in pids if Path(f"/proc/{p}/comm").read_text().strip() != "unshare"]
-    assert inside, f"only unshare found for pod {pod}"
-    shared = [p for p in inside if os.readlink(f"/proc/{p}/ns/pid") == ours]
+    shared = [p for p in pids if os.readlink(f"/proc/{p}/ns/pid") == ours]
     assert not shared, f"pod {pod} processes {shared} share the host's PID namespace"
 
 
@@ -144,22 +152,23 @@ def _wait_log(cluster: Local, pod: str, container: str, text: str, timeout: floa
 
 def test_deleting_a_pod_whose_pid1_ignores_sigterm_kills_it_after_the_grace_period(cluster: Local):
     pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "ignores-term"},
-           "spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": 2, "containers": [{
-               "name": "main", "image": "python:3.11",
+           "spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": 2, "hostNetwork": True, "containers": [{
+               "name": "main", "image": IMAGE,
                "command": ["python", "-c", "import time; print('up', flush=True); time.sleep(300)"]}]}}
     cluster.kubectl("create", "-f", "-", stdin=json.dumps(pod))
     _wait_log(cluster, "ignores-term", "main", "up")
     _assert_own_pid_namespace(cluster, "ignores-term")
+    uid = cluster.get("pod", "ignores-term")["metadata"]["uid"]
     t0 = time.monotonic()
     cluster.kubectl("delete", "pod", "ignores-term", "--wait=true", "--timeout=60s")
     took = time.monotonic() - t0
     # PID 1 with no handler ignores SIGTERM, as in a container: only the SIGKILL at 2 s ends it.
     assert 2 <= took < 15, took
-    assert not _pod_processes(cluster, "ignores-term")
+    assert not _pod_processes(cluster, "ignores-term", uid)
 
 
 def test_a_deleted_argo_step_gets_sigterm_through_the_emissary_and_the_workflow_does_not_succeed(cluster: Local):
-    train = {"name": "train", "container": {"image": "python:3.11", "command": ["python", "-c", (
+    train = {"name": "train", "container": {"image": IMAGE, "command": ["python", "-c", (
         "import signal, sys, time\n"
         "signal.signal(signal.SIGTERM, lambda *a: (print('SIGTERM: saving', flush=True), sys.exit(75)))\n"
         "print('training', flush=True)\n"
@@ -203,8 +212,8 @@ def test_pod_gc_and_ttl_strategy_remove_what_they_say(cluster: Local):
     from workflows.equivalence import POD_GC, TTL
 
     name = "gc-ttl"
-    ok = {"name": "ok", "container": {"image": "python:3.11", "command": ["python", "-c", "print('ok')"]}}
-    bad = {"name": "bad", "container": {"image": "python:3.11",
+    ok = {"name": "ok", "container": {"image": IMAGE, "command": ["python", "-c", "print('ok')"]}}
+    bad = {"name": "bad", "container": {"image": IMAGE,
                                         "command": ["python", "-c", "import time, sys; time.sleep(3); sys.exit(2)"]}}
     wf = json.loads(_workflow(name, [[{"name": "ok", "template": "ok"}, {"name": "bad", "template": "bad"}]],
                               [ok, bad]))
@@ -265,15 +274,15 @@ def test_a_dag_still_starts_a_task_whose_dependencies_succeeded_after_another_ta
     (dag.go runs executeDAGTask for every target on each pass; failFast only decides the DAG's phase), and
     the DAG fails at the end. The local runner follows this (tests/workflow/test_local_runner.py)."""
     name = "dag-after-failure"
-    fail = {"name": "fail", "container": {"image": "python:3.11", "command": ["python", "-c", "raise SystemExit(1)"]}}
-    slow = {"name": "slow", "container": {"image": "python:3.11",
+    fail = {"name": "fail", "container": {"image": IMAGE, "command": ["python", "-c", "raise SystemExit(1)"]}}
+    slow = {"name": "slow", "container": {"image": IMAGE,
                                           "command": ["python", "-c", "import time; time.sleep(15)"]}}
-    after = {"name": "after", "container": {"image": "python:3.11", "command": ["python", "-c", "print('after')"]}}
+    after = {"name": "after", "container": {"image": IMAGE, "command": ["python", "-c", "print('after')"]}}
     dag = {"name": "main", "dag": {"tasks": [{"name": "fail", "template": "fail"},
                                              {"name": "slow", "template": "slow"},
                                              {"name": "after", "template": "after", "dependencies": ["slow"]}]}}
     wf = {"apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow", "metadata": {"name": name},
-          "spec": {"entrypoint": "main", "templates": [dag, fail, slow, after]}}
+          "spec": {"entrypoint": "main", "hostNetwork": True, "templates": [dag, fail, slow, after]}}
     cluster.kubectl("create", "-f", "-", stdin=json.dumps(wf))
     done = cluster.wait_phase("workflow", name, ("Succeeded", "Failed", "Error"))
     nodes = _nodes(done)

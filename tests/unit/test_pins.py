@@ -140,7 +140,7 @@ def test_each_home_spells_its_version():
 
 @pytest.mark.parametrize(("path", "text", "caught"), [
     ("a.py", 'IMAGE = "quay.io/argoproj/argoexec:{v}"\n', True),
-    ("a.py", 'VERSION = f"{v}-baton-node-agent"\n', True),
+    ("a.py", 'VERSION = f"{v}-baton-kubelet"\n', True),
     ("a.py", 'def f():\n    """Built from {v}."""\n    return 1  # {v}\n', False),
     ("a.py", 'X = "{v}0"\n', False),  # another version
     ("a.sh", 'ARGO_VERSION="{v}"\n', True),

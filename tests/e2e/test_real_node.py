@@ -1,0 +1,157 @@
+"""What only a real node gives the drill's pods (infra/local/kubelet.py: the kubelet, containerd and runc, every
+container from baton's image), asserted on what the kubelet and Argo recorded: a memory limit enforced by the
+kernel (OOMKilled, and not retried), `argo stop` and `argo terminate` reaching running containers, and the exit
+codes and termination message the drill's retry strategy reads.
+
+The cluster is conftest.py's, shared with the other modules. Skipped where the node cannot run
+(tests/e2e/localcluster.py, why_skip).
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.e2e.localcluster import REPO, SMALL, Local, watch, why_skip
+
+_SKIP = why_skip()
+pytestmark = [pytest.mark.skipif(bool(_SKIP), reason=_SKIP), pytest.mark.slow, pytest.mark.e2e]
+IMAGE = "baton:local"
+
+
+def _local_cron() -> dict[str, Any]:
+    built = subprocess.run(["kubectl", "kustomize", str(REPO / "templates" / "overlays" / "local")],
+                           capture_output=True, text=True, check=True).stdout
+    return next(d for d in yaml.safe_load_all(built) if d and d.get("kind") == "CronWorkflow")
+
+
+def _submit_file(env: dict[str, str], obj: dict[str, Any], *params: str) -> str:
+    r = subprocess.run([sys.executable, "workflows/equivalence.py", "submit", "--from-file", "-", *params],
+                       input=json.dumps(obj), cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.split()[0]
+
+
+def _attempts(wf: dict[str, Any], task: str) -> list[dict[str, Any]]:
+    nodes = wf["status"]["nodes"]
+    (retry,) = [n for n in nodes.values() if n.get("type") == "Retry" and n["displayName"] == task]
+    return [nodes[c] for c in retry.get("children", [])]
+
+
+def _pods(cluster: Local, workflow: str) -> list[dict[str, Any]]:
+    return json.loads(cluster.kubectl("get", "pods", "-l", f"workflows.argoproj.io/workflow={workflow}",
+                                      "-o", "json"))["items"]
+
+
+def _main_status(pod: dict[str, Any]) -> dict[str, Any]:
+    return next(s for s in pod["status"]["containerStatuses"] if s["name"] == "main")
+
+
+def test_a_trainer_over_its_memory_limit_is_oom_killed_and_not_retried(cluster: Local):
+    """The trial's container limited to 256 MiB, which importing torch alone exceeds: the kernel's OOM killer
+    ends it inside its cgroup, containerd reports OOMKilled, Argo records it, and the retry strategy, which
+    retries a 137 only when it is not an OOM kill, does not retry it. Control: the session's drill ran the same
+    trainer without a limit and passed (test_drill_real_argo.py)."""
+    env = cluster.user_env()
+    cron = _local_cron()
+    trial = next(t for t in cron["spec"]["workflowSpec"]["templates"] if t["name"] == "trial")
+    patch = json.loads(trial["podSpecPatch"].replace("{{workflow.parameters.grace}}", "30"))
+    patch["containers"] = [{"name": "main", "resources": {"limits": {"memory": "256Mi"}}}]
+    trial["podSpecPatch"] = json.dumps(patch)
+    name = _submit_file(env, cron, *SMALL)
+    phase, status = watch(env, name, timeout=600)
+    wf = cluster.get("workflow", name)
+    attempts = _attempts(wf, "trial")
+    print(f"\n[e2e] memory-limited drill {name}: {phase}; trial {[(a['phase'], a.get('message')) for a in attempts]}")
+    assert phase == "Failed", status.stdout
+    assert len(attempts) == 1 and "OOMKilled" in (attempts[0].get("message") or ""), attempts
+    pod = next(p for p in _pods(cluster, name) if "-trial-" in p["metadata"]["name"])
+    term = _main_status(pod)["state"]["terminated"]
+    assert term["reason"] == "OOMKilled", term
+    # The drill says so: `status` prints the attempt as Argo recorded it.
+    assert "OOMKilled" in status.stdout, status.stdout
+
+
+def _argo(cluster: Local, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    """The Argo CLI built with the cluster, talking to the API server as the admin (the submitter may not
+    update workflows, which stop and terminate do)."""
+    admin = {k: v for k, v in env.items() if not k.startswith("ARGO_")}
+    admin["KUBECONFIG"] = str(cluster.state / "admin.kubeconfig")
+    return subprocess.run(["argo", "-n", "baton", *args], env=admin, capture_output=True, text=True, timeout=120)
+
+
+def _container_processes(uid: str) -> list[int]:
+    found = []
+    for d in Path("/proc").iterdir():
+        try:
+            if d.name.isdigit() and f"/pod{uid}/" in (d / "cgroup").read_text():
+                found.append(int(d.name))
+        except OSError:
+            continue
+    return found
+
+
+@pytest.mark.parametrize("how", ["stop", "terminate"])
+def test_argo_stop_and_terminate_reach_the_running_containers(cluster: Local, how: str):
+    """A long step running; `argo stop` / `argo terminate` make the controller end it through the pod (the
+    wait container's kill, over exec); the step ends, the workflow fails, and no process of the pod is left."""
+    step = {"name": "long", "container": {"image": IMAGE, "command": ["python", "-c", (
+        "import time\nprint('running', flush=True)\ntime.sleep(600)\n")]}}
+    name = f"to-{how}"
+    wf = {"apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow", "metadata": {"name": name},
+          "spec": {"entrypoint": "long", "hostNetwork": True, "templates": [step]}}
+    cluster.kubectl("create", "-f", "-", stdin=json.dumps(wf))
+    t0 = time.monotonic()
+    while True:
+        pods = _pods(cluster, name)
+        if pods and "running" in cluster.kubectl("logs", pods[0]["metadata"]["name"], "-c", "main", check=False):
+            break
+        assert time.monotonic() - t0 < 180, f"{name}'s step never printed 'running'"
+        time.sleep(1)
+    uid = pods[0]["metadata"]["uid"]
+    assert _container_processes(uid), "no process of the running pod found by its cgroup"
+    r = _argo(cluster, cluster.user_env(), how, name)
+    assert r.returncode == 0, r.stderr
+    t0 = time.monotonic()
+    done = cluster.wait_phase("workflow", name, ("Succeeded", "Failed", "Error"), timeout=180)
+    print(f"\n[e2e] argo {how}: {done['status']['phase']} after {time.monotonic() - t0:.0f} s: "
+          f"{done['status'].get('message')!r}")
+    assert done["status"]["phase"] in ("Failed", "Error"), done["status"]
+    assert time.monotonic() - t0 < 120  # the step was ended, not left to its 600 s
+    t0 = time.monotonic()
+    while _container_processes(uid):
+        assert time.monotonic() - t0 < 60, f"processes of {name}'s pod left: {_container_processes(uid)}"
+        time.sleep(1)
+
+
+def test_exit_codes_and_the_termination_message_are_what_argo_reads(cluster: Local):
+    """Steps that end with 75 (a clean preemption), 1, 137 (SIGKILL) and 143 (SIGTERM, no handler), one writing
+    a termination message: the kubelet records each exit code and the message, and Argo's node carries the same
+    exit code, which the drill's retry expression reads (steps/lib/contract.py)."""
+    codes = {"ends-75": "import sys; sys.exit(75)", "ends-1": "import sys; sys.exit(1)",
+             "ends-137": "import os, signal; os.kill(os.getpid(), signal.SIGKILL)",
+             "ends-143": "import os, signal; os.kill(os.getpid(), signal.SIGTERM)",
+             "says": "open('/dev/termination-log', 'w').write('baton: saved at step 7'); import sys; sys.exit(75)"}
+    templates = [{"name": k, "container": {"image": IMAGE, "command": ["python", "-c", v]}} for k, v in codes.items()]
+    dag = {"name": "main", "dag": {"tasks": [{"name": k, "template": k} for k in codes]}}
+    name = "exit-codes"
+    wf = {"apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow", "metadata": {"name": name},
+          "spec": {"entrypoint": "main", "hostNetwork": True, "templates": [dag, *templates]}}
+    cluster.kubectl("create", "-f", "-", stdin=json.dumps(wf))
+    done = cluster.wait_phase("workflow", name, ("Succeeded", "Failed", "Error"), timeout=300)
+    nodes = {n["displayName"]: n for n in done["status"]["nodes"].values() if n.get("type") == "Pod"}
+    pods = {p["metadata"]["annotations"]["workflows.argoproj.io/node-name"].rsplit(".", 1)[1]: p
+            for p in _pods(cluster, name)}
+    want = {"ends-75": 75, "ends-1": 1, "ends-137": 137, "ends-143": 143, "says": 75}
+    got = {k: (nodes[k].get("outputs", {}).get("exitCode"), _main_status(pods[k])["state"]["terminated"]["exitCode"])
+           for k in want}
+    print(f"\n[e2e] exit codes (Argo, kubelet): {got}")
+    assert got == {k: (str(v), v) for k, v in want.items()}, got
+    assert _main_status(pods["says"])["state"]["terminated"].get("message") == "baton: saved at step 7", \
+        _main_status(pods["says"])["state"]["terminated"]
