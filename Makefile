@@ -41,6 +41,7 @@ test-gpu: install
 
 lint: install
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 
 drill: install
 	$(PY) workflows/equivalence.py run --out $(OUT) --force
