@@ -16,7 +16,9 @@ from pathlib import Path
 _HERE = Path(__file__).resolve().parent.parent / "trainer" / "__init__.py"
 _loaded = sys.modules.get("trainer")
 if _loaded is None or Path(getattr(_loaded, "__file__", "") or "").resolve() != _HERE:
-    _spec = importlib.util.spec_from_file_location("trainer", _HERE, submodule_search_locations=[str(_HERE.parent)])
+    _spec = importlib.util.spec_from_file_location(
+        "trainer", _HERE, submodule_search_locations=[str(_HERE.parent)]
+    )
     assert _spec is not None and _spec.loader is not None
     _module = importlib.util.module_from_spec(_spec)
     sys.modules["trainer"] = _module

@@ -66,8 +66,20 @@ def parse_line(line: str) -> dict | None:
 
 def hf_peer_cmd(model: Path, corpus: Path, out: Path, max_steps: int, *extra: str) -> list[str]:
     """`python -m bench.hf_peer`: the Hugging Face Trainer on the same model and corpus."""
-    return [PY, "-m", "bench.hf_peer", "--model", str(model), "--corpus", str(corpus), "--out", str(out),
-            "--max-steps", str(max_steps), *extra]
+    return [
+        PY,
+        "-m",
+        "bench.hf_peer",
+        "--model",
+        str(model),
+        "--corpus",
+        str(corpus),
+        "--out",
+        str(out),
+        "--max-steps",
+        str(max_steps),
+        *extra,
+    ]
 
 
 def timed_until(

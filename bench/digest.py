@@ -40,8 +40,8 @@ FP = "bench-digest"
 THREADS = 4
 SAVE_REPS = 5
 WARM_ROUNDS = 2
-LOW = 0.85     # the goal's lowest round
-NOISY = 0.15   # two dcp.saves of one round further apart than this: the machine moved in that round
+LOW = 0.85  # the goal's lowest round
+NOISY = 0.15  # two dcp.saves of one round further apart than this: the machine moved in that round
 
 
 def hash_files(blobs: list[bytes], algorithm: str) -> float:
@@ -67,9 +67,13 @@ def main() -> None:
     shutil.rmtree(root, ignore_errors=True)
     state = state_of(int(0.1e9 if args.quick else 0.5e9))
     nbytes = sum(t.numel() * t.element_size() for t in state["model"].values()) + 8
-    template = {"model": {k: torch.empty_like(v) for k, v in state["model"].items()},
-                "progress": torch.zeros(1, dtype=torch.int64)}
-    stores = {a: Store(f"file://{root}/{a}", "run", io_threads=THREADS, digest_algorithm=a) for a in ALGORITHMS}
+    template = {
+        "model": {k: torch.empty_like(v) for k, v in state["model"].items()},
+        "progress": torch.zeros(1, dtype=torch.int64),
+    }
+    stores = {
+        a: Store(f"file://{root}/{a}", "run", io_threads=THREADS, digest_algorithm=a) for a in ALGORITHMS
+    }
     attempts = {a: s.claim_attempt({}) for a, s in stores.items()}
     steps = dict.fromkeys(ALGORITHMS, 0)
     runs: dict[str, list[float]] = {}
@@ -83,7 +87,10 @@ def main() -> None:
 
     def save(a: str) -> None:
         steps[a] += 1
-        timed(f"save_{a}", lambda: stores[a].save(steps[a], state, {"fingerprint": FP}, attempts[a], read_back=False))
+        timed(
+            f"save_{a}",
+            lambda: stores[a].save(steps[a], state, {"fingerprint": FP}, attempts[a], read_back=False),
+        )
         if steps[a] > 1:
             stores[a].delete_step(steps[a] - 1)
 
@@ -99,7 +106,10 @@ def main() -> None:
             # previous copy is still there while this one is written: the same page cache on both sides.
             dcp_saves[0] += 1
             new = root / f"plain-{dcp_saves[0]}"
-            timed(side, lambda: dcp.save(state, storage_writer=FsspecWriter(f"file://{new}", thread_count=THREADS)))
+            timed(
+                side,
+                lambda: dcp.save(state, storage_writer=FsspecWriter(f"file://{new}", thread_count=THREADS)),
+            )
             shutil.rmtree(plain, ignore_errors=True)
             new.rename(plain)
         else:
@@ -131,8 +141,14 @@ def main() -> None:
             runs.setdefault(side, []).append(hash_files(blobs, a))
     shutil.rmtree(root, ignore_errors=True)
     med = {k: median(v) for k, v in runs.items()}
-    result: dict[str, Any] = {"bytes": nbytes, "threads": THREADS, "runs": runs, **{f"{k}_s": v for k, v in med.items()},
-                              "save_reps": save_reps, "loadavg": [load_before, os.getloadavg()[0]]}
+    result: dict[str, Any] = {
+        "bytes": nbytes,
+        "threads": THREADS,
+        "runs": runs,
+        **{f"{k}_s": v for k, v in med.items()},
+        "save_reps": save_reps,
+        "loadavg": [load_before, os.getloadavg()[0]],
+    }
     reference = [(x + y) / 2 for x, y in zip(runs["dcp_save"], runs["dcp_save_b"], strict=True)]
     noise = [abs(x - y) / min(x, y) for x, y in zip(runs["dcp_save"], runs["dcp_save_b"], strict=True)]
     result["dcp_save_s"] = median(reference)
@@ -147,8 +163,10 @@ def main() -> None:
         result[f"save_{a}_low_rounds"] = len(low)
         result[f"save_{a}_low_rounds_noisy"] = sum(noise[i] > NOISY for i in low)
         result[f"load_{a}_vs_dcp"] = med["dcp_load"] / med[f"load_{a}"]
-        log(f"digest {a}: hash {result[f'hash_{a}_GBps']:.2f} GB/s, Store.save {result[f'save_{a}_vs_dcp']:.2f}x "
-            f"dcp.save, verified load {result[f'load_{a}_vs_dcp']:.2f}x dcp.load")
+        log(
+            f"digest {a}: hash {result[f'hash_{a}_GBps']:.2f} GB/s, Store.save {result[f'save_{a}_vs_dcp']:.2f}x "
+            f"dcp.save, verified load {result[f'load_{a}_vs_dcp']:.2f}x dcp.load"
+        )
     write_result(args.result, result)
 
 

@@ -72,21 +72,37 @@ def resume_figure(r: dict[str, Any]) -> Figure:
             )
     direct, torchrun = r.get(f"baton-direct@{k0}_s"), r.get(f"baton-torchrun@{k0}_s")
     if direct is not None and torchrun is not None:
-        f.rows.append((f"resume: spawn to first step at K={k0} through `steps.train --nproc 1`, `--launcher direct` "
-                       "(the default for one rank) vs `torchrun`", fmt_s(direct), fmt_s(torchrun),
-                       fmt_x(direct / torchrun)))
-        f.text += (f" Through the pod's PID 1 (`steps.train`), torchrun's own start and teardown cost "
-                   f"{torchrun - direct:.2f} s of a one-rank restart at K={k0} ({direct:.2f} s direct vs "
-                   f"{torchrun:.2f} s with torchrun): one rank now runs as the wrapper's own child.")
+        f.rows.append(
+            (
+                f"resume: spawn to first step at K={k0} through `steps.train --nproc 1`, `--launcher direct` "
+                "(the default for one rank) vs `torchrun`",
+                fmt_s(direct),
+                fmt_s(torchrun),
+                fmt_x(direct / torchrun),
+            )
+        )
+        f.text += (
+            f" Through the pod's PID 1 (`steps.train`), torchrun's own start and teardown cost "
+            f"{torchrun - direct:.2f} s of a one-rank restart at K={k0} ({direct:.2f} s direct vs "
+            f"{torchrun:.2f} s with torchrun): one rank now runs as the wrapper's own child."
+        )
     ph = r.get(f"baton@{k0}_phases")
     if ph:
         order = ["startup_s", "init_s", "build_s", "listing_s", "manifest_s", "load_verify_s", "restore_s"]
         cells = ", ".join(f"{k.removesuffix('_s')} {ph[k]:.2f}" for k in order if k in ph)
-        f.rows.append((f"resume: baton's phases at K={k0} (s, medians, from its `resume` record)", cells, "", ""))
+        f.rows.append(
+            (f"resume: baton's phases at K={k0} (s, medians, from its `resume` record)", cells, "", "")
+        )
         parts = [k for k in ph if k.startswith(("init_", "build_")) and k not in ("init_s", "build_s")]
         if parts:
-            f.rows.append((f"resume: the parts of init and build at K={k0} (s, medians)",
-                           ", ".join(f"{k.removesuffix('_s')} {ph[k]:.2f}" for k in parts), "", ""))
+            f.rows.append(
+                (
+                    f"resume: the parts of init and build at K={k0} (s, medians)",
+                    ", ".join(f"{k.removesuffix('_s')} {ph[k]:.2f}" for k in parts),
+                    "",
+                    "",
+                )
+            )
         f.text += (
             f" baton's `resume` record times each phase of its start (medians at K={k0}): {cells} s. "
             "`startup` is the interpreter and the imports up to the trainer; `build` the corpus (read, and "
@@ -142,8 +158,11 @@ def _ratio(o: dict[str, Any], name: str, side: str, plain: str) -> float | None:
 
 def overhead_figure(o: dict[str, Any], big_save_s: float | None) -> Figure:
     p, b, y = o["plain_steps_per_s"], o["baton_steps_per_s"], o["baton_yd_steps_per_s"]
-    r1, ry, r2 = _ratio(o, "ws1", "baton", "plain"), _ratio(o, "yd", "baton_yd", "plain"), _ratio(
-        o, "ws2", "baton_ws2", "plain_ws2")
+    r1, ry, r2 = (
+        _ratio(o, "ws1", "baton", "plain"),
+        _ratio(o, "yd", "baton_yd", "plain"),
+        _ratio(o, "ws2", "baton_ws2", "plain_ws2"),
+    )
     plan = o["plan"]
     f = Figure(
         "5",
@@ -156,12 +175,25 @@ def overhead_figure(o: dict[str, Any], big_save_s: float | None) -> Figure:
     for name, what in (("ws1", "world size 1"), ("ws2", "world size 2")):
         r = o.get(f"ratio_{name}")
         if r:
-            f.rows.append((f"loop: the rounds' ratios at {what}, lowest and highest of {len(r['rounds'])}",
-                           fmt_x(r["lowest"]), fmt_x(r["highest"]), fmt_x(r["median"])))
+            f.rows.append(
+                (
+                    f"loop: the rounds' ratios at {what}, lowest and highest of {len(r['rounds'])}",
+                    fmt_x(r["lowest"]),
+                    fmt_x(r["highest"]),
+                    fmt_x(r["median"]),
+                )
+            )
     if o.get("load1"):
         ld = o["load1"]
-        f.rows.append(("loop: the machine's 1-minute load average as each run started (2 cores): lowest, "
-                       "highest, median", f"{ld['lowest']:.2f}", f"{ld['highest']:.2f}", f"{ld['median']:.2f}"))
+        f.rows.append(
+            (
+                "loop: the machine's 1-minute load average as each run started (2 cores): lowest, "
+                "highest, median",
+                f"{ld['lowest']:.2f}",
+                f"{ld['highest']:.2f}",
+                f"{ld['median']:.2f}",
+            )
+        )
     f.rows.append(
         (
             "loop: steps/s, baton at the Young/Daly interval vs plain loop",
@@ -194,8 +226,14 @@ def overhead_figure(o: dict[str, Any], big_save_s: float | None) -> Figure:
     traj = o.get("trajectory_ms")
     if traj is not None:
         step_ms = 1000 / b
-        f.rows.append(("loop: the trajectory's digests (batch and RNG) per step, vs baton's step (goal < 1%)",
-                       f"{traj:.3f} ms", f"{step_ms:.1f} ms", f"{traj / step_ms:.2%}"))
+        f.rows.append(
+            (
+                "loop: the trajectory's digests (batch and RNG) per step, vs baton's step (goal < 1%)",
+                f"{traj:.3f} ms",
+                f"{step_ms:.1f} ms",
+                f"{traj / step_ms:.2%}",
+            )
+        )
     predicted = plan["save_cost_s"] / plan["interval_s"]
     text = [
         f"On the small model ({o['steps']} steps, batch 4 x 64) baton's loop without checkpoints runs at "

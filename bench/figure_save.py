@@ -24,8 +24,13 @@ def flush_figure(local: dict[str, Any], s3: dict[str, Any] | None) -> Figure:
         "",
     )
     if "dcp_nocrc_MBps" in local:
-        f.rows.append(rate_row("flush: local disk, `dcp.save` without torch.save's zip CRC-32 (as `Store.save` writes) vs raw",
-                                local["dcp_nocrc_MBps"], lr))
+        f.rows.append(
+            rate_row(
+                "flush: local disk, `dcp.save` without torch.save's zip CRC-32 (as `Store.save` writes) vs raw",
+                local["dcp_nocrc_MBps"],
+                lr,
+            )
+        )
         f.rows.append(
             (
                 "flush: local disk, `dcp.save` without vs with torch.save's zip CRC-32",
@@ -35,10 +40,20 @@ def flush_figure(local: dict[str, Any], s3: dict[str, Any] | None) -> Figure:
             )
         )
     if "store_preempt_MBps" in local:
-        f.rows.append(rate_row("flush: local disk, `Store.save` hashed while writing (periodic saves, preemption saves) + commit vs raw",
-                                local["store_preempt_MBps"], lr))
-    f.rows.append(rate_row("flush: local disk, `Store.save` with read-back (final; one periodic save in `keep_last`) vs raw",
-                            local["store_MBps"], lr))
+        f.rows.append(
+            rate_row(
+                "flush: local disk, `Store.save` hashed while writing (periodic saves, preemption saves) + commit vs raw",
+                local["store_preempt_MBps"],
+                lr,
+            )
+        )
+    f.rows.append(
+        rate_row(
+            "flush: local disk, `Store.save` with read-back (final; one periodic save in `keep_last`) vs raw",
+            local["store_MBps"],
+            lr,
+        )
+    )
     if "store_1thread_MBps" in local:
         f.rows.append(
             (
@@ -71,9 +86,11 @@ def flush_figure(local: dict[str, Any], s3: dict[str, Any] | None) -> Figure:
             "CRC-32 of every byte (zlib's, one core per writer thread)"
         )
         if "dcp_nocrc_MBps" in local:
-            why += (f"; without that CRC, as every `Store.save` now writes (its files are checked by the "
-                    f"manifest's own checksums), `dcp.save` reaches {local['dcp_nocrc_MBps']:.0f} MB/s, "
-                    f"{local['dcp_nocrc_MBps'] / lr:.0%} of raw")
+            why += (
+                f"; without that CRC, as every `Store.save` now writes (its files are checked by the "
+                f"manifest's own checksums), `dcp.save` reaches {local['dcp_nocrc_MBps']:.0f} MB/s, "
+                f"{local['dcp_nocrc_MBps'] / lr:.0%} of raw"
+            )
     else:
         why = "equal within the noise: DCP's serialization costs nothing visible at this disk speed"
     text = [
@@ -91,8 +108,12 @@ def flush_figure(local: dict[str, Any], s3: dict[str, Any] | None) -> Figure:
             f"docs/checkpoints.md, Checksums) reaches {local['store_preempt_MBps']:.0f} MB/s, {pr:.0%} of raw (goal 90%: "
             f"{'met' if pr >= 0.9 else 'missed'}): "
             f"{local['store_preempt_s']:.2f} s against {local['store_s']:.2f} s for a save that reads everything back"
-            + (f"; on the local S3, where the read-back is a download, {s3['store_preempt_s']:.2f} s against "
-               f"{s3['store_s']:.2f} s" if s3 and "store_preempt_s" in s3 else "")
+            + (
+                f"; on the local S3, where the read-back is a download, {s3['store_preempt_s']:.2f} s against "
+                f"{s3['store_s']:.2f} s"
+                if s3 and "store_preempt_s" in s3
+                else ""
+            )
             + "."
         )
     if "store_1thread_s" in local:
@@ -112,10 +133,16 @@ def flush_figure(local: dict[str, Any], s3: dict[str, Any] | None) -> Figure:
         r = s3["raw_MBps"]
         f.rows.append(rate_row("flush: local S3 (moto), `dcp.save` vs raw upload", s3["dcp_MBps"], r))
         if "store_preempt_MBps" in s3:
-            f.rows.append(rate_row("flush: local S3 (moto), `Store.save` hashed while writing vs raw upload",
-                                    s3["store_preempt_MBps"], r))
-        f.rows.append(rate_row("flush: local S3 (moto), `Store.save` with read-back vs raw upload",
-                                s3["store_MBps"], r))
+            f.rows.append(
+                rate_row(
+                    "flush: local S3 (moto), `Store.save` hashed while writing vs raw upload",
+                    s3["store_preempt_MBps"],
+                    r,
+                )
+            )
+        f.rows.append(
+            rate_row("flush: local S3 (moto), `Store.save` with read-back vs raw upload", s3["store_MBps"], r)
+        )
         text.append(
             f"On the local S3 (moto, {fmt_gb(s3['ckpt_bytes'])} state, see the setup) `dcp.save` uploads "
             f"at {s3['dcp_MBps'] / r:.0%} of a raw multipart upload of the same bytes through the same "
@@ -151,9 +178,16 @@ def async_figure(local: dict[str, Any]) -> Figure:
     if "async_step_s" in local:
         stp = local["async_step_s"]
         work = median_of(local, "async_step", "work_s")
-        f.rows.insert(0, (
-            "async: blocking time of `Store.save_async` with one forward+backward before the update vs "
-            "`Store.save`", fmt_s(stp), fmt_s(sync), fmt_x(stp / sync)))
+        f.rows.insert(
+            0,
+            (
+                "async: blocking time of `Store.save_async` with one forward+backward before the update vs "
+                "`Store.save`",
+                fmt_s(stp),
+                fmt_s(sync),
+                fmt_x(stp / sync),
+            ),
+        )
         text.append(
             f"In the trainer's loop the copy overlaps the next step's forward and backward passes, which "
             f"only read the state; the wait comes before the update. With one forward and backward pass of "

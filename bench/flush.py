@@ -80,8 +80,14 @@ def _rm(fs: Any, path: str) -> None:
 class Sides:
     """The ways of writing the same state to one store; each returns {"s": seconds, ...}."""
 
-    def __init__(self, store: Any, attempt: int, state: dict[str, Any], manifest: dict[str, Any],
-                 work: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        store: Any,
+        attempt: int,
+        state: dict[str, Any],
+        manifest: dict[str, Any],
+        work: Callable[[], None] | None = None,
+    ) -> None:
         self.store, self.attempt, self.state, self.manifest = store, attempt, state, manifest
         self.work = work  # one forward and backward pass: what runs between a boundary and the update
         self.step = 100
@@ -99,8 +105,9 @@ class Sides:
 
         from trainer.storage import storage_options
 
-        return FsspecWriter(self.store.url(path), thread_count=self.store.io_threads,
-                            **storage_options(self.store.root_uri))
+        return FsspecWriter(
+            self.store.url(path), thread_count=self.store.io_threads, **storage_options(self.store.root_uri)
+        )
 
     def store_save(self, read_back: bool = True) -> dict[str, float]:
         step = self._next()
@@ -133,7 +140,9 @@ class Sides:
 
         path = self.store.step_path(self._next())
         writer = self._writer(path)
-        torch.serialization.set_crc32_options(zip_crc)  # this thread; DCP's own writer threads start with True
+        torch.serialization.set_crc32_options(
+            zip_crc
+        )  # this thread; DCP's own writer threads start with True
         if not zip_crc:
             writer.fs = ArchiveFileSystem(self.store.fs)
         t0 = time.perf_counter()
@@ -286,8 +295,17 @@ def main() -> None:
         result.update(
             measure(
                 sides,
-                ["raw", "dcp", "dcp_nocrc", "store", "store_1thread", "store_preempt", "async", "async_step",
-                 "async_reuse"],
+                [
+                    "raw",
+                    "dcp",
+                    "dcp_nocrc",
+                    "store",
+                    "store_1thread",
+                    "store_preempt",
+                    "async",
+                    "async_step",
+                    "async_reuse",
+                ],
                 args.reps,
                 "local",
                 cheap_reps=2 * args.reps,
@@ -298,8 +316,12 @@ def main() -> None:
             store = Store(s3.uri("flush"), t.cfg.run_id)
             attempt = store.claim_attempt({"bench": True})
             result.update(
-                measure(Sides(store, attempt, state, manifest), ["raw", "dcp", "store", "store_preempt"], args.reps,
-                        "s3")
+                measure(
+                    Sides(store, attempt, state, manifest),
+                    ["raw", "dcp", "store", "store_preempt"],
+                    args.reps,
+                    "s3",
+                )
             )
     close(t)
     write_result(args.result, result)

@@ -24,9 +24,25 @@ def main() -> None:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     url = f"http://127.0.0.1:{port}"
-    server = subprocess.Popen([str(_get_binary_path()), "-scheme", "http", "-host", "127.0.0.1", "-port", str(port),
-                               "-backend", "memory", "-external-url", url, "-log-level", "error"],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = subprocess.Popen(
+        [
+            str(_get_binary_path()),
+            "-scheme",
+            "http",
+            "-host",
+            "127.0.0.1",
+            "-port",
+            str(port),
+            "-backend",
+            "memory",
+            "-external-url",
+            url,
+            "-log-level",
+            "error",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         for _ in range(200):
             try:
@@ -34,8 +50,12 @@ def main() -> None:
                 break
             except OSError:
                 time.sleep(0.05)
-        urllib.request.urlopen(urllib.request.Request(f"{url}/storage/v1/b", data=json.dumps({"name": "bench-bucket"}).encode(),
-                                                      method="POST"), timeout=10).read()
+        urllib.request.urlopen(
+            urllib.request.Request(
+                f"{url}/storage/v1/b", data=json.dumps({"name": "bench-bucket"}).encode(), method="POST"
+            ),
+            timeout=10,
+        ).read()
         os.environ["STORAGE_EMULATOR_HOST"] = url
         import gcsfs
         import gcsfs.core
@@ -43,8 +63,10 @@ def main() -> None:
         print(f"gcsfs {gcsfs.__version__}: gcsfs.GCSFileSystem is {gcsfs.GCSFileSystem.__name__}")
         for cls in (gcsfs.core.GCSFileSystem, gcsfs.GCSFileSystem):
             fs = cls(token="anon", skip_instance_cache=True)
-            for what, call in (("write 1 KB", lambda fs=fs: fs.pipe_file("bench-bucket/t/a", b"x" * 1024)),
-                               ("prefix listing", lambda fs=fs: fs.find("bench-bucket/t", prefix="a"))):
+            for what, call in (
+                ("write 1 KB", lambda fs=fs: fs.pipe_file("bench-bucket/t/a", b"x" * 1024)),
+                ("prefix listing", lambda fs=fs: fs.find("bench-bucket/t", prefix="a")),
+            ):
                 t = time.perf_counter()
                 call()
                 print(f"{cls.__name__:24s} {what:16s} {time.perf_counter() - t:8.3f} s", flush=True)

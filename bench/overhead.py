@@ -109,8 +109,19 @@ def main() -> None:
         ckpt = str(root / f"{side}-{rep}")
         load1 = os.getloadavg()[0]
         if side == "plain_ws2":
-            rc, recs = run_records([*TORCHRUN, "-m", "bench.plain_loop", "--model", model, "--corpus",
-                                    str(TINY_CORPUS), "--steps", str(steps)])
+            rc, recs = run_records(
+                [
+                    *TORCHRUN,
+                    "-m",
+                    "bench.plain_loop",
+                    "--model",
+                    model,
+                    "--corpus",
+                    str(TINY_CORPUS),
+                    "--steps",
+                    str(steps),
+                ]
+            )
         elif side == "baton_ws2":
             rc, recs = run_records([*TORCHRUN, *baton_cmd(model, ckpt, steps)[1:]])
         elif side.startswith("plain"):

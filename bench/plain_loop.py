@@ -91,7 +91,9 @@ def main(argv: list[str] | None = None) -> int:
                 dist.all_reduce(flags)
                 value = flags[0].item() / world
             if rank == 0:
-                sys.stdout.write(json.dumps({"event": "step", "step": step, "time": time.time(), "loss": value}) + "\n")
+                sys.stdout.write(
+                    json.dumps({"event": "step", "step": step, "time": time.time(), "loss": value}) + "\n"
+                )
                 sys.stdout.flush()
             if step == a.steps:
                 break

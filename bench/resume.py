@@ -77,8 +77,9 @@ def baton_fabricate(sets: list[str], k: int) -> None:
 
 
 def hf_cmd(model: Path, corpus: Path, out: Path, total: int, *extra: str) -> list[str]:
-    return hf_peer_cmd(model, corpus, out, total, "--seq-len", str(SEQ), "--batch-size", "1", "--grad-accum", "1",
-                       *extra)
+    return hf_peer_cmd(
+        model, corpus, out, total, "--seq-len", str(SEQ), "--batch-size", "1", "--grad-accum", "1", *extra
+    )
 
 
 def hf_fabricate(model: Path, corpus: Path, out: Path, total: int, ks: list[int]) -> None:

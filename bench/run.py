@@ -227,8 +227,10 @@ def rerender_partial(target: Path, reps: int) -> int:
     first = min(f.stat().st_mtime for f in part.glob("*.json") if f.stem in SECTIONS)
     meta = {
         "total_s": time.time() - first,
-        "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(first)) + ", section by section (each finished at: "
-        + ", ".join(f"{n} {t}" for n, t in when.items()) + " UTC)",
+        "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(first))
+        + ", section by section (each finished at: "
+        + ", ".join(f"{n} {t}" for n, t in when.items())
+        + " UTC)",
         "reps": reps,
         "command": ".venv/bin/python -m bench.run --only SECTION[,SECTION...]   # each section, then:\n"
         ".venv/bin/python -m bench.run --rerender-partial",

@@ -39,23 +39,51 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _group(nodes: int, ranks: int, root: Path, model: Path, steps: int) -> tuple[list[int], list[dict], float]:
+def _group(
+    nodes: int, ranks: int, root: Path, model: Path, steps: int
+) -> tuple[list[int], list[dict], float]:
     """One start of the job: every node's steps.train at once. (exit codes, node 0's records, seconds)."""
-    sets = [f"model.path={model}", f"data.uri={TINY_CORPUS}", f"checkpoint.uri={root}", f"total_steps={steps}",
-            f"checkpoint.every_steps={max(1, steps // 2)}", "checkpoint.keep_last=3", "data.seq_len=64",
-            "data.batch_size=1", "notice.enabled=false", "name=bench-scale", "log_every=1000"]
+    sets = [
+        f"model.path={model}",
+        f"data.uri={TINY_CORPUS}",
+        f"checkpoint.uri={root}",
+        f"total_steps={steps}",
+        f"checkpoint.every_steps={max(1, steps // 2)}",
+        "checkpoint.keep_last=3",
+        "data.seq_len=64",
+        "data.batch_size=1",
+        "notice.enabled=false",
+        "name=bench-scale",
+        "log_every=1000",
+    ]
     port = _free_port()
     procs = []
     t0 = time.monotonic()
     for node in range(nodes):
         cmd = [PY, "-m", "steps.train", "--nproc", str(ranks), "--config", str(TINY_YAML)]
         if nodes > 1:
-            cmd += ["--nnodes", str(nodes), "--node-rank", str(node), "--master-addr", "127.0.0.1",
-                    "--master-port", str(port)]
+            cmd += [
+                "--nnodes",
+                str(nodes),
+                "--node-rank",
+                str(node),
+                "--master-addr",
+                "127.0.0.1",
+                "--master-port",
+                str(port),
+            ]
         for s in sets:
             cmd += ["--set", s]
-        procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                      env=child_env(BATON_GRACE="60"), cwd=REPO))
+        procs.append(
+            subprocess.Popen(
+                cmd,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env=child_env(BATON_GRACE="60"),
+                cwd=REPO,
+            )
+        )
     outs = [p.communicate(timeout=900) for p in procs]
     seconds = time.monotonic() - t0
     codes = [p.returncode for p in procs]
@@ -86,17 +114,29 @@ def measure(nodes: int, ranks: int, model: Path, steps: int, rep: int) -> dict[s
     files = _step_files(root, steps)
     data = [p for p in files if p.suffix == ".distcp"]
     return {
-        "exit": codes + codes2, "world": nodes * ranks, "train_s": round(train_s, 2), "restart_s": round(restart_s, 2),
-        "save_ms": {r["reason"]: r["save_ms"] for r in saves}, "bytes": saves[-1]["bytes"] if saves else None,
-        "files": len(files), "data_files": len(data), "largest_file": max((p.stat().st_size for p in data), default=0),
-        "phases": {k: v for k, v in (resume.get("phases") or {}).items()
-                   if k in ("init_s", "listing_s", "manifest_s", "load_verify_s", "restore_s")},
+        "exit": codes + codes2,
+        "world": nodes * ranks,
+        "train_s": round(train_s, 2),
+        "restart_s": round(restart_s, 2),
+        "save_ms": {r["reason"]: r["save_ms"] for r in saves},
+        "bytes": saves[-1]["bytes"] if saves else None,
+        "files": len(files),
+        "data_files": len(data),
+        "largest_file": max((p.stat().st_size for p in data), default=0),
+        "phases": {
+            k: v
+            for k, v in (resume.get("phases") or {}).items()
+            if k in ("init_s", "listing_s", "manifest_s", "load_verify_s", "restore_s")
+        },
     }
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.scale", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m bench.scale",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("--out", help="write the figures here as JSON (default: stdout)")
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--reps", type=int, default=2)
@@ -108,15 +148,24 @@ def main(argv: list[str] | None = None) -> int:
         for nodes, ranks in LAYOUTS:
             m = measure(nodes, ranks, model, args.steps, rep)
             runs.setdefault(f"{nodes}x{ranks}", []).append(m)
-            log(f"scale {nodes}x{ranks} rep {rep + 1}/{args.reps}: saves {m['save_ms']} ms, {m['bytes']} bytes in "
-                f"{m['files']} files, restart phases {m['phases']}")
-    out: dict[str, Any] = {"steps": args.steps, "reps": args.reps, "seconds": round(time.monotonic() - t0, 1),
-                           "layouts": {}}
+            log(
+                f"scale {nodes}x{ranks} rep {rep + 1}/{args.reps}: saves {m['save_ms']} ms, {m['bytes']} bytes in "
+                f"{m['files']} files, restart phases {m['phases']}"
+            )
+    out: dict[str, Any] = {
+        "steps": args.steps,
+        "reps": args.reps,
+        "seconds": round(time.monotonic() - t0, 1),
+        "layouts": {},
+    }
     for name, ms in runs.items():
         first = ms[0]
         out["layouts"][name] = {
-            "world": first["world"], "exit": sorted({c for m in ms for c in m["exit"]}),
-            "bytes": first["bytes"], "files": first["files"], "data_files": first["data_files"],
+            "world": first["world"],
+            "exit": sorted({c for m in ms for c in m["exit"]}),
+            "bytes": first["bytes"],
+            "files": first["files"],
+            "data_files": first["data_files"],
             "largest_file": first["largest_file"],
             "save_ms": {k: median([m["save_ms"].get(k, float("nan")) for m in ms]) for k in first["save_ms"]},
             "phases": {k: median([m["phases"].get(k, float("nan")) for m in ms]) for k in first["phases"]},

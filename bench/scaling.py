@@ -42,8 +42,10 @@ def state_of(nbytes: int) -> dict[str, Any]:
 
     n = max(1, nbytes // TENSOR)
     g = torch.Generator().manual_seed(0)
-    return {"model": {f"w{i}": torch.randn(TENSOR // 4, generator=g) for i in range(n)},
-            "progress": torch.tensor([0])}
+    return {
+        "model": {f"w{i}": torch.randn(TENSOR // 4, generator=g) for i in range(n)},
+        "progress": torch.tensor([0]),
+    }
 
 
 def raw_write(path: str, nbytes: int, noise: memoryview) -> float:
@@ -54,7 +56,7 @@ def raw_write(path: str, nbytes: int, noise: memoryview) -> float:
         left = nbytes
         while left > 0:
             n = min(left, chunk)
-            f.write(noise[: n])
+            f.write(noise[:n])
             left -= n
         f.flush()
         os.fsync(f.fileno())
@@ -117,8 +119,14 @@ def main() -> None:
         store = Store(f"file://{root}/s{int(size)}", "run", io_threads=4)
         attempt = store.claim_attempt({})
         step = 0
-        runs: dict[str, list[float]] = {"raw_write": [], "save": [], "raw_read": [], "load": [], "two_pass": [],
-                                        "hash": []}
+        runs: dict[str, list[float]] = {
+            "raw_write": [],
+            "save": [],
+            "raw_read": [],
+            "load": [],
+            "two_pass": [],
+            "hash": [],
+        }
         read_x: dict[str, list[float]] = {"load": [], "two_pass": []}  # bytes read / checkpoint bytes
         for _, side in interleaved(args.reps, ["raw_write", "save"]):
             if side == "raw_write":
@@ -130,8 +138,10 @@ def main() -> None:
                 runs[side].append(time.perf_counter() - t)
                 if step > 1:
                     store.delete_step(step - 1)
-        template = {"model": {k: torch.empty_like(v) for k, v in state["model"].items()},
-                    "progress": torch.zeros(1, dtype=torch.int64)}
+        template = {
+            "model": {k: torch.empty_like(v) for k, v in state["model"].items()},
+            "progress": torch.zeros(1, dtype=torch.int64),
+        }
         for _, side in interleaved(args.reps, ["raw_read", "load", "two_pass", "hash"]):
             if side == "raw_read":
                 runs[side].append(raw_read(store.step_path(step)))
@@ -140,7 +150,9 @@ def main() -> None:
                 t = time.perf_counter()
                 manifest = store.read_manifest(step)
                 store.verify_files(step, manifest)
-                dcp.load(template, storage_reader=dcp.FileSystemReader(store.step_path(step)))  # the second read
+                dcp.load(
+                    template, storage_reader=dcp.FileSystemReader(store.step_path(step))
+                )  # the second read
                 runs[side].append(time.perf_counter() - t)
                 read_x[side].append((rchar() - r0) / nbytes)
             elif side == "hash":
@@ -153,8 +165,12 @@ def main() -> None:
                 read_x[side].append((rchar() - r0) / nbytes)
                 assert got is not None and got[0] == step
 
-        per_size[str(int(size))] = {"bytes": nbytes, "runs": runs, **{f"{k}_s": median(v) for k, v in runs.items()},
-                                    **{f"{k}_read_x": median(v) for k, v in read_x.items()}}
+        per_size[str(int(size))] = {
+            "bytes": nbytes,
+            "runs": runs,
+            **{f"{k}_s": median(v) for k, v in runs.items()},
+            **{f"{k}_read_x": median(v) for k, v in read_x.items()},
+        }
         log(f"scaling {nbytes / 1e9:.2f} GB: " + ", ".join(f"{k} {median(v):.2f} s" for k, v in runs.items()))
         shutil.rmtree(root / f"s{int(size)}", ignore_errors=True)
         del state, template, got
@@ -163,6 +179,7 @@ def main() -> None:
     for side in ("raw_write", "save", "raw_read", "load", "two_pass", "hash"):
         b, a = slope(xs, [v[f"{side}_s"] for v in per_size.values()])
         fits[side] = {"s_per_GB": b, "GBps": 1 / b if b > 0 else None, "intercept_s": a}
+
     # Listing: flat in the number of checkpoints.
     def listing_s(uri_of, reps: int) -> dict[str, float]:
         """Median seconds to list n committed checkpoints (n = 3 and 30) of a store at uri_of(n)."""
@@ -186,7 +203,9 @@ def main() -> None:
 
     with LocalS3() as s3:
         listing_s3 = listing_s(lambda n: s3.uri(f"list{n}"), max(5, args.reps))
-    write_result(args.result, {"sizes": per_size, "fits": fits, "listing_s": listing, "listing_s3_s": listing_s3})
+    write_result(
+        args.result, {"sizes": per_size, "fits": fits, "listing_s": listing, "listing_s3_s": listing_s3}
+    )
 
 
 if __name__ == "__main__":

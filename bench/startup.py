@@ -51,12 +51,27 @@ CONFIG = REPO / "trainer" / "configs" / "tiny.yaml"
 K = 10
 STEADY_FROM, STEADY_TO = K + 3, K + 6
 SIZES: dict[str, dict[str, Any]] = {
-    "17m": dict(hidden_size=256, intermediate_size=768, num_hidden_layers=2, num_attention_heads=4,
-                num_key_value_heads=2, vocab_size=32000, max_position_embeddings=512, tie_word_embeddings=False),
+    "17m": dict(
+        hidden_size=256,
+        intermediate_size=768,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=32000,
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
+    ),
     "125m": BIG_ARCH,
-    "0.5b-shape": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=4, num_attention_heads=14,
-                       num_key_value_heads=2, vocab_size=151936, max_position_embeddings=512,
-                       tie_word_embeddings=True),
+    "0.5b-shape": dict(
+        hidden_size=896,
+        intermediate_size=4864,
+        num_hidden_layers=4,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+        vocab_size=151936,
+        max_position_embeddings=512,
+        tie_word_embeddings=True,
+    ),
 }
 QUICK_SIZES = ("17m",)
 
@@ -68,7 +83,9 @@ def build_model(name: str, arch: dict[str, Any]) -> tuple[Path, int]:
 
     out = WORK / "models" / f"startup-{name}"
     tok = AutoTokenizer.from_pretrained(tiny_model())
-    config = Qwen2Config(eos_token_id=tok.eos_token_id, bos_token_id=tok.eos_token_id, attention_dropout=0.0, **arch)
+    config = Qwen2Config(
+        eos_token_id=tok.eos_token_id, bos_token_id=tok.eos_token_id, attention_dropout=0.0, **arch
+    )
     with torch.random.fork_rng():
         torch.manual_seed(1234)
         model = Qwen2ForCausalLM(config)
@@ -83,9 +100,16 @@ def build_model(name: str, arch: dict[str, Any]) -> tuple[Path, int]:
 
 
 def sets(model: Path, ckpt: Path) -> list[str]:
-    return [f"name=bench-startup-{model.name}", f"model.path={model}", f"data.uri={TINY_CORPUS}",
-            f"total_steps={K + 1000}", f"checkpoint.uri=file://{ckpt}", "checkpoint.every_steps=0",
-            "notice.enabled=false", "log_every=100000"]
+    return [
+        f"name=bench-startup-{model.name}",
+        f"model.path={model}",
+        f"data.uri={TINY_CORPUS}",
+        f"total_steps={K + 1000}",
+        f"checkpoint.uri=file://{ckpt}",
+        "checkpoint.every_steps=0",
+        "notice.enabled=false",
+        "log_every=100000",
+    ]
 
 
 def fabricate(s: list[str], ckpt: Path) -> tuple[Path, int]:
@@ -109,17 +133,23 @@ def raw_read(folder: Path) -> float:
 
 
 def bare_imports(paused: bool = False) -> float:
-    code = ("from trainer import collector; collector.pause(); " if paused else "") + "import torch, transformers"
+    code = (
+        "from trainer import collector; collector.pause(); " if paused else ""
+    ) + "import torch, transformers"
     t0 = time.monotonic()
     subprocess.run([PY, "-c", code], check=True, env=child_env(), cwd=REPO)
     return time.monotonic() - t0
 
 
 def restart(cmd: list[str]) -> dict[str, Any]:
-    secs, recs, _ = timed_until(cmd, lambda r: r.get("event") == "step" and r.get("step") == STEADY_TO, timeout=600)
+    secs, recs, _ = timed_until(
+        cmd, lambda r: r.get("event") == "step" and r.get("step") == STEADY_TO, timeout=600
+    )
     steps = {r["step"]: r["time"] for r in recs if r.get("event") == "step"}
     if secs is None or min(steps, default=None) != K + 1:
-        raise RuntimeError(f"the restart did not resume at step {K + 1} and reach {STEADY_TO}: steps {sorted(steps)}")
+        raise RuntimeError(
+            f"the restart did not resume at step {K + 1} and reach {STEADY_TO}: steps {sorted(steps)}"
+        )
     gaps = [steps[s + 1] - steps[s] for s in range(STEADY_FROM, STEADY_TO)]
     first = secs - (steps[STEADY_TO] - steps[K + 1])  # spawn to the first step record
     phases = next((r.get("phases") for r in recs if r.get("event") == "resume"), None) or {}
@@ -142,8 +172,13 @@ def main() -> None:
             cmd += ["--set", x]
         runs: dict[str, list[Any]] = {"restart": [], "imports": [], "imports_paused": [], "raw_read": []}
         for rep, side in interleaved(args.reps, list(runs)):
-            value = (restart(cmd) if side == "restart" else raw_read(folder) if side == "raw_read"
-                     else bare_imports(paused=side == "imports_paused"))
+            value = (
+                restart(cmd)
+                if side == "restart"
+                else raw_read(folder)
+                if side == "raw_read"
+                else bare_imports(paused=side == "imports_paused")
+            )
             runs[side].append(value)
             shown = value["first_step_s"] if side == "restart" else value
             log(f"startup {name} rep {rep + 1}/{args.reps} {side}: {shown:.2f} s")
@@ -153,12 +188,19 @@ def main() -> None:
         paused = median(runs["imports_paused"])
         phased = [r["phases"] for r in runs["restart"] if r["phases"]]
         result["sizes"][name] = {
-            "params": count, "checkpoint_bytes": nbytes, "first_step_s": first, "steady_step_s": step,
-            "imports_s": imports, "raw_read_s": read, "floor_s": imports + read + step,
+            "params": count,
+            "checkpoint_bytes": nbytes,
+            "first_step_s": first,
+            "steady_step_s": step,
+            "imports_s": imports,
+            "raw_read_s": read,
+            "floor_s": imports + read + step,
             "ratio": first / (imports + read + step),
-            "imports_paused_s": paused, "ratio_paused": first / (paused + read + step),
+            "imports_paused_s": paused,
+            "ratio_paused": first / (paused + read + step),
             "phases": {k: median([p[k] for p in phased if k in p]) for k in (phased[0] if phased else {})},
-            "runs": runs}
+            "runs": runs,
+        }
         shutil.rmtree(ckpt, ignore_errors=True)
     shutil.rmtree(root, ignore_errors=True)
     write_result(args.result, result)

@@ -25,10 +25,24 @@ from bench.common import REPO, log
 
 
 def _row(report: dict[str, Any]) -> dict[str, Any]:
-    return {k: report.get(k) for k in ("tier", "passed", "verdict", "floor_l2", "l2_diff", "diff_over_floor",
-                                       "floor", "max_abs_diff", "differing_count", "tensors")} | {
+    return {
+        k: report.get(k)
+        for k in (
+            "tier",
+            "passed",
+            "verdict",
+            "floor_l2",
+            "l2_diff",
+            "diff_over_floor",
+            "floor",
+            "max_abs_diff",
+            "differing_count",
+            "tensors",
+        )
+    } | {
         "exact_failures": len(report.get("exact_failures") or []),
-        "components": [(c["component"], c["differing"], c["l2_share"]) for c in report.get("components", [])]}
+        "components": [(c["component"], c["differing"], c["l2_share"]) for c in report.get("components", [])],
+    }
 
 
 def baton_cases(model: Path, work: Path) -> dict[str, Any]:
@@ -36,14 +50,19 @@ def baton_cases(model: Path, work: Path) -> dict[str, Any]:
     from tests.unit import test_tier2 as t2
 
     first = t2._interrupted(model, work / "first" / "ckpt", seed=3)
-    runs = {"reference": t2._full(model, work / "ref", seed=1), "replay": t2._full(model, work / "rep", seed=2),
-            "trial": t2._resumed(model, first, work / "trial" / "ckpt", seed=3)}
+    runs = {
+        "reference": t2._full(model, work / "ref", seed=1),
+        "replay": t2._full(model, work / "rep", seed=2),
+        "trial": t2._resumed(model, first, work / "trial" / "ckpt", seed=3),
+    }
     for part in t2.SKIPPABLE:
         runs[part] = t2._resumed(model, first, work / part / "ckpt", seed=3, BATON_SKIP_RESTORE=part)
     out = {}
     for case in ("trial", *t2.SKIPPABLE):
         roles = {"reference": runs["reference"], "replay": runs["replay"], "trial": runs[case]}
-        report = helpers.judged({r: v[1] for r, v in roles.items()}, {r: v[2] for r, v in roles.items()}, t2.TOTAL, 2)
+        report = helpers.judged(
+            {r: v[1] for r, v in roles.items()}, {r: v[2] for r, v in roles.items()}, t2.TOTAL, 2
+        )
         out["correct" if case == "trial" else f"skip {case}"] = _row(report)
         log(f"baton {case}: {report['verdict'][:120]}")
     return out
@@ -62,8 +81,11 @@ def hf_cases(model: Path, work: Path) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.tier2", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m bench.tier2",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("--out", help="write the figures here as JSON (default: stdout)")
     args = ap.parse_args(argv)
     from trainer.data import read_documents
@@ -72,9 +94,14 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
     work = Path(tempfile.mkdtemp(prefix="baton-tier2-"))
     try:
-        model = build_tiny_qwen2(work / "tiny-qwen2", read_documents(str(REPO / "trainer/assets/tiny_corpus.txt")))
-        result = {"baton": baton_cases(model, work / "baton"), "hf": hf_cases(model, work / "hf"),
-                  "seconds": round(time.monotonic() - t0, 1)}
+        model = build_tiny_qwen2(
+            work / "tiny-qwen2", read_documents(str(REPO / "trainer/assets/tiny_corpus.txt"))
+        )
+        result = {
+            "baton": baton_cases(model, work / "baton"),
+            "hf": hf_cases(model, work / "hf"),
+            "seconds": round(time.monotonic() - t0, 1),
+        }
     finally:
         shutil.rmtree(work, ignore_errors=True)
     text = json.dumps(result, indent=1, default=str)

@@ -79,18 +79,38 @@ BYTES = {"float32": 4, "bfloat16": 2}
 
 # ---- the drill's config ------------------------------------------------------------------------------
 
-def drill_config(model_dir: Path | str, corpus: Path | str, *, name: str = "gpu-qwen2.5-0.5b-shape",
-                 dtype: str = "bfloat16", seq_len: int = 512, batch_size: int = 4, grad_accum: int = 2,
-                 every_steps: int = 50, total_steps: int = 100, dropout: float = 0.1, seed: int = 0) -> dict[str, Any]:
+
+def drill_config(
+    model_dir: Path | str,
+    corpus: Path | str,
+    *,
+    name: str = "gpu-qwen2.5-0.5b-shape",
+    dtype: str = "bfloat16",
+    seq_len: int = 512,
+    batch_size: int = 4,
+    grad_accum: int = 2,
+    every_steps: int = 50,
+    total_steps: int = 100,
+    dropout: float = 0.1,
+    seed: int = 0,
+) -> dict[str, Any]:
     """A trainer config for the drill. The drill overrides checkpoint.uri, total_steps, seed, dropout and
     every_steps per role; keep_last 1 (and no keep-best) bounds the disk: three runs of ~3 GB checkpoints."""
     from trainer.config import CheckpointConfig
 
-    ck: dict[str, Any] = {"uri": "file:///the-drill-sets-checkpoint.uri", "every_steps": every_steps, "keep_last": 1}
+    ck: dict[str, Any] = {
+        "uri": "file:///the-drill-sets-checkpoint.uri",
+        "every_steps": every_steps,
+        "keep_last": 1,
+    }
     if "keep_best_metric" in {f.name for f in dataclasses.fields(CheckpointConfig)}:
         ck["keep_best_metric"] = ""
     return {
-        "name": name, "seed": seed, "total_steps": total_steps, "deterministic": True, "log_every": 10,
+        "name": name,
+        "seed": seed,
+        "total_steps": total_steps,
+        "deterministic": True,
+        "log_every": 10,
         "model": {"path": str(model_dir), "dtype": dtype, "dropout": dropout},
         "data": {"uri": str(corpus), "seq_len": seq_len, "batch_size": batch_size, "grad_accum": grad_accum},
         "optim": {"lr": 1e-4, "warmup_steps": 10},
@@ -110,6 +130,7 @@ def write_drill_config(path: Path, raw: dict[str, Any]) -> Path:
 
 # ---- running a phase -------------------------------------------------------------------------------------
 
+
 @dataclasses.dataclass
 class Phase:
     name: str
@@ -125,8 +146,15 @@ class Phase:
         return not self.skipped and not self.timed_out and not self.error and self.rc == 0
 
     def summary(self) -> dict[str, Any]:
-        return {"ok": self.ok, "rc": self.rc, "seconds": round(self.seconds, 1), "timed_out": self.timed_out,
-                "skipped": self.skipped or None, "error": self.error or None, "log": self.log or None}
+        return {
+            "ok": self.ok,
+            "rc": self.rc,
+            "seconds": round(self.seconds, 1),
+            "timed_out": self.timed_out,
+            "skipped": self.skipped or None,
+            "error": self.error or None,
+            "log": self.log or None,
+        }
 
 
 def _killpg(pgid: int, sig: int) -> None:
@@ -136,16 +164,31 @@ def _killpg(pgid: int, sig: int) -> None:
         pass
 
 
-def run_phase(phase: Phase, cmd: list[str], timeout: float, log_path: Path, env: dict[str, str] | None = None,
-              echo: bool = True, on_timeout=None) -> Phase:
+def run_phase(
+    phase: Phase,
+    cmd: list[str],
+    timeout: float,
+    log_path: Path,
+    env: dict[str, str] | None = None,
+    echo: bool = True,
+    on_timeout=None,
+) -> Phase:
     """Run `cmd` in its own process group, its output to `log_path` (and echoed). At `timeout`: SIGTERM to
     the group, SIGKILL 30 s later, then `on_timeout()` (to reap what the phase started in other sessions)."""
     phase.log = str(log_path)
     t0 = time.monotonic()
     print(f"== {phase.name}: {shlex.join(cmd)}  (timeout {timeout:.0f} s)", flush=True)
     with open(log_path, "w") as log:
-        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO,
-                             env=env, start_new_session=True, bufsize=1)
+        p = subprocess.Popen(
+            cmd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            cwd=REPO,
+            env=env,
+            start_new_session=True,
+            bufsize=1,
+        )
 
         def pump() -> None:
             assert p.stdout is not None
@@ -221,8 +264,12 @@ def _has(module: str) -> bool:
 
 def child_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("BATON_")}
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), *[p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]])
-    env.update(PYTHONUNBUFFERED="1", CUBLAS_WORKSPACE_CONFIG=env.get("CUBLAS_WORKSPACE_CONFIG", ":4096:8"), **extra)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(REPO), *[p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]]
+    )
+    env.update(
+        PYTHONUNBUFFERED="1", CUBLAS_WORKSPACE_CONFIG=env.get("CUBLAS_WORKSPACE_CONFIG", ":4096:8"), **extra
+    )
     return env
 
 
@@ -245,8 +292,12 @@ class MemorySampler:
     def _run(self) -> None:
         while not self._stop.wait(2.0):
             try:
-                out = subprocess.run([self._smi, "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
-                                     capture_output=True, text=True, timeout=10).stdout
+                out = subprocess.run(
+                    [self._smi, "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+                    capture_output=True,
+                    text=True,
+                    timeout=10,
+                ).stdout
                 used = sum(int(x) for x in out.split() if x.strip().isdigit())
                 self.peak_mib = max(self.peak_mib or 0, used)
             except (OSError, subprocess.SubprocessError, ValueError):
@@ -266,13 +317,18 @@ def check(args: argparse.Namespace, argv: list[str]) -> int:
         return EXIT_NO_CUDA
     if out.exists() and any(out.iterdir()):
         if not (out / "gpu-check.json").exists():
-            raise SystemExit(f"error: {out} holds something else than an earlier check's results; choose another --out")
+            raise SystemExit(
+                f"error: {out} holds something else than an earlier check's results; choose another --out"
+            )
         shutil.rmtree(out)  # an earlier check's results: replaced
     out.mkdir(parents=True, exist_ok=True)
     result: dict[str, Any] = {
         "command": "python -m gpu.check" + (" " + shlex.join(argv) if argv else ""),
-        "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"), "passed": False, "ranks": args.ranks,
-        "budget_s": args.budget, "phases": {},
+        "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "passed": False,
+        "ranks": args.ranks,
+        "budget_s": args.budget,
+        "phases": {},
     }
     phases: dict[str, Phase] = {}
 
@@ -286,18 +342,26 @@ def check(args: argparse.Namespace, argv: list[str]) -> int:
         (out / "gpu-check.md").write_text(markdown(result))
 
     try:
-        result["device"] = device_info() if cuda else {"name": "CPU (--allow-cpu: plumbing only)", "count": 0,
-                                                        "torch": torch.__version__}
+        result["device"] = (
+            device_info()
+            if cuda
+            else {"name": "CPU (--allow-cpu: plumbing only)", "count": 0, "torch": torch.__version__}
+        )
     except (RuntimeError, subprocess.SubprocessError, json.JSONDecodeError) as e:
         phases["device"] = Phase("device", error=str(e))
         save()
         print(f"error: {e}")
         return EXIT_FAIL
     dev = result["device"]
-    print(f"GPU check on {dev.get('name')} x {dev.get('count')}, torch {dev.get('torch')}, CUDA {dev.get('cuda')}; "
-          f"budget {args.budget:.0f} s; results in {out}", flush=True)
+    print(
+        f"GPU check on {dev.get('name')} x {dev.get('count')}, torch {dev.get('torch')}, CUDA {dev.get('cuda')}; "
+        f"budget {args.budget:.0f} s; results in {out}",
+        flush=True,
+    )
     if args.ranks > max(1, int(dev.get("count") or 0)) and cuda:
-        raise SystemExit(f"error: --ranks {args.ranks} needs {args.ranks} GPUs, this machine has {dev.get('count')}")
+        raise SystemExit(
+            f"error: --ranks {args.ranks} needs {args.ranks} GPUs, this machine has {dev.get('count')}"
+        )
 
     # 2. the model, built on the CPU while the pre-flight has the GPU
     mp = Phase("model")
@@ -312,12 +376,24 @@ def check(args: argparse.Namespace, argv: list[str]) -> int:
     else:
         shape = "tiny" if args.tiny else "qwen2.5-0.5b-shape"
         model_dir = (Path(args.model_cache) / f"{shape}-{args.dtype}").resolve()
-        source = "Qwen2.5-0.5B shape, random weights" if not args.tiny else "tiny shape (--tiny), random weights"
-        cmd = [sys.executable, str(Path(__file__).resolve()), "build-model", str(model_dir), "--dtype", args.dtype]
+        source = (
+            "Qwen2.5-0.5B shape, random weights" if not args.tiny else "tiny shape (--tiny), random weights"
+        )
+        cmd = [
+            sys.executable,
+            str(Path(__file__).resolve()),
+            "build-model",
+            str(model_dir),
+            "--dtype",
+            args.dtype,
+        ]
         if args.tiny:
             cmd.append("--tiny")
-        builder = threading.Thread(target=run_phase, args=(mp, cmd, min(TIMEOUTS["model"], left() - 30),
-                                                           out / "model.log"), kwargs={"env": child_env()})
+        builder = threading.Thread(
+            target=run_phase,
+            args=(mp, cmd, min(TIMEOUTS["model"], left() - 30), out / "model.log"),
+            kwargs={"env": child_env()},
+        )
         builder.start()
 
     # 1. pre-flight
@@ -330,10 +406,28 @@ def check(args: argparse.Namespace, argv: list[str]) -> int:
         junit = out / "preflight.xml"
         # -v: a line per test as it ends, so a phase cut off at its timeout still says how far it got;
         # a per-test timeout (pytest-timeout, where installed) keeps one hung test from taking the phase.
-        per_test = [f"--timeout={TIMEOUTS['test']}"] if _has("pytest_timeout") else []  # its entry point loads it
-        run_phase(pf, [sys.executable, "-m", "pytest", "-v", "-ra", "-p", "no:cacheprovider", *per_test, "tests/gpu",
-                       f"--junitxml={junit}"], min(TIMEOUTS["preflight"], max(30.0, left() - 60)),
-                  out / "preflight.log", env=child_env(BATON_GPU_MEASURE=str(measure)), echo=args.verbose)
+        per_test = (
+            [f"--timeout={TIMEOUTS['test']}"] if _has("pytest_timeout") else []
+        )  # its entry point loads it
+        run_phase(
+            pf,
+            [
+                sys.executable,
+                "-m",
+                "pytest",
+                "-v",
+                "-ra",
+                "-p",
+                "no:cacheprovider",
+                *per_test,
+                "tests/gpu",
+                f"--junitxml={junit}",
+            ],
+            min(TIMEOUTS["preflight"], max(30.0, left() - 60)),
+            out / "preflight.log",
+            env=child_env(BATON_GPU_MEASURE=str(measure)),
+            echo=args.verbose,
+        )
         if junit.exists():
             result["preflight"] = {**junit_counts(junit), "measurements": read_jsonl(measure)}
         if pf.rc == 5:  # pytest: no tests collected
@@ -348,17 +442,22 @@ def check(args: argparse.Namespace, argv: list[str]) -> int:
             from transformers import AutoConfig, AutoTokenizer
 
             config = AutoConfig.from_pretrained(model_dir)
-            result["model"] = {"source": source, "path": str(model_dir), "dtype": args.dtype,
-                               "parameters": parameter_count(config), "vocab_size": config.vocab_size,
-                               "tokenizer_size": len(AutoTokenizer.from_pretrained(model_dir)),
-                               "shape": {k: getattr(config, k, None) for k in QWEN25_05B if k != "rope_theta"}}
+            result["model"] = {
+                "source": source,
+                "path": str(model_dir),
+                "dtype": args.dtype,
+                "parameters": parameter_count(config),
+                "vocab_size": config.vocab_size,
+                "tokenizer_size": len(AutoTokenizer.from_pretrained(model_dir)),
+                "shape": {k: getattr(config, k, None) for k in QWEN25_05B if k != "rope_theta"},
+            }
         except Exception as e:  # a folder that does not load is this phase's failure, said plainly
             mp.error = f"the model folder does not load: {type(e).__name__}: {e}"
     save()
 
     # 3. the drills: deterministic (Tier 1), then fast (a solo throughput run, then a Tier 2 drill)
     for mode in modes(args.mode):
-        for kind in (("solo", "drill") if mode == "fast" else ("drill",)):
+        for kind in ("solo", "drill") if mode == "fast" else ("drill",):
             name = kind if mode == "deterministic" else f"{kind}-fast"
             dp = phases[name] = Phase(name)
             if args.skip_drill:
@@ -375,12 +474,16 @@ def check(args: argparse.Namespace, argv: list[str]) -> int:
                     dp.error = dp.error or f"{type(e).__name__}: {e}"
             save()
 
-    result["passed"] = all(p.ok or (p.skipped and name.split("-")[0] in args.skipped_ok) for name, p in phases.items())
+    result["passed"] = all(
+        p.ok or (p.skipped and name.split("-")[0] in args.skipped_ok) for name, p in phases.items()
+    )
     save()
     print()
     print(console(result))
-    print(f"check {'PASSED' if result['passed'] else 'FAILED'} in {time.monotonic() - started:.0f} s; "
-          f"{out / 'gpu-check.json'}, {out / 'gpu-check.md'}")
+    print(
+        f"check {'PASSED' if result['passed'] else 'FAILED'} in {time.monotonic() - started:.0f} s; "
+        f"{out / 'gpu-check.json'}, {out / 'gpu-check.md'}"
+    )
     return EXIT_OK if result["passed"] else EXIT_FAIL
 
 
@@ -399,27 +502,59 @@ def geometry(args: argparse.Namespace, mode: str) -> dict[str, int]:
     return g
 
 
-def mode_config(args: argparse.Namespace, out: Path, model_dir: Path, corpus: Path, mode: str) -> tuple[Path, dict]:
+def mode_config(
+    args: argparse.Namespace, out: Path, model_dir: Path, corpus: Path, mode: str
+) -> tuple[Path, dict]:
     g = geometry(args, mode)
-    raw = drill_config(model_dir, corpus, name="gpu-" + ("tiny" if args.tiny else Path(model_dir).name.replace("_", "-")),
-                       dtype=args.dtype, seq_len=g["seq_len"], batch_size=g["batch_size"], grad_accum=g["grad_accum"],
-                       every_steps=g["every_steps"], total_steps=g["steps"])
+    raw = drill_config(
+        model_dir,
+        corpus,
+        name="gpu-" + ("tiny" if args.tiny else Path(model_dir).name.replace("_", "-")),
+        dtype=args.dtype,
+        seq_len=g["seq_len"],
+        batch_size=g["batch_size"],
+        grad_accum=g["grad_accum"],
+        every_steps=g["every_steps"],
+        total_steps=g["steps"],
+    )
     if mode == "fast":
         raw = fast_config(raw)
     suffix = "" if mode == "deterministic" else f"-{mode}"
     return write_drill_config(out / f"drill-config{suffix}.yaml", raw), g
 
 
-def run_solo(args: argparse.Namespace, dp: Phase, result: dict[str, Any], out: Path, model_dir: Path, corpus: Path,
-             left, mode: str) -> None:
+def run_solo(
+    args: argparse.Namespace,
+    dp: Phase,
+    result: dict[str, Any],
+    out: Path,
+    model_dir: Path,
+    corpus: Path,
+    left,
+    mode: str,
+) -> None:
     """The fast configuration's reference alone on the GPU, no checkpoints: tokens/s and MFU."""
     cfg_path, g = mode_config(args, out, model_dir, corpus, mode)
     solo = out / f"solo-{mode}"
     shutil.rmtree(solo, ignore_errors=True)
     steps = args.solo_steps
-    cmd = [sys.executable, "-m", "steps.train", "--nproc", str(args.ranks), "--config", str(cfg_path),
-           "--set", f"checkpoint.uri=file://{solo}/ckpt", "--set", f"total_steps={steps}",
-           "--set", "checkpoint.every_steps=0", "--set", "model.dropout=0.1"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "steps.train",
+        "--nproc",
+        str(args.ranks),
+        "--config",
+        str(cfg_path),
+        "--set",
+        f"checkpoint.uri=file://{solo}/ckpt",
+        "--set",
+        f"total_steps={steps}",
+        "--set",
+        "checkpoint.every_steps=0",
+        "--set",
+        "model.dropout=0.1",
+    ]
     run_phase(dp, cmd, min(left() - 60, 240), out / f"solo-{mode}.log", env=child_env(), echo=args.verbose)
     recs = [r for r in read_jsonl(out / f"solo-{mode}.log") if r.get("event") == "step"]
     steady = sorted(r["tokens_per_s"] for r in recs if r.get("step", 0) > args.warmup_steps)
@@ -428,17 +563,34 @@ def run_solo(args: argparse.Namespace, dp: Phase, result: dict[str, Any], out: P
     shape = m.get("shape") or {}
     peak = peak_flops(str((result.get("device") or {}).get("name", "")))
     result[f"solo_{mode}"] = {
-        "steps": steps, "seq_len": g["seq_len"], "tokens_per_step": g["seq_len"] * g["batch_size"] * g["grad_accum"] * args.ranks,
-        "tokens_per_s": tps, "peak_flops": peak,
-        "mfu": mfu(tps, int(m.get("parameters") or 0), int(shape.get("num_hidden_layers") or 0),
-                   int(shape.get("hidden_size") or 0), g["seq_len"], peak and peak * args.ranks),
+        "steps": steps,
+        "seq_len": g["seq_len"],
+        "tokens_per_step": g["seq_len"] * g["batch_size"] * g["grad_accum"] * args.ranks,
+        "tokens_per_s": tps,
+        "peak_flops": peak,
+        "mfu": mfu(
+            tps,
+            int(m.get("parameters") or 0),
+            int(shape.get("num_hidden_layers") or 0),
+            int(shape.get("hidden_size") or 0),
+            g["seq_len"],
+            peak and peak * args.ranks,
+        ),
     }
     if dp.ok and tps is None:
         dp.error = f"no step records after the first {args.warmup_steps} steps"
 
 
-def run_drill(args: argparse.Namespace, dp: Phase, result: dict[str, Any], out: Path, model_dir: Path, corpus: Path,
-              left, mode: str = "deterministic") -> None:
+def run_drill(
+    args: argparse.Namespace,
+    dp: Phase,
+    result: dict[str, Any],
+    out: Path,
+    model_dir: Path,
+    corpus: Path,
+    left,
+    mode: str = "deterministic",
+) -> None:
     """Write the drill's config, check the disk, run the drill, read its report and evidence."""
     cfg_path, g = mode_config(args, out, model_dir, corpus, mode)
     seq = g["seq_len"]
@@ -447,22 +599,58 @@ def run_drill(args: argparse.Namespace, dp: Phase, result: dict[str, Any], out: 
     ckpt_bytes = params * BYTES[args.dtype] * 3  # weights and the two Adam moments
     need = ckpt_bytes * 7  # three runs, up to two checkpoints each while a new one commits, and slack
     free = shutil.disk_usage(out).free
-    d: dict[str, Any] = {"mode": mode, "total_steps": g["steps"], "evictions": g["evictions"], "ranks": args.ranks,
-                         "seq_len": seq, "tokens_per_step": seq * g["batch_size"] * g["grad_accum"] * args.ranks,
-                         "config": str(cfg_path), "grace_s": DRILL_GRACE_S, "disk_free_gb": round(free / 1e9, 1)}
+    d: dict[str, Any] = {
+        "mode": mode,
+        "total_steps": g["steps"],
+        "evictions": g["evictions"],
+        "ranks": args.ranks,
+        "seq_len": seq,
+        "tokens_per_step": seq * g["batch_size"] * g["grad_accum"] * args.ranks,
+        "config": str(cfg_path),
+        "grace_s": DRILL_GRACE_S,
+        "disk_free_gb": round(free / 1e9, 1),
+    }
     result["drill" + suffix.replace("-", "_")] = d
     if free < need:
-        dp.error = (f"not enough disk under {out}: {free / 1e9:.1f} GB free, the drill needs about {need / 1e9:.1f} GB "
-                    f"(three runs of {ckpt_bytes / 1e9:.1f} GB checkpoints)")
+        dp.error = (
+            f"not enough disk under {out}: {free / 1e9:.1f} GB free, the drill needs about {need / 1e9:.1f} GB "
+            f"(three runs of {ckpt_bytes / 1e9:.1f} GB checkpoints)"
+        )
         return
     drill_out = out / f"drill{suffix}"
-    cmd = [sys.executable, str(REPO / "workflows" / "equivalence.py"), "run", "--out", str(drill_out), "--force",
-           "-p", f"config={cfg_path}", "-p", f"total_steps={g['steps']}", "-p", f"evictions={g['evictions']}",
-           "-p", f"grace={DRILL_GRACE_S}", "-p", f"every_steps={g['every_steps']}", "-p", "dropout=0.1",
-           "-p", f"ranks={args.ranks}", "-p", "seed=0"]
+    cmd = [
+        sys.executable,
+        str(REPO / "workflows" / "equivalence.py"),
+        "run",
+        "--out",
+        str(drill_out),
+        "--force",
+        "-p",
+        f"config={cfg_path}",
+        "-p",
+        f"total_steps={g['steps']}",
+        "-p",
+        f"evictions={g['evictions']}",
+        "-p",
+        f"grace={DRILL_GRACE_S}",
+        "-p",
+        f"every_steps={g['every_steps']}",
+        "-p",
+        "dropout=0.1",
+        "-p",
+        f"ranks={args.ranks}",
+        "-p",
+        "seed=0",
+    ]
     with MemorySampler() as mem:
-        run_phase(dp, cmd, left() - 15, out / f"drill{suffix}.log", env=child_env(),
-                  on_timeout=lambda: reap_pods(drill_out / "argo" / "pods"))
+        run_phase(
+            dp,
+            cmd,
+            left() - 15,
+            out / f"drill{suffix}.log",
+            env=child_env(),
+            on_timeout=lambda: reap_pods(drill_out / "argo" / "pods"),
+        )
     d["gpu_memory_peak_mib"] = mem.peak_mib
     from steps.lib.contract import LOSS_PNG, REPORT_JSON, REPORT_MD, ROLES, local_drills, role_root
 
@@ -490,7 +678,9 @@ def main(argv: list[str] | None = None) -> int:
         bp.add_argument("out_dir")
         bp.add_argument("--dtype", choices=sorted(BYTES), default="bfloat16")
         bp.add_argument("--tiny", action="store_true", help="the tiny shape (a dry run), not Qwen2.5-0.5B")
-        bp.add_argument("--corpus", default=str(CORPUS), help="tokenizer training text (default: the shipped corpus)")
+        bp.add_argument(
+            "--corpus", default=str(CORPUS), help="tokenizer training text (default: the shipped corpus)"
+        )
         a = bp.parse_args(argv[1:])
         from trainer.data import read_documents
 
@@ -498,43 +688,77 @@ def main(argv: list[str] | None = None) -> int:
         path = build_model(a.out_dir, read_documents(a.corpus), dtype=a.dtype, tiny=a.tiny)
         print(f"model at {path} ({time.monotonic() - t0:.0f} s)")
         return 0
-    ap = argparse.ArgumentParser(prog="python -m gpu.check", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default=str(REPO / "out" / "gpu-check"), help="results folder (default out/gpu-check)")
+    ap = argparse.ArgumentParser(
+        prog="python -m gpu.check", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--out", default=str(REPO / "out" / "gpu-check"), help="results folder (default out/gpu-check)"
+    )
     ap.add_argument("--model", help="a local Hugging Face model folder instead of the built 0.5B-shaped one")
-    ap.add_argument("--model-cache", default=str(REPO / ".baton" / "models"), help="where the built model is kept")
-    ap.add_argument("--dtype", choices=sorted(BYTES), default="bfloat16",
-                    help="model.dtype of the drill (default bfloat16, the published checkpoint's dtype)")
-    ap.add_argument("--ranks", type=int, default=1, help="ranks per run (torchrun --nproc-per-node); 2 on 2 GPUs")
+    ap.add_argument(
+        "--model-cache", default=str(REPO / ".baton" / "models"), help="where the built model is kept"
+    )
+    ap.add_argument(
+        "--dtype",
+        choices=sorted(BYTES),
+        default="bfloat16",
+        help="model.dtype of the drill (default bfloat16, the published checkpoint's dtype)",
+    )
+    ap.add_argument(
+        "--ranks", type=int, default=1, help="ranks per run (torchrun --nproc-per-node); 2 on 2 GPUs"
+    )
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--evictions", type=int, default=2)
     ap.add_argument("--every-steps", type=int, default=50, help="periodic checkpoint interval")
     ap.add_argument("--seq-len", type=int, default=512)
     ap.add_argument("--batch-size", type=int, default=4)
     ap.add_argument("--grad-accum", type=int, default=2)
-    ap.add_argument("--mode", choices=("deterministic", "fast", "both"), default="both",
-                    help="deterministic: eager attention, deterministic kernels, Tier 1; fast: sdpa, torch.compile, "
-                         "deterministic false, Tier 2 (gpu/fast.py), after a solo run that measures MFU; both (default)")
+    ap.add_argument(
+        "--mode",
+        choices=("deterministic", "fast", "both"),
+        default="both",
+        help="deterministic: eager attention, deterministic kernels, Tier 1; fast: sdpa, torch.compile, "
+        "deterministic false, Tier 2 (gpu/fast.py), after a solo run that measures MFU; both (default)",
+    )
     for k, v in FAST_DEFAULTS.items():
-        ap.add_argument(f"--fast-{k.replace('_', '-')}", type=int, default=v, help=f"fast mode's {k} (default {v})")
+        ap.add_argument(
+            f"--fast-{k.replace('_', '-')}", type=int, default=v, help=f"fast mode's {k} (default {v})"
+        )
     ap.add_argument("--solo-steps", type=int, default=30, help="steps of the fast mode's solo throughput run")
-    ap.add_argument("--warmup-steps", type=int, default=3,
-                    help="steps of each attempt left out of tokens/s (compilation happens there)")
-    ap.add_argument("--budget", type=float, default=None,
-                    help="seconds for everything (default 470 for one mode, 720 for both)")
+    ap.add_argument(
+        "--warmup-steps",
+        type=int,
+        default=3,
+        help="steps of each attempt left out of tokens/s (compilation happens there)",
+    )
+    ap.add_argument(
+        "--budget",
+        type=float,
+        default=None,
+        help="seconds for everything (default 470 for one mode, 720 for both)",
+    )
     ap.add_argument("--skip-preflight", action="store_true")
     ap.add_argument("--skip-drill", action="store_true")
-    ap.add_argument("--keep-checkpoints", action="store_true",
-                    help="keep the drill's checkpoints (GBs) under OUT/drill/bucket; by default they go after the check")
+    ap.add_argument(
+        "--keep-checkpoints",
+        action="store_true",
+        help="keep the drill's checkpoints (GBs) under OUT/drill/bucket; by default they go after the check",
+    )
     ap.add_argument("--verbose", action="store_true", help="echo the pre-flight's output as it runs")
-    ap.add_argument("--allow-cpu", action="store_true", help="run without CUDA (with --tiny: a dry run of the plumbing)")
-    ap.add_argument("--tiny", action="store_true", help="a tiny model instead of the 0.5B shape (plumbing only)")
+    ap.add_argument(
+        "--allow-cpu", action="store_true", help="run without CUDA (with --tiny: a dry run of the plumbing)"
+    )
+    ap.add_argument(
+        "--tiny", action="store_true", help="a tiny model instead of the 0.5B shape (plumbing only)"
+    )
     args = ap.parse_args(argv)
     if args.ranks < 1 or args.steps < 1 or args.evictions < 0:
         ap.error("--ranks and --steps must be >= 1, --evictions >= 0")
     if args.budget is None:
         args.budget = DEFAULT_BUDGET_S[args.mode]
-    args.skipped_ok = {n for n, flag in (("preflight", args.skip_preflight), ("drill", args.skip_drill)) if flag}
+    args.skipped_ok = {
+        n for n, flag in (("preflight", args.skip_preflight), ("drill", args.skip_drill)) if flag
+    }
     return check(args, argv)
 
 

@@ -22,7 +22,14 @@ from typing import Any
 PEAK_BF16_FLOPS = {"H200": 989.4e12, "H100": 989.4e12}
 
 FAST_MODEL = {"attn_implementation": "sdpa", "compile": True}
-FAST_DEFAULTS = {"seq_len": 2048, "batch_size": 4, "grad_accum": 1, "steps": 40, "evictions": 1, "every_steps": 20}
+FAST_DEFAULTS = {
+    "seq_len": 2048,
+    "batch_size": 4,
+    "grad_accum": 1,
+    "steps": 40,
+    "evictions": 1,
+    "every_steps": 20,
+}
 
 
 def fast_config(raw: dict[str, Any]) -> dict[str, Any]:
@@ -44,8 +51,9 @@ def peak_flops(device_name: str) -> float | None:
     return None
 
 
-def mfu(tokens_per_s: float | None, parameters: int, layers: int, hidden: int, seq_len: int,
-        peak: float | None) -> float | None:
+def mfu(
+    tokens_per_s: float | None, parameters: int, layers: int, hidden: int, seq_len: int, peak: float | None
+) -> float | None:
     if not tokens_per_s or not peak:
         return None
     return tokens_per_s * flops_per_token(parameters, layers, hidden, seq_len) / peak

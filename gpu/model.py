@@ -15,9 +15,20 @@ from typing import Any
 
 # Qwen/Qwen2.5-0.5B's config.json (Hugging Face Hub), the fields that shape the network.
 QWEN25_05B: dict[str, Any] = dict(
-    hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
-    vocab_size=151936, tie_word_embeddings=True, max_position_embeddings=32768, rope_theta=1000000.0,
-    rms_norm_eps=1e-6, hidden_act="silu", use_sliding_window=False, sliding_window=32768, max_window_layers=24,
+    hidden_size=896,
+    intermediate_size=4864,
+    num_hidden_layers=24,
+    num_attention_heads=14,
+    num_key_value_heads=2,
+    vocab_size=151936,
+    tie_word_embeddings=True,
+    max_position_embeddings=32768,
+    rope_theta=1000000.0,
+    rms_norm_eps=1e-6,
+    hidden_act="silu",
+    use_sliding_window=False,
+    sliding_window=32768,
+    max_window_layers=24,
 )
 QWEN25_05B_PARAMETERS = 494_032_768  # tied: the LM head is the embedding
 
@@ -28,11 +39,16 @@ def tiny_shape() -> dict[str, Any]:
     from trainer.tiny import TINY_ARCH, VOCAB_SIZE
 
     arch = {k: v for k, v in TINY_ARCH.items() if k != "tie_word_embeddings"}
-    return {**arch, "vocab_size": VOCAB_SIZE, "sliding_window": arch["max_position_embeddings"],
-            "max_window_layers": arch["num_hidden_layers"]}
+    return {
+        **arch,
+        "vocab_size": VOCAB_SIZE,
+        "sliding_window": arch["max_position_embeddings"],
+        "max_window_layers": arch["num_hidden_layers"],
+    }
 
 
 # ---- the model ---------------------------------------------------------------------------------------
+
 
 def qwen_config(eos_token_id: int = 0, tiny: bool = False, **overrides: Any):
     """A Qwen2Config of the Qwen2.5-0.5B shape (or `tiny_shape()`), with `overrides` on top."""
@@ -62,14 +78,21 @@ def train_tokenizer(docs: list[str]):
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(docs, trainers.BpeTrainer(vocab_size=VOCAB_SIZE, special_tokens=[EOS],
-                                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                                      show_progress=False))
+    tok.train_from_iterator(
+        docs,
+        trainers.BpeTrainer(
+            vocab_size=VOCAB_SIZE,
+            special_tokens=[EOS],
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            show_progress=False,
+        ),
+    )
     return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, pad_token=EOS)
 
 
-def build_model(out_dir: Path | str, docs: list[str], dtype: str = "bfloat16", tiny: bool = False,
-                **overrides: Any) -> Path:
+def build_model(
+    out_dir: Path | str, docs: list[str], dtype: str = "bfloat16", tiny: bool = False, **overrides: Any
+) -> Path:
     """Build (once) the Qwen2.5-0.5B-shaped model with random weights and its tokenizer at `out_dir`."""
     import torch
     from transformers import Qwen2ForCausalLM

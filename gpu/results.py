@@ -16,13 +16,19 @@ GRACES = (15, 120)
 
 # ---- reading the results -----------------------------------------------------------------------------------
 
+
 def junit_counts(path: Path) -> dict[str, int]:
     """tests / passed / failed / errors / skipped from pytest's --junitxml."""
     root = ET.parse(path).getroot()
     suites = [root] if root.tag == "testsuite" else list(root.iter("testsuite"))
     c = {k: sum(int(s.get(k, 0)) for s in suites) for k in ("tests", "failures", "errors", "skipped")}
-    return {"tests": c["tests"], "passed": c["tests"] - c["failures"] - c["errors"] - c["skipped"],
-            "failed": c["failures"], "errors": c["errors"], "skipped": c["skipped"]}
+    return {
+        "tests": c["tests"],
+        "passed": c["tests"] - c["failures"] - c["errors"] - c["skipped"],
+        "failed": c["failures"],
+        "errors": c["errors"],
+        "skipped": c["skipped"],
+    }
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -55,11 +61,21 @@ def drill_evidence(drill_out: Path) -> dict[str, list[dict[str, Any]]]:
 def _stats(xs: list[float]) -> dict[str, float] | None:
     if not xs:
         return None
-    return {"n": len(xs), "median": round(statistics.median(xs), 1), "min": round(min(xs), 1), "max": round(max(xs), 1)}
+    return {
+        "n": len(xs),
+        "median": round(statistics.median(xs), 1),
+        "min": round(min(xs), 1),
+        "max": round(max(xs), 1),
+    }
 
 
-def drill_metrics(report: dict[str, Any], evidence: dict[str, list[dict[str, Any]]], grace_s: float = DRILL_GRACE_S,
-                  graces: tuple[int, ...] = GRACES, warmup_steps: int = 3) -> dict[str, Any]:
+def drill_metrics(
+    report: dict[str, Any],
+    evidence: dict[str, list[dict[str, Any]]],
+    grace_s: float = DRILL_GRACE_S,
+    graces: tuple[int, ...] = GRACES,
+    warmup_steps: int = 3,
+) -> dict[str, Any]:
     """The numbers worth reporting, from the drill's report.json and the records of every role."""
     out: dict[str, Any] = {}
     tps: dict[str, Any] = {}
@@ -68,8 +84,11 @@ def drill_metrics(report: dict[str, Any], evidence: dict[str, list[dict[str, Any
         for r in recs:
             if r.get("event") == "step" and "tokens_per_s" in r:
                 by_attempt.setdefault(r.get("attempt", 0), []).append(r)
-        steady = [r["tokens_per_s"] for rs in by_attempt.values()
-                  for r in sorted(rs, key=lambda r: r["step"])[warmup_steps:]]
+        steady = [
+            r["tokens_per_s"]
+            for rs in by_attempt.values()
+            for r in sorted(rs, key=lambda r: r["step"])[warmup_steps:]
+        ]
         tps[role] = _stats(steady)
     out["tokens_per_s"] = tps
     checkpoints = [r for recs in evidence.values() for r in recs if r.get("event") == "checkpoint"]
@@ -79,21 +98,35 @@ def drill_metrics(report: dict[str, Any], evidence: dict[str, list[dict[str, Any
     by_reason: dict[str, list[float]] = {}
     for r in checkpoints:
         by_reason.setdefault(r.get("reason", "?"), []).append(float(r.get("save_ms", 0.0)))
-    out["flush_ms"] = {"all": _stats([x for xs in by_reason.values() for x in xs]),
-                       **{reason: _stats(xs) for reason, xs in sorted(by_reason.items())}}
+    out["flush_ms"] = {
+        "all": _stats([x for xs in by_reason.values() for x in xs]),
+        **{reason: _stats(xs) for reason, xs in sorted(by_reason.items())},
+    }
     trial = evidence.get("trial", [])
     preempts = [r for r in trial if r.get("event") == "preempt"] or list(report.get("preempt", []))
     rows = []
     for p in sorted(preempts, key=lambda r: (r.get("attempt", 0), r.get("step", 0))):
         # The record's own grace: on a torch whose torchrun has no --shutdown-timeout it is 30 s, not the pod's.
-        to_commit = (float(p.get("grace_s", grace_s)) - float(p["grace_left_s"])
-                     if p.get("grace_left_s") is not None else None)
-        rows.append({"step": p.get("step"), "attempt": p.get("attempt"), "outcome": p.get("outcome"),
-                     "save_ms": p.get("save_ms"), "sigterm_to_commit_s": None if to_commit is None else round(to_commit, 2),
-                     **{f"headroom_{g}s": None if to_commit is None else round(g - to_commit, 2) for g in graces}})
+        to_commit = (
+            float(p.get("grace_s", grace_s)) - float(p["grace_left_s"])
+            if p.get("grace_left_s") is not None
+            else None
+        )
+        rows.append(
+            {
+                "step": p.get("step"),
+                "attempt": p.get("attempt"),
+                "outcome": p.get("outcome"),
+                "save_ms": p.get("save_ms"),
+                "sigterm_to_commit_s": None if to_commit is None else round(to_commit, 2),
+                **{f"headroom_{g}s": None if to_commit is None else round(g - to_commit, 2) for g in graces},
+            }
+        )
     out["preemptions"] = rows
-    out["headroom_s"] = {str(g): min((r[f"headroom_{g}s"] for r in rows if r[f"headroom_{g}s"] is not None),
-                                     default=None) for g in graces}
+    out["headroom_s"] = {
+        str(g): min((r[f"headroom_{g}s"] for r in rows if r[f"headroom_{g}s"] is not None), default=None)
+        for g in graces
+    }
     resumes = {r.get("attempt"): r for r in trial if r.get("event") == "resume" and not r.get("fresh")}
     restarts = []
     for p in preempts:
@@ -101,14 +134,28 @@ def drill_metrics(report: dict[str, Any], evidence: dict[str, list[dict[str, Any
         if nxt and "time" in nxt and "time" in p:
             restarts.append(round(nxt["time"] - p["time"], 2))
     out["restart_s"] = restarts
-    for k in ("tier", "equivalent", "passed", "floor", "max_abs_diff", "tensors", "equal_tensors", "floor_differing",
-              "diff_over_floor", "floor_l2", "l2_diff", "verify_passed", "verify_problems"):
+    for k in (
+        "tier",
+        "equivalent",
+        "passed",
+        "floor",
+        "max_abs_diff",
+        "tensors",
+        "equal_tensors",
+        "floor_differing",
+        "diff_over_floor",
+        "floor_l2",
+        "l2_diff",
+        "verify_passed",
+        "verify_problems",
+    ):
         out[k] = report.get(k)
     out["steps"] = report.get("steps")
     return out
 
 
 # ---- the report ---------------------------------------------------------------------------------------------
+
 
 def _fmt(x: Any, unit: str = "") -> str:
     if x is None:
@@ -127,32 +174,46 @@ def markdown(result: dict[str, Any]) -> str:
     d = result.get("drill") or {}
     ph = result.get("phases", {})
     verdict = "PASSED" if result.get("passed") else "FAILED"
-    lines = [f"### GPU check: {dev.get('name', '?')} x {dev.get('count', '?')} ({result.get('date', '?')}): {verdict}",
-             "",
-             f"`{result.get('command', 'python -m gpu.check')}` in {_fmt(result.get('seconds'))} s; torch "
-             f"{dev.get('torch', '?')}, CUDA {dev.get('cuda', '?')}, NCCL {dev.get('nccl', '?')}, "
-             f"transformers {dev.get('transformers', '?')}, {d.get('ranks', result.get('ranks', 1))} rank(s).",
-             "",
-             "| what | value |", "|---|---|"]
+    lines = [
+        f"### GPU check: {dev.get('name', '?')} x {dev.get('count', '?')} ({result.get('date', '?')}): {verdict}",
+        "",
+        f"`{result.get('command', 'python -m gpu.check')}` in {_fmt(result.get('seconds'))} s; torch "
+        f"{dev.get('torch', '?')}, CUDA {dev.get('cuda', '?')}, NCCL {dev.get('nccl', '?')}, "
+        f"transformers {dev.get('transformers', '?')}, {d.get('ranks', result.get('ranks', 1))} rank(s).",
+        "",
+        "| what | value |",
+        "|---|---|",
+    ]
     if pre:
-        lines.append(f"| pre-flight (`pytest tests/gpu`) | {pre.get('passed', 0)} passed, {pre.get('failed', 0)} failed, "
-                     f"{pre.get('errors', 0)} errors, {pre.get('skipped', 0)} skipped "
-                     f"({_fmt(ph.get('preflight', {}).get('seconds'))} s) |")
+        lines.append(
+            f"| pre-flight (`pytest tests/gpu`) | {pre.get('passed', 0)} passed, {pre.get('failed', 0)} failed, "
+            f"{pre.get('errors', 0)} errors, {pre.get('skipped', 0)} skipped "
+            f"({_fmt(ph.get('preflight', {}).get('seconds'))} s) |"
+        )
         for m in pre.get("measurements", []):
             if m.get("name", "").startswith("resume_"):
-                lines.append(f"| pre-flight {m['name']} (tiny Qwen2) | floor {_fmt(m.get('floor'))}, trial "
-                             f"{_fmt(m.get('max_abs_diff'))}, bit-identical {m.get('bit_identical')} |")
+                lines.append(
+                    f"| pre-flight {m['name']} (tiny Qwen2) | floor {_fmt(m.get('floor'))}, trial "
+                    f"{_fmt(m.get('max_abs_diff'))}, bit-identical {m.get('bit_identical')} |"
+                )
     if model:
-        lines.append(f"| model | {model.get('source')}: {_fmt(model.get('parameters'))} parameters, "
-                     f"{model.get('dtype')}, vocab {_fmt(model.get('vocab_size'))} (tokenizer {model.get('tokenizer_size')}) |")
+        lines.append(
+            f"| model | {model.get('source')}: {_fmt(model.get('parameters'))} parameters, "
+            f"{model.get('dtype')}, vocab {_fmt(model.get('vocab_size'))} (tokenizer {model.get('tokenizer_size')}) |"
+        )
     if d:
         lines += drill_rows(d, "drill")
     solo = result.get("solo_fast") or {}
     if solo:
-        lines.append(f"| fast mode alone (sdpa, torch.compile, deterministic false; seq {solo.get('seq_len')}, "
-                     f"{solo.get('tokens_per_step')} tokens/step) | {_fmt(solo.get('tokens_per_s'))} tokens/s, "
-                     + (f"MFU {100 * solo['mfu']:.1f}% of {solo['peak_flops'] / 1e12:,.1f} TFLOP/s dense bf16 |"
-                        if solo.get("mfu") is not None else "MFU n/a (no known peak for this device) |"))
+        lines.append(
+            f"| fast mode alone (sdpa, torch.compile, deterministic false; seq {solo.get('seq_len')}, "
+            f"{solo.get('tokens_per_step')} tokens/step) | {_fmt(solo.get('tokens_per_s'))} tokens/s, "
+            + (
+                f"MFU {100 * solo['mfu']:.1f}% of {solo['peak_flops'] / 1e12:,.1f} TFLOP/s dense bf16 |"
+                if solo.get("mfu") is not None
+                else "MFU n/a (no known peak for this device) |"
+            )
+        )
     if result.get("drill_fast"):
         lines += drill_rows(result["drill_fast"], "fast drill")
     for name, p in ph.items():
@@ -177,10 +238,15 @@ def drill_rows(d: dict[str, Any], label: str) -> list[str]:
         f"({flush.get('n', 0)} saves) |",
     ]
     for p in d.get("preemptions", []):
-        lines.append(f"| eviction at step {p['step']} ({p['outcome']}) | SIGTERM to commit {_fmt(p['sigterm_to_commit_s'])} s: "
-                     + ", ".join(f"headroom {_fmt(p[f'headroom_{g}s'])} s of {g} s" for g in GRACES) + " |")
+        lines.append(
+            f"| eviction at step {p['step']} ({p['outcome']}) | SIGTERM to commit {_fmt(p['sigterm_to_commit_s'])} s: "
+            + ", ".join(f"headroom {_fmt(p[f'headroom_{g}s'])} s of {g} s" for g in GRACES)
+            + " |"
+        )
     if d.get("restart_s"):
-        lines.append(f"| restart (preempt record to resumed) | {', '.join(_fmt(x) for x in d['restart_s'])} s |")
+        lines.append(
+            f"| restart (preempt record to resumed) | {', '.join(_fmt(x) for x in d['restart_s'])} s |"
+        )
     lines += [
         f"| floor (reference vs replay, max abs diff) | {_fmt(d.get('floor'))} ({d.get('floor_differing')} tensors differ) |",
         f"| trial vs reference | max abs diff {_fmt(d.get('max_abs_diff'))}; L2 distance {_fmt(d.get('l2_diff'))}, "

@@ -42,16 +42,26 @@ def compared_keys(t: dict[str, torch.Tensor]) -> list[str]:
     return sorted(k for k in t if k.startswith(("model.", "optim.", "optim_lr")))
 
 
-def compare(reference: str, replay: str, trial: str, total_steps: int | None = None,
-            tier: str = "auto") -> dict[str, Any]:
+def compare(
+    reference: str, replay: str, trial: str, total_steps: int | None = None, tier: str = "auto"
+) -> dict[str, Any]:
     """The three final checkpoints judged entry by entry (steps/lib/judge.py), in either format, told apart by
     the reference's layout (trainer.checkpoint.open_root): baton's DCP (`runs/`) or HF `checkpoint-N/`.
     `tier`: 1, 2, or auto (1 when the trial ran on a CPU with deterministic kernels, else 2). A role
     without a usable final checkpoint is a `problem` naming it, not an exception."""
-    kind = type(open_root(reference))  # the reference's format for all three: a trial may have no checkpoint yet
+    kind = type(
+        open_root(reference)
+    )  # the reference's format for all three: a trial may have no checkpoint yet
     fmt = kind.format
-    base: dict[str, Any] = {"equivalent": False, "format": fmt, "tier": int(tier) if tier in ("1", "2") else 1,
-                            "tensors": 0, "max_abs_diff": float("inf"), "floor": 0.0, "differing": []}
+    base: dict[str, Any] = {
+        "equivalent": False,
+        "format": fmt,
+        "tier": int(tier) if tier in ("1", "2") else 1,
+        "tensors": 0,
+        "max_abs_diff": float("inf"),
+        "floor": 0.0,
+        "differing": [],
+    }
     finals, flats, parts = {}, {}, {}
     for role, uri in (("reference", reference), ("replay", replay), ("trial", trial)):
         root = kind(uri)
@@ -65,9 +75,13 @@ def compare(reference: str, replay: str, trial: str, total_steps: int | None = N
     steps = {role: m["step"] for role, (_, m) in finals.items()}
     if total_steps is not None and set(steps.values()) != {total_steps}:
         return {**base, "problem": f"final checkpoints are not all at step {total_steps}: {steps}"}
-    verdict = judge(flats["reference"], flats["replay"], flats["trial"], None, resolve_tier(tier, finals["trial"][1]))
+    verdict = judge(
+        flats["reference"], flats["replay"], flats["trial"], None, resolve_tier(tier, finals["trial"][1])
+    )
     return {
-        **base, **verdict, "parts": parts["reference"],
+        **base,
+        **verdict,
+        "parts": parts["reference"],
         "steps_compared": {"reference": steps["reference"], "trial": steps["trial"]},
         "checkpoints": {role: url for role, (url, _) in finals.items()},
     }
@@ -80,8 +94,18 @@ def failure(e: BaseException) -> str:
 
 
 # What compare reads of verify.json, with its type: a file that lacks one is refused and judged as failed.
-VERIFY_FIELDS = {"passed": bool, "problems": list, "inconclusive": list, "preempt": list, "attempts": int,
-                 "total": int, "distinct": int, "replayed": int, "resumed_from": list, "preemptions": int}
+VERIFY_FIELDS = {
+    "passed": bool,
+    "problems": list,
+    "inconclusive": list,
+    "preempt": list,
+    "attempts": int,
+    "total": int,
+    "distinct": int,
+    "replayed": int,
+    "resumed_from": list,
+    "preemptions": int,
+}
 
 
 def verify_result(uri: str, refused: list[str]) -> dict[str, Any]:
@@ -89,8 +113,11 @@ def verify_result(uri: str, refused: list[str]) -> dict[str, Any]:
     or refused (compare always writes a report)."""
     try:
         doc = read_json(uri)
-        bad = [k for k, t in VERIFY_FIELDS.items() if not isinstance(doc.get(k), t) or
-               (t is int and isinstance(doc.get(k), bool))]
+        bad = [
+            k
+            for k, t in VERIFY_FIELDS.items()
+            if not isinstance(doc.get(k), t) or (t is int and isinstance(doc.get(k), bool))
+        ]
         if bad:
             raise Refused(f"verify.json field(s) {bad} are missing or of the wrong type")
         if not all(isinstance(p, dict) and isinstance(p.get("step"), int) for p in doc["preempt"]):
@@ -99,8 +126,18 @@ def verify_result(uri: str, refused: list[str]) -> dict[str, Any]:
     except (FileNotFoundError, Refused) as e:
         why = f"verify.json is {'missing' if isinstance(e, FileNotFoundError) else 'refused'}: {e}"
         refused.append(why)
-        return {"passed": False, "problems": [why], "inconclusive": [], "preempt": [], "attempts": 0, "total": 0,
-                "distinct": 0, "replayed": 0, "resumed_from": [], "preemptions": 0}
+        return {
+            "passed": False,
+            "problems": [why],
+            "inconclusive": [],
+            "preempt": [],
+            "attempts": 0,
+            "total": 0,
+            "distinct": 0,
+            "replayed": 0,
+            "resumed_from": [],
+            "preemptions": 0,
+        }
 
 
 def evictions_of(uri: str | None, refused: list[str]) -> dict[str, Any]:
@@ -117,24 +154,39 @@ def evictions_of(uri: str | None, refused: list[str]) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     baton_env.check_or_exit()
-    ap = ArgParser(prog="python -m steps.compare", description=__doc__,
-                   formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = ArgParser(
+        prog="python -m steps.compare",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("--reference", required=True, help="checkpoint root of the reference run")
     ap.add_argument("--replay", required=True, help="checkpoint root of the reference's replay")
     ap.add_argument("--trial", required=True, help="checkpoint root of the evicted trial")
     ap.add_argument("--evidence", required=True, help="evidence root (reference/, replay/ and trial/ inside)")
     ap.add_argument("--verify", required=True, help="verify.json written by steps.verify")
     ap.add_argument("--evictions", help="evictions JSON written by steps.evict")
-    ap.add_argument("--total-steps", type=flag_type(Bound(1, BOUNDS["total_steps"].high, integer=True)), required=True)
-    ap.add_argument("--tier", default="auto", choices=("auto", "1", "2"),
-                    help="1: every tensor equal; 2: within the measured floor (steps/lib/judge.py); "
-                         "auto: 1 on a CPU with deterministic kernels, else 2")
+    ap.add_argument(
+        "--total-steps", type=flag_type(Bound(1, BOUNDS["total_steps"].high, integer=True)), required=True
+    )
+    ap.add_argument(
+        "--tier",
+        default="auto",
+        choices=("auto", "1", "2"),
+        help="1: every tensor equal; 2: within the measured floor (steps/lib/judge.py); "
+        "auto: 1 on a CPU with deterministic kernels, else 2",
+    )
     ap.add_argument("--out", required=True, help="local folder for report.json, report.md, loss.png")
     ap.add_argument("--report-uri", help="also copy the report there (the bucket)")
     args = ap.parse_args(argv)
 
-    failed = {"equivalent": False, "tier": 1, "tensors": 0, "max_abs_diff": float("inf"), "floor": 0.0,
-              "differing": []}
+    failed = {
+        "equivalent": False,
+        "tier": 1,
+        "tensors": 0,
+        "max_abs_diff": float("inf"),
+        "floor": 0.0,
+        "differing": [],
+    }
     try:
         result = compare(args.reference, args.replay, args.trial, args.total_steps, args.tier)
     except FileNotFoundError as e:  # e.g. a trial that died before its first checkpoint: still a report
@@ -149,11 +201,16 @@ def main(argv: list[str] | None = None) -> int:
     report = assemble(result, verify, evictions, records, args.total_steps, refused)
     write_report(Path(args.out), report, records["reference"], records["trial"], args.report_uri)
     print(report["verdict"], file=sys.stderr)
-    verdict = "bit-identical" if result["tier"] == 1 and result["equivalent"] else (
-        "within the floor" if result["equivalent"] else "NOT equivalent")
-    print(f"{verdict}: {result.get('equal_tensors', 0)}/{result['tensors']} tensors equal, "
-          f"max |diff| {result['max_abs_diff']:.3g}, floor {result['floor']:.3g} (tier {result['tier']})",
-          file=sys.stderr)
+    verdict = (
+        "bit-identical"
+        if result["tier"] == 1 and result["equivalent"]
+        else ("within the floor" if result["equivalent"] else "NOT equivalent")
+    )
+    print(
+        f"{verdict}: {result.get('equal_tensors', 0)}/{result['tensors']} tensors equal, "
+        f"max |diff| {result['max_abs_diff']:.3g}, floor {result['floor']:.3g} (tier {result['tier']})",
+        file=sys.stderr,
+    )
     return 0 if report["passed"] else 1
 
 

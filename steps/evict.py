@@ -62,8 +62,9 @@ MAX_WAIT_S = 604_800.0  # a week: every wait of evict is far shorter than its dr
 JITTER_MODES = ("false", "true", "edges")
 
 
-def eviction_points(total_steps: int, evictions: int, seed: int = 0, jitter: bool | str = False,
-                    every_steps: int = 0) -> list[int]:
+def eviction_points(
+    total_steps: int, evictions: int, seed: int = 0, jitter: bool | str = False, every_steps: int = 0
+) -> list[int]:
     """The steps after which the trial is evicted: sorted, distinct, in [1, 0.8*total_steps]. `jitter`:
     False/"false", True/"true" or "edges" (the module docstring)."""
     mode = str(jitter).lower()
@@ -75,8 +76,10 @@ def eviction_points(total_steps: int, evictions: int, seed: int = 0, jitter: boo
         raise ValueError(f"evictions must be >= 0, got {evictions}")
     last = int(total_steps * MAX_FRACTION)
     if evictions > last:
-        raise ValueError(f"{evictions} evictions do not fit in the first 80% of {total_steps} steps "
-                         f"(at most {last}: one distinct step each)")
+        raise ValueError(
+            f"{evictions} evictions do not fit in the first 80% of {total_steps} steps "
+            f"(at most {last}: one distinct step each)"
+        )
     edges = [i * last // evictions for i in range(evictions + 1)] if evictions else [0]
     rng = random.Random(seed)
     points = []
@@ -124,8 +127,7 @@ class ClusterPods:
     def running(self, node: int | None = None) -> str | None:
         """A running pod of the task; with `node`, of that node of the group: Argo names a withSequence
         item's attempts `<workflow>.<task>(<i>:<i>)(<attempt>)` (generateNodeName)."""
-        pods = self.v1.list_namespaced_pod(self.namespace,
-                                           label_selector=f"{WORKFLOW_LABEL}={self.workflow}")
+        pods = self.v1.list_namespaced_pod(self.namespace, label_selector=f"{WORKFLOW_LABEL}={self.workflow}")
         prefix = f"{self.workflow}.{self.task}(" + ("" if node is None else f"{node}:{node})(")
         for pod in pods.items:
             name = (pod.metadata.annotations or {}).get(NODE_NAME_ANNOTATION, "")
@@ -134,10 +136,14 @@ class ClusterPods:
         return None
 
     def alive(self) -> bool:
-        pods = self.v1.list_namespaced_pod(self.namespace,
-                                           label_selector=f"{WORKFLOW_LABEL}={self.workflow}")
-        return any((pod.metadata.annotations or {}).get(NODE_NAME_ANNOTATION, "").startswith(
-            f"{self.workflow}.{self.task}(") and pod.status.phase in ("Pending", "Running") for pod in pods.items)
+        pods = self.v1.list_namespaced_pod(self.namespace, label_selector=f"{WORKFLOW_LABEL}={self.workflow}")
+        return any(
+            (pod.metadata.annotations or {})
+            .get(NODE_NAME_ANNOTATION, "")
+            .startswith(f"{self.workflow}.{self.task}(")
+            and pod.status.phase in ("Pending", "Running")
+            for pod in pods.items
+        )
 
     def evict(self, name: str, how: str = "evict") -> None:
         if how != "evict":  # resolve_params refuses it before submit; a hand-made workflow lands here
@@ -161,8 +167,12 @@ class ClusterPods:
         for c in pod.status.container_statuses or []:
             if c.name == "main" and c.state and c.state.terminated:
                 code, reason = c.state.terminated.exit_code, c.state.terminated.reason
-        return {"phase": pod.status.phase, "status": None, "exit_code": code,
-                "message": pod.status.message or reason}
+        return {
+            "phase": pod.status.phase,
+            "status": None,
+            "exit_code": code,
+            "message": pod.status.message or reason,
+        }
 
 
 def latest(records: list[dict]) -> tuple[int, int, bool]:
@@ -177,8 +187,13 @@ def latest(records: list[dict]) -> tuple[int, int, bool]:
 
 def _step_times(records: list[dict], attempt: int) -> list[tuple[int, float]]:
     """(step, time) of each of `attempt`'s step records that carries a time, in step order."""
-    return sorted((r["step"], r["time"]) for r in records if r.get("event") == "step"
-                  and r.get("attempt") == attempt and isinstance(r.get("time"), (int, float)))
+    return sorted(
+        (r["step"], r["time"])
+        for r in records
+        if r.get("event") == "step"
+        and r.get("attempt") == attempt
+        and isinstance(r.get("time"), (int, float))
+    )
 
 
 def step_rate(records: list[dict], attempt: int, last: int = 20) -> float | None:
@@ -189,8 +204,9 @@ def step_rate(records: list[dict], attempt: int, last: int = 20) -> float | None
     return (times[-1][0] - times[0][0]) / (times[-1][1] - times[0][1])
 
 
-def early_reason(step: int, point: int, total_steps: int, rate: float | None, look_s: float,
-                 lag_s: float = 0.0) -> str | None:
+def early_reason(
+    step: int, point: int, total_steps: int, rate: float | None, look_s: float, lag_s: float = 0.0
+) -> str | None:
     """Why a trainer last seen at `step` (before its `point`), `lag_s` seconds ago, must be evicted now rather
     than at its point: it is predicted, at `rate` steps/s, to finish within FINISH_GUARD_S or within
     LOOKS_AHEAD looks of `look_s` seconds each. None: it can wait for its point (or its rate is not known)."""
@@ -220,48 +236,91 @@ def say(event: dict) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     baton_env.check_or_exit()
-    ap = ArgParser(prog="python -m steps.evict", description=__doc__,
-                   formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = ArgParser(
+        prog="python -m steps.evict",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("--evidence", required=True, help="the trial's evidence folder (record lines)")
     ap.add_argument("--total-steps", type=flag_type(BOUNDS["total_steps"]), required=True)
     ap.add_argument("--evictions", type=flag_type(BOUNDS["evictions"]), required=True)
     ap.add_argument("--seed", type=flag_type(BOUNDS["seed"]), default=0)
-    ap.add_argument("--jitter", default="false", choices=JITTER_MODES,
-                    help="true: jitter points inside their bands; edges: that, with step 1 and a checkpoint step")
-    ap.add_argument("--every-steps", type=flag_type(BOUNDS["every_steps"]), default=0,
-                    help="the trial's periodic checkpoint interval (checkpoint steps: --jitter edges, fast polling)")
+    ap.add_argument(
+        "--jitter",
+        default="false",
+        choices=JITTER_MODES,
+        help="true: jitter points inside their bands; edges: that, with step 1 and a checkpoint step",
+    )
+    ap.add_argument(
+        "--every-steps",
+        type=flag_type(BOUNDS["every_steps"]),
+        default=0,
+        help="the trial's periodic checkpoint interval (checkpoint steps: --jitter edges, fast polling)",
+    )
     ap.add_argument("--workflow", default="", help="the workflow's name (to find its pods)")
     ap.add_argument("--task", default="trial")
-    ap.add_argument("--nodes", type=flag_type(BOUNDS["nodes"]), default=1, help="pods in the trial's group (one node each)")
-    ap.add_argument("--node", default="", help="with --nodes > 1: the node whose pod each eviction ends; "
-                                               "empty: drawn under --seed at each eviction")
+    ap.add_argument(
+        "--nodes",
+        type=flag_type(BOUNDS["nodes"]),
+        default=1,
+        help="pods in the trial's group (one node each)",
+    )
+    ap.add_argument(
+        "--node",
+        default="",
+        help="with --nodes > 1: the node whose pod each eviction ends; "
+        "empty: drawn under --seed at each eviction",
+    )
     ap.add_argument("--out", help="where to write the evictions as JSON")
     ap.add_argument("--poll", type=flag_type(Bound(0, 60, above=True)), default=0.1)
     ap.add_argument("--timeout", type=flag_type(Bound(0, MAX_WAIT_S, above=True)), default=3600.0)
-    ap.add_argument("--how", default="evict", choices=HOW,
-                    help="how to end the trial's pod: evict (Eviction API); locally also delete, kueue, "
-                         "node-shutdown, lost-vm (steps/lib/local_pods.py)")
-    ap.add_argument("--gone-timeout", type=flag_type(Bound(0, MAX_WAIT_S, above=True)), default=None,
-                    help="give up when the task has had no pending or running pod this long and has not finished "
-                         "(it failed for good: Argo waits for this step before it ends the workflow); default 90 s "
-                         "on a cluster, 10 s locally, where a retry's pod appears at once")
+    ap.add_argument(
+        "--how",
+        default="evict",
+        choices=HOW,
+        help="how to end the trial's pod: evict (Eviction API); locally also delete, kueue, "
+        "node-shutdown, lost-vm (steps/lib/local_pods.py)",
+    )
+    ap.add_argument(
+        "--gone-timeout",
+        type=flag_type(Bound(0, MAX_WAIT_S, above=True)),
+        default=None,
+        help="give up when the task has had no pending or running pod this long and has not finished "
+        "(it failed for good: Argo waits for this step before it ends the workflow); default 90 s "
+        "on a cluster, 10 s locally, where a retry's pod appears at once",
+    )
     args = ap.parse_args(argv)
     try:
         points = eviction_points(args.total_steps, args.evictions, args.seed, args.jitter, args.every_steps)
-        pinned = int(parse(args.node, "--node (empty, or)", Bound(0, args.nodes - 1, integer=True))) if args.node else None
+        pinned = (
+            int(parse(args.node, "--node (empty, or)", Bound(0, args.nodes - 1, integer=True)))
+            if args.node
+            else None
+        )
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     targets = eviction_nodes(len(points), args.nodes, args.seed, pinned)
     pods_dir = os.environ.get(LOCAL_PODS_ENV)
-    pods = LocalPods(pods_dir, args.workflow, args.task) if pods_dir else ClusterPods(args.workflow, args.task)
+    pods = (
+        LocalPods(pods_dir, args.workflow, args.task) if pods_dir else ClusterPods(args.workflow, args.task)
+    )
     gone_timeout = args.gone_timeout if args.gone_timeout is not None else (10.0 if pods_dir else 90.0)
-    print(f"[evict] points {points} of {args.total_steps} steps ({'local' if pods_dir else 'cluster'}, "
-          f"{args.how})" + (f", nodes {targets}" if args.nodes > 1 else ""), file=sys.stderr)
+    print(
+        f"[evict] points {points} of {args.total_steps} steps ({'local' if pods_dir else 'cluster'}, "
+        f"{args.how})" + (f", nodes {targets}" if args.nodes > 1 else ""),
+        file=sys.stderr,
+    )
     done_evictions = _resume(args.out, points)
-    result = {"points": points, "evictions": done_evictions, "planned": len(points), "how": args.how,
-              **({"nodes": args.nodes, "targets": targets} if args.nodes > 1 else {}),
-              "bands": bands(args.total_steps, args.evictions) if args.evictions else [], "problem": None}
+    result = {
+        "points": points,
+        "evictions": done_evictions,
+        "planned": len(points),
+        "how": args.how,
+        **({"nodes": args.nodes, "targets": targets} if args.nodes > 1 else {}),
+        "bands": bands(args.total_steps, args.evictions) if args.evictions else [],
+        "problem": None,
+    }
     try:
         rc = _evict_all(args, pods, points, done_evictions, gone_timeout, result, targets)
     finally:
@@ -280,10 +339,16 @@ def _resume(out: str | None, points: list[int]) -> list[dict]:
     except (OSError, ValueError):
         return []
     evs = earlier.get("evictions")
-    if earlier.get("points") != points or not isinstance(evs, list) or not all(isinstance(e, dict) for e in evs):
+    if (
+        earlier.get("points") != points
+        or not isinstance(evs, list)
+        or not all(isinstance(e, dict) for e in evs)
+    ):
         return []  # another plan, or a file that is not this step's (read as untrusted: steps/lib/evidence.py)
-    print(f"[evict] resuming after {len(earlier['evictions'])} evictions recorded by an earlier attempt",
-          file=sys.stderr)
+    print(
+        f"[evict] resuming after {len(earlier['evictions'])} evictions recorded by an earlier attempt",
+        file=sys.stderr,
+    )
     return list(earlier["evictions"])
 
 
@@ -291,8 +356,10 @@ def _finish_pending(args: argparse.Namespace, pods, ev: dict, deadline: float) -
     """An eviction an earlier attempt of this step requested (or was about to) but did not see end."""
     name = ev["pod"]
     if not pods.gone(name):
-        print(f"[evict] finishing the eviction of {name} (point {ev['point']}) that an earlier attempt began",
-              file=sys.stderr)
+        print(
+            f"[evict] finishing the eviction of {name} (point {ev['point']}) that an earlier attempt began",
+            file=sys.stderr,
+        )
         try:
             pods.evict(name, ev.get("how", args.how))
         except FileNotFoundError:
@@ -302,8 +369,15 @@ def _finish_pending(args: argparse.Namespace, pods, ev: dict, deadline: float) -
     ev["ended"] = pods.ended(name)
 
 
-def _evict_all(args: argparse.Namespace, pods, points: list[int], done_evictions: list[dict],
-               gone_timeout: float, result: dict, targets: list[int | None] | None = None) -> int:
+def _evict_all(
+    args: argparse.Namespace,
+    pods,
+    points: list[int],
+    done_evictions: list[dict],
+    gone_timeout: float,
+    result: dict,
+    targets: list[int | None] | None = None,
+) -> int:
     """Evict at each point not done yet; `targets`: the node of the group each one ends (None: any pod)."""
     targets = targets or [None] * len(points)
     deadline = time.monotonic() + args.timeout
@@ -314,7 +388,7 @@ def _evict_all(args: argparse.Namespace, pods, points: list[int], done_evictions
     last_attempt = done_evictions[-1]["attempt"] if done_evictions else -1
     seen_alive = time.monotonic()
     looks: deque[float] = deque(maxlen=5)  # what the newest looks took
-    for point in points[len(done_evictions):]:
+    for point in points[len(done_evictions) :]:
         # At an edge (step 1, a checkpoint step) evict as soon as the record is there: before step 2, or
         # inside the save that follows a checkpoint step's record.
         edge = point == 1 or (args.every_steps and point % args.every_steps == 0)
@@ -328,7 +402,10 @@ def _evict_all(args: argparse.Namespace, pods, points: list[int], done_evictions
             try:
                 records = read_evidence(args.evidence)
             except OSError as e:  # the store failed this once: the deadline bounds how long it may go on
-                print(f"[evict] reading the trial's evidence failed ({redact(str(e))}); polling again", file=sys.stderr)
+                print(
+                    f"[evict] reading the trial's evidence failed ({redact(str(e))}); polling again",
+                    file=sys.stderr,
+                )
                 time.sleep(max(poll, 1.0))
                 continue
             step, attempt, done = latest(records)
@@ -337,25 +414,48 @@ def _evict_all(args: argparse.Namespace, pods, points: list[int], done_evictions
             if pods.alive():
                 seen_alive = now
             elif now - seen_alive > gone_timeout:
-                result["problem"] = (f"the {args.task} has had no pod for {gone_timeout:g} s and has not finished "
-                                     f"(last step {step}): it failed for good")
-                print(f"error: {result['problem']}; {len(done_evictions)} of {len(points)} evictions done",
-                      file=sys.stderr)
+                result["problem"] = (
+                    f"the {args.task} has had no pod for {gone_timeout:g} s and has not finished "
+                    f"(last step {step}): it failed for good"
+                )
+                print(
+                    f"error: {result['problem']}; {len(done_evictions)} of {len(points)} evictions done",
+                    file=sys.stderr,
+                )
                 return 1
             looks.append(time.monotonic() - now)  # what one look costs: the evidence read and the pod listing
             # Work behind each eviction: a newer attempt must have trained since the last one. A trainer
             # about to finish is evicted now rather than at its point (early_reason).
             rate = step_rate(records, attempt) if step < point else None
-            early = None if rate is None else early_reason(step, point, args.total_steps, rate, max(looks),
-                                                           evidence_lag(records, attempt, time.time()))
+            early = (
+                None
+                if rate is None
+                else early_reason(
+                    step,
+                    point,
+                    args.total_steps,
+                    rate,
+                    max(looks),
+                    evidence_lag(records, attempt, time.time()),
+                )
+            )
             if (step >= point or early) and attempt > last_attempt:
                 target = targets[len(done_evictions)]
                 name = pods.running(target)
                 if name:
-                    ev = {"event": "evict", "point": point, "observed_step": step, "attempt": attempt,
-                          "pod": name, **({"node": target} if target is not None else {}),
-                          "how": args.how, "time": time.time(), "look_s": round(looks[-1], 3), "ended": None,
-                          **({"early": early} if early else {})}
+                    ev = {
+                        "event": "evict",
+                        "point": point,
+                        "observed_step": step,
+                        "attempt": attempt,
+                        "pod": name,
+                        **({"node": target} if target is not None else {}),
+                        "how": args.how,
+                        "time": time.time(),
+                        "look_s": round(looks[-1], 3),
+                        "ended": None,
+                        **({"early": early} if early else {}),
+                    }
                     done_evictions.append(ev)
                     if args.out:  # the intent first: a retry of this step finishes it, never repeats it
                         write_json(args.out, result)

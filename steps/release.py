@@ -72,15 +72,24 @@ def plan(pods: list[Any]) -> tuple[list[str], list[str], list[str]]:
 
 def main(argv: list[str] | None = None) -> int:
     baton_env.check_or_exit()
-    ap = ArgParser(prog="python -m steps.release", description=__doc__,
-                   formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = ArgParser(
+        prog="python -m steps.release",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("--workflow", required=True, type=_workflow_name, help="the drill's workflow name")
-    ap.add_argument("--status", default="", help="the workflow's status ({{workflow.status}}), for the record")
+    ap.add_argument(
+        "--status", default="", help="the workflow's status ({{workflow.status}}), for the record"
+    )
     ap.add_argument("--kubeconfig", help="run by hand: this kubeconfig instead of the pod's service account")
     ap.add_argument("--namespace", help="with --kubeconfig: the drill's namespace (default: baton)")
-    ap.add_argument("--attempts", type=flag_type(Bound(1, 100, integer=True)), default=4,
-                    help="tries when the API refuses (not 403) or does not answer: the handler has no Argo "
-                         "retryStrategy (workflows/params.py, release_template, says why)")
+    ap.add_argument(
+        "--attempts",
+        type=flag_type(Bound(1, 100, integer=True)),
+        default=4,
+        help="tries when the API refuses (not 403) or does not answer: the handler has no Argo "
+        "retryStrategy (workflows/params.py, release_template, says why)",
+    )
     ap.add_argument("--retry-wait", type=flag_type(Bound(0, 3600)), default=5.0, help="seconds between tries")
     args = ap.parse_args(argv)
 
@@ -103,8 +112,11 @@ def main(argv: list[str] | None = None) -> int:
         rc, retriable = _release(v1, namespace, args)
         if rc == 0 or not retriable:
             return rc
-        print(f"[release] try {attempt} of {args.attempts} failed; trying again in {args.retry_wait:g} s",
-              file=sys.stderr, flush=True)
+        print(
+            f"[release] try {attempt} of {args.attempts} failed; trying again in {args.retry_wait:g} s",
+            file=sys.stderr,
+            flush=True,
+        )
         time.sleep(args.retry_wait)
     return _release(v1, namespace, args)[0]
 
@@ -117,21 +129,30 @@ def _release(v1: Any, namespace: str, args: argparse.Namespace) -> tuple[int, bo
     def refused(verb: str, e: Exception) -> tuple[int, bool]:
         status = getattr(e, "status", None)
         why = f"the API answered {status}: {getattr(e, 'reason', e)}" if status else f"no answer: {e}"
-        print(f"error: {verb}: {why}"
-              + (" (the drill's Role in templates/base/rbac.yaml grants it)" if status == 403 else ""),
-              file=sys.stderr)
+        print(
+            f"error: {verb}: {why}"
+            + (" (the drill's Role in templates/base/rbac.yaml grants it)" if status == 403 else ""),
+            file=sys.stderr,
+        )
         return 1, status != 403
 
     try:
-        pods = v1.list_namespaced_pod(namespace, label_selector=f"{WORKFLOW_LABEL}={args.workflow},{POD_GROUP_LABEL}",
-                                      _request_timeout=REQUEST_TIMEOUT_S)
+        pods = v1.list_namespaced_pod(
+            namespace,
+            label_selector=f"{WORKFLOW_LABEL}={args.workflow},{POD_GROUP_LABEL}",
+            _request_timeout=REQUEST_TIMEOUT_S,
+        )
     except (client.ApiException, HTTPError) as e:
         return refused("list pods", e)
     groups, mark, evict = plan(pods.items)
     for name in mark:
         try:
-            v1.patch_namespaced_pod(name, namespace, {"metadata": {"annotations": {RETRIABLE_IN_GROUP: "false"}}},
-                                    _request_timeout=REQUEST_TIMEOUT_S)
+            v1.patch_namespaced_pod(
+                name,
+                namespace,
+                {"metadata": {"annotations": {RETRIABLE_IN_GROUP: "false"}}},
+                _request_timeout=REQUEST_TIMEOUT_S,
+            )
         except (client.ApiException, HTTPError) as e:
             if getattr(e, "status", None) != 404:  # a pod already gone holds nothing
                 return refused(f"patch pod {name}", e)
@@ -144,8 +165,19 @@ def _release(v1: Any, namespace: str, args: argparse.Namespace) -> tuple[int, bo
         except (client.ApiException, HTTPError) as e:
             if getattr(e, "status", None) != 404:
                 return refused(f"evict pod {name}", e)
-    print(json.dumps({"event": "released", "workflow": args.workflow, "status": args.status, "groups": groups,
-                      "marked": len(mark), "evicted": evicted}), flush=True)
+    print(
+        json.dumps(
+            {
+                "event": "released",
+                "workflow": args.workflow,
+                "status": args.status,
+                "groups": groups,
+                "marked": len(mark),
+                "evicted": evicted,
+            }
+        ),
+        flush=True,
+    )
     return 0, False
 
 

@@ -139,7 +139,9 @@ def program(trainer: str) -> list[str]:
         here = Path(__file__).resolve().parents[1] / HF_EXAMPLE
         script = here if here.is_file() else Path.cwd() / HF_EXAMPLE  # an installed package has no examples/
         if not script.is_file():
-            raise SystemExit(f"error: --trainer hf: {HF_EXAMPLE} is not here (looked beside steps/ and in {Path.cwd()})")
+            raise SystemExit(
+                f"error: --trainer hf: {HF_EXAMPLE} is not here (looked beside steps/ and in {Path.cwd()})"
+            )
         return [str(script)]
     try:
         argv = shlex.split(trainer)
@@ -159,8 +161,15 @@ PYTHONS = ("python", "python3", Path(sys.executable).name)
 def torchrun(nproc: int, shutdown: list[str], nodes: Nodes | None = None) -> list[str]:
     """torchrun's command line: standalone on one node; a static rendezvous at node 0 on several."""
     where = ["--standalone"] if nodes is None else nodes.torchrun_args()
-    return [sys.executable, "-m", "torch.distributed.run", *where, f"--nproc-per-node={nproc}",
-            "--max-restarts=0", *shutdown]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        *where,
+        f"--nproc-per-node={nproc}",
+        "--max-restarts=0",
+        *shutdown,
+    ]
 
 
 @dataclass(frozen=True)
@@ -183,9 +192,15 @@ class Nodes:
     a round whose store never answers ends after this, never hangs the pod."""
 
     def torchrun_args(self) -> list[str]:
-        return [f"--nnodes={self.count}", f"--node-rank={self.rank}", "--rdzv-backend=static",
-                f"--rdzv-id={self.round_id}", f"--rdzv-conf=timeout={max(1, int(self.timeout_s))}",
-                f"--master-addr={self.addr}", f"--master-port={self.port}"]
+        return [
+            f"--nnodes={self.count}",
+            f"--node-rank={self.rank}",
+            "--rdzv-backend=static",
+            f"--rdzv-id={self.round_id}",
+            f"--rdzv-conf=timeout={max(1, int(self.timeout_s))}",
+            f"--master-addr={self.addr}",
+            f"--master-port={self.port}",
+        ]
 
 
 def rank0_of_1_env() -> dict[str, str]:
@@ -195,13 +210,24 @@ def rank0_of_1_env() -> dict[str, str]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    return {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1", "GROUP_RANK": "0",
-            "ROLE_RANK": "0", "ROLE_WORLD_SIZE": "1", "GROUP_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(port), "TORCHELASTIC_RUN_ID": uuid.uuid4().hex}
+    return {
+        "RANK": "0",
+        "LOCAL_RANK": "0",
+        "WORLD_SIZE": "1",
+        "LOCAL_WORLD_SIZE": "1",
+        "GROUP_RANK": "0",
+        "ROLE_RANK": "0",
+        "ROLE_WORLD_SIZE": "1",
+        "GROUP_WORLD_SIZE": "1",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+        "TORCHELASTIC_RUN_ID": uuid.uuid4().hex,
+    }
 
 
 def kill_after(child: subprocess.Popen, seconds: float) -> None:
     """SIGKILL `child` if it still runs `seconds` from now: torchrun's --shutdown-timeout, for a direct launch."""
+
     def kill() -> None:
         if child.poll() is None:
             print(f"[steps.train] the rank outlived its {seconds:g} s of grace: SIGKILL", file=sys.stderr)
@@ -217,10 +243,13 @@ def end_after_done(child: subprocess.Popen, seconds: float, grace: float) -> Non
     later). Everything is committed by then; what can still hold a pod is torchrun's exit barrier, which waits
     300 s (torch 2.13, not settable from its command line) for a node whose agent failed, as one did when its
     trainer aborted while shutting down (the suite, nodes=2)."""
+
     def end() -> None:
         if child.poll() is None:
-            print(f"[steps.train] the launcher still runs {seconds:g} s after the done record: SIGTERM",
-                  file=sys.stderr)
+            print(
+                f"[steps.train] the launcher still runs {seconds:g} s after the done record: SIGTERM",
+                file=sys.stderr,
+            )
             child.terminate()
             kill_after(child, grace)
 
@@ -238,14 +267,25 @@ def parse_nodes(ap: argparse.ArgumentParser, args: argparse.Namespace) -> Nodes 
             ap.error("--node-rank, --master-addr and --rendezvous are for --nnodes > 1")
         return None
     if args.node_rank is None or not 0 <= args.node_rank < args.nnodes:
-        ap.error(f"--node-rank must be 0 .. {args.nnodes - 1} with --nnodes {args.nnodes}, not {args.node_rank}")
+        ap.error(
+            f"--node-rank must be 0 .. {args.nnodes - 1} with --nnodes {args.nnodes}, not {args.node_rank}"
+        )
     if bool(args.master_addr) == bool(args.rendezvous):
-        ap.error("with --nnodes > 1, give node 0's address: --master-addr HOST, or --rendezvous URI (published "
-                 "there by node 0 at each start)")
+        ap.error(
+            "with --nnodes > 1, give node 0's address: --master-addr HOST, or --rendezvous URI (published "
+            "there by node 0 at each start)"
+        )
     if not 0 <= args.master_port < 65536 or (args.master_addr and not args.master_port):
-        ap.error(f"--master-port must be 1 .. 65535 (0: a free one, with --rendezvous), not {args.master_port}")
-    return Nodes(args.nnodes, args.node_rank, args.master_addr or "", args.master_port,
-                 timeout_s=args.rendezvous_timeout)
+        ap.error(
+            f"--master-port must be 1 .. 65535 (0: a free one, with --rendezvous), not {args.master_port}"
+        )
+    return Nodes(
+        args.nnodes,
+        args.node_rank,
+        args.master_addr or "",
+        args.master_port,
+        timeout_s=args.rendezvous_timeout,
+    )
 
 
 def advertised_addr() -> str:
@@ -261,21 +301,32 @@ def form_round(args: argparse.Namespace, nodes: Nodes, stop) -> Nodes | int:
     from steps.lib import group
 
     if nodes.rank == 0:
-        rnd = group.host(args.rendezvous, advertised_addr(), args.name, args.round_key, nodes.port, nodes.count)
+        rnd = group.host(
+            args.rendezvous, advertised_addr(), args.name, args.round_key, nodes.port, nodes.count
+        )
         print(f"[steps.train] node 0 hosts round {rnd.round_id} at {rnd.addr}:{rnd.port}", file=sys.stderr)
     else:
-        rnd = group.join(args.rendezvous, nodes.rank, args.name, args.round_key, args.rendezvous_timeout, stop)
+        rnd = group.join(
+            args.rendezvous, nodes.rank, args.name, args.round_key, args.rendezvous_timeout, stop
+        )
         if rnd == "done":
             print("[steps.train] node 0 finished the run: nothing to do -> exit 0", file=sys.stderr)
             return EXIT_OK
         if rnd == "failed":
-            print(f"[steps.train] node 0 ended with {EXIT_FAIL}, which nothing retries -> exit {EXIT_FAIL}",
-                  file=sys.stderr)
+            print(
+                f"[steps.train] node 0 ended with {EXIT_FAIL}, which nothing retries -> exit {EXIT_FAIL}",
+                file=sys.stderr,
+            )
             return EXIT_FAIL
         if isinstance(rnd, str):  # stopped (a SIGTERM while waiting) or timeout: nothing trained
-            print(f"[steps.train] no round of node 0 to join ({rnd}) -> exit {EXIT_PREEMPTED}", file=sys.stderr)
+            print(
+                f"[steps.train] no round of node 0 to join ({rnd}) -> exit {EXIT_PREEMPTED}", file=sys.stderr
+            )
             return EXIT_PREEMPTED
-        print(f"[steps.train] node {nodes.rank} joins round {rnd.round_id} at {rnd.addr}:{rnd.port}", file=sys.stderr)
+        print(
+            f"[steps.train] node {nodes.rank} joins round {rnd.round_id} at {rnd.addr}:{rnd.port}",
+            file=sys.stderr,
+        )
     return Nodes(nodes.count, nodes.rank, rnd.addr, rnd.port, rnd.round_id, nodes.timeout_s)
 
 
@@ -295,15 +346,26 @@ def own_record(evidence: Evidence, rec: dict) -> dict:
     return rec
 
 
-def round_not_formed(evidence: Evidence, nodes: Nodes, rc: int, reason: str = "round_not_formed",
-                     **extra: Any) -> dict:
+def round_not_formed(
+    evidence: Evidence, nodes: Nodes, rc: int, reason: str = "round_not_formed", **extra: Any
+) -> dict:
     """The `retry_later` record written when this node's round never formed: no trainer ran, so none wrote
     one. Its fields: `event`, `reason` (`round_not_formed`; `round_superseded` for a node other than 0 that
     left a round node 0 had given up), `round`, `node`, `step` (0: nothing trained), `launcher_exit`, what
     `extra` adds (node 0: `missing`, the nodes that never joined; `round_superseded`: `by`, the newer round or
     node 0's end), and own_record's (`attempt` null, `source`)."""
-    return own_record(evidence, {"event": "retry_later", "reason": reason, "round": nodes.round_id,
-                                 "node": nodes.rank, "step": 0, "launcher_exit": rc, **extra})
+    return own_record(
+        evidence,
+        {
+            "event": "retry_later",
+            "reason": reason,
+            "round": nodes.round_id,
+            "node": nodes.rank,
+            "step": 0,
+            "launcher_exit": rc,
+            **extra,
+        },
+    )
 
 
 def missing_peers(args: argparse.Namespace, nodes: Nodes) -> list[int]:
@@ -355,9 +417,24 @@ class RoundWatch:
       or an ended one means nobody will complete this round; this node then ends with 75, and its retry
       joins the newer round (`superseded`: the round or state that took its place)."""
 
-    def __init__(self, folder: str, nodes: Nodes, key: bytes, child: subprocess.Popen, grace_s: float,
-                 poll_s: float, pod: str) -> None:
-        self.folder, self.nodes, self.key, self.child, self.grace_s, self.poll_s = folder, nodes, key, child, grace_s, poll_s
+    def __init__(
+        self,
+        folder: str,
+        nodes: Nodes,
+        key: bytes,
+        child: subprocess.Popen,
+        grace_s: float,
+        poll_s: float,
+        pod: str,
+    ) -> None:
+        self.folder, self.nodes, self.key, self.child, self.grace_s, self.poll_s = (
+            folder,
+            nodes,
+            key,
+            child,
+            grace_s,
+            poll_s,
+        )
         self.pod = pod
         self.peer: int | None = None
         self.superseded: str | None = None
@@ -389,15 +466,19 @@ class RoundWatch:
             peers = group.failed_peers(self.folder, self.nodes.count, self.key)
             if peers:
                 self.peer = peers[0]
-                return (f"node {peers[0]} ended with {EXIT_FAIL} for good (its signed mark in {self.folder}): "
-                        "this round cannot form")
+                return (
+                    f"node {peers[0]} ended with {EXIT_FAIL} for good (its signed mark in {self.folder}): "
+                    "this round cannot form"
+                )
             return None
         round_id, state = group.node0_round(self.folder, self.key)
         if round_id is None or (round_id == self.nodes.round_id and state == "running"):
             return None  # no valid file (a store error, a planted file) is no news: the timeout still bounds the wait
         self.superseded = round_id if round_id != self.nodes.round_id else state
-        return (f"node 0 {'published round ' + round_id if round_id != self.nodes.round_id else 'ended ' + str(state)} "
-                f"before round {self.nodes.round_id} formed: leaving it")
+        return (
+            f"node 0 {'published round ' + round_id if round_id != self.nodes.round_id else 'ended ' + str(state)} "
+            f"before round {self.nodes.round_id} formed: leaving it"
+        )
 
     def _run(self) -> None:
         wait = 0.0
@@ -409,7 +490,10 @@ class RoundWatch:
                 try:
                     why = self._check()
                 except Exception as e:  # noqa: BLE001 - a store error: the rendezvous timeout still bounds the wait
-                    print(f"[steps.train] node {self.nodes.rank} could not read the round files: {e}", file=sys.stderr)
+                    print(
+                        f"[steps.train] node {self.nodes.rank} could not read the round files: {e}",
+                        file=sys.stderr,
+                    )
                     continue
             if why is None:
                 continue
@@ -422,42 +506,92 @@ class RoundWatch:
 
 def main(argv: list[str] | None = None) -> int:
     baton_env.check_or_exit()  # every BATON_ variable, before anything starts: a bad one is one line and exit 1
-    ap = ArgParser(prog="python -m steps.train", description=__doc__,
-                   formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = ArgParser(
+        prog="python -m steps.train",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     seconds = flag_type(Bound(0, baton_env.MAX_GRACE_S))
-    ap.add_argument("--nproc", type=flag_type(BOUNDS["ranks"]), default=1,
-                    help="ranks on this node (torchrun --nproc-per-node)")
-    ap.add_argument("--trainer", default="baton",
-                    help="baton (default), hf (the HF Trainer example), or 'SCRIPT ARGS...' / '-m MODULE ARGS...'")
+    ap.add_argument(
+        "--nproc",
+        type=flag_type(BOUNDS["ranks"]),
+        default=1,
+        help="ranks on this node (torchrun --nproc-per-node)",
+    )
+    ap.add_argument(
+        "--trainer",
+        default="baton",
+        help="baton (default), hf (the HF Trainer example), or 'SCRIPT ARGS...' / '-m MODULE ARGS...'",
+    )
     ap.add_argument("--config", help="config file, passed on as --config (baton's trainer requires one)")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
-    ap.add_argument("--evidence", default=baton_env.text("BATON_EVIDENCE_URI") or None,
-                    help="fsspec folder to copy the record lines to as they happen")
-    ap.add_argument("--shutdown-timeout", type=seconds, default=None,
-                    help="torchrun's --shutdown-timeout and the workers' BATON_GRACE (default: BATON_GRACE or 30)")
-    ap.add_argument("--done-linger", type=seconds, default=None, metavar="SECONDS",
-                    help="after the trainer's done record, how long the launcher may take to exit before it is "
-                         f"ended (default: {DONE_LINGER_S:g} for baton's trainer across nodes, where `done` is its "
-                         "last act and torchrun's exit barrier can hold the pod; otherwise never: a script may "
-                         "have more to do after its Trainer's done)")
-    ap.add_argument("--name", default=baton_env.text("BATON_POD_NAME") or f"attempt-{uuid.uuid4().hex[:8]}",
-                    help="name of this attempt's evidence file")
-    ap.add_argument("--launcher", default="auto", choices=("auto", "torchrun", "direct"),
-                    help="auto (default): direct for one rank on one node, torchrun otherwise")
-    ap.add_argument("--nnodes", type=flag_type(BOUNDS["nodes"]), default=1,
-                    help="pods in the job, one node each (default 1)")
-    ap.add_argument("--node-rank", type=flag_type(Bound(0, BOUNDS["nodes"].high - 1, integer=True)), default=None,
-                    help="this pod's node, 0 .. nnodes-1 (with --nnodes > 1)")
-    ap.add_argument("--master-addr", default=None, help="node 0's address: the rendezvous (with --nnodes > 1)")
-    ap.add_argument("--master-port", type=flag_type(BOUNDS["store_port"]), default=29500,
-                    help="the rendezvous port on node 0 (default 29500; 0 with --rendezvous: a free one)")
-    ap.add_argument("--rendezvous", default=None, metavar="URI",
-                    help="instead of --master-addr: a folder where node 0 publishes each round's address "
-                         "(steps/lib/group.py); every other node joins only a round newer than its last")
-    ap.add_argument("--rendezvous-timeout", type=flag_type(Bound(0, BOUNDS["rendezvous_timeout"].high, above=True)),
-                    default=900.0,
-                    help="seconds a node waits for node 0's next round, and torchrun's rendezvous for the other "
-                         "nodes, before exiting 75 (default 900)")
+    ap.add_argument(
+        "--evidence",
+        default=baton_env.text("BATON_EVIDENCE_URI") or None,
+        help="fsspec folder to copy the record lines to as they happen",
+    )
+    ap.add_argument(
+        "--shutdown-timeout",
+        type=seconds,
+        default=None,
+        help="torchrun's --shutdown-timeout and the workers' BATON_GRACE (default: BATON_GRACE or 30)",
+    )
+    ap.add_argument(
+        "--done-linger",
+        type=seconds,
+        default=None,
+        metavar="SECONDS",
+        help="after the trainer's done record, how long the launcher may take to exit before it is "
+        f"ended (default: {DONE_LINGER_S:g} for baton's trainer across nodes, where `done` is its "
+        "last act and torchrun's exit barrier can hold the pod; otherwise never: a script may "
+        "have more to do after its Trainer's done)",
+    )
+    ap.add_argument(
+        "--name",
+        default=baton_env.text("BATON_POD_NAME") or f"attempt-{uuid.uuid4().hex[:8]}",
+        help="name of this attempt's evidence file",
+    )
+    ap.add_argument(
+        "--launcher",
+        default="auto",
+        choices=("auto", "torchrun", "direct"),
+        help="auto (default): direct for one rank on one node, torchrun otherwise",
+    )
+    ap.add_argument(
+        "--nnodes",
+        type=flag_type(BOUNDS["nodes"]),
+        default=1,
+        help="pods in the job, one node each (default 1)",
+    )
+    ap.add_argument(
+        "--node-rank",
+        type=flag_type(Bound(0, BOUNDS["nodes"].high - 1, integer=True)),
+        default=None,
+        help="this pod's node, 0 .. nnodes-1 (with --nnodes > 1)",
+    )
+    ap.add_argument(
+        "--master-addr", default=None, help="node 0's address: the rendezvous (with --nnodes > 1)"
+    )
+    ap.add_argument(
+        "--master-port",
+        type=flag_type(BOUNDS["store_port"]),
+        default=29500,
+        help="the rendezvous port on node 0 (default 29500; 0 with --rendezvous: a free one)",
+    )
+    ap.add_argument(
+        "--rendezvous",
+        default=None,
+        metavar="URI",
+        help="instead of --master-addr: a folder where node 0 publishes each round's address "
+        "(steps/lib/group.py); every other node joins only a round newer than its last",
+    )
+    ap.add_argument(
+        "--rendezvous-timeout",
+        type=flag_type(Bound(0, BOUNDS["rendezvous_timeout"].high, above=True)),
+        default=900.0,
+        help="seconds a node waits for node 0's next round, and torchrun's rendezvous for the other "
+        "nodes, before exiting 75 (default 900)",
+    )
     args = ap.parse_args(argv)
     nodes = parse_nodes(ap, args)
     if args.rendezvous:
@@ -500,9 +634,12 @@ def main(argv: list[str] | None = None) -> int:
     else:  # an older torchrun SIGKILLs its workers 30 s after its SIGTERM: they must budget for that
         launcher = torchrun(args.nproc, [], nodes)
         if g > TORCHRUN_FIXED_SHUTDOWN_S:
-            print(f"[steps.train] this torch's torchrun has no --shutdown-timeout and kills workers "
-                  f"{TORCHRUN_FIXED_SHUTDOWN_S} s after a SIGTERM: the workers' grace is {TORCHRUN_FIXED_SHUTDOWN_S} s, "
-                  f"not {g:g} s", file=sys.stderr)
+            print(
+                f"[steps.train] this torch's torchrun has no --shutdown-timeout and kills workers "
+                f"{TORCHRUN_FIXED_SHUTDOWN_S} s after a SIGTERM: the workers' grace is {TORCHRUN_FIXED_SHUTDOWN_S} s, "
+                f"not {g:g} s",
+                file=sys.stderr,
+            )
             g = TORCHRUN_FIXED_SHUTDOWN_S
     cmd = [*launcher, *program(args.trainer)]
     if args.config:
@@ -511,12 +648,15 @@ def main(argv: list[str] | None = None) -> int:
         cmd += ["--set", o]
     evidence = Evidence(args.evidence, args.name)
     # One grace for the whole pod: the workers budget against what torchrun allows them.
-    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"), BATON_GRACE=str(g), **launch_env)
+    env = dict(
+        os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"), BATON_GRACE=str(g), **launch_env
+    )
     # glibc's mmap threshold fixed at 1 MiB unless set: freed staging and load buffers go back to the OS
     # instead of staying on the heap (an async save's peak: 1.29 -> 1.06 checkpoints, docs/results.md).
     env.setdefault("MALLOC_MMAP_THRESHOLD_", str(MMAP_THRESHOLD))
-    child = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1, env=env,
-                             errors="replace")
+    child = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1, env=env, errors="replace"
+    )
     assert child.stderr is not None
     errors = ErrorLine(child.stderr)
     if signalled.is_set():  # the SIGTERM came while the launcher was starting: pass it on now
@@ -529,8 +669,11 @@ def main(argv: list[str] | None = None) -> int:
 
         watch = RoundWatch(args.rendezvous, nodes, args.round_key, child, g, PEER_POLL_S, args.name)
     preempted = done = stepped = recorded = False
-    linger = args.done_linger if args.done_linger is not None else (
-        DONE_LINGER_S if args.trainer == "baton" and nodes is not None else None)
+    linger = (
+        args.done_linger
+        if args.done_linger is not None
+        else (DONE_LINGER_S if args.trainer == "baton" and nodes is not None else None)
+    )
     assert child.stdout is not None
     for line in child.stdout:
         sys.stdout.write(line)
@@ -567,10 +710,19 @@ def main(argv: list[str] | None = None) -> int:
         # Node `peer` ended with 1 for good before this round formed: nothing will retry it, so nothing will
         # join; ending with 1 now (and marking node-0.json failed, below) instead of at the rendezvous timeout.
         code = EXIT_FAIL
-        own_record(evidence, {"event": "failed", "reason": "peer_failed", "node": watch.peer, "round": nodes.round_id,
-                              "step": 0, "launcher_exit": rc,
-                              "error": f"node {watch.peer} ended with {EXIT_FAIL} for good before round "
-                                       f"{nodes.round_id} formed"})
+        own_record(
+            evidence,
+            {
+                "event": "failed",
+                "reason": "peer_failed",
+                "node": watch.peer,
+                "round": nodes.round_id,
+                "step": 0,
+                "launcher_exit": rc,
+                "error": f"node {watch.peer} ended with {EXIT_FAIL} for good before round "
+                f"{nodes.round_id} formed",
+            },
+        )
     elif watch is not None and watch.superseded is not None and not recorded:
         # Node 0 gave this round up (it came back with a newer one, or ended) before it formed: the retry joins
         # the newer round, or ends as node 0 did.
@@ -580,8 +732,11 @@ def main(argv: list[str] | None = None) -> int:
         if rc != 0 and not signalled.is_set():
             # Seen once at nodes=2 (torch 2.13): node 1's trainer aborted ("terminate called without an active
             # exception", SIGABRT) while shutting down after `done`. Nothing committed can change after it.
-            print(f"[steps.train] the trainer wrote `done` and then exited {rc} while shutting down: the run is "
-                  "complete", file=sys.stderr)
+            print(
+                f"[steps.train] the trainer wrote `done` and then exited {rc} while shutting down: the run is "
+                "complete",
+                file=sys.stderr,
+            )
         code = EXIT_OK  # after a SIGTERM too: the launcher's rc is then its own
     elif preempted or (signalled.is_set() and not stepped):
         code = EXIT_PREEMPTED
@@ -589,31 +744,62 @@ def main(argv: list[str] | None = None) -> int:
         # The group never formed (node 0 went), or this node's trainer failed before its first step (a
         # node > 0 writes no record before it): the retry waits for node 0's next round, and ends with 1
         # if node 0 ended with 1 (steps/lib/group.py). Node 0 decides as a single node does.
-        print("[steps.train] torchrun ended before the trainer wrote any record: the group did not form",
-              file=sys.stderr)
+        print(
+            "[steps.train] torchrun ended before the trainer wrote any record: the group did not form",
+            file=sys.stderr,
+        )
         round_not_formed(evidence, nodes, rc)
         code = EXIT_PREEMPTED
-    elif (args.rendezvous and nodes is not None and nodes.rank == 0 and not recorded
-          and (missing := missing_peers(args, nodes))):
+    elif (
+        args.rendezvous
+        and nodes is not None
+        and nodes.rank == 0
+        and not recorded
+        and (missing := missing_peers(args, nodes))
+    ):
         # torchrun's rendezvous ended (its timeout) without these nodes: a slow replacement (a new Spot VM, an
         # image pull, a node that stays unreachable until it is deleted) is retried, not failed for good.
-        print(f"[steps.train] round {nodes.round_id} did not form: node(s) {missing} never joined", file=sys.stderr)
+        print(
+            f"[steps.train] round {nodes.round_id} did not form: node(s) {missing} never joined",
+            file=sys.stderr,
+        )
         round_not_formed(evidence, nodes, rc, missing=missing)
         code = EXIT_PREEMPTED
     else:
         code = EXIT_FAIL
         if not recorded:  # the trainer ended before its first record: the drill's report names why
-            own_record(evidence, {"event": "failed", "reason": "trainer_error", "step": 0, "launcher_exit": rc,
-                                  "error": error or f"the trainer exited {rc} before writing any record (see its log)"})
-    print(f"[steps.train] {'the rank' if direct else 'torchrun'} exited {rc}; preempt record: {preempted}, done record: {done}, "
-          f"signalled: {signalled.is_set()}, step records: {stepped} -> exit {code}", file=sys.stderr)
+            own_record(
+                evidence,
+                {
+                    "event": "failed",
+                    "reason": "trainer_error",
+                    "step": 0,
+                    "launcher_exit": rc,
+                    "error": error or f"the trainer exited {rc} before writing any record (see its log)",
+                },
+            )
+    print(
+        f"[steps.train] {'the rank' if direct else 'torchrun'} exited {rc}; preempt record: {preempted}, done record: {done}, "
+        f"signalled: {signalled.is_set()}, step records: {stepped} -> exit {code}",
+        file=sys.stderr,
+    )
     if nodes is not None and args.rendezvous and nodes.rank == 0 and code in (EXIT_OK, EXIT_FAIL):
         from steps.lib import group
 
-        group.end(args.rendezvous, group.Round(nodes.round_id, nodes.addr, nodes.port), args.name,
-                  "done" if code == EXIT_OK else "failed", args.round_key)
-    if (nodes is not None and args.rendezvous and nodes.rank > 0 and code == EXIT_FAIL
-            and not signalled.is_set()):
+        group.end(
+            args.rendezvous,
+            group.Round(nodes.round_id, nodes.addr, nodes.port),
+            args.name,
+            "done" if code == EXIT_OK else "failed",
+            args.round_key,
+        )
+    if (
+        nodes is not None
+        and args.rendezvous
+        and nodes.rank > 0
+        and code == EXIT_FAIL
+        and not signalled.is_set()
+    ):
         # 1 without a SIGTERM: Argo records "Error (exit code 1)", which the drill never retries. Node 0's
         # next round would wait for this node until its rendezvous timeout; the signed mark ends that wait.
         # (After a SIGTERM the pod was deleted, and Argo may retry it as `pod deleted`: no mark.)
@@ -622,14 +808,19 @@ def main(argv: list[str] | None = None) -> int:
         try:
             group.fail(args.rendezvous, nodes.rank, args.name, nodes.round_id, args.round_key)
         except Exception as e:  # noqa: BLE001 - the exit code stands; node 0 then waits out its timeout
-            print(f"[steps.train] could not mark node {nodes.rank} failed in {args.rendezvous}: {e}", file=sys.stderr)
+            print(
+                f"[steps.train] could not mark node {nodes.rank} failed in {args.rendezvous}: {e}",
+                file=sys.stderr,
+            )
     return code
 
 
 def _main() -> int:
     try:
         return main()
-    except baton_env.EnvError as e:  # a variable in a spelling baton does not read: one line, and no retry helps
+    except (
+        baton_env.EnvError
+    ) as e:  # a variable in a spelling baton does not read: one line, and no retry helps
         print(f"error: {e}", file=sys.stderr)
         return EXIT_FAIL
 

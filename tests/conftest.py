@@ -31,8 +31,13 @@ def _environment_restored(keys: tuple[str, ...]):
                 os.environ[k] = v
 
 
-_S3_ENV = ("BATON_S3_ENDPOINT", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
-           "AWS_DEFAULT_REGION")
+_S3_ENV = (
+    "BATON_S3_ENDPOINT",
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AWS_DEFAULT_REGION",
+)
 
 
 @pytest.fixture(scope="module")
@@ -65,8 +70,15 @@ def s3_proxy(s3):
         proxy.stop()
 
 
-_GCS_ENV = ("STORAGE_EMULATOR_HOST", "GCE_METADATA_HOST", "GCE_METADATA_IP", "NO_GCE_CHECK", "BATON_GCS_TOKEN",
-            "BATON_GCS_HNS", "GOOGLE_APPLICATION_CREDENTIALS")
+_GCS_ENV = (
+    "STORAGE_EMULATOR_HOST",
+    "GCE_METADATA_HOST",
+    "GCE_METADATA_IP",
+    "NO_GCE_CHECK",
+    "BATON_GCS_TOKEN",
+    "BATON_GCS_HNS",
+    "GOOGLE_APPLICATION_CREDENTIALS",
+)
 
 
 @pytest.fixture(scope="module")

@@ -24,8 +24,11 @@ ARGO_VERSION, whose CRDs are in tests/argo/ARGO_VERSION/ (a bumped pin without t
 ARGO_VERSIONS = {FORWARD: ARGO, ARGO_VERSION: ARGO / ARGO_VERSION}  # each folder's README: source and license
 CRD_FILES = {"Workflow": "crd-workflows.yaml", "CronWorkflow": "crd-cronworkflows.yaml"}
 KUEUE = Path(__file__).resolve().parent / "kueue"
-KUEUE_CRD_FILES = {"ClusterQueue": "crd-clusterqueues.yaml", "LocalQueue": "crd-localqueues.yaml",
-                   "ResourceFlavor": "crd-resourceflavors.yaml"}
+KUEUE_CRD_FILES = {
+    "ClusterQueue": "crd-clusterqueues.yaml",
+    "LocalQueue": "crd-localqueues.yaml",
+    "ResourceFlavor": "crd-resourceflavors.yaml",
+}
 
 
 def _load(text: str) -> Any:
@@ -42,8 +45,12 @@ def _strict(node: Any) -> Any:
     if node.get("x-kubernetes-int-or-string"):
         out.pop("type", None)
         out["anyOf"] = [{"type": "integer"}, {"type": "string"}]
-    if node.get("type") == "object" and "properties" in node and not node.get("x-kubernetes-preserve-unknown-fields") \
-            and "additionalProperties" not in node:
+    if (
+        node.get("type") == "object"
+        and "properties" in node
+        and not node.get("x-kubernetes-preserve-unknown-fields")
+        and "additionalProperties" not in node
+    ):
         out["additionalProperties"] = False
     return out
 
@@ -60,7 +67,9 @@ def crd_schema(kind: str, version: str = FORWARD) -> dict[str, Any]:
 def kueue_schema(kind: str, version: str) -> dict[str, Any]:
     crd = _load((KUEUE / KUEUE_CRD_FILES[kind]).read_text())
     served = {v["name"]: v for v in crd["spec"]["versions"] if v.get("served")}
-    assert version in served, f"Kueue {KUEUE_VERSION} does not serve {kind} {version} (it serves {sorted(served)})"
+    assert version in served, (
+        f"Kueue {KUEUE_VERSION} does not serve {kind} {version} (it serves {sorted(served)})"
+    )
     schema = copy.deepcopy(served[version]["schema"]["openAPIV3Schema"])
     schema["properties"]["metadata"] = {"type": "object"}
     return _strict(schema)

@@ -59,9 +59,24 @@ class GCSEndpoint(CheckpointLayout):
         port = free_port()
         self.url = f"http://127.0.0.1:{port}"
         self.proc = subprocess.Popen(
-            [str(_binary()), "-scheme", "http", "-host", "127.0.0.1", "-port", str(port), "-backend", "memory",
-             "-external-url", self.url, "-log-level", "error"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            [
+                str(_binary()),
+                "-scheme",
+                "http",
+                "-host",
+                "127.0.0.1",
+                "-port",
+                str(port),
+                "-backend",
+                "memory",
+                "-external-url",
+                self.url,
+                "-log-level",
+                "error",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         deadline = time.monotonic() + 20
         while True:
             try:
@@ -86,8 +101,12 @@ class GCSEndpoint(CheckpointLayout):
             self.proc = None
 
     def _call(self, method: str, path: str, body: bytes | None = None, base: str | None = None) -> bytes:
-        req = urllib.request.Request((base or self.url) + path, data=body, method=method,
-                                     headers={"Content-Type": "application/json"} if body is not None else {})
+        req = urllib.request.Request(
+            (base or self.url) + path,
+            data=body,
+            method=method,
+            headers={"Content-Type": "application/json"} if body is not None else {},
+        )
         with urllib.request.urlopen(req, timeout=30) as r:
             return r.read()
 
@@ -110,8 +129,9 @@ class GCSEndpoint(CheckpointLayout):
         that does not load (it holds a private key that must never be printed). google-auth fails on
         the file before it would look anywhere else."""
         key = tmp_path / "gcs-key.json"
-        key.write_text(json.dumps({"type": "service_account", "private_key": GCS_KEY_SECRET,
-                                   "private_key_id": "0123"}))
+        key.write_text(
+            json.dumps({"type": "service_account", "private_key": GCS_KEY_SECRET, "private_key_id": "0123"})
+        )
         return env | {"BATON_GCS_TOKEN": "google_default", "GOOGLE_APPLICATION_CREDENTIALS": str(key)}
 
     # -- objects, through the JSON API (not through the code under test) --
@@ -135,8 +155,11 @@ class GCSEndpoint(CheckpointLayout):
         sb, sp = self.split(src.rstrip("/") + "/")
         db, dp = self.split(dst.rstrip("/") + "/")
         for k in self.keys(src):
-            self._call("POST", f"/storage/v1/b/{sb}/o/{quote(sp + k, safe='')}/copyTo/b/{db}/o/"
-                               f"{quote(dp + k, safe='')}", b"{}")
+            self._call(
+                "POST",
+                f"/storage/v1/b/{sb}/o/{quote(sp + k, safe='')}/copyTo/b/{db}/o/{quote(dp + k, safe='')}",
+                b"{}",
+            )
 
     def download(self, src: str, dst) -> None:
         for k in self.keys(src):
@@ -150,9 +173,12 @@ class GCSEndpoint(CheckpointLayout):
 
     def write(self, uri: str, data: bytes) -> None:
         bucket, key = self.split(uri)
-        req = urllib.request.Request(f"{self.url}/upload/storage/v1/b/{bucket}/o?uploadType=media&name="
-                                     f"{quote(key, safe='')}", data=data, method="POST",
-                                     headers={"Content-Type": "application/octet-stream"})
+        req = urllib.request.Request(
+            f"{self.url}/upload/storage/v1/b/{bucket}/o?uploadType=media&name={quote(key, safe='')}",
+            data=data,
+            method="POST",
+            headers={"Content-Type": "application/octet-stream"},
+        )
         with urllib.request.urlopen(req, timeout=30) as r:
             r.read()
 
@@ -224,8 +250,12 @@ def json_api_method(method: str, path: str) -> str:
         for verb in ("rewriteTo", "copyTo", "moveTo", "compose"):
             if f"/{verb}/" in u.path or u.path.endswith(f"/{verb}"):
                 return "objects." + verb.removesuffix("To")
-        return {"GET": "objects.get", "DELETE": "objects.delete", "PATCH": "objects.patch",
-                "PUT": "objects.patch"}.get(method, f"other {method} {u.path}")
+        return {
+            "GET": "objects.get",
+            "DELETE": "objects.delete",
+            "PATCH": "objects.patch",
+            "PUT": "objects.patch",
+        }.get(method, f"other {method} {u.path}")
     return f"other {method} {u.path}"
 
 
@@ -240,8 +270,14 @@ def permissions_needed(requests: list[tuple[str, str, bytes]]) -> tuple[set[str]
         inner = [(method, path)]
         if urlsplit(path).path.startswith("/batch/"):
             text = body.decode(errors="replace")
-            inner = [(m, p) for m, p in (line.split(" ")[:2] for line in text.splitlines()
-                                         if line.startswith(("DELETE /", "GET /", "POST /", "PATCH /")))]
+            inner = [
+                (m, p)
+                for m, p in (
+                    line.split(" ")[:2]
+                    for line in text.splitlines()
+                    if line.startswith(("DELETE /", "GET /", "POST /", "PATCH /"))
+                )
+            ]
         for m, p in inner:
             name = json_api_method(m, p)
             methods.add(name)

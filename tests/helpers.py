@@ -20,9 +20,22 @@ CORPUS = REPO / "trainer" / "assets" / "tiny_corpus.txt"
 FAULTFS = REPO / "tests" / "faultfs"
 
 
-def trainer_cmd(model_dir: Path | str, ckpt: Path | str, *sets: str, config: Path | str = TINY_YAML) -> list[str]:
-    cmd = [PY, "-m", "trainer", "--config", str(config), "--set", f"model.path={model_dir}",
-           "--set", f"checkpoint.uri={ckpt}", "--set", f"data.uri={CORPUS}"]
+def trainer_cmd(
+    model_dir: Path | str, ckpt: Path | str, *sets: str, config: Path | str = TINY_YAML
+) -> list[str]:
+    cmd = [
+        PY,
+        "-m",
+        "trainer",
+        "--config",
+        str(config),
+        "--set",
+        f"model.path={model_dir}",
+        "--set",
+        f"checkpoint.uri={ckpt}",
+        "--set",
+        f"data.uri={CORPUS}",
+    ]
     for s in sets:
         cmd += ["--set", s]
     return cmd
@@ -33,8 +46,10 @@ def base_env(**extra: str) -> dict[str, str]:
     # Prepended, not replaced: packages installed with `pip --target` (gpu/device.sh) stay importable.
     # tests/faultfs: its sitecustomize installs the trainer's test seams (BATON_PAUSE_AFTER_STEP, ...) and
     # the faulty:// store, from outside the trainer.
-    env.update(OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), str(FAULTFS),
-                                                                            env.get("PYTHONPATH")])))
+    env.update(
+        OMP_NUM_THREADS="1",
+        PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), str(FAULTFS), env.get("PYTHONPATH")])),
+    )
     env.update(extra)
     return env
 
@@ -43,21 +58,36 @@ def records(stdout: str) -> list[dict]:
     return [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
 
 
-def run(cmd: list[str], env: dict[str, str] | None = None, timeout: float = 300) -> tuple[int, list[dict], str]:
+def run(
+    cmd: list[str], env: dict[str, str] | None = None, timeout: float = 300
+) -> tuple[int, list[dict], str]:
     p = subprocess.run(cmd, capture_output=True, text=True, env=env or base_env(), cwd=REPO, timeout=timeout)
     return p.returncode, records(p.stdout), p.stderr
 
 
-def run_and_sigterm(cmd: list[str], at_step: int, env: dict[str, str] | None = None,
-                    target=None, timeout: float = 300, delay_s: float = 0.0,
-                    group: bool = False) -> tuple[int, list[dict], str]:
+def run_and_sigterm(
+    cmd: list[str],
+    at_step: int,
+    env: dict[str, str] | None = None,
+    target=None,
+    timeout: float = 300,
+    delay_s: float = 0.0,
+    group: bool = False,
+) -> tuple[int, list[dict], str]:
     """Run with BATON_PAUSE_AFTER_STEP=at_step; when the step record for `at_step` shows, send a real
     SIGTERM (to the process, to `target(proc)`'s pid, or with `group` to the process group the process
     leads, as Argo's emissary and the local runner signal a pod), and collect everything."""
     env = dict(env or base_env())
     env.setdefault("BATON_PAUSE_AFTER_STEP", str(at_step))
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO,
-                         start_new_session=group)
+    p = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=REPO,
+        start_new_session=group,
+    )
     out_lines = []
     deadline = time.monotonic() + timeout
     sent = False
@@ -115,11 +145,17 @@ def workers_of(pid: int, cmd_contains: bytes | None = None) -> dict[int, int]:
         for k in map(int, kids):
             todo.append(k)
             try:
-                env = dict(e.split("=", 1) for e in Path(f"/proc/{k}/environ").read_text().split("\0") if "=" in e)
+                env = dict(
+                    e.split("=", 1) for e in Path(f"/proc/{k}/environ").read_text().split("\0") if "=" in e
+                )
                 cmdline = Path(f"/proc/{k}/cmdline").read_bytes()
             except OSError:
                 continue
-            if "TORCHELASTIC_RUN_ID" in env and "RANK" in env and (cmd_contains is None or cmd_contains in cmdline):
+            if (
+                "TORCHELASTIC_RUN_ID" in env
+                and "RANK" in env
+                and (cmd_contains is None or cmd_contains in cmdline)
+            ):
                 found[int(env["RANK"])] = k
     return found
 

@@ -19,7 +19,9 @@ CLUSTER_IMAGE = "us-central1-docker.pkg.dev/acme-ml-42/baton/baton:abc123-cuda"
 
 def cluster_overlay() -> ModuleType:
     """infra/scripts/cluster_overlay.py, the generator make gke-up runs (a script, not a package)."""
-    spec = importlib.util.spec_from_file_location("cluster_overlay", REPO / "infra" / "scripts" / "cluster_overlay.py")
+    spec = importlib.util.spec_from_file_location(
+        "cluster_overlay", REPO / "infra" / "scripts" / "cluster_overlay.py"
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -32,7 +34,9 @@ def generated_templates() -> Path:
     root = Path(tempfile.mkdtemp(prefix="baton-overlays-"))
     atexit.register(shutil.rmtree, root, True)
     shutil.copytree(REPO / "templates", root / "templates", ignore=shutil.ignore_patterns(gen.FOLDER))
-    gen.write(root / "templates" / "overlays" / "gke" / gen.FOLDER, gen.outputs(TERRAFORM_OUTPUT), CLUSTER_IMAGE)
+    gen.write(
+        root / "templates" / "overlays" / "gke" / gen.FOLDER, gen.outputs(TERRAFORM_OUTPUT), CLUSTER_IMAGE
+    )
     return root / "templates"
 
 

@@ -26,10 +26,22 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import unquote, urlsplit
 
-DUMMY_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing-key-id", "AWS_SECRET_ACCESS_KEY": "testing-secret-key",
-                     "AWS_DEFAULT_REGION": "us-east-1"}
-_HOP = {"connection", "keep-alive", "proxy-connection", "transfer-encoding", "te", "trailer", "upgrade",
-        "expect", "content-length"}
+DUMMY_CREDENTIALS = {
+    "AWS_ACCESS_KEY_ID": "testing-key-id",
+    "AWS_SECRET_ACCESS_KEY": "testing-secret-key",
+    "AWS_DEFAULT_REGION": "us-east-1",
+}
+_HOP = {
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "transfer-encoding",
+    "te",
+    "trailer",
+    "upgrade",
+    "expect",
+    "content-length",
+}
 
 
 def free_port() -> int:
@@ -41,10 +53,14 @@ def free_port() -> int:
 def boto3_client(endpoint: str, env: dict[str, str]):
     import boto3
 
-    return boto3.client("s3", endpoint_url=endpoint, region_name=env.get("AWS_DEFAULT_REGION", "us-east-1"),
-                        aws_access_key_id=env.get("AWS_ACCESS_KEY_ID"),
-                        aws_secret_access_key=env.get("AWS_SECRET_ACCESS_KEY"),
-                        aws_session_token=env.get("AWS_SESSION_TOKEN"))
+    return boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        region_name=env.get("AWS_DEFAULT_REGION", "us-east-1"),
+        aws_access_key_id=env.get("AWS_ACCESS_KEY_ID"),
+        aws_secret_access_key=env.get("AWS_SECRET_ACCESS_KEY"),
+        aws_session_token=env.get("AWS_SESSION_TOKEN"),
+    )
 
 
 class CheckpointLayout:
@@ -136,8 +152,12 @@ class S3Endpoint(CheckpointLayout):
     def without_credentials(env: dict[str, str], tmp_path) -> dict[str, str]:
         """`env` with no usable S3 credentials anywhere (and no instance-metadata lookup)."""
         env = {k: v for k, v in env.items() if not k.startswith("AWS_")}
-        return env | {"AWS_EC2_METADATA_DISABLED": "true", "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none"),
-                      "AWS_CONFIG_FILE": str(tmp_path / "none"), "AWS_DEFAULT_REGION": "us-east-1"}
+        return env | {
+            "AWS_EC2_METADATA_DISABLED": "true",
+            "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none"),
+            "AWS_CONFIG_FILE": str(tmp_path / "none"),
+            "AWS_DEFAULT_REGION": "us-east-1",
+        }
 
     # -- what a request through the proxy does --
     @staticmethod
@@ -148,7 +168,9 @@ class S3Endpoint(CheckpointLayout):
         bucket, _, key = u.path.lstrip("/").partition("/")
         key = unquote(key)
         if method == "GET" and not key and "list-type=2" in u.query:
-            return "list", unquote(dict(kv.partition("=")[::2] for kv in u.query.split("&")).get("prefix", ""))
+            return "list", unquote(
+                dict(kv.partition("=")[::2] for kv in u.query.split("&")).get("prefix", "")
+            )
         if method == "POST" and "delete" in u.query.split("&"):
             return "delete", unquote(body.decode(errors="replace"))
         if method in ("PUT", "POST") and key:
@@ -264,8 +286,10 @@ class FaultProxy:
                 if verdict == "reset":
                     return self._reset()
                 if verdict is not None:
-                    payload = (f"<?xml version='1.0' encoding='UTF-8'?><Error><Code>ServiceUnavailable</Code>"
-                               f"<Message>injected {verdict}</Message></Error>").encode()
+                    payload = (
+                        f"<?xml version='1.0' encoding='UTF-8'?><Error><Code>ServiceUnavailable</Code>"
+                        f"<Message>injected {verdict}</Message></Error>"
+                    ).encode()
                     if method == "HEAD":
                         payload = b""
                     self.send_response(int(verdict))
@@ -317,7 +341,11 @@ class FaultProxy:
     def _decide(self, method: str, path: str, body: bytes) -> str | None:
         f = self.faults
         with self.lock:
-            if not f.every or len(f.injected) >= f.max_faults or (f.match and not f.match(method, path, body)):
+            if (
+                not f.every
+                or len(f.injected) >= f.max_faults
+                or (f.match and not f.match(method, path, body))
+            ):
                 return None
             f.seen += 1
             if f.seen % f.every:

@@ -34,12 +34,21 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    ap = ArgParser(prog="python -m trainer", description=__doc__,
-                   formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = ArgParser(
+        prog="python -m trainer", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--config", required=True, help="YAML config file")
-    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                    help="override a config key, e.g. --set model.dropout=0.1 (repeatable)")
-    ap.add_argument("--print-config", action="store_true", help="print the resolved config and run_id, then exit")
+    ap.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config key, e.g. --set model.dropout=0.1 (repeatable)",
+    )
+    ap.add_argument(
+        "--print-config", action="store_true", help="print the resolved config and run_id, then exit"
+    )
     args = ap.parse_args(argv)
 
     from trainer.config import ConfigError, load_config
@@ -53,7 +62,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.print_config:
         import json
 
-        print(json.dumps({"run_id": cfg.run_id, "fingerprint": cfg.fingerprint, "config": cfg.to_dict()}, indent=1))
+        print(
+            json.dumps(
+                {"run_id": cfg.run_id, "fingerprint": cfg.fingerprint, "config": cfg.to_dict()}, indent=1
+            )
+        )
         return 0
 
     from trainer.checkpoint import CheckpointRefused

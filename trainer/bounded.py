@@ -52,8 +52,11 @@ class Bound:
         return f"{kind} {'>' if self.above else '>='} {low} and {'<' if self.below else '<='} {high}"
 
     def holds(self, value: float) -> bool:
-        return (math.isfinite(value) and (value > self.low if self.above else value >= self.low)
-                and (value < self.high if self.below else value <= self.high))
+        return (
+            math.isfinite(value)
+            and (value > self.low if self.above else value >= self.low)
+            and (value < self.high if self.below else value <= self.high)
+        )
 
 
 def parse(raw: str, where: str, bound: Bound) -> int | float:

@@ -31,15 +31,24 @@ class CadenceConfig:
     """'auto': the longest interval, whatever the estimate (an MTBF without evidence is infinite)."""
 
     def __post_init__(self) -> None:
-        _require(self.mode in ("steps", "wall", "auto"), "cadence.mode",
-                 f"must be 'steps', 'wall' or 'auto', got {self.mode!r}")
+        _require(
+            self.mode in ("steps", "wall", "auto"),
+            "cadence.mode",
+            f"must be 'steps', 'wall' or 'auto', got {self.mode!r}",
+        )
         _require(self.every_s > 0, "cadence.every_s", f"must be > 0, got {self.every_s}")
         _require(self.mtbf_prior_s > 0, "cadence.mtbf_prior_s", f"must be > 0, got {self.mtbf_prior_s}")
-        _require(self.mtbf_prior_weight >= 0, "cadence.mtbf_prior_weight",
-                 f"must be >= 0, got {self.mtbf_prior_weight}")
+        _require(
+            self.mtbf_prior_weight >= 0,
+            "cadence.mtbf_prior_weight",
+            f"must be >= 0, got {self.mtbf_prior_weight}",
+        )
         _require(self.min_interval_s > 0, "cadence.min_interval_s", f"must be > 0, got {self.min_interval_s}")
-        _require(self.max_interval_s >= self.min_interval_s, "cadence.max_interval_s",
-                 f"must be >= cadence.min_interval_s ({self.min_interval_s}), got {self.max_interval_s}")
+        _require(
+            self.max_interval_s >= self.min_interval_s,
+            "cadence.max_interval_s",
+            f"must be >= cadence.min_interval_s ({self.min_interval_s}), got {self.max_interval_s}",
+        )
 
 
 def young_daly_interval_s(save_cost_s: float, mtbf_s: float) -> float:
@@ -58,8 +67,9 @@ class Attempt(NamedTuple):
     """Seconds it ran (for the running attempt: so far)."""
 
 
-def estimate_mtbf_s(history: Sequence[tuple[float, bool, float]], prior_mtbf_s: float,
-                    prior_weight: float) -> float:
+def estimate_mtbf_s(
+    history: Sequence[tuple[float, bool, float]], prior_mtbf_s: float, prior_weight: float
+) -> float:
     """MTBF = (prior_mtbf_s * prior_weight + total runtime) / (prior_weight + preemptions).
 
     The prior counts as `prior_weight` pseudo-preemptions spread over `prior_weight * prior_mtbf_s` seconds
@@ -104,11 +114,13 @@ class Cadence:
         return min(max(optimum, self.cfg.min_interval_s), self.cfg.max_interval_s)
 
     def _moved(self, a: float | None, b: float | None) -> bool:
-        return (a is None) != (b is None) or (a is not None and b is not None
-                                              and not math.isclose(a, b, rel_tol=self.rel_tol))
+        return (a is None) != (b is None) or (
+            a is not None and b is not None and not math.isclose(a, b, rel_tol=self.rel_tol)
+        )
 
-    def update(self, save_cost_s: float | None = None,
-               history: Sequence[tuple[float, bool, float]] | None = None) -> CadenceChange | None:
+    def update(
+        self, save_cost_s: float | None = None, history: Sequence[tuple[float, bool, float]] | None = None
+    ) -> CadenceChange | None:
         """Take a measured save cost and/or this run's attempt history; the change to log when the
         interval or an input moved by more than `rel_tol` since the last report (the first call reports)."""
         if save_cost_s is not None:
@@ -117,12 +129,15 @@ class Cadence:
             self.mtbf_s = estimate_mtbf_s(history, self.cfg.mtbf_prior_s, self.cfg.mtbf_prior_weight)
         self.interval_s = self._interval()
         last = self._reported
-        if last is not None and not (self._moved(self.interval_s, last.interval_s)
-                                     or self._moved(self.save_cost_s, last.save_cost_s)
-                                     or self._moved(self.mtbf_s, last.mtbf_s)):
+        if last is not None and not (
+            self._moved(self.interval_s, last.interval_s)
+            or self._moved(self.save_cost_s, last.save_cost_s)
+            or self._moved(self.mtbf_s, last.mtbf_s)
+        ):
             return None
-        self._reported = CadenceChange(self.cfg.mode, self.interval_s, last.interval_s if last else None,
-                                       self.save_cost_s, self.mtbf_s)
+        self._reported = CadenceChange(
+            self.cfg.mode, self.interval_s, last.interval_s if last else None, self.save_cost_s, self.mtbf_s
+        )
         return self._reported
 
     def due(self, now: float, last_save_at: float) -> bool:

@@ -63,8 +63,11 @@ def broadcast(obj: Any) -> Any:
     length = torch.tensor([len(data)], dtype=torch.int64, device=dev)
     dist.broadcast(length, src=0)
     n = _checked_length(int(length.item()), 0)
-    buf = (torch.frombuffer(bytearray(data), dtype=torch.uint8).to(dev) if rank() == 0 and n
-           else torch.empty(n, dtype=torch.uint8, device=dev))
+    buf = (
+        torch.frombuffer(bytearray(data), dtype=torch.uint8).to(dev)
+        if rank() == 0 and n
+        else torch.empty(n, dtype=torch.uint8, device=dev)
+    )
     dist.broadcast(buf, src=0)
     return _decode(buf.cpu().numpy().tobytes(), 0)
 
@@ -82,10 +85,13 @@ def gather(obj: Any) -> list[Any]:
     width = max(sizes)
     mine = torch.zeros(width, dtype=torch.uint8, device=dev)
     if data:
-        mine[:len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(dev)
+        mine[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(dev)
     parts = [torch.empty(width, dtype=torch.uint8, device=dev) for _ in range(n)]
     dist.all_gather(parts, mine)
-    return [_decode(p[:size].cpu().numpy().tobytes(), r) for r, (p, size) in enumerate(zip(parts, sizes, strict=True))]
+    return [
+        _decode(p[:size].cpu().numpy().tobytes(), r)
+        for r, (p, size) in enumerate(zip(parts, sizes, strict=True))
+    ]
 
 
 def barrier() -> None:

@@ -63,11 +63,21 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         _require(0.0 <= self.dropout < 1.0, "model.dropout", f"must be in [0, 1), got {self.dropout}")
-        _require(self.dtype in ("float32", "bfloat16"), "model.dtype", f"must be float32 or bfloat16, got {self.dtype!r}")
-        _require(self.create_if_missing in ("", "tiny-qwen2"), "model.create_if_missing",
-                 f"must be '' or 'tiny-qwen2', got {self.create_if_missing!r}")
-        _require(self.attn_implementation in ATTN_IMPLEMENTATIONS, "model.attn_implementation",
-                 f"must be one of {', '.join(ATTN_IMPLEMENTATIONS)}, got {self.attn_implementation!r}")
+        _require(
+            self.dtype in ("float32", "bfloat16"),
+            "model.dtype",
+            f"must be float32 or bfloat16, got {self.dtype!r}",
+        )
+        _require(
+            self.create_if_missing in ("", "tiny-qwen2"),
+            "model.create_if_missing",
+            f"must be '' or 'tiny-qwen2', got {self.create_if_missing!r}",
+        )
+        _require(
+            self.attn_implementation in ATTN_IMPLEMENTATIONS,
+            "model.attn_implementation",
+            f"must be one of {', '.join(ATTN_IMPLEMENTATIONS)}, got {self.attn_implementation!r}",
+        )
 
 
 @dataclass
@@ -115,13 +125,18 @@ class OptimConfig:
 
     def __post_init__(self) -> None:
         _require(self.lr > 0, "optim.lr", f"must be > 0, got {self.lr}")
-        _require(len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas), "optim.betas",
-                 f"must be two numbers in [0, 1), got {self.betas}")
+        _require(
+            len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas),
+            "optim.betas",
+            f"must be two numbers in [0, 1), got {self.betas}",
+        )
         _require(self.eps > 0, "optim.eps", f"must be > 0, got {self.eps}")
         _require(self.weight_decay >= 0, "optim.weight_decay", f"must be >= 0, got {self.weight_decay}")
         _require(self.grad_clip >= 0, "optim.grad_clip", f"must be >= 0, got {self.grad_clip}")
         _require(self.warmup_steps >= 0, "optim.warmup_steps", f"must be >= 0, got {self.warmup_steps}")
-        _require(0 <= self.min_lr_ratio <= 1, "optim.min_lr_ratio", f"must be in [0, 1], got {self.min_lr_ratio}")
+        _require(
+            0 <= self.min_lr_ratio <= 1, "optim.min_lr_ratio", f"must be in [0, 1], got {self.min_lr_ratio}"
+        )
 
 
 @dataclass
@@ -153,20 +168,35 @@ class CheckpointConfig:
         _require(bool(self.uri), "checkpoint.uri", "is required (an fsspec URI or a local path)")
         _require(self.every_steps >= 0, "checkpoint.every_steps", f"must be >= 0, got {self.every_steps}")
         _require(self.keep_last >= 1, "checkpoint.keep_last", f"must be >= 1, got {self.keep_last}")
-        _require(self.keep_best_metric == "" or self.keep_best_metric.isidentifier(), "checkpoint.keep_best_metric",
-                 f"must be a metric name of the step record (such as 'loss') or '', got {self.keep_best_metric!r}")
-        _require(isinstance(self.io_threads, int) and 1 <= self.io_threads <= 64, "checkpoint.io_threads",
-                 f"must be an integer in [1, 64], got {self.io_threads!r}")
-        _require(self.digest in DIGESTS, "checkpoint.digest", f"must be one of {', '.join(DIGESTS)}, got {self.digest!r}")
-        _require(isinstance(self.async_save, bool), "checkpoint.async_save",
-                 f"must be true or false, got {self.async_save!r}")
+        _require(
+            self.keep_best_metric == "" or self.keep_best_metric.isidentifier(),
+            "checkpoint.keep_best_metric",
+            f"must be a metric name of the step record (such as 'loss') or '', got {self.keep_best_metric!r}",
+        )
+        _require(
+            isinstance(self.io_threads, int) and 1 <= self.io_threads <= 64,
+            "checkpoint.io_threads",
+            f"must be an integer in [1, 64], got {self.io_threads!r}",
+        )
+        _require(
+            self.digest in DIGESTS,
+            "checkpoint.digest",
+            f"must be one of {', '.join(DIGESTS)}, got {self.digest!r}",
+        )
+        _require(
+            isinstance(self.async_save, bool),
+            "checkpoint.async_save",
+            f"must be true or false, got {self.async_save!r}",
+        )
 
 
 TRAINER_KEYS = ("name", "model.path", "data.uri")
 """What baton's own trainer needs beyond the defaults (a script of one's own builds its model and data)."""
-REQUIRED_WHY = {"name": "the run's name: the run_id is <name>-<fingerprint>",
-                "model.path": "a Hugging Face model folder, or a bucket URI of staged weights",
-                "data.uri": "a corpus path or fsspec URI"}
+REQUIRED_WHY = {
+    "name": "the run's name: the run_id is <name>-<fingerprint>",
+    "model.path": "a Hugging Face model folder, or a bucket URI of staged weights",
+    "data.uri": "a corpus path or fsspec URI",
+}
 
 
 @dataclass
@@ -193,8 +223,11 @@ class Config:
     """Failed periodic saves and the collective timeout (trainer/faults.py)."""
 
     def __post_init__(self) -> None:
-        _require(all(c.isalnum() or c in "-_." for c in self.name), "name",
-                 f"may hold letters, digits, '-', '_' and '.', got {self.name!r}")
+        _require(
+            all(c.isalnum() or c in "-_." for c in self.name),
+            "name",
+            f"may hold letters, digits, '-', '_' and '.', got {self.name!r}",
+        )
         _require(self.seed >= 0, "seed", f"must be >= 0, got {self.seed}")
         _require(self.total_steps >= 1, "total_steps", f"must be >= 1, got {self.total_steps}")
         _require(self.log_every >= 1, "log_every", f"must be >= 1, got {self.log_every}")
@@ -215,8 +248,9 @@ class Config:
     @property
     def fingerprint(self) -> str:
         """SHA-256 over the canonical JSON of the fields that change what is computed."""
-        return hashlib.sha256(json.dumps(fingerprint_fields(self), sort_keys=True,
-                                         separators=(",", ":")).encode()).hexdigest()
+        return hashlib.sha256(
+            json.dumps(fingerprint_fields(self), sort_keys=True, separators=(",", ":")).encode()
+        ).hexdigest()
 
     @property
     def run_id(self) -> str:
@@ -241,11 +275,18 @@ def fingerprint_fields(cfg: Config) -> dict[str, Any]:
     for key, default in _FINGERPRINT_ONLY_IF_SET.items():
         if model[key] == default:
             del model[key]
-    return {"model": model, "data": data, "optim": dataclasses.asdict(cfg.optim),
-            "seed": cfg.seed, "total_steps": cfg.total_steps, "deterministic": cfg.deterministic}
+    return {
+        "model": model,
+        "data": data,
+        "optim": dataclasses.asdict(cfg.optim),
+        "seed": cfg.seed,
+        "total_steps": cfg.total_steps,
+        "deterministic": cfg.deterministic,
+    }
 
 
 # ---- building from nested dicts, with type checks that name the key --------------------------------
+
 
 def _check_type(value: Any, tp: Any, key: str) -> Any:
     origin = typing.get_origin(tp)
@@ -253,11 +294,16 @@ def _check_type(value: Any, tp: Any, key: str) -> Any:
         _require(isinstance(value, bool), key, f"must be true or false, got {value!r}")
         return value
     if tp is int:
-        _require(isinstance(value, int) and not isinstance(value, bool), key, f"must be an integer, got {value!r}")
+        _require(
+            isinstance(value, int) and not isinstance(value, bool), key, f"must be an integer, got {value!r}"
+        )
         return value
     if tp is float:
-        _require(isinstance(value, (int, float)) and not isinstance(value, bool), key,
-                 f"must be a number, got {value!r}")
+        _require(
+            isinstance(value, (int, float)) and not isinstance(value, bool),
+            key,
+            f"must be a number, got {value!r}",
+        )
         _require(math.isfinite(value), key, f"must be a finite number, got {value!r}")
         return float(value)
     if tp is str:
@@ -315,14 +361,17 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
         for i, part in enumerate(path[:-1]):
             child = node.setdefault(part, {})
             if not isinstance(child, dict):
-                raise ConfigError(f"config key '{'.'.join(path[: i + 1])}': is not a section, cannot set {'.'.join(path)}")
+                raise ConfigError(
+                    f"config key '{'.'.join(path[: i + 1])}': is not a section, cannot set {'.'.join(path)}"
+                )
             node = child
         node[path[-1]] = value
     return raw
 
 
-def load_config(path: str | Path | None, overrides: list[str] | None = None,
-                required: tuple[str, ...] = TRAINER_KEYS) -> Config:
+def load_config(
+    path: str | Path | None, overrides: list[str] | None = None, required: tuple[str, ...] = TRAINER_KEYS
+) -> Config:
     """Read a YAML config (or start empty), apply `dotted.key=value` overrides, validate; `required`: the
     keys that may not be left empty (Config.require)."""
     raw: dict[str, Any] = {}
@@ -333,7 +382,9 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None,
         try:
             raw = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
         except UnicodeDecodeError:
-            raise ConfigError(f"config file {str(p)!r} is not text (not UTF-8): is it the right file?") from None
+            raise ConfigError(
+                f"config file {str(p)!r} is not text (not UTF-8): is it the right file?"
+            ) from None
         except OSError as e:
             raise ConfigError(f"config file {str(p)!r} cannot be read: {e.strerror or e}") from None
         except yaml.YAMLError as e:

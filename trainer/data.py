@@ -72,7 +72,9 @@ def documents(raw: bytes, uri: str, text_field: str = "text") -> list[str]:
             except json.JSONDecodeError as e:
                 raise ConfigError(f"config key 'data.uri': {shown} line {n} is not JSON ({e})") from None
             if not isinstance(obj, dict) or not isinstance(obj.get(text_field), str):
-                raise ConfigError(f"config key 'data.text_field': {shown} line {n} has no string field {text_field!r}")
+                raise ConfigError(
+                    f"config key 'data.text_field': {shown} line {n} has no string field {text_field!r}"
+                )
             docs.append(obj[text_field])
     else:
         docs = [d.strip() for d in content.split("\n\n") if d.strip()]
@@ -92,7 +94,9 @@ def pack(docs: list[str], tokenizer, seq_len: int) -> torch.Tensor:
         ids.append(eos)
     n = len(ids) // seq_len
     if n == 0:
-        raise ConfigError(f"config key 'data.seq_len': the corpus has {len(ids)} tokens, fewer than seq_len={seq_len}")
+        raise ConfigError(
+            f"config key 'data.seq_len': the corpus has {len(ids)} tokens, fewer than seq_len={seq_len}"
+        )
     return torch.tensor(ids[: n * seq_len], dtype=torch.long).view(n, seq_len)
 
 
@@ -151,7 +155,7 @@ class EpochSampler(Sampler[int]):
         bs, world = self.geo.batch_size, self.geo.world
         for t in range(self.n_micro):
             base = self.start + (t * world + self.rank) * bs
-            yield from self.perm[base: base + bs].tolist()
+            yield from self.perm[base : base + bs].tolist()
 
 
 class IgnoreSigterm:
@@ -172,8 +176,9 @@ class IgnoreSigterm:
 
     def __call__(self, worker_id: int) -> None:
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # threads started from here on inherit it
-        threading.Thread(target=_end_on_parents_sigterm, args=(os.getppid(),), daemon=True,
-                         name="baton-sigterm").start()
+        threading.Thread(
+            target=_end_on_parents_sigterm, args=(os.getppid(),), daemon=True, name="baton-sigterm"
+        ).start()
         if self.inner is not None:
             self.inner(worker_id)
 
@@ -195,7 +200,9 @@ class _StartsWithSigtermBlocked:
         try:
             super().start()  # type: ignore[misc]
         finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, old)  # a SIGTERM that came meanwhile reaches this process now
+            signal.pthread_sigmask(
+                signal.SIG_SETMASK, old
+            )  # a SIGTERM that came meanwhile reaches this process now
 
 
 class SigtermBlockedForkProcess(_StartsWithSigtermBlocked, mp_context.ForkProcess):
@@ -254,7 +261,8 @@ class EpochData:
             raise ConfigError(
                 f"config key 'data.batch_size': one optimizer step needs {self.geo.global_batch} samples "
                 f"(batch_size {cfg.batch_size} x grad_accum {cfg.grad_accum} x world {world}) "
-                f"but the corpus packs into {self.geo.n_samples}")
+                f"but the corpus packs into {self.geo.n_samples}"
+            )
         self.seek(0, 0)
 
     def _make_loader(self) -> StatefulDataLoader:
@@ -262,8 +270,12 @@ class EpochData:
         # A private generator keeps the loader's per-iterator seed draw off the global torch RNG.
         gen = torch.Generator().manual_seed(epoch_seed(self.seed, self.epoch) ^ self.rank)
         return StatefulDataLoader(
-            self.dataset, batch_size=self.cfg.batch_size, sampler=sampler, drop_last=False,
-            num_workers=self.cfg.num_workers, generator=gen,
+            self.dataset,
+            batch_size=self.cfg.batch_size,
+            sampler=sampler,
+            drop_last=False,
+            num_workers=self.cfg.num_workers,
+            generator=gen,
             worker_init_fn=IgnoreSigterm() if self.cfg.num_workers else None,
             multiprocessing_context=_sigterm_blocked(None) if self.cfg.num_workers else None,
         )

@@ -50,8 +50,10 @@ def flag(name: str) -> bool:
         return True
     if raw in FALSE:
         return False
-    raise EnvError(f"{name} must be one of {', '.join(TRUE)} or {', '.join(f for f in FALSE if f)} (or unset), "
-                   f"got {os.environ.get(name)!r}")
+    raise EnvError(
+        f"{name} must be one of {', '.join(TRUE)} or {', '.join(f for f in FALSE if f)} (or unset), "
+        f"got {os.environ.get(name)!r}"
+    )
 
 
 def number(name: str) -> float | int:

@@ -57,12 +57,19 @@ class FaultsConfig:
     read error is never taken for corruption: the resume does not pass over a good checkpoint for it."""
 
     def __post_init__(self) -> None:
-        _require(isinstance(self.max_failed_saves, int) and not isinstance(self.max_failed_saves, bool)
-                 and self.max_failed_saves >= 1, "faults.max_failed_saves",
-                 f"must be an integer >= 1, got {self.max_failed_saves!r}")
+        _require(
+            isinstance(self.max_failed_saves, int)
+            and not isinstance(self.max_failed_saves, bool)
+            and self.max_failed_saves >= 1,
+            "faults.max_failed_saves",
+            f"must be an integer >= 1, got {self.max_failed_saves!r}",
+        )
         _require(self.read_retry_s >= 0, "faults.read_retry_s", f"must be >= 0, got {self.read_retry_s!r}")
-        _require(self.collective_timeout_s == 0 or self.collective_timeout_s >= 1, "faults.collective_timeout_s",
-                 f"must be 0 (half the grace) or >= 1 second, got {self.collective_timeout_s!r}")
+        _require(
+            self.collective_timeout_s == 0 or self.collective_timeout_s >= 1,
+            "faults.collective_timeout_s",
+            f"must be 0 (half the grace) or >= 1 second, got {self.collective_timeout_s!r}",
+        )
 
     def collective_timeout(self, grace_s: float | None = None) -> timedelta:
         """The bound every collective gets: the configured one, or half the grace (at least 5 s)."""
@@ -77,8 +84,13 @@ class StoreUnreachable(RuntimeError):
     """The store kept failing while a checkpoint was read, for `faults.read_retry_s`: end with 75."""
 
 
-def retry_reads(fn: Callable[[], T], budget_s: float, retry_on: type[BaseException],
-                say: Callable[[str], None], several_ranks: bool = False) -> T:
+def retry_reads(
+    fn: Callable[[], T],
+    budget_s: float,
+    retry_on: type[BaseException],
+    say: Callable[[str], None],
+    several_ranks: bool = False,
+) -> T:
     """`fn()`, again with backoff while it raises `retry_on`, for at most `budget_s` seconds in all. With
     several ranks, an error that says a peer is gone is not retried (nothing would answer)."""
     t0, wait = time.monotonic(), 0.5
@@ -90,8 +102,9 @@ def retry_reads(fn: Callable[[], T], budget_s: float, retry_on: type[BaseExcepti
                 raise
             spent = time.monotonic() - t0
             if spent + wait > budget_s:
-                raise StoreUnreachable(f"the store kept failing for {spent:.1f} s (faults.read_retry_s "
-                                       f"{budget_s:g}): {e}") from None
+                raise StoreUnreachable(
+                    f"the store kept failing for {spent:.1f} s (faults.read_retry_s {budget_s:g}): {e}"
+                ) from None
             say(f"reading the checkpoint failed ({e}); again in {wait:g} s")
             time.sleep(wait)
             wait = min(wait * 2, 10.0)
@@ -137,14 +150,23 @@ def collective_timeout() -> timedelta | None:
 
 # What gloo (and torch's wrappers around it) raise when a peer is dead or hung: a collective that timed out,
 # or a connection the peer's end closed.
-_PEER_LOST = re.compile(r"timed out|timeout|connection closed by peer|connection reset|broken pipe|"
-                        r"ECONNRESET|EPIPE|peer.*(closed|died|lost)", re.IGNORECASE)
+_PEER_LOST = re.compile(
+    r"timed out|timeout|connection closed by peer|connection reset|broken pipe|"
+    r"ECONNRESET|EPIPE|peer.*(closed|died|lost)",
+    re.IGNORECASE,
+)
 
 
 def is_peer_failure(e: BaseException) -> bool:
     """Whether `e` says a peer rank is gone or hung: a collective's own error, or a save's StorageError
     that carries one (DCP's collectives inside a save). Ask only with several ranks."""
     name = type(e).__name__
-    if name not in ("DistBackendError", "DistNetworkError", "RuntimeError", "StorageError", "CheckpointException"):
+    if name not in (
+        "DistBackendError",
+        "DistNetworkError",
+        "RuntimeError",
+        "StorageError",
+        "CheckpointException",
+    ):
         return False
     return bool(_PEER_LOST.search(str(e)))

@@ -85,8 +85,16 @@ def baton_args(argv: list[str] | None = None, description: str | None = None) ->
     return cfg
 
 
-_LAUNCHER_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
-                 "ROLE_RANK", "ROLE_WORLD_SIZE")
+_LAUNCHER_ENV = (
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "GROUP_WORLD_SIZE",
+    "ROLE_RANK",
+    "ROLE_WORLD_SIZE",
+)
 
 
 def _one_process_is_not_distributed() -> None:
@@ -111,8 +119,13 @@ class BatonCallback(TrainerCallback):
             (trainer/faults.py; `collective_timeout_s` is the Trainer's `ddp_timeout` here).
     """
 
-    def __init__(self, checkpoint_uri: str | None = None, run_id: str = "hf", keep_last: int = 3,
-                 faults: FaultsConfig | None = None) -> None:
+    def __init__(
+        self,
+        checkpoint_uri: str | None = None,
+        run_id: str = "hf",
+        keep_last: int = 3,
+        faults: FaultsConfig | None = None,
+    ) -> None:
         self.preempt = Preemption()
         self.preempt.install()  # first: a SIGTERM during the rest of the set-up still ends in a clean 75
         _one_process_is_not_distributed()
@@ -160,20 +173,30 @@ class BatonCallback(TrainerCallback):
             return
         self.rank, self.world = collectives.rank(), collectives.world()
         self.node_first = int(os.environ.get("LOCAL_RANK", "0")) == 0
-        self.ckpt = HFCheckpointer(self.checkpoint_uri or args.output_dir, args.output_dir, self.keep_last,
-                                   self.faults.max_failed_saves)
+        self.ckpt = HFCheckpointer(
+            self.checkpoint_uri or args.output_dir,
+            args.output_dir,
+            self.keep_last,
+            self.faults.max_failed_saves,
+        )
         if self.world > 1:
             self.shared_disk = _one_disk(args.output_dir, self.rank)
         if self.ckpt.in_place and not self.shared_disk:
-            raise ValueError("checkpoints committed in output_dir on nodes that share no disk: the other nodes' "
-                             "files would be left out; set checkpoint_uri to a bucket")
+            raise ValueError(
+                "checkpoints committed in output_dir on nodes that share no disk: the other nodes' "
+                "files would be left out; set checkpoint_uri to a bucket"
+            )
         if self.ckpt.in_place and args.save_total_limit == 1:
-            raise ValueError("save_total_limit=1 with checkpoints committed in output_dir: HF rotates before "
-                             "on_save, so a kill in that gap leaves no committed checkpoint; use 2 or more, or a "
-                             "checkpoint_uri elsewhere")
+            raise ValueError(
+                "save_total_limit=1 with checkpoints committed in output_dir: HF rotates before "
+                "on_save, so a kill in that gap leaves no committed checkpoint; use 2 or more, or a "
+                "checkpoint_uri elsewhere"
+            )
         if args.save_only_model:
-            raise ValueError("save_only_model=True: the checkpoint lacks the optimizer, scheduler and RNG "
-                             "state that an exact resume needs")
+            raise ValueError(
+                "save_only_model=True: the checkpoint lacks the optimizer, scheduler and RNG "
+                "state that an exact resume needs"
+            )
         if torch.cuda.is_available() and args.device.type == "cuda":
             self.preempt.device = args.device  # the stop all-reduce runs on NCCL there
         # Rank 0 claims; every rank records the same attempt (a node's first rank writes its pod's records,
@@ -182,9 +205,11 @@ class BatonCallback(TrainerCallback):
         self.rec = Records(self.run_id, attempt, self.rank)
         bound = self.faults.collective_timeout(self.preempt.grace).total_seconds()
         if self.world > 1 and self.rank == 0 and args.ddp_timeout > bound:
-            log(f"warning: TrainingArguments.ddp_timeout is {args.ddp_timeout} s: a dead or hung rank keeps the "
+            log(
+                f"warning: TrainingArguments.ddp_timeout is {args.ddp_timeout} s: a dead or hung rank keeps the "
                 f"others waiting that long; set it to {bound:g} s (faults.collective_timeout()) to end the pod "
-                f"inside its grace of {self.preempt.grace:g} s")
+                f"inside its grace of {self.preempt.grace:g} s"
+            )
 
     def resume_checkpoint(self, args) -> str | None:
         """The local folder of the newest committed checkpoint that verifies (fetched from the bucket
@@ -199,8 +224,13 @@ class BatonCallback(TrainerCallback):
             return None
         local = self.ckpt.folder(step) if self.shared_disk else self._fetch_on_every_node(step)
         manifest = self.ckpt.manifest(step) if self.rank == 0 else {}
-        self.emit("resume", step, from_step=step, checkpoint=self.last_checkpoint,
-                  saved_world_size=manifest.get("world_size"))
+        self.emit(
+            "resume",
+            step,
+            from_step=step,
+            checkpoint=self.last_checkpoint,
+            saved_world_size=manifest.get("world_size"),
+        )
         log(f"resuming from {self.last_checkpoint}")
         return local
 
@@ -237,14 +267,18 @@ class BatonCallback(TrainerCallback):
             if trainer.args.dataloader_num_workers == 0:  # the collator runs here, where its RNG can be kept
                 self.prefetch = PrefetchRng(self.rank)
                 self.prefetch.install(trainer, checkpoint)
-            if checkpoint is not None:  # after PrefetchRng's, so that it sees the Trainer's restore as it ends
+            if (
+                checkpoint is not None
+            ):  # after PrefetchRng's, so that it sees the Trainer's restore as it ends
                 self.epoch_rng.install(trainer)
             trainer.train(resume_from_checkpoint=checkpoint)
         except StoreUnreachable as e:
             return self._retry_later("store_unreachable", getattr(trainer.state, "global_step", 0), str(e))
         except UnsupportedSampler as e:  # refused before the first step: a retry cannot help
             log(f"error: {e}")
-            self.emit("failed", getattr(trainer.state, "global_step", 0), reason="unsupported_sampler", error=str(e))
+            self.emit(
+                "failed", getattr(trainer.state, "global_step", 0), reason="unsupported_sampler", error=str(e)
+            )
             return EXIT_FAIL
         except Exception as e:
             if _loader_workers_died(e):
@@ -252,8 +286,9 @@ class BatonCallback(TrainerCallback):
             if self.world > 1 and is_peer_failure(e):
                 # A dead or hung peer (bounded by ddp_timeout): every commit waits for every rank and is
                 # all-or-nothing, so a retry resumes from the last one. Any rank may be the survivor.
-                return self._retry_later("peer_lost", trainer.state.global_step, str(e).splitlines()[0][:300],
-                                         every_rank=True)
+                return self._retry_later(
+                    "peer_lost", trainer.state.global_step, str(e).splitlines()[0][:300], every_rank=True
+                )
             traceback.print_exc()
             return EXIT_FAIL
         finally:
@@ -269,7 +304,9 @@ class BatonCallback(TrainerCallback):
             self.emit("done", step, total_steps=trainer.state.max_steps, checkpoint=self.last_checkpoint)
             log(f"done: {step} steps, final checkpoint {self.last_checkpoint}")
             return EXIT_OK
-        log(f"training ended at step {step} of {trainer.state.max_steps} without a committed final checkpoint")
+        log(
+            f"training ended at step {step} of {trainer.state.max_steps} without a committed final checkpoint"
+        )
         return EXIT_FAIL
 
     def _loader_workers_killed(self, step: int, e: BaseException) -> int:
@@ -277,10 +314,12 @@ class BatonCallback(TrainerCallback):
         so, and 1. Torch's workers end on SIGTERM unless told otherwise; the callback gives every training
         loader an IgnoreSigterm worker_init_fn (trainer/data.py), so a worker_init_fn that put SIGTERM back, or
         another signal, did this."""
-        why = (f"the data loader's workers were killed{' by the SIGTERM of the eviction' if self.preempt.local else ''}"
-               f" at step {step}, before any preemption save ({str(e).splitlines()[0][:200]}); a worker_init_fn that "
-               "unblocks SIGTERM with its default action undoes baton's (docs/own-trainer.md), and a SIGKILL or the "
-               "OOM killer ends workers whatever they do")
+        why = (
+            f"the data loader's workers were killed{' by the SIGTERM of the eviction' if self.preempt.local else ''}"
+            f" at step {step}, before any preemption save ({str(e).splitlines()[0][:200]}); a worker_init_fn that "
+            "unblocks SIGTERM with its default action undoes baton's (docs/own-trainer.md), and a SIGKILL or the "
+            "OOM killer ends workers whatever they do"
+        )
         log(f"error: {why}")
         self.emit("failed", step, reason=LOADER_WORKERS_KILLED, error=why, checkpoint=self.last_checkpoint)
         return EXIT_FAIL
@@ -301,18 +340,28 @@ class BatonCallback(TrainerCallback):
                 if files.get(name) != size and (step, name) not in self.reported_late:
                     self.reported_late.add((step, name))
                     how = "changed" if name in files else "written"
-                    log(f"warning: {hf_step_name(step)}/{name} was {how} after the commit: it is in no manifest, so a "
-                        "resume does not see it (give that callback's writes to on_save)")
+                    log(
+                        f"warning: {hf_step_name(step)}/{name} was {how} after the commit: it is in no manifest, so a "
+                        "resume does not see it (give that callback's writes to on_save)"
+                    )
                     self.emit(UNCOMMITTED_FILE, step, file=name, how=how)
 
     def _retry_later(self, reason: str, step: int, error: str, every_rank: bool = False) -> int:
         """End retry-safe (75) for a fault a retry can mend, with the `retry_later` record that tells
         steps.train so (torchrun turns a worker's 75 into 1)."""
         self.retry_reason = reason
-        log(f"error: {error}; exiting {EXIT_PREEMPTED} (retry from {self.last_checkpoint or 'the last commit'})")
+        log(
+            f"error: {error}; exiting {EXIT_PREEMPTED} (retry from {self.last_checkpoint or 'the last commit'})"
+        )
         if every_rank or self.node_first:  # rank 0 is its node's first rank
-            self.rec.emit("retry_later", step, reason=reason, error=error[:500], exit=EXIT_PREEMPTED,
-                          checkpoint=self.last_checkpoint)
+            self.rec.emit(
+                "retry_later",
+                step,
+                reason=reason,
+                error=error[:500],
+                exit=EXIT_PREEMPTED,
+                checkpoint=self.last_checkpoint,
+            )
         return EXIT_PREEMPTED
 
     # -- TrainerCallback hooks --
@@ -324,7 +373,9 @@ class BatonCallback(TrainerCallback):
         loader = kwargs.get("train_dataloader")
         if loader is not None:  # the loader the Trainer iterates: HF's, or the script's own
             refuse_private_samplers(loader)
-            ignore_sigterm_in_workers(loader)  # an eviction's SIGTERM reaches the workers too (trainer/data.py)
+            ignore_sigterm_in_workers(
+                loader
+            )  # an eviction's SIGTERM reaches the workers too (trainer/data.py)
             why = self.prefetch.follow(loader) if self.prefetch is not None else None
             if why is not None and self.rank == 0:
                 log(f"warning: {why}")
@@ -382,26 +433,47 @@ class BatonCallback(TrainerCallback):
         # The step's one collective: every rank logs every step, so every rank is here.
         batch, loss_finite = self.inputs.take()
         batch_rng = self.prefetch.take_batch_rng() if self.prefetch is not None else 0
-        rows = collectives.gather_rows([int(self.preempt.local), int(not loss_finite), batch, self.rng_at_step_begin,
-                                        batch_rng], device=self.preempt.device)
-        bad = [f"{k} {v}" for k, v in (("loss", logs["loss"]), ("grad_norm", logs.get("grad_norm")),
-                                       ("learning_rate", logs.get("learning_rate")))
-               if isinstance(v, (int, float)) and not math.isfinite(v)]
+        rows = collectives.gather_rows(
+            [int(self.preempt.local), int(not loss_finite), batch, self.rng_at_step_begin, batch_rng],
+            device=self.preempt.device,
+        )
+        bad = [
+            f"{k} {v}"
+            for k, v in (
+                ("loss", logs["loss"]),
+                ("grad_norm", logs.get("grad_norm")),
+                ("learning_rate", logs.get("learning_rate")),
+            )
+            if isinstance(v, (int, float)) and not math.isfinite(v)
+        ]
         if any(r[1] for r in rows):
             bad.insert(0, "the raw loss (before logging_nan_inf_filter)")
         if bad:
-            self.failed = (f"step {step}: {', '.join(bad)} is not finite; stopping without saving it (the last "
-                           f"committed checkpoint stands)")
+            self.failed = (
+                f"step {step}: {', '.join(bad)} is not finite; stopping without saving it (the last "
+                f"committed checkpoint stands)"
+            )
             log(f"error: {self.failed}")
             self.emit("failed", step, reason="non_finite", error=self.failed, checkpoint=self.last_checkpoint)
             control.should_save = False
             control.should_training_stop = True
             return control
-        self.emit("step", step, loss=logs["loss"], lr=logs.get("learning_rate"), grad_norm=logs.get("grad_norm"),
-                  epoch=state.epoch, batch_sha=trajectory.combine(r[2] for r in rows),
-                  rng_sha=trajectory.combine(r[3] for r in rows),
-                  # the RNG before the step's batches were collated: only where baton sees the collator
-                  **({"batch_rng_sha": trajectory.combine(r[4] for r in rows)} if self.prefetch is not None and self.prefetch.measured else {}))
+        self.emit(
+            "step",
+            step,
+            loss=logs["loss"],
+            lr=logs.get("learning_rate"),
+            grad_norm=logs.get("grad_norm"),
+            epoch=state.epoch,
+            batch_sha=trajectory.combine(r[2] for r in rows),
+            rng_sha=trajectory.combine(r[3] for r in rows),
+            # the RNG before the step's batches were collated: only where baton sees the collator
+            **(
+                {"batch_rng_sha": trajectory.combine(r[4] for r in rows)}
+                if self.prefetch is not None and self.prefetch.measured
+                else {}
+            ),
+        )
         stop = any(r[0] for r in rows)
         if hooks().at_point(self._point(step)):
             stop = self.preempt.should_stop()  # a signal came during the test's pause
@@ -409,8 +481,10 @@ class BatonCallback(TrainerCallback):
             self.preempt.decided(True)  # another rank was signalled: this one stops as "peer"
         if stop and self.stopping is None:
             self.stopping, self.stop_decided_at = step, time.perf_counter()
-            log(f"preempted ({self.preempt.signal_name}) at step {step}: saving, "
-                f"{self.preempt.grace_left():.1f}s of grace left")
+            log(
+                f"preempted ({self.preempt.signal_name}) at step {step}: saving, "
+                f"{self.preempt.grace_left():.1f}s of grace left"
+            )
             control.should_save = True
             control.should_training_stop = True
         self.last_hook_at = time.perf_counter()
@@ -422,7 +496,9 @@ class BatonCallback(TrainerCallback):
         reason = "final" if step >= state.max_steps else ("preempt" if self.stopping == step else "periodic")
         assert self.ckpt is not None
         folder = self.ckpt.folder(step)  # where the Trainer wrote it: output_dir/checkpoint-<step>
-        if self.prefetch is not None:  # this rank's RNG before the batch it collated ahead (trainer/hf_rng.py)
+        if (
+            self.prefetch is not None
+        ):  # this rank's RNG before the batch it collated ahead (trainer/hf_rng.py)
             self.prefetch.save(folder)
         if self.epoch_rng is not None:  # and at the epoch's start, which the sampler drew from
             self.epoch_rng.save(folder)
@@ -432,16 +508,27 @@ class BatonCallback(TrainerCallback):
         outcome: list[Any] = [None, node_error]  # rank 0's: the committed url, or why the commit failed
         if self.rank == 0 and node_error is None:
             try:
-                url, size = self.ckpt.commit(step, self.world, device=args.device.type, other_nodes=other_nodes)
+                url, size = self.ckpt.commit(
+                    step, self.world, device=args.device.type, other_nodes=other_nodes
+                )
             except StorageError as e:  # after the store's own retries: nothing of this step is committed
                 outcome = [None, str(e)[:500]]
             else:
                 outcome = [url, None]
-                self.committed_files[step] = {n: os.path.getsize(os.path.join(folder, n))
-                                              for n in self.ckpt.local_names(step)}
+                self.committed_files[step] = {
+                    n: os.path.getsize(os.path.join(folder, n)) for n in self.ckpt.local_names(step)
+                }
                 save_ms = (time.perf_counter() - started) * 1000
-                self.emit("checkpoint", step, reason=reason, save_ms=round(save_ms, 1),
-                          blocking_ms=round(save_ms, 1), asynchronous=False, bytes=size, path=url)
+                self.emit(
+                    "checkpoint",
+                    step,
+                    reason=reason,
+                    save_ms=round(save_ms, 1),
+                    blocking_ms=round(save_ms, 1),
+                    asynchronous=False,
+                    bytes=size,
+                    path=url,
+                )
                 if reason == "preempt":
                     self._emit_preempt(step, url, started)
         # Every rank learns the outcome, so all go on or stop together; and no rank leaves before rank 0
@@ -460,10 +547,20 @@ class BatonCallback(TrainerCallback):
 
     def _emit_preempt(self, step: int, url: str, started: float) -> None:
         save_ms = round((time.perf_counter() - started) * 1000, 1)
-        self.emit("preempt", step, signal=self.preempt.signal_name, save_ms=save_ms,
-                  grace_left_s=round(self.preempt.grace_left(), 2), grace_s=self.preempt.grace, exit=EXIT_PREEMPTED,
-                  checkpoint=url, already_committed=False, outcome="saved", warning=False,
-                  during=self.preempt.during)
+        self.emit(
+            "preempt",
+            step,
+            signal=self.preempt.signal_name,
+            save_ms=save_ms,
+            grace_left_s=round(self.preempt.grace_left(), 2),
+            grace_s=self.preempt.grace,
+            exit=EXIT_PREEMPTED,
+            checkpoint=url,
+            already_committed=False,
+            outcome="saved",
+            warning=False,
+            during=self.preempt.during,
+        )
 
     def _upload_other_nodes(self, step: int) -> tuple[dict[str, Any], str | None]:
         """On nodes that share no disk: each other node's first rank uploads the files of this checkpoint
@@ -474,7 +571,10 @@ class BatonCallback(TrainerCallback):
         mine: list[Any] = [{}, None]
         if self.node_first and self.rank != 0:
             try:
-                mine = [self.ckpt.upload(step, [n for n in self.ckpt.local_names(step) if n not in names0]), None]
+                mine = [
+                    self.ckpt.upload(step, [n for n in self.ckpt.local_names(step) if n not in names0]),
+                    None,
+                ]
             except StorageError as e:  # after the store's own retries: rank 0 will not commit
                 mine = [{}, f"rank {self.rank}'s node: {str(e)[:400]}"]
         entries: dict[str, Any] = {}
@@ -497,7 +597,9 @@ class BatonCallback(TrainerCallback):
             except SavesFailing as e:
                 self._retry_later("saves_failing", step, str(e))
         else:
-            self._retry_later("store_failing", step, f"the {reason} checkpoint of step {step} failed: {error}")
+            self._retry_later(
+                "store_failing", step, f"the {reason} checkpoint of step {step} failed: {error}"
+            )
         control.should_training_stop = True
 
     def on_epoch_end(self, args, state, control, **kwargs):
@@ -511,8 +613,11 @@ class BatonCallback(TrainerCallback):
 def _loader_workers_died(e: BaseException) -> bool:
     """Whether `e` is torch's error for a DataLoader whose worker processes died (torch/utils/data)."""
     text = str(e)
-    return isinstance(e, RuntimeError) and text.startswith("DataLoader worker") and (
-        "exited unexpectedly" in text or "killed by signal" in text)
+    return (
+        isinstance(e, RuntimeError)
+        and text.startswith("DataLoader worker")
+        and ("exited unexpectedly" in text or "killed by signal" in text)
+    )
 
 
 def _one_disk(output_dir: str, rank: int) -> bool:
@@ -562,13 +667,18 @@ class StepRecords(TrainerCallback):
         # What HF saved, uncommitted (no _COMMIT, nothing waits for every rank): the report counts the steps
         # a SIGTERM then loses.
         if self.rec and self.rec.rank == 0:
-            self.rec.emit("checkpoint", state.global_step, reason="periodic", committed=False,
-                          path=os.path.join(args.output_dir, hf_step_name(state.global_step)))
+            self.rec.emit(
+                "checkpoint",
+                state.global_step,
+                reason="periodic",
+                committed=False,
+                path=os.path.join(args.output_dir, hf_step_name(state.global_step)),
+            )
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if self.rec and self.rec.rank == 0 and self.pending == state.global_step and "loss" in (logs or {}):
             self.pending = None
-            self.rec.emit("step", state.global_step, loss=logs["loss"], lr=logs.get("learning_rate"),
-                          epoch=state.epoch)
+            self.rec.emit(
+                "step", state.global_step, loss=logs["loss"], lr=logs.get("learning_rate"), epoch=state.epoch
+            )
         return control
-

@@ -52,8 +52,11 @@ EPOCH_FILE = "baton_epoch_rng_{rank}.pth"
 
 
 def capture() -> dict[str, Any]:
-    state: dict[str, Any] = {"python": random.getstate(), "numpy": np.random.get_state(),
-                             "cpu": torch.get_rng_state()}
+    state: dict[str, Any] = {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "cpu": torch.get_rng_state(),
+    }
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
@@ -119,7 +122,7 @@ class PrefetchRng:
         def get_batch_samples(epoch_iterator: Any, num_batches: int, device: Any) -> Any:
             batches, items = fetch(epoch_iterator, num_batches, device)
             # The loader collates one batch ahead: the oldest digests are this step's batches'.
-            self.batch_rng, self.collated = self.collated[:len(batches)], self.collated[len(batches):]
+            self.batch_rng, self.collated = self.collated[: len(batches)], self.collated[len(batches) :]
             return batches, items
 
         trainer.get_batch_samples = get_batch_samples
@@ -155,6 +158,7 @@ class PrefetchRng:
             self.before_newest = capture()
             self.collated.append(digest())
             return inner(items)
+
         return collate
 
     def follow(self, loader: Any) -> str | None:
@@ -166,7 +170,13 @@ class PrefetchRng:
         from trainer.data import set_loader_attribute
 
         fn = loader.collate_fn
-        holder = loader if fn is self.wrapped else fn if getattr(fn, "data_collator", None) is self.wrapped else None
+        holder = (
+            loader
+            if fn is self.wrapped
+            else fn
+            if getattr(fn, "data_collator", None) is self.wrapped
+            else None
+        )
         workers = getattr(loader, "num_workers", 0)
         if workers:
             self.measured = False
@@ -174,9 +184,11 @@ class PrefetchRng:
                 set_loader_attribute(loader, "collate_fn", self.inner)
             elif holder is not None:
                 holder.data_collator = self.inner
-            return (f"the training DataLoader has {workers} worker processes: its collate_fn runs there, where baton "
-                    "cannot keep the RNG of the batch collated ahead; batch_rng_sha is not recorded, and a random "
-                    "collate_fn or dataset must draw from a generator seeded by the sample (docs/own-trainer.md)")
+            return (
+                f"the training DataLoader has {workers} worker processes: its collate_fn runs there, where baton "
+                "cannot keep the RNG of the batch collated ahead; batch_rng_sha is not recorded, and a random "
+                "collate_fn or dataset must draw from a generator seeded by the sample (docs/own-trainer.md)"
+            )
         if holder is None:  # a collate_fn of the script's own loader
             set_loader_attribute(loader, "collate_fn", self._collate(fn))
         return None
@@ -203,16 +215,24 @@ class EpochRng:
         saved = load(os.path.join(checkpoint, EPOCH_FILE.format(rank=rank))) if checkpoint else None
         # Loaded safely (weights_only) and checked against its manifest, but of a shape that is the writer's
         # word: one that is not this module's is left unused, as a checkpoint without the file is.
-        ok = (isinstance(saved, dict) and isinstance(saved.get("epoch"), int) and isinstance(saved.get("state"), dict)
-              and {"python", "numpy", "cpu"} <= set(saved["state"]))
+        ok = (
+            isinstance(saved, dict)
+            and isinstance(saved.get("epoch"), int)
+            and isinstance(saved.get("state"), dict)
+            and {"python", "numpy", "cpu"} <= set(saved["state"])
+        )
         if saved is not None and not ok:
             from trainer.records import log
 
-            log(f"warning: {EPOCH_FILE.format(rank=rank)} in {checkpoint} is not an epoch RNG snapshot: not used")
+            log(
+                f"warning: {EPOCH_FILE.format(rank=rank)} in {checkpoint} is not an epoch RNG snapshot: not used"
+            )
         self.saved = saved if ok else None
         self.first = True
         self.resumed = checkpoint is not None
-        self._recapture = False  # a resume at an epoch boundary: the epoch's state is the one the Trainer restores
+        self._recapture = (
+            False  # a resume at an epoch boundary: the epoch's state is the one the Trainer restores
+        )
 
     def install(self, trainer: Any) -> None:
         """On a resume: take the epoch's state again right after the Trainer restores the checkpoint's RNG. At
@@ -281,5 +301,6 @@ def refuse_private_samplers(dataloader: Any) -> None:
                 f"the training sampler {name} draws its shuffle from a generator of its own ({name}.{attribute}), "
                 f"whose state no checkpoint holds (a resume in a later epoch would draw another data order); give "
                 f"{name} a set_epoch(epoch) that re-seeds it from the seed and the epoch, or let it draw from the "
-                "global RNG, which baton restores")
+                "global RNG, which baton restores"
+            )
         todo += [getattr(obj, "sampler", None), getattr(obj, "batch_sampler", None)]

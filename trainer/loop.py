@@ -57,8 +57,9 @@ def restore_policy() -> RestorePolicy:
     `BATON_SWAP_RANK_STATE`. Never set them for real work."""
     raw = env.text("BATON_SKIP_RESTORE")
     try:
-        return RestorePolicy(frozenset(s.strip() for s in raw.split(",") if s.strip()),
-                             env.flag("BATON_SWAP_RANK_STATE"))
+        return RestorePolicy(
+            frozenset(s.strip() for s in raw.split(",") if s.strip()), env.flag("BATON_SWAP_RANK_STATE")
+        )
     except ValueError as e:
         raise env.EnvError(f"BATON_SKIP_RESTORE: {e}") from None
 
@@ -79,8 +80,9 @@ def init_distributed(timeout: timedelta | None = None) -> tuple[int, int, torch.
     else:
         if cuda:
             torch.cuda.set_device(0)
-        dist.init_process_group("cpu:gloo,cuda:nccl" if cuda else "gloo", store=dist.HashStore(),
-                                rank=0, world_size=1, **kw)
+        dist.init_process_group(
+            "cpu:gloo,cuda:nccl" if cuda else "gloo", store=dist.HashStore(), rank=0, world_size=1, **kw
+        )
         device = torch.device("cuda", 0) if cuda else torch.device("cpu")
     return dist.get_rank(), dist.get_world_size(), device
 
@@ -109,13 +111,25 @@ class Trainer:
         if cfg.deterministic:
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
             deterministic_algorithms(compiled=cfg.model.compile)
-        self.ckpt = Checkpointer(cfg.checkpoint, cfg.run_id, cfg.fingerprint, self.emit, self._manifest,
-                                 self._committed, policy, cfg.faults.max_failed_saves, self._saving)
+        self.ckpt = Checkpointer(
+            cfg.checkpoint,
+            cfg.run_id,
+            cfg.fingerprint,
+            self.emit,
+            self._manifest,
+            self._committed,
+            policy,
+            cfg.faults.max_failed_saves,
+            self._saving,
+        )
         self._phase("init_store_s", mark)
         # The attempt claimed, the committed steps listed, and the newest being read on a thread (prefetch.py)
         # while the model is built: the restore has begun, and a signal from here on lands in it.
-        opened = self.ckpt.begin({"host": os.uname().nodename, "pid": os.getpid(), "world_size": self.world},
-                                 self.times, history=cfg.cadence.mode == "auto")
+        opened = self.ckpt.begin(
+            {"host": os.uname().nodename, "pid": os.getpid(), "world_size": self.world},
+            self.times,
+            history=cfg.cadence.mode == "auto",
+        )
         self.attempt, self.committed, self.opened = opened.attempt, opened.committed, opened
         if opened.prefetching:
             self.preempt.phase = "restore"
@@ -123,7 +137,9 @@ class Trainer:
         self.last_checkpoint: str | None = None
         self.rec = Records(cfg.run_id, self.attempt, self.rank)
         self.first_step_pending = True
-        self.times["init_s"] = round(time.perf_counter() - t - self.times["listing_s"], 3)  # listing_s is its own phase
+        self.times["init_s"] = round(
+            time.perf_counter() - t - self.times["listing_s"], 3
+        )  # listing_s is its own phase
 
     def _phase(self, name: str, since: float) -> float:
         """Time a part of the start into the `resume` record's phases; returns now, the next part's start."""
@@ -160,8 +176,9 @@ class Trainer:
         raw = read_corpus(cfg.data.uri)
         mark = self._phase("build_read_corpus_s", mark)
         cache = PackedCorpus(cfg.checkpoint.uri, cfg.run_id) if cfg.data.pack_cache else None
-        samples, self.packing = packed_samples(raw, cfg.data.uri, cfg.data.text_field, cfg.data.seq_len, path,
-                                               cache, write=self.rank == 0)
+        samples, self.packing = packed_samples(
+            raw, cfg.data.uri, cfg.data.text_field, cfg.data.seq_len, path, cache, write=self.rank == 0
+        )
         self.data = EpochData(cfg.data, samples, cfg.seed, self.rank, self.world)
         mark = self._phase("build_corpus_s", mark)
         # With a committed checkpoint to resume from, every parameter is about to be overwritten: build
@@ -183,13 +200,29 @@ class Trainer:
         self.model.train()
         mark = self._phase("build_model_s", mark)
         o = cfg.optim
-        self.optim = torch.optim.AdamW(self.model.parameters(), lr=o.lr, betas=tuple(o.betas), eps=o.eps,
-                                       weight_decay=o.weight_decay, foreach=False)
+        self.optim = torch.optim.AdamW(
+            self.model.parameters(),
+            lr=o.lr,
+            betas=tuple(o.betas),
+            eps=o.eps,
+            weight_decay=o.weight_decay,
+            foreach=False,
+        )
         self.sched = torch.optim.lr_scheduler.LambdaLR(
-            self.optim, lambda s: lr_factor(s, o.warmup_steps, cfg.total_steps, o.min_lr_ratio))
+            self.optim, lambda s: lr_factor(s, o.warmup_steps, cfg.total_steps, o.min_lr_ratio)
+        )
         self.step = 0
-        self.parts = Parts(self.model, self.optim, self.sched, self.data, self.rank, self.world, cfg.seed,
-                           cfg.data.batch_size, cfg.data.num_workers)
+        self.parts = Parts(
+            self.model,
+            self.optim,
+            self.sched,
+            self.data,
+            self.rank,
+            self.world,
+            cfg.seed,
+            cfg.data.batch_size,
+            cfg.data.num_workers,
+        )
         self._phase("build_optimizer_s", mark)
         self.metrics: dict[str, float] = {}
         self.notice: NoticeThread | None = None
@@ -199,10 +232,12 @@ class Trainer:
         self.cadence = Cadence(cfg.cadence)
         self.last_save_at = time.time()
         self.warned = False
-        log(f"run {cfg.run_id} attempt {self.attempt}: rank {self.rank}/{self.world} on {self.device}, "
+        log(
+            f"run {cfg.run_id} attempt {self.attempt}: rank {self.rank}/{self.world} on {self.device}, "
             f"{self.data.geo.n_samples} samples, {self.data.geo.steps_in_epoch()} steps/epoch, "
             f"{sum(p.numel() for p in self.model.parameters())} parameters (this rank's shards)"
-            + (", built empty for the resume" if self.empty_model else ""))
+            + (", built empty for the resume" if self.empty_model else "")
+        )
         self.times["build_s"] = round(time.perf_counter() - t, 3)
 
     # -- the checkpoint --
@@ -211,7 +246,9 @@ class Trainer:
 
     def resume(self) -> None:
         if self.committed:  # what it is about to load: lets a watcher (the drill's chaos) act mid-restore
-            self.emit("restore", self.committed[0], committed=len(self.committed), path=self.opened.newest_url)
+            self.emit(
+                "restore", self.committed[0], committed=len(self.committed), path=self.opened.newest_url
+            )
         resumed = self.ckpt.resume(self.parts, self.cfg.faults.read_retry_s, self.times)
         t = time.perf_counter()
         if resumed is None:
@@ -227,11 +264,20 @@ class Trainer:
         self.step = self.last_committed = step
         self.last_checkpoint = resumed.url
         if not resumed.same_world:
-            log(f"resharded resume: saved by {manifest['world_size']} ranks, running on {self.world}; "
-                "model and optimizer load exactly, the continuation is not bitwise (reduction order)")
+            log(
+                f"resharded resume: saved by {manifest['world_size']} ranks, running on {self.world}; "
+                "model and optimizer load exactly, the continuation is not bitwise (reduction order)"
+            )
         self.times["restore_s"] = round(time.perf_counter() - t, 3)
-        self.emit("resume", step, from_step=step, checkpoint=self.last_checkpoint,
-                  saved_world_size=manifest.get("world_size"), phases=self.times, corpus=self.packing)
+        self.emit(
+            "resume",
+            step,
+            from_step=step,
+            checkpoint=self.last_checkpoint,
+            saved_world_size=manifest.get("world_size"),
+            phases=self.times,
+            corpus=self.packing,
+        )
         log(f"resumed from step {step} ({self.last_checkpoint})")
 
     def _pretrained_fallback(self) -> None:
@@ -240,7 +286,9 @@ class Trainer:
         start begins with)."""
         log("every checkpoint was refused: reading the pretrained weights")
         pretrained = load_model(self.cfg, self.model_path, self.device)
-        set_model_state_dict(self.model, pretrained.state_dict(), options=StateDictOptions(full_state_dict=True))
+        set_model_state_dict(
+            self.model, pretrained.state_dict(), options=StateDictOptions(full_state_dict=True)
+        )
         del pretrained
         # Building a load template initialised the optimizer's state (one zero-gradient step): a fresh
         # start has none.
@@ -262,34 +310,59 @@ class Trainer:
     def _manifest(self, b: Boundary) -> dict[str, Any]:
         """The trainer's fields of a save's manifest; the metrics of this step (the step record's loss), for
         keep-best retention."""
-        return {"run_id": self.cfg.run_id, "epoch": b.epoch, "device": self.device.type,
-                "config": self.cfg.to_dict(), "time": time.time(), "metrics": dict(self.metrics)}
+        return {
+            "run_id": self.cfg.run_id,
+            "epoch": b.epoch,
+            "device": self.device.type,
+            "config": self.cfg.to_dict(),
+            "time": time.time(),
+            "metrics": dict(self.metrics),
+        }
 
     def _committed(self, res: SaveResult, reason: str) -> None:
         """A checkpoint is committed (every rank): the last committed step, the cadence, and its record."""
         self.last_committed, self.last_checkpoint = res.step, res.path
         self._after_save(res.blocking_ms if res.asynchronous else res.save_ms)
-        self.emit("checkpoint", res.step, reason=reason, save_ms=round(res.save_ms, 1),
-                  blocking_ms=round(res.blocking_ms, 1), bytes=res.bytes, path=res.path,
-                  asynchronous=res.asynchronous)
+        self.emit(
+            "checkpoint",
+            res.step,
+            reason=reason,
+            save_ms=round(res.save_ms, 1),
+            blocking_ms=round(res.blocking_ms, 1),
+            bytes=res.bytes,
+            path=res.path,
+            asynchronous=res.asynchronous,
+        )
 
     # -- the stop --
     def stop(self, b: Boundary) -> int:
         signal_name = self.preempt.signal_name
         log(f"preempted ({signal_name}) at step {b.step}, {self.preempt.grace_left():.1f}s of grace left")
-        saved = self.ckpt.save(b, "preempt")  # a save in flight commits first; a committed step is not saved again
+        saved = self.ckpt.save(
+            b, "preempt"
+        )  # a save in flight commits first; a committed step is not saved again
         outcome = saved.outcome
         # No rank leaves before rank 0 has written the record: a launcher that sees one rank exit
         # signals the others, and the record is what says the stop was clean.
-        self.emit_after_rank0("preempt", b.step, signal=signal_name, save_ms=round(saved.blocking_ms, 1),
-                              grace_left_s=round(self.preempt.grace_left(), 2), grace_s=self.preempt.grace,
-                              exit=EXIT_PREEMPTED, checkpoint=self.last_checkpoint,
-                              already_committed=outcome == "already_committed", outcome=outcome,
-                              warning=self.warned, during=self.preempt.during)
+        self.emit_after_rank0(
+            "preempt",
+            b.step,
+            signal=signal_name,
+            save_ms=round(saved.blocking_ms, 1),
+            grace_left_s=round(self.preempt.grace_left(), 2),
+            grace_s=self.preempt.grace,
+            exit=EXIT_PREEMPTED,
+            checkpoint=self.last_checkpoint,
+            already_committed=outcome == "already_committed",
+            outcome=outcome,
+            warning=self.warned,
+            during=self.preempt.during,
+        )
         return EXIT_PREEMPTED
 
-    def _boundary_flags(self, loss_sum: torch.Tensor, grad_norm: torch.Tensor | None, batch: int, rng_state: int
-                        ) -> tuple[float, float | None, bool, bool, str, str]:
+    def _boundary_flags(
+        self, loss_sum: torch.Tensor, grad_norm: torch.Tensor | None, batch: int, rng_state: int
+    ) -> tuple[float, float | None, bool, bool, str, str]:
         """One host sync a step, and one collective at world > 1, which every rank's numbers travel in:
         the loss, the gradient norm (when clipping computed one), the preemption warning, the wall-clock
         cadence, the stop flag, and the digests of the step's inputs and starting RNG state. Each rank
@@ -303,8 +376,15 @@ class Trainer:
         local_norm = grad_norm.to_local() if isinstance(grad_norm, DTensor) else grad_norm
         parts = [loss_sum] if local_norm is None else [loss_sum, local_norm.double().square()]
         values = torch.stack(parts).tolist()  # the host sync
-        mine = [trajectory.f64_bits(values[0]), trajectory.f64_bits(values[1] if len(values) > 1 else 0.0),
-                int(pending), int(due), int(self.preempt.local), batch, rng_state]
+        mine = [
+            trajectory.f64_bits(values[0]),
+            trajectory.f64_bits(values[1] if len(values) > 1 else 0.0),
+            int(pending),
+            int(due),
+            int(self.preempt.local),
+            batch,
+            rng_state,
+        ]
         if self.world == 1:
             rows = [mine]
         else:
@@ -315,8 +395,14 @@ class Trainer:
             self.preempt.decided(any(r[4] for r in rows) or hooks().stops_alone(self.rank, self.step))
         loss = sum(trajectory.bits_f64(r[0]) for r in rows) / self.world
         norm = None if local_norm is None else math.sqrt(sum(trajectory.bits_f64(r[1]) for r in rows))
-        return (loss, norm, any(r[2] for r in rows), any(r[3] for r in rows),
-                trajectory.combine(r[5] for r in rows), trajectory.combine(r[6] for r in rows))
+        return (
+            loss,
+            norm,
+            any(r[2] for r in rows),
+            any(r[3] for r in rows),
+            trajectory.combine(r[5] for r in rows),
+            trajectory.combine(r[6] for r in rows),
+        )
 
     def _on_boundary(self, pending: bool, due: bool) -> int | None:
         """Warnings and the wall-clock cadence, decided together for all ranks at a step boundary
@@ -343,8 +429,10 @@ class Trainer:
         history = self._attempt_history() if self.cfg.cadence.mode == "auto" else None
         change = self.cadence.update(save_cost_s=save_ms / 1000, history=history)
         if change and change.interval_s is not None and self.rank == 0:
-            log(f"checkpoint cadence ({change.mode}): every {change.interval_s:.0f} s "
-                f"(save cost {change.save_cost_s}, MTBF {change.mtbf_s})")
+            log(
+                f"checkpoint cadence ({change.mode}): every {change.interval_s:.0f} s "
+                f"(save cost {change.save_cost_s}, MTBF {change.mtbf_s})"
+            )
 
     def _attempt_history(self) -> list[Attempt]:
         """Approximate: every attempt before this one is taken to have ended by preemption."""
@@ -356,8 +444,16 @@ class Trainer:
 
     def _at_point(self, micro: int = 0) -> None:
         """A step boundary (micro 0) or a micro-batch boundary: where a test's hooks may act (trainer/hooks.py)."""
-        hooks().at_point(Point(self.step, micro, self.rank, self.world, self.preempt,
-                               lambda: bool(self.notice and self.notice.pending())))
+        hooks().at_point(
+            Point(
+                self.step,
+                micro,
+                self.rank,
+                self.world,
+                self.preempt,
+                lambda: bool(self.notice and self.notice.pending()),
+            )
+        )
 
     # -- the loop --
     def run(self) -> int:
@@ -396,7 +492,8 @@ class Trainer:
             self.step += 1
             hooks().after_update(self.rank, self.step)
             loss_value, norm, warning, due, batch_sha, rng_sha = self._boundary_flags(
-                loss_sum, grad_norm, trajectory.batch_digest(batches), trajectory.rng_digest(b.rng))
+                loss_sum, grad_norm, trajectory.batch_digest(batches), trajectory.rng_digest(b.rng)
+            )
             _require_finite(self.step, loss=loss_value, grad_norm=norm, lr=lr)  # the same on every rank
             self.metrics = {"loss": loss_value}  # what keep-best retention ranks checkpoints by
             if data.epoch_done:
@@ -404,10 +501,23 @@ class Trainer:
             dt = time.perf_counter() - t0
             since = {}
             if self.first_step_pending:  # the restart's last phase: process start to its first step done
-                since, self.first_step_pending = {"since_process_start_s": round(time.time() - process_start(), 3)}, False
-            self.emit("step", self.step, loss=loss_value, lr=lr, tokens_per_s=round(tokens_per_step / dt, 1),
-                      # the data loader draws from no global RNG: the RNG before the batch is the step's own
-                      epoch=b.epoch, batch_sha=batch_sha, rng_sha=rng_sha, batch_rng_sha=rng_sha, **since)
+                since, self.first_step_pending = (
+                    {"since_process_start_s": round(time.time() - process_start(), 3)},
+                    False,
+                )
+            self.emit(
+                "step",
+                self.step,
+                loss=loss_value,
+                lr=lr,
+                tokens_per_s=round(tokens_per_step / dt, 1),
+                # the data loader draws from no global RNG: the RNG before the batch is the step's own
+                epoch=b.epoch,
+                batch_sha=batch_sha,
+                rng_sha=rng_sha,
+                batch_rng_sha=rng_sha,
+                **since,
+            )
             if self.rank == 0 and (self.step % cfg.log_every == 0 or self.step == cfg.total_steps):
                 log(f"step {self.step}/{cfg.total_steps} loss {loss_value:.4f} lr {lr:.2e} epoch {b.epoch}")
             if self.step == cfg.total_steps:
@@ -430,10 +540,14 @@ class NonFinite(RuntimeError):
 
 
 def _require_finite(step: int, **values: float | None) -> None:
-    bad = [f"{name} {value}" for name, value in values.items() if value is not None and not math.isfinite(value)]
+    bad = [
+        f"{name} {value}" for name, value in values.items() if value is not None and not math.isfinite(value)
+    ]
     if bad:
-        raise NonFinite(f"step {step}: {', '.join(bad)} is not finite; stopping without saving it "
-                        "(the last committed checkpoint stands); check optim.lr, the data and the model")
+        raise NonFinite(
+            f"step {step}: {', '.join(bad)} is not finite; stopping without saving it "
+            "(the last committed checkpoint stands); check optim.lr, the data and the model"
+        )
 
 
 def process_start() -> float:
@@ -463,26 +577,46 @@ def train(cfg: Config, preempt: Preemption) -> int:
     except (FencedOut, NonFinite) as e:
         log(f"error: {e}")
         if isinstance(e, NonFinite):
-            trainer.emit("failed", getattr(trainer, "step", 0), reason="non_finite", error=str(e),
-                         checkpoint=trainer.last_checkpoint)
+            trainer.emit(
+                "failed",
+                getattr(trainer, "step", 0),
+                reason="non_finite",
+                error=str(e),
+                checkpoint=trainer.last_checkpoint,
+            )
         return EXIT_FAIL
     except (faults.SavesFailing, faults.StoreUnreachable, faults.StoreFailing) as e:
         # Retry-safe: the last commit stands and a retry resumes from it (the store may be back by then).
         log(f"error: {e}; exiting {EXIT_PREEMPTED} (retry)")
         reason = {faults.SavesFailing: "saves_failing", faults.StoreUnreachable: "store_unreachable"}.get(
-            type(e), "store_failing")
-        trainer.emit("retry_later", getattr(trainer, "step", 0), reason=reason, error=str(e)[:500],
-                     exit=EXIT_PREEMPTED, checkpoint=trainer.last_checkpoint)
+            type(e), "store_failing"
+        )
+        trainer.emit(
+            "retry_later",
+            getattr(trainer, "step", 0),
+            reason=reason,
+            error=str(e)[:500],
+            exit=EXIT_PREEMPTED,
+            checkpoint=trainer.last_checkpoint,
+        )
         return EXIT_PREEMPTED
     except Exception as e:
         if getattr(trainer, "world", 1) < 2 or not faults.is_peer_failure(e):
             raise
         # A dead or hung peer (faults.collective_timeout_s bounds the wait): retry-safe, since every commit
         # is collective and all-or-nothing. Any rank may be the survivor, so each writes its own record.
-        log(f"error: a peer rank is gone ({type(e).__name__}: {str(e).splitlines()[0][:300]}); exiting "
-            f"{EXIT_PREEMPTED} (retry from step {trainer.last_committed})")
-        trainer.rec.emit("retry_later", getattr(trainer, "step", 0), reason="peer_lost", error=str(e).splitlines()[0][:300],
-                         exit=EXIT_PREEMPTED, checkpoint=trainer.last_checkpoint)
+        log(
+            f"error: a peer rank is gone ({type(e).__name__}: {str(e).splitlines()[0][:300]}); exiting "
+            f"{EXIT_PREEMPTED} (retry from step {trainer.last_committed})"
+        )
+        trainer.rec.emit(
+            "retry_later",
+            getattr(trainer, "step", 0),
+            reason="peer_lost",
+            error=str(e).splitlines()[0][:300],
+            exit=EXIT_PREEMPTED,
+            checkpoint=trainer.last_checkpoint,
+        )
         return EXIT_PREEMPTED
     finally:
         if getattr(trainer, "notice", None):

@@ -37,8 +37,10 @@ def ensure_model(cfg: Config) -> Weights:
         log(f"building tiny Qwen2 at {path} (model.create_if_missing)")
         build_tiny_qwen2(path, read_documents(cfg.data.uri, cfg.data.text_field))
         return weights
-    raise ConfigError(f"config key 'model.path': {str(path)!r} is not a Hugging Face model folder "
-                      f"(no config.json); build one with `python -m trainer.tiny {path}`")
+    raise ConfigError(
+        f"config key 'model.path': {str(path)!r} is not a Hugging Face model folder "
+        f"(no config.json); build one with `python -m trainer.tiny {path}`"
+    )
 
 
 def load_tokenizer(path: Path):
@@ -67,7 +69,9 @@ def load_model(cfg: Config, path: Path, device: torch.device) -> torch.nn.Module
 
     hf_logging.disable_progress_bar()
     model = AutoModelForCausalLM.from_pretrained(
-        path, attn_implementation=cfg.model.attn_implementation, dtype=DTYPES[cfg.model.dtype],
+        path,
+        attn_implementation=cfg.model.attn_implementation,
+        dtype=DTYPES[cfg.model.dtype],
         attention_dropout=cfg.model.dropout,
     )
     return model.to(device)
@@ -98,16 +102,18 @@ def build_empty_model(cfg: Config, path: Path, device: torch.device) -> torch.nn
 
     config = AutoConfig.from_pretrained(path, attention_dropout=cfg.model.dropout)
     with _parameters_on_meta():
-        model = AutoModelForCausalLM.from_config(config, attn_implementation=cfg.model.attn_implementation,
-                                                 dtype=DTYPES[cfg.model.dtype])
+        model = AutoModelForCausalLM.from_config(
+            config, attn_implementation=cfg.model.attn_implementation, dtype=DTYPES[cfg.model.dtype]
+        )
     made: dict[int, torch.nn.Parameter] = {}
     with unfilled():  # the resume overwrites every parameter (or the pretrained fallback, strictly)
         for module in model.modules():
             for name, p in list(module._parameters.items()):
                 if p is not None and p.is_meta:
                     if id(p) not in made:
-                        made[id(p)] = torch.nn.Parameter(torch.empty_like(p, device=device),
-                                                         requires_grad=p.requires_grad)
+                        made[id(p)] = torch.nn.Parameter(
+                            torch.empty_like(p, device=device), requires_grad=p.requires_grad
+                        )
                     module._parameters[name] = made[id(p)]
     return model.to(device)
 

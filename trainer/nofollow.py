@@ -30,7 +30,9 @@ class LinkRefused(OSError):
     """A symbolic link where baton was about to write, rename or delete: nothing was done through it."""
 
     def __init__(self, path: str) -> None:
-        super().__init__(errno.ELOOP, f"{path} is a symbolic link: baton writes and deletes through no link", path)
+        super().__init__(
+            errno.ELOOP, f"{path} is a symbolic link: baton writes and deletes through no link", path
+        )
 
 
 def _path(fs: Any, path: str) -> str:
@@ -84,8 +86,9 @@ def open_write(fs: Any, path: str, mode: str = "wb") -> Iterator[IO[Any]]:
     os.makedirs(folder, exist_ok=True)
     with _folder(folder) as dfd:
         try:
-            fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644,
-                         dir_fd=dfd)
+            fd = os.open(
+                name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=dfd
+            )
         except OSError as e:
             if e.errno == errno.ELOOP:
                 raise LinkRefused(os.path.join(folder, name)) from None

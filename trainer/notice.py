@@ -70,12 +70,21 @@ class NoticeConfig:
     def __post_init__(self) -> None:
         _require(1 <= self.poll_s <= 300, "notice.poll_s", f"must be in [1, 300] seconds, got {self.poll_s}")
         _require(self.stale_after_s > 0, "notice.stale_after_s", f"must be > 0, got {self.stale_after_s}")
-        _require(self.policy in ("continue", "stop"), "notice.policy",
-                 f"must be 'continue' or 'stop', got {self.policy!r}")
-        _require(self.gcp_endpoint.startswith(("http://", "https://")), "notice.gcp_endpoint",
-                 f"must be an http:// or https:// URL, got {self.gcp_endpoint!r}")
-        _require(0 < self.gcp_timeout_s <= 30, "notice.gcp_timeout_s",
-                 f"must be in (0, 30] seconds, got {self.gcp_timeout_s}")
+        _require(
+            self.policy in ("continue", "stop"),
+            "notice.policy",
+            f"must be 'continue' or 'stop', got {self.policy!r}",
+        )
+        _require(
+            self.gcp_endpoint.startswith(("http://", "https://")),
+            "notice.gcp_endpoint",
+            f"must be an http:// or https:// URL, got {self.gcp_endpoint!r}",
+        )
+        _require(
+            0 < self.gcp_timeout_s <= 30,
+            "notice.gcp_timeout_s",
+            f"must be in (0, 30] seconds, got {self.gcp_timeout_s}",
+        )
 
     def podinfo_path(self) -> Path:
         return Path(self.podinfo_dir or env.text("BATON_PODINFO") or DEFAULT_PODINFO)
@@ -126,8 +135,9 @@ def _iso(t: float) -> str:
 class GcpMetadata:
     """Asks GCP's metadata server whether this VM is preempted. Any failure reads as "not preempted"."""
 
-    def __init__(self, endpoint: str = DEFAULT_GCP_ENDPOINT, timeout_s: float = 1.0,
-                 warn: WarnOnce | None = None) -> None:
+    def __init__(
+        self, endpoint: str = DEFAULT_GCP_ENDPOINT, timeout_s: float = 1.0, warn: WarnOnce | None = None
+    ) -> None:
         self.url = endpoint.rstrip("/") + GCP_PREEMPTED_PATH
         self.timeout_s = timeout_s
         self.warn = warn or WarnOnce()
@@ -148,8 +158,12 @@ class GcpMetadata:
             return False
         if flavor != "Google" or body not in ("TRUE", "FALSE"):
             # Something answered that is not the metadata server (a captive portal, a proxy page).
-            self.warn(self.url, "unexpected", f"{self.url} answered {body[:20]!r} (Metadata-Flavor "
-                      f"{flavor!r}), not the metadata server's TRUE/FALSE; read as not preempted")
+            self.warn(
+                self.url,
+                "unexpected",
+                f"{self.url} answered {body[:20]!r} (Metadata-Flavor "
+                f"{flavor!r}), not the metadata server's TRUE/FALSE; read as not preempted",
+            )
             return False
         return body == "TRUE"
 
@@ -157,8 +171,14 @@ class GcpMetadata:
 class NoticeWatcher:
     """Reads the warning sources on every `poll(now)` and says whether one is live."""
 
-    def __init__(self, podinfo_dir: str | Path, stale_after_s: float = 600.0, lead_s: float = 0.0,
-                 gcp: GcpMetadata | None = None, warn: WarnOnce | None = None) -> None:
+    def __init__(
+        self,
+        podinfo_dir: str | Path,
+        stale_after_s: float = 600.0,
+        lead_s: float = 0.0,
+        gcp: GcpMetadata | None = None,
+        warn: WarnOnce | None = None,
+    ) -> None:
         self.dir = Path(podinfo_dir)
         self.stale_after_s = stale_after_s
         self.lead_s = lead_s  # guaranteed-until this close is a cue; the caller updates it as saves are timed
@@ -187,15 +207,22 @@ class NoticeWatcher:
             source = str(self.dir / ANNOTATIONS_FILE)
             candidates += [(whole.get(key, ""), source), (whole.get(ANNOTATION_PREFIX + key, ""), source)]
         if all(text is None for text, _ in candidates):
-            self.warn(str(self.dir / key), "missing", f"{self.dir / key} is missing (nor under "
-                      f"{ANNOTATION_PREFIX} nor in {ANNOTATIONS_FILE}); {key} is not watched")
+            self.warn(
+                str(self.dir / key),
+                "missing",
+                f"{self.dir / key} is missing (nor under "
+                f"{ANNOTATION_PREFIX} nor in {ANNOTATIONS_FILE}); {key} is not watched",
+            )
             return None
         for text, source in candidates:
             if text:  # an empty file is an annotation that is not set
                 at = parse_timestamp(text)
                 if at is None:
-                    self.warn(source, f"unparseable {key}", f"{source}: {key} {text[:40]!r} is neither "
-                              "RFC3339 nor unix seconds; ignored")
+                    self.warn(
+                        source,
+                        f"unparseable {key}",
+                        f"{source}: {key} {text[:40]!r} is neither RFC3339 nor unix seconds; ignored",
+                    )
                 return None if at is None else (at, source)
         return None
 
@@ -219,7 +246,9 @@ class NoticeWatcher:
     def poll(self, now: float) -> Notice | None:
         """The live warning at `now` (unix seconds), most urgent first, or None."""
         if not self.dir.is_dir():
-            self.warn(str(self.dir), "missing", f"podinfo folder {self.dir} is missing; annotations not watched")
+            self.warn(
+                str(self.dir), "missing", f"podinfo folder {self.dir} is missing; annotations not watched"
+            )
             hits: dict[str, tuple[float, str] | None] = {TERMINATION: None, GUARANTEED: None}
         else:
             whole = self._annotations_map()
@@ -228,8 +257,12 @@ class NoticeWatcher:
             at, source = hit
             if now - at <= self.stale_after_s:
                 return Notice(TERMINATION, at, source)
-            self.warn(source, "stale", f"{source}: termination warning at {_iso(at)} is older than "
-                      f"{self.stale_after_s:g}s and the pod still runs; ignored as stale")
+            self.warn(
+                source,
+                "stale",
+                f"{source}: termination warning at {_iso(at)} is older than "
+                f"{self.stale_after_s:g}s and the pod still runs; ignored as stale",
+            )
         if self.gcp is not None and self.gcp.preempted():
             return Notice(GCP_PREEMPTED, now, self.gcp.url)
         if (hit := hits[GUARANTEED]) is not None and hit[0] - now <= self.lead_s:

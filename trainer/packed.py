@@ -36,8 +36,16 @@ from trainer.untrusted import Refused, parse_json, read_bytes
 LAYOUT = 1
 DTYPE = "int32"
 ALGORITHM = "crc32c"  # corruption, not forgery: a forger who can write the bucket can write the corpus too
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
-                   "merges.txt", "tokenizer.model", "added_tokens.json", "chat_template.jinja")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer.model",
+    "added_tokens.json",
+    "chat_template.jinja",
+)
 HEADER_FIELDS = {"layout", "key", "samples", "seq_len", "dtype", "size", ALGORITHM}
 
 
@@ -55,8 +63,14 @@ def tokenizer_identity(model_path: str | Path) -> str:
 
 def corpus_key(raw: bytes, uri: str, tokenizer_id: str, seq_len: int, text_field: str) -> str:
     """The key of a packing: what the samples depend on, hashed."""
-    what = {"layout": LAYOUT, "corpus_sha256": hashlib.sha256(raw).hexdigest(), "jsonl": uri.endswith(".jsonl"),
-            "tokenizer": tokenizer_id, "seq_len": seq_len, "text_field": text_field}
+    what = {
+        "layout": LAYOUT,
+        "corpus_sha256": hashlib.sha256(raw).hexdigest(),
+        "jsonl": uri.endswith(".jsonl"),
+        "tokenizer": tokenizer_id,
+        "seq_len": seq_len,
+        "text_field": text_field,
+    }
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()
 
 
@@ -81,14 +95,23 @@ class PackedCorpus:
             log(f"the packed corpus {key[:12]} is refused ({e}); packing again")
             return None
         except Exception as e:  # noqa: BLE001 - a cache that cannot be read is packed again
-            log(f"the packed corpus {key[:12]} could not be read ({type(e).__name__}: {str(e)[:200]}); packing again")
+            log(
+                f"the packed corpus {key[:12]} could not be read ({type(e).__name__}: {str(e)[:200]}); packing again"
+            )
             return None
 
     def save(self, key: str, samples: torch.Tensor) -> None:
         """Write the samples, then the header (a reader that sees a header sees the samples whole)."""
         data = samples.to(torch.int32).numpy().astype("<i4").tobytes()
-        header = {"layout": LAYOUT, "key": key, "samples": int(samples.shape[0]), "seq_len": int(samples.shape[1]),
-                  "dtype": DTYPE, "size": len(data), ALGORITHM: digest.of_bytes(ALGORITHM, data)}
+        header = {
+            "layout": LAYOUT,
+            "key": key,
+            "samples": int(samples.shape[0]),
+            "seq_len": int(samples.shape[1]),
+            "dtype": DTYPE,
+            "size": len(data),
+            ALGORITHM: digest.of_bytes(ALGORITHM, data),
+        }
         try:
             if is_local(self.fs):
                 self.fs.makedirs(self.folder, exist_ok=True)
@@ -120,13 +143,17 @@ def _checked(header: dict[str, Any], data: bytes, vocab_size: int | None) -> tor
     """The samples of a packing whose header `_header` accepted; ValueError for anything that does not hold."""
     n, length, size = header["samples"], header["seq_len"], header["size"]
     if len(data) != size:
-        raise ValueError(f"its samples file has {len(data)} bytes, its header says {size} of {n} x {length} int32")
+        raise ValueError(
+            f"its samples file has {len(data)} bytes, its header says {size} of {n} x {length} int32"
+        )
     if not isinstance(header[ALGORITHM], str) or digest.of_bytes(ALGORITHM, data) != header[ALGORITHM]:
         raise ValueError(f"its samples do not match their {ALGORITHM}")
     ids = np.frombuffer(data, dtype="<i4").reshape(n, length)
     low, high = int(ids.min()), int(ids.max())
     if low < 0 or (vocab_size is not None and high >= vocab_size):
-        raise ValueError(f"its token ids span [{low}, {high}], outside the model's vocabulary of {vocab_size}")
+        raise ValueError(
+            f"its token ids span [{low}, {high}], outside the model's vocabulary of {vocab_size}"
+        )
     return torch.from_numpy(ids.astype(np.int64))
 
 
@@ -139,8 +166,15 @@ def vocab_size(model_path: str | Path) -> int | None:
     return value if type(value) is int and value > 0 else None
 
 
-def packed_samples(raw: bytes, uri: str, text_field: str, seq_len: int, model_path: str | Path,
-                   cache: PackedCorpus | None, write: bool) -> tuple[torch.Tensor, dict[str, Any]]:
+def packed_samples(
+    raw: bytes,
+    uri: str,
+    text_field: str,
+    seq_len: int,
+    model_path: str | Path,
+    cache: PackedCorpus | None,
+    write: bool,
+) -> tuple[torch.Tensor, dict[str, Any]]:
     """The samples of the corpus `raw` (read from `uri`): from `cache` when it holds them, else tokenized
     and packed (and written to `cache` when `write`: one rank writes). Returns them and what happened, for
     the `resume` record: {"packed": "cache" | "tokenized", "key": ...}."""
@@ -151,4 +185,3 @@ def packed_samples(raw: bytes, uri: str, text_field: str, seq_len: int, model_pa
     if cache is not None and write:
         cache.save(key, samples)
     return samples, {"packed": "tokenized", "key": key[:16]}
-

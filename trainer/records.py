@@ -29,8 +29,17 @@ class Records:
         self.run_id, self.attempt, self.rank = run_id, attempt, rank
 
     def emit(self, event: str, step: int, **fields: Any) -> dict[str, Any]:
-        rec = _finite({"event": event, "run_id": self.run_id, "attempt": self.attempt, "rank": self.rank,
-                       "time": round(time.time(), 3), "step": step, **fields})
+        rec = _finite(
+            {
+                "event": event,
+                "run_id": self.run_id,
+                "attempt": self.attempt,
+                "rank": self.rank,
+                "time": round(time.time(), 3),
+                "step": step,
+                **fields,
+            }
+        )
         sys.stdout.write(json.dumps(rec, allow_nan=False) + "\n")
         sys.stdout.flush()
         return rec
@@ -58,6 +67,7 @@ def log(msg: str) -> None:
 def once(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """`records` with each pod event (POD_EVENTS) of an attempt and step kept once, in the copy that the
     lowest rank wrote: the copies that other nodes' first ranks wrote are dropped. Order is kept."""
+
     def key(r: dict[str, Any]) -> tuple:
         return r.get("run_id"), r.get("attempt"), r.get("event"), r.get("step")
 

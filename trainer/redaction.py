@@ -15,8 +15,12 @@ _SECRET_ENV = ("AWS_SECRET_ACCESS_KEY", "AWS_ACCESS_KEY_ID", "AWS_SESSION_TOKEN"
 def redact(text: str) -> str:
     """`text` with `user:secret@` in URLs, signatures and the values of credential variables removed."""
     text = re.sub(r"(://)[^/@\s]+@", r"\1***@", text)
-    text = re.sub(r"(?i)(signature|credential|x-amz-security-token|access_?key(_?id)?|access_?token|secret[a-z_]*)"
-                  r"=[^&\s'\"]+", r"\1=***", text)
+    text = re.sub(
+        r"(?i)(signature|credential|x-amz-security-token|access_?key(_?id)?|access_?token|secret[a-z_]*)"
+        r"=[^&\s'\"]+",
+        r"\1=***",
+        text,
+    )
     text = re.sub(r"(?i)(bearer\s+)[A-Za-z0-9._~+/=-]+", r"\1***", text)
     for name in _SECRET_ENV:
         value = os.environ.get(name)

@@ -68,8 +68,13 @@ def _s3_max_attempts() -> int:
 # would advance the training's Python RNG whenever a request is retried, so a run under storage
 # faults would no longer be bit-identical. They get a generator of their own instead.
 _LIBRARY_RANDOM = random.Random()
-_LIBRARY_MODULES = ("botocore.retries.standard", "botocore.retryhandler", "botocore.utils", "aiohttp.connector",
-                    "gcsfs.retry")
+_LIBRARY_MODULES = (
+    "botocore.retries.standard",
+    "botocore.retryhandler",
+    "botocore.utils",
+    "aiohttp.connector",
+    "gcsfs.retry",
+)
 _isolated = False
 
 
@@ -93,7 +98,8 @@ def isolate_library_randomness() -> None:
         return
     defaults = ExponentialBackoff.__init__.__defaults__ or ()
     ExponentialBackoff.__init__.__defaults__ = tuple(
-        _LIBRARY_RANDOM.random if d == random.random else d for d in defaults)
+        _LIBRARY_RANDOM.random if d == random.random else d for d in defaults
+    )
 
 
 def storage_options(uri: str) -> dict[str, Any]:
@@ -102,8 +108,11 @@ def storage_options(uri: str) -> dict[str, Any]:
         opts: dict[str, Any] = {
             "use_listings_cache": False,
             "skip_instance_cache": True,
-            "config_kwargs": {"retries": {"max_attempts": _s3_max_attempts(), "mode": "standard"},
-                              "connect_timeout": 10, "read_timeout": 60},
+            "config_kwargs": {
+                "retries": {"max_attempts": _s3_max_attempts(), "mode": "standard"},
+                "connect_timeout": 10,
+                "read_timeout": 60,
+            },
         }
         endpoint = env.text("BATON_S3_ENDPOINT")
         if endpoint:
@@ -112,8 +121,12 @@ def storage_options(uri: str) -> dict[str, Any]:
     if uri.startswith(("gs://", "gcs://")):
         isolate_library_randomness()
         use_gcs_filesystem()
-        return {"skip_instance_cache": True, "use_listings_cache": False, "token": gcs_token(),
-                "requests_timeout": _gcs_timeout()}
+        return {
+            "skip_instance_cache": True,
+            "use_listings_cache": False,
+            "token": gcs_token(),
+            "requests_timeout": _gcs_timeout(),
+        }
     if uri.startswith("file://") or "://" not in uri:
         return {"auto_mkdir": True}
     return {}
@@ -127,8 +140,10 @@ def url_to_fs(uri: str) -> tuple[AbstractFileSystem, str]:
     try:
         fs, path = fsspec.core.url_to_fs(uri, **storage_options(uri))
     except ImportError as e:
-        raise StorageError(f"{redact(uri)}: this scheme needs a package that is not installed ({e}); "
-                           "gs:// needs gcsfs (pip install 'baton[gcs]')") from None
+        raise StorageError(
+            f"{redact(uri)}: this scheme needs a package that is not installed ({e}); "
+            "gs:// needs gcsfs (pip install 'baton[gcs]')"
+        ) from None
     except ConfigError:
         raise
     except Exception as e:
@@ -203,8 +218,9 @@ def gcs_filesystem_class() -> type:
         await self._cp_file(path1, path2)
         await self._rm_file(path1)
 
-    _gcs_class = type("BatonGCSFileSystem", (base,), {"_request": _request, "_mv_file": _mv_file,
-                                                      "__module__": __name__})
+    _gcs_class = type(
+        "BatonGCSFileSystem", (base,), {"_request": _request, "_mv_file": _mv_file, "__module__": __name__}
+    )
     return _gcs_class
 
 
@@ -239,19 +255,32 @@ def describe(e: BaseException) -> str:
         if isinstance(inner, BaseException):
             return f"rank {rank}: {describe(inner)}"
     kind = {FileNotFoundError: "not found (a missing bucket or path)", PermissionError: "access denied"}.get(
-        type(e), type(e).__name__)
+        type(e), type(e).__name__
+    )
     text = str(e).splitlines()[0] if str(e) else ""
     name = type(e).__name__
     if name in ("NoCredentialsError", "PartialCredentialsError", "CredentialRetrievalError"):
         kind = "no usable credentials (set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or a role)"
     elif name == "DefaultCredentialsError":  # google-auth: no Application Default Credentials
-        kind = ("no usable credentials (Workload Identity on GKE, GOOGLE_APPLICATION_CREDENTIALS, "
-                "or BATON_GCS_TOKEN)")
-    elif name in ("EndpointConnectionError", "ConnectTimeoutError", "ClientConnectorError", "ConnectionRefusedError",
-                  "ClientConnectorDNSError", "ServerTimeoutError"):
+        kind = (
+            "no usable credentials (Workload Identity on GKE, GOOGLE_APPLICATION_CREDENTIALS, "
+            "or BATON_GCS_TOKEN)"
+        )
+    elif name in (
+        "EndpointConnectionError",
+        "ConnectTimeoutError",
+        "ClientConnectorError",
+        "ConnectionRefusedError",
+        "ClientConnectorDNSError",
+        "ServerTimeoutError",
+    ):
         kind = "endpoint unreachable"
-    elif ("InvalidAccessKeyId" in text or "SignatureDoesNotMatch" in text
-          or (name == "HttpError" and getattr(e, "code", None) == 401) or name == "RefreshError"):
+    elif (
+        "InvalidAccessKeyId" in text
+        or "SignatureDoesNotMatch" in text
+        or (name == "HttpError" and getattr(e, "code", None) == 401)
+        or name == "RefreshError"
+    ):
         kind = "credentials refused"
     elif text.startswith("Forbidden:"):  # gcsfs's 403
         kind = "access denied"

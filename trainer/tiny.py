@@ -69,15 +69,24 @@ def _build_into(out: Path, corpus_docs: list[str], **arch_overrides: int) -> Non
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    bpe = trainers.BpeTrainer(vocab_size=VOCAB_SIZE, special_tokens=[EOS],
-                              initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    bpe = trainers.BpeTrainer(
+        vocab_size=VOCAB_SIZE,
+        special_tokens=[EOS],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tok.train_from_iterator(corpus_docs, bpe)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, pad_token=EOS)
     fast.save_pretrained(out)
 
     arch = {**TINY_ARCH, **arch_overrides}
-    config = Qwen2Config(vocab_size=VOCAB_SIZE, eos_token_id=fast.eos_token_id, bos_token_id=fast.eos_token_id,
-                         attention_dropout=0.0, **arch)
+    config = Qwen2Config(
+        vocab_size=VOCAB_SIZE,
+        eos_token_id=fast.eos_token_id,
+        bos_token_id=fast.eos_token_id,
+        attention_dropout=0.0,
+        **arch,
+    )
     with torch.random.fork_rng():
         torch.manual_seed(BUILD_SEED)
         model = Qwen2ForCausalLM(config)
@@ -86,14 +95,60 @@ def _build_into(out: Path, corpus_docs: list[str], **arch_overrides: int) -> Non
 
 # ---- a small synthetic corpus, generated from a fixed seed ------------------------------------------
 
-_SUBJECTS = ["the pilot", "a farmer", "the old clock", "my neighbour", "the river", "a quiet robot",
-             "the baker", "our teacher", "the night train", "a small dog", "the engineer", "the gardener"]
-_VERBS = ["watches", "repairs", "remembers", "follows", "paints", "carries", "counts", "measures",
-          "builds", "finds", "crosses", "describes"]
-_OBJECTS = ["the bridge", "a red kite", "seven stones", "the winter field", "an empty box", "the harbour",
-            "a long letter", "the bright window", "three apples", "the tall tower", "a paper map", "the storm"]
-_TAILS = ["before noon", "after the rain", "every morning", "with great care", "without a word",
-          "near the station", "under the stars", "in the valley", "at the market", "for the first time"]
+_SUBJECTS = [
+    "the pilot",
+    "a farmer",
+    "the old clock",
+    "my neighbour",
+    "the river",
+    "a quiet robot",
+    "the baker",
+    "our teacher",
+    "the night train",
+    "a small dog",
+    "the engineer",
+    "the gardener",
+]
+_VERBS = [
+    "watches",
+    "repairs",
+    "remembers",
+    "follows",
+    "paints",
+    "carries",
+    "counts",
+    "measures",
+    "builds",
+    "finds",
+    "crosses",
+    "describes",
+]
+_OBJECTS = [
+    "the bridge",
+    "a red kite",
+    "seven stones",
+    "the winter field",
+    "an empty box",
+    "the harbour",
+    "a long letter",
+    "the bright window",
+    "three apples",
+    "the tall tower",
+    "a paper map",
+    "the storm",
+]
+_TAILS = [
+    "before noon",
+    "after the rain",
+    "every morning",
+    "with great care",
+    "without a word",
+    "near the station",
+    "under the stars",
+    "in the valley",
+    "at the market",
+    "for the first time",
+]
 
 
 def synthetic_corpus(n_docs: int = 300, seed: int = 7) -> list[str]:
@@ -109,8 +164,11 @@ def synthetic_corpus(n_docs: int = 300, seed: int = 7) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m trainer.tiny", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m trainer.tiny",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("out_dir", nargs="?", help="where to save the model and tokenizer")
     ap.add_argument("--corpus", help="corpus used to train the tokenizer (default: the shipped one)")
     ap.add_argument("--write-corpus", metavar="PATH", help="write the synthetic corpus to PATH and exit")

@@ -92,7 +92,9 @@ class InputDigest:
         key = (n, str(device))
         if key not in self._weights:
             g = torch.Generator().manual_seed(0x6261746F6E)  # private: the training's RNG is never touched
-            self._weights[key] = torch.randint(-(2**62), 2**62, (n,), generator=g, dtype=torch.int64).to(device)
+            self._weights[key] = torch.randint(-(2**62), 2**62, (n,), generator=g, dtype=torch.int64).to(
+                device
+            )
         return self._weights[key]
 
     def on_forward(self, module, args, kwargs):
@@ -101,8 +103,11 @@ class InputDigest:
         tensors = [("", a) for a in args if isinstance(a, torch.Tensor)]
         tensors += sorted((k, v) for k, v in kwargs.items() if isinstance(v, torch.Tensor))
         for _, t in tensors:
-            flat = t.detach().reshape(-1).to(torch.int64) if not t.is_floating_point() else \
-                t.detach().reshape(-1).double().view(torch.int64)
+            flat = (
+                t.detach().reshape(-1).to(torch.int64)
+                if not t.is_floating_point()
+                else t.detach().reshape(-1).double().view(torch.int64)
+            )
             d = (flat * self._w(flat.numel(), flat.device)).sum() + flat.numel()
             self._acc = d if self._acc is None else self._acc * 1_000_003 + d
         return None
@@ -117,7 +122,9 @@ class InputDigest:
     def take(self) -> tuple[int, bool]:
         acc, finite = self._acc, self._finite
         self._acc = self._finite = None
-        return (int(acc.item()) if acc is not None else 0), (bool(finite.item()) if finite is not None else True)
+        return (int(acc.item()) if acc is not None else 0), (
+            bool(finite.item()) if finite is not None else True
+        )
 
 
 # ---- the exact start ---------------------------------------------------------------------------------------
@@ -152,10 +159,18 @@ def start_digests(model: torch.nn.Module, optim: torch.optim.Optimizer | None = 
     if optim is not None:
         o = hashlib.sha256()
         names = {id(p): n for n, p in model.named_parameters()}
-        groups = [{k: v for k, v in g.items() if k != "params" and isinstance(v, (int, float, str, bool, list, tuple))}
-                  for g in optim.param_groups]
+        groups = [
+            {
+                k: v
+                for k, v in g.items()
+                if k != "params" and isinstance(v, (int, float, str, bool, list, tuple))
+            }
+            for g in optim.param_groups
+        ]
         o.update(json.dumps(groups, sort_keys=True, default=str).encode())
-        for p in sorted((p for g in optim.param_groups for p in g["params"]), key=lambda p: names.get(id(p), "")):
+        for p in sorted(
+            (p for g in optim.param_groups for p in g["params"]), key=lambda p: names.get(id(p), "")
+        ):
             for key, value in sorted(optim.state.get(p, {}).items()):
                 if isinstance(value, torch.Tensor):
                     v = _full(value.detach())

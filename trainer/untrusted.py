@@ -36,21 +36,21 @@ KIB, MIB = 1 << 10, 1 << 20
 # The most bytes each kind of file may have. Each is far above what baton writes (the figure in the
 # comment) and far below what would hurt a pod's memory.
 CAPS: dict[str, int] = {
-    "commit": 64 * KIB,            # a DCP _COMMIT: ~150 B
-    "manifest": 16 * MIB,          # manifest.json, an HF _COMMIT: ~200 B a file listed
-    "attempt": 64 * KIB,           # attempts/<n>.json: ~200 B
-    "corpus_header": 1 * MIB,      # the packed corpus's header.json: ~300 B
-    "corpus_samples": 64 << 30,    # its samples: read at most the size its header declares
-    "weights_manifest": 1 * MIB,   # a model folder's manifest: ~150 B a file
-    "trainer_state": 64 * MIB,     # HF trainer_state.json: its log_history grows with the run
-    "hf_file": 64 << 30,           # a file of an HF checkpoint: read at most the size its _COMMIT declares
-    "round": 64 * KIB,             # steps/lib/group.py's node-I.json: ~200 B
-    "step_json": 16 * MIB,         # evictions.json, verify.json, a report.json
-    "evidence": 256 * MIB,         # one pod's *.jsonl: ~300 B a step
-    "metadata": 256 * MIB,         # DCP's .metadata: ~1 kB a tensor
+    "commit": 64 * KIB,  # a DCP _COMMIT: ~150 B
+    "manifest": 16 * MIB,  # manifest.json, an HF _COMMIT: ~200 B a file listed
+    "attempt": 64 * KIB,  # attempts/<n>.json: ~200 B
+    "corpus_header": 1 * MIB,  # the packed corpus's header.json: ~300 B
+    "corpus_samples": 64 << 30,  # its samples: read at most the size its header declares
+    "weights_manifest": 1 * MIB,  # a model folder's manifest: ~150 B a file
+    "trainer_state": 64 * MIB,  # HF trainer_state.json: its log_history grows with the run
+    "hf_file": 64 << 30,  # a file of an HF checkpoint: read at most the size its _COMMIT declares
+    "round": 64 * KIB,  # steps/lib/group.py's node-I.json: ~200 B
+    "step_json": 16 * MIB,  # evictions.json, verify.json, a report.json
+    "evidence": 256 * MIB,  # one pod's *.jsonl: ~300 B a step
+    "metadata": 256 * MIB,  # DCP's .metadata: ~1 kB a tensor
 }
-MAX_DEPTH = 32        # baton's own documents nest at most 6 deep
-MAX_LINE = 1 * MIB    # one record line of the evidence
+MAX_DEPTH = 32  # baton's own documents nest at most 6 deep
+MAX_LINE = 1 * MIB  # one record line of the evidence
 MAX_MESSAGE = 64 * MIB  # one message between ranks (trainer/collectives.py)
 
 
@@ -60,6 +60,7 @@ class Refused(ValueError):
 
 
 # ---- opening and reading ----------------------------------------------------------------------------
+
 
 def _is_local(fs: Any) -> bool:
     """fsspec's own local filesystem, exactly: a subclass (a test seam that injects faults into its
@@ -100,8 +101,13 @@ def open_regular(fs: Any, path: str, what: str | None = None) -> Iterator[IO[byt
 
 
 def _kind(mode: int) -> str:
-    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISDIR, "a folder"), (stat.S_ISCHR, "a character device"),
-                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
+    for test, name in (
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISDIR, "a folder"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
         if test(mode):
             return name
     return "not a plain file"
@@ -141,7 +147,9 @@ def _read_bytes_once(fs: Any, path: str, kind: str, what: str, cap: int) -> byte
     with open_regular(fs, path, what) as f:
         size = size_of(f)
         if size is not None and size > cap:
-            raise Refused(f"{what} is larger than the {cap} bytes a {kind.replace('_', ' ')} may have ({size})")
+            raise Refused(
+                f"{what} is larger than the {cap} bytes a {kind.replace('_', ' ')} may have ({size})"
+            )
         try:
             data = f.read(cap + 1)
         except MemoryError:
@@ -177,8 +185,13 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON number")
 
 
-def parse_json(data: bytes | str, what: str, max_depth: int = MAX_DEPTH, allow_nan: bool = False,
-               expect: type | tuple[type, ...] | None = None) -> Any:
+def parse_json(
+    data: bytes | str,
+    what: str,
+    max_depth: int = MAX_DEPTH,
+    allow_nan: bool = False,
+    expect: type | tuple[type, ...] | None = None,
+) -> Any:
     """`data` parsed as strict JSON (no NaN or Infinity unless `allow_nan`), nested at most `max_depth`
     deep, and of type `expect` where given; `Refused` naming `what` for anything else."""
     try:
@@ -200,8 +213,14 @@ def _json_name(py: str) -> str:
     return py.replace("dict", "object").replace("list", "array").replace("str", "string")
 
 
-def read_json(fs: Any, path: str, kind: str, what: str | None = None, expect: type | tuple[type, ...] | None = dict,
-              max_depth: int = MAX_DEPTH) -> Any:
+def read_json(
+    fs: Any,
+    path: str,
+    kind: str,
+    what: str | None = None,
+    expect: type | tuple[type, ...] | None = dict,
+    max_depth: int = MAX_DEPTH,
+) -> Any:
     """`path` read under its kind's cap and parsed by `parse_json` (an object by default)."""
     what = what or path
     return parse_json(read_bytes(fs, path, kind, what), what, max_depth=max_depth, expect=expect)

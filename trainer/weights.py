@@ -69,8 +69,14 @@ class Weights:
     seconds: float = 0.0
 
     def record(self) -> dict[str, Any]:
-        return {"source": redact(self.source), "identity": self.identity, "copied_bytes": self.copied_bytes,
-                "cached": self.cached, "seconds": round(self.seconds, 3), "hub": False}
+        return {
+            "source": redact(self.source),
+            "identity": self.identity,
+            "copied_bytes": self.copied_bytes,
+            "cached": self.cached,
+            "seconds": round(self.seconds, 3),
+            "hub": False,
+        }
 
 
 def is_remote(path: str) -> bool:
@@ -82,9 +88,11 @@ def check_name(name: Any) -> str:
     if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise WeightsRefused(f"{KEY}: {MANIFEST} names {str(name)[:80]!r}, which is not a plain file name")
     if not name.endswith(SAFE_SUFFIXES):
-        raise WeightsRefused(f"{KEY}: {MANIFEST} names {name!r}, whose format is not accepted (only "
-                             f"{', '.join(SAFE_SUFFIXES)}: pickles and code run when loaded; convert "
-                             "weights to safetensors)")
+        raise WeightsRefused(
+            f"{KEY}: {MANIFEST} names {name!r}, whose format is not accepted (only "
+            f"{', '.join(SAFE_SUFFIXES)}: pickles and code run when loaded; convert "
+            "weights to safetensors)"
+        )
     return name
 
 
@@ -104,11 +112,17 @@ def parse_manifest(raw: bytes, where: str) -> dict[str, dict[str, Any]]:
         raise WeightsRefused(f"{KEY}: {where} must list 1 to {MAX_FILES} files, lists {len(files)}")
     for name, entry in files.items():
         check_name(name)
-        if (not isinstance(entry, dict) or set(entry) != {"bytes", "sha256"}
-                or type(entry["bytes"]) is not int or entry["bytes"] < 0
-                or not isinstance(entry["sha256"], str) or not _HEX64.fullmatch(entry["sha256"])):
-            raise WeightsRefused(f"{KEY}: {where}: the entry of {name!r} must be "
-                                 "{\"bytes\": a size, \"sha256\": 64 hex digits}")
+        if (
+            not isinstance(entry, dict)
+            or set(entry) != {"bytes", "sha256"}
+            or type(entry["bytes"]) is not int
+            or entry["bytes"] < 0
+            or not isinstance(entry["sha256"], str)
+            or not _HEX64.fullmatch(entry["sha256"])
+        ):
+            raise WeightsRefused(
+                f'{KEY}: {where}: the entry of {name!r} must be {{"bytes": a size, "sha256": 64 hex digits}}'
+            )
     if "config.json" not in files:
         raise WeightsRefused(f"{KEY}: {where} lists no config.json: not a Hugging Face model folder")
     return files
@@ -160,12 +174,16 @@ def _read_remote_manifest(uri: str) -> dict[str, dict[str, Any]]:
 
     def read() -> bytes:
         try:
-            return read_bytes(fs, path, "weights_manifest", f"{redact(uri)}/{MANIFEST}", cap=MAX_MANIFEST_BYTES)
+            return read_bytes(
+                fs, path, "weights_manifest", f"{redact(uri)}/{MANIFEST}", cap=MAX_MANIFEST_BYTES
+            )
         except Refused as e:
             raise WeightsRefused(f"{KEY}: {e}") from None
         except FileNotFoundError:  # raised here, past retrying(): a missing manifest is not transient
-            raise WeightsRefused(f"{KEY}: {redact(uri)} has no {MANIFEST}: stage the weights with "
-                                 f"`python -m trainer.weights stage FOLDER {redact(uri)}`") from None
+            raise WeightsRefused(
+                f"{KEY}: {redact(uri)} has no {MANIFEST}: stage the weights with "
+                f"`python -m trainer.weights stage FOLDER {redact(uri)}`"
+            ) from None
 
     raw = retrying(read, uri, f"{KEY}: reading {MANIFEST} under")
     return parse_manifest(raw, f"{redact(uri)}/{MANIFEST}")
@@ -210,9 +228,11 @@ def _copy_checked(fs: Any, src: str, dst: Path, name: str, entry: dict[str, Any]
         raise WeightsRefused(f"{KEY}: {e}") from None
     if n != entry["bytes"] or h.hexdigest() != entry["sha256"]:
         got = f"more than {entry['bytes']}" if n > entry["bytes"] else str(n)
-        raise WeightsRefused(f"{KEY}: {redact(uri)}/{name} does not match {MANIFEST} "
-                             f"({got} bytes, sha256 {h.hexdigest()[:12]}; the manifest says {entry['bytes']} "
-                             f"bytes, sha256 {entry['sha256'][:12]}): refused")
+        raise WeightsRefused(
+            f"{KEY}: {redact(uri)}/{name} does not match {MANIFEST} "
+            f"({got} bytes, sha256 {h.hexdigest()[:12]}; the manifest says {entry['bytes']} "
+            f"bytes, sha256 {entry['sha256'][:12]}): refused"
+        )
 
 
 def materialize(path: str, cache: str = "") -> Weights:
@@ -231,8 +251,9 @@ def materialize(path: str, cache: str = "") -> Weights:
     final = root / ident.removeprefix("sha256:")[:32]
     with open(root / f".{final.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if (final / MANIFEST).is_file() and identity_of(parse_manifest((final / MANIFEST).read_bytes(),
-                                                                       str(final / MANIFEST))) == ident:
+        if (final / MANIFEST).is_file() and identity_of(
+            parse_manifest((final / MANIFEST).read_bytes(), str(final / MANIFEST))
+        ) == ident:
             return Weights(final, path, ident, cached=True, seconds=time.perf_counter() - t0)
         shutil.rmtree(final, ignore_errors=True)  # a copy from another manifest under a colliding prefix
         partial = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=root))
@@ -243,8 +264,11 @@ def materialize(path: str, cache: str = "") -> Weights:
             for i, (name, entry) in enumerate(sorted(files.items()), 1):
                 _copy_checked(fs, f"{base}/{name}", partial / name, name, entry, path)
                 copied += entry["bytes"]
-                print(f"[baton] weights {i}/{len(files)}: {name} ({entry['bytes']} bytes) from {redact(path)}",
-                      file=sys.stderr, flush=True)
+                print(
+                    f"[baton] weights {i}/{len(files)}: {name} ({entry['bytes']} bytes) from {redact(path)}",
+                    file=sys.stderr,
+                    flush=True,
+                )
             (partial / MANIFEST).write_text(json.dumps({"format": FORMAT, "files": files}, sort_keys=True))
             os.replace(partial, final)
         except BaseException:
@@ -258,11 +282,17 @@ def stage(folder: Path, uri: str) -> str:
     checked against the files), every file, and the manifest last, so a reader sees all or nothing."""
     folder = Path(folder)
     manifest = folder / MANIFEST
-    files = write_manifest(folder) if not manifest.is_file() else parse_manifest(manifest.read_bytes(), str(manifest))
+    files = (
+        write_manifest(folder)
+        if not manifest.is_file()
+        else parse_manifest(manifest.read_bytes(), str(manifest))
+    )
     for name, entry in files.items():
         p = folder / name
         if not p.is_file() or p.stat().st_size != entry["bytes"] or _sha256_file(p) != entry["sha256"]:
-            raise ConfigError(f"{p} does not match {manifest}: run `python -m trainer.weights manifest {folder}`")
+            raise ConfigError(
+                f"{p} does not match {manifest}: run `python -m trainer.weights manifest {folder}`"
+            )
     fs, base = url_to_fs(uri)
     base = base.rstrip("/")
     for i, name in enumerate(sorted(files), 1):
@@ -274,8 +304,11 @@ def stage(folder: Path, uri: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m trainer.weights", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m trainer.weights",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = ap.add_subparsers(dest="cmd", required=True)
     m = sub.add_parser("manifest", help="write FOLDER/baton-weights.json")
     m.add_argument("folder", type=Path)

@@ -45,16 +45,24 @@ from workflows.params import (
     values_of,
 )
 
-DEFAULT_NAMESPACE = "baton"  # the namespace of templates/base/rbac.yaml: the drill's ServiceAccount lives there
+DEFAULT_NAMESPACE = (
+    "baton"  # the namespace of templates/base/rbac.yaml: the drill's ServiceAccount lives there
+)
 TIMEOUT_S = 30.0
 _TRUE = {"1", "t", "T", "TRUE", "true", "True"}  # Go's strconv.ParseBool, which the Argo CLI uses
 _FALSE = {"0", "f", "F", "FALSE", "false", "False"}
 _HOST = re.compile(r"^(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?):(\d{1,5})$")
 _DNS_LABEL = re.compile(r"^[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?$")
 _WF_NAME = re.compile(r"^[a-z0-9](?:[-a-z0-9.]{0,251}[a-z0-9])?$")
-_FLAGS = {"ARGO_SERVER": "--argo-server", "ARGO_TOKEN": "--token", "ARGO_NAMESPACE": "--namespace",
-          "ARGO_SECURE": "--secure", "ARGO_INSECURE_SKIP_VERIFY": "--insecure-skip-verify", "ARGO_HTTP1": "--http1",
-          "ARGO_BASE_HREF": "--argo-base-href"}
+_FLAGS = {
+    "ARGO_SERVER": "--argo-server",
+    "ARGO_TOKEN": "--token",
+    "ARGO_NAMESPACE": "--namespace",
+    "ARGO_SECURE": "--secure",
+    "ARGO_INSECURE_SKIP_VERIFY": "--insecure-skip-verify",
+    "ARGO_HTTP1": "--http1",
+    "ARGO_BASE_HREF": "--argo-base-href",
+}
 
 
 class ArgoError(SystemExit):
@@ -65,6 +73,7 @@ class ArgoError(SystemExit):
 
 
 # ---- settings -------------------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class Server:
@@ -89,13 +98,28 @@ def add_server_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--argo-server", metavar="HOST:PORT", help="ARGO_SERVER, e.g. localhost:2746 (no scheme)")
     g.add_argument("--token", help="ARGO_TOKEN: the whole Authorization value, 'Bearer <token>'")
     g.add_argument("-n", "--namespace", help=f"ARGO_NAMESPACE (default {DEFAULT_NAMESPACE})")
-    g.add_argument("--secure", action=argparse.BooleanOptionalAction, default=None,
-                   help="ARGO_SECURE: https (default) or, with --no-secure, plain http")
-    g.add_argument("-k", "--insecure-skip-verify", action=argparse.BooleanOptionalAction, default=None,
-                   help="ARGO_INSECURE_SKIP_VERIFY: do not verify the server's TLS certificate")
-    g.add_argument("--http1", action=argparse.BooleanOptionalAction, default=None,
-                   help="ARGO_HTTP1: accepted for the CLI's convention; this client always uses HTTP/1.1")
-    g.add_argument("--argo-base-href", metavar="PATH", help="ARGO_BASE_HREF: the server's path behind an ingress")
+    g.add_argument(
+        "--secure",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="ARGO_SECURE: https (default) or, with --no-secure, plain http",
+    )
+    g.add_argument(
+        "-k",
+        "--insecure-skip-verify",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="ARGO_INSECURE_SKIP_VERIFY: do not verify the server's TLS certificate",
+    )
+    g.add_argument(
+        "--http1",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="ARGO_HTTP1: accepted for the CLI's convention; this client always uses HTTP/1.1",
+    )
+    g.add_argument(
+        "--argo-base-href", metavar="PATH", help="ARGO_BASE_HREF: the server's path behind an ingress"
+    )
 
 
 def _flag_or_env(value: Any, env: Mapping[str, str], name: str) -> tuple[Any, str]:
@@ -121,12 +145,16 @@ def settings(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> 
     env = os.environ if env is None else env
     host, src = _flag_or_env(getattr(args, "argo_server", None), env, "ARGO_SERVER")
     if not host:
-        raise ArgoError("no Argo Server: set ARGO_SERVER=host:port (e.g. localhost:2746, after "
-                        "'kubectl -n argo port-forward svc/argo-server 2746:2746') or pass --argo-server")
+        raise ArgoError(
+            "no Argo Server: set ARGO_SERVER=host:port (e.g. localhost:2746, after "
+            "'kubectl -n argo port-forward svc/argo-server 2746:2746') or pass --argo-server"
+        )
     host = host.strip()
     if "://" in host:
-        raise ArgoError(f"{src}={host!r}: give host:port without a scheme; "
-                        "https or http is chosen by ARGO_SECURE / --secure / --no-secure")
+        raise ArgoError(
+            f"{src}={host!r}: give host:port without a scheme; "
+            "https or http is chosen by ARGO_SECURE / --secure / --no-secure"
+        )
     m = _HOST.match(host)
     if not m or not 0 < int(m.group(1)) < 65536:
         raise ArgoError(f"{src}={host!r} is not host:port (e.g. localhost:2746)")
@@ -138,8 +166,10 @@ def settings(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> 
         token = token.strip()
         scheme, _, credential = token.partition(" ")
         if scheme not in ("Bearer", "Basic") or not credential.strip() or len(token.split()) != 2:
-            raise ArgoError(f"{tsrc} must be the whole Authorization value, 'Bearer <token>' "
-                            "(as 'argo auth token' prints it, or \"Bearer $(kubectl create token ...)\")")
+            raise ArgoError(
+                f"{tsrc} must be the whole Authorization value, 'Bearer <token>' "
+                "(as 'argo auth token' prints it, or \"Bearer $(kubectl create token ...)\")"
+            )
 
     ns, nsrc = _flag_or_env(getattr(args, "namespace", None), env, "ARGO_NAMESPACE")
     ns = (ns or DEFAULT_NAMESPACE).strip()
@@ -147,18 +177,28 @@ def settings(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> 
         raise ArgoError(f"{nsrc}={ns!r} is not a Kubernetes namespace name")
 
     secure = _bool(*_flag_or_env(getattr(args, "secure", None), env, "ARGO_SECURE"), default=True)
-    skip = _bool(*_flag_or_env(getattr(args, "insecure_skip_verify", None), env, "ARGO_INSECURE_SKIP_VERIFY"),
-                 default=False)
+    skip = _bool(
+        *_flag_or_env(getattr(args, "insecure_skip_verify", None), env, "ARGO_INSECURE_SKIP_VERIFY"),
+        default=False,
+    )
     http1 = _bool(*_flag_or_env(getattr(args, "http1", None), env, "ARGO_HTTP1"), default=False)
     href, hsrc = _flag_or_env(getattr(args, "argo_base_href", None), env, "ARGO_BASE_HREF")
     href = (href or "").strip().strip("/")
     if href and not re.fullmatch(r"[A-Za-z0-9._~/-]+", href):
         raise ArgoError(f"{hsrc}={href!r} is not a URL path")
-    return Server(host=host, token=token, namespace=ns, secure=secure, verify=not skip, http1=http1,
-                  base_href=f"/{href}" if href else "")
+    return Server(
+        host=host,
+        token=token,
+        namespace=ns,
+        secure=secure,
+        verify=not skip,
+        http1=http1,
+        base_href=f"/{href}" if href else "",
+    )
 
 
 # ---- the service -----------------------------------------------------------------------------------------
+
 
 class _Session(requests.Session):
     """A requests session with a timeout on every call, that keeps the last response for error messages."""
@@ -181,8 +221,13 @@ def _service(server: Server):
         import urllib3
 
         urllib3.disable_warnings(urllib3.exceptions.InsecureRequestWarning)  # asked for explicitly
-    return WorkflowsService(host=server.url + "/", verify_ssl=server.verify, token=server.token,
-                            namespace=server.namespace, session=_Session())
+    return WorkflowsService(
+        host=server.url + "/",
+        verify_ssl=server.verify,
+        token=server.token,
+        namespace=server.namespace,
+        session=_Session(),
+    )
 
 
 def _http_error(server: Server, what: str, r: requests.Response) -> ArgoError:
@@ -194,12 +239,17 @@ def _http_error(server: Server, what: str, r: requests.Response) -> ArgoError:
     detail = re.sub(r"<[^>]*>", " ", str(detail or r.text or r.reason or ""))  # an HTML error page
     detail = " ".join(detail.split())[:300]
     verb = what.split()[0]
-    hint = {401: "; is ARGO_TOKEN current and meant for this server?",
-            403: f"; may the token's account {verb} workflows in namespace {server.namespace}?",
-            404: f"; is the namespace ({server.namespace}) right" + (", and the name?" if verb == "get" else
-                                                                      ", and ARGO_BASE_HREF?")}.get(r.status_code, "")
-    return ArgoError(f"{what} at {server.url}: HTTP {r.status_code} {r.reason or ''}".rstrip()
-                     + (f": {detail}" if detail else "") + hint)
+    hint = {
+        401: "; is ARGO_TOKEN current and meant for this server?",
+        403: f"; may the token's account {verb} workflows in namespace {server.namespace}?",
+        404: f"; is the namespace ({server.namespace}) right"
+        + (", and the name?" if verb == "get" else ", and ARGO_BASE_HREF?"),
+    }.get(r.status_code, "")
+    return ArgoError(
+        f"{what} at {server.url}: HTTP {r.status_code} {r.reason or ''}".rstrip()
+        + (f": {detail}" if detail else "")
+        + hint
+    )
 
 
 def _call(server: Server, svc: Any, what: str, fn) -> Any:
@@ -209,13 +259,17 @@ def _call(server: Server, svc: Any, what: str, fn) -> Any:
             warnings.simplefilter("ignore", DeprecationWarning)
             return fn()
     except requests.exceptions.SSLError as e:
-        raise ArgoError(f"{what} at {server.url}: TLS failed ({_reason(e)}); for a self-signed certificate set "
-                        "ARGO_INSECURE_SKIP_VERIFY=true, for a plain-http server ARGO_SECURE=false") from None
+        raise ArgoError(
+            f"{what} at {server.url}: TLS failed ({_reason(e)}); for a self-signed certificate set "
+            "ARGO_INSECURE_SKIP_VERIFY=true, for a plain-http server ARGO_SECURE=false"
+        ) from None
     except requests.exceptions.Timeout:
         raise ArgoError(f"{what} at {server.url}: no answer within {TIMEOUT_S:.0f} s") from None
     except requests.exceptions.InvalidJSONError as e:
-        raise ArgoError(f"{what} at {server.url}: the answer is not an Argo workflow ({_reason(e)}); "
-                        "is ARGO_SERVER the Argo Server?") from None
+        raise ArgoError(
+            f"{what} at {server.url}: the answer is not an Argo workflow ({_reason(e)}); "
+            "is ARGO_SERVER the Argo Server?"
+        ) from None
     except requests.exceptions.ConnectionError as e:
         raise ArgoError(f"{what}: cannot reach the Argo Server at {server.url} ({_reason(e)})") from None
     except requests.exceptions.RequestException as e:
@@ -224,13 +278,25 @@ def _call(server: Server, svc: Any, what: str, fn) -> Any:
         r = svc.session.last
         if r is not None and not r.ok:
             raise _http_error(server, what, r) from None
-        raise ArgoError(f"{what} at {server.url}: the answer is not an Argo workflow ({type(e).__name__}); "
-                        "is ARGO_SERVER the Argo Server?") from None
+        raise ArgoError(
+            f"{what} at {server.url}: the answer is not an Argo workflow ({type(e).__name__}); "
+            "is ARGO_SERVER the Argo Server?"
+        ) from None
 
 
-_REASONS = ("Connection refused", "Name or service not known", "Temporary failure in name resolution",
-            "No route to host", "Network is unreachable", "timed out", "certificate verify failed",
-            "wrong version number", "record layer failure", "Connection reset by peer", "RemoteDisconnected")
+_REASONS = (
+    "Connection refused",
+    "Name or service not known",
+    "Temporary failure in name resolution",
+    "No route to host",
+    "Network is unreachable",
+    "timed out",
+    "certificate verify failed",
+    "wrong version number",
+    "record layer failure",
+    "Connection reset by peer",
+    "RemoteDisconnected",
+)
 
 
 def _reason(e: BaseException) -> str:
@@ -242,6 +308,7 @@ def _reason(e: BaseException) -> str:
 
 
 # ---- submit ----------------------------------------------------------------------------------------------
+
 
 def load_workflow(path: str) -> dict[str, Any]:
     """The Workflow in a YAML/JSON file (`-`: stdin), such as `kubectl kustomize templates/overlays/kind`.
@@ -266,8 +333,12 @@ def load_workflow(path: str) -> dict[str, Any]:
             for key in ("namespace", "labels"):
                 if meta.get(key):
                     wf_meta[key] = meta[key]
-            return {"apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow", "metadata": wf_meta,
-                    "spec": (cron.get("spec") or {}).get("workflowSpec") or {}}
+            return {
+                "apiVersion": "argoproj.io/v1alpha1",
+                "kind": "Workflow",
+                "metadata": wf_meta,
+                "spec": (cron.get("spec") or {}).get("workflowSpec") or {},
+            }
     raise ArgoError(f"--from-file {path}: no argoproj.io/v1alpha1 Workflow or CronWorkflow in it")
 
 
@@ -280,8 +351,10 @@ def apply_parameters(wf: dict[str, Any], overrides: dict[str, str]) -> dict[str,
         if name not in current:
             raise ArgoError(f"the workflow has no parameter {name!r} in spec.arguments.parameters")
     if "nodes" in overrides and str(current.get("nodes")) != overrides["nodes"]:
-        raise ArgoError(f"parameter nodes: this workflow was rendered for {current.get('nodes') or 1} node(s), and the "
-                        "DAG's shape follows it; render it again with -p nodes=N (or submit without --from-file)")
+        raise ArgoError(
+            f"parameter nodes: this workflow was rendered for {current.get('nodes') or 1} node(s), and the "
+            "DAG's shape follows it; render it again with -p nodes=N (or submit without --from-file)"
+        )
     base = {k: str(v) for k, v in current.items() if v is not None and k in PARAMETERS}
     if "evictions" in overrides and "retry_limit" not in overrides:
         base.pop("retry_limit", None)  # the limit follows the evictions, as in `run`
@@ -292,7 +365,10 @@ def apply_parameters(wf: dict[str, Any], overrides: dict[str, str]) -> dict[str,
     if "queue" in current:  # the pods' Kueue label follows the parameter, whatever the file said
         set_queue_label(wf, str(values.get("queue", current["queue"]) or ""))
     if "deadline" in current:  # so does the deadline (an integer in the spec, never a template expression)
-        set_deadline(wf, values_of({k: v for k, v in {**current, **values}.items() if k in PARAMETERS and v is not None}))
+        set_deadline(
+            wf,
+            values_of({k: v for k, v in {**current, **values}.items() if k in PARAMETERS and v is not None}),
+        )
     return {k: v for k, v in values.items() if k in current}
 
 
@@ -307,14 +383,18 @@ def submit(args: argparse.Namespace, default_workflow: Callable[[], dict[str, An
     wf = load_workflow(from_file) if from_file else default_workflow()
     file_ns = (wf.get("metadata") or {}).get("namespace")
     if file_ns and file_ns != server.namespace:
-        raise ArgoError(f"the workflow says namespace {file_ns!r} but the request goes to {server.namespace!r} "
-                        "(ARGO_NAMESPACE / --namespace)")
+        raise ArgoError(
+            f"the workflow says namespace {file_ns!r} but the request goes to {server.namespace!r} "
+            "(ARGO_NAMESPACE / --namespace)"
+        )
     apply_parameters(wf, overrides)
     wf.setdefault("metadata", {})["namespace"] = server.namespace
     try:
         req = m.WorkflowCreateRequest(namespace=server.namespace, workflow=m.Workflow.model_validate(wf))
     except ValueError as e:
-        raise ArgoError(f"the workflow is not a valid Argo Workflow: {' '.join(str(e).split())[:300]}") from None
+        raise ArgoError(
+            f"the workflow is not a valid Argo Workflow: {' '.join(str(e).split())[:300]}"
+        ) from None
     with _service(server) as svc:
         created = _call(server, svc, "create workflow", lambda: svc.create_workflow(req))
     name = created.metadata.name if created.metadata else None
@@ -326,6 +406,7 @@ def submit(args: argparse.Namespace, default_workflow: Callable[[], dict[str, An
 
 
 # ---- status ----------------------------------------------------------------------------------------------
+
 
 def status(args: argparse.Namespace) -> int:
     server = settings(args)
@@ -363,20 +444,30 @@ def workflow_lines(wf: dict[str, Any], ui_url: str) -> list[str]:
     meta, st = wf.get("metadata") or {}, wf.get("status") or {}
     nodes: dict[str, dict[str, Any]] = st.get("nodes") or {}
     name = meta.get("name", "")
-    out = [f"workflow {name}  {st.get('phase') or 'Pending'}" + (f": {st['message']}" if st.get("message") else ""),
-           f"  {ui_url}"]
+    out = [
+        f"workflow {name}  {st.get('phase') or 'Pending'}"
+        + (f": {st['message']}" if st.get("message") else ""),
+        f"  {ui_url}",
+    ]
     root = nodes.get(name) or {}
-    tasks = {n.get("displayName"): n for n in nodes.values()
-             if n.get("boundaryID") == root.get("id", name) and n.get("type") != "Skipped"}
+    tasks = {
+        n.get("displayName"): n
+        for n in nodes.values()
+        if n.get("boundaryID") == root.get("id", name) and n.get("type") != "Skipped"
+    }
     out.append("nodes")
     for task in _dag_tasks(wf) or sorted(t for t in tasks if t):
         node = tasks.get(task)
         if node is None:
             out.append(f"  {task:<18} not started")
             continue
-        if node.get("type") == "TaskGroup":  # withSequence (nodes > 1): one item per node, each retried on its own
+        if (
+            node.get("type") == "TaskGroup"
+        ):  # withSequence (nodes > 1): one item per node, each retried on its own
             items = _items(wf, task, node, nodes, tasks)
-            out.append(f"  {task:<18} {node.get('phase', 'Pending'):<10} {len(items)} node{'s' if len(items) != 1 else ''}")
+            out.append(
+                f"  {task:<18} {node.get('phase', 'Pending'):<10} {len(items)} node{'s' if len(items) != 1 else ''}"
+            )
             for item, item_node in items:
                 out += _task_lines(item, item_node, nodes, indent=4)
             continue
@@ -387,8 +478,13 @@ def workflow_lines(wf: dict[str, Any], ui_url: str) -> list[str]:
 _ITEM = re.compile(r"\((\d+):[^()]*\)$")
 
 
-def _items(wf: dict[str, Any], task: str, group: dict[str, Any], nodes: dict[str, dict[str, Any]],
-           tasks: dict[str, dict[str, Any]]) -> list[tuple[str, dict[str, Any] | None]]:
+def _items(
+    wf: dict[str, Any],
+    task: str,
+    group: dict[str, Any],
+    nodes: dict[str, dict[str, Any]],
+    tasks: dict[str, dict[str, Any]],
+) -> list[tuple[str, dict[str, Any] | None]]:
     """A task group's items, `task(0:0)`, `task(1:1)`, ... as Argo names them (its TaskGroup node's children),
     in item order, with those the `nodes` parameter expects but Argo has not created yet (None)."""
     names = {nodes[c].get("displayName", "") for c in group.get("children") or [] if c in nodes}
@@ -399,7 +495,9 @@ def _items(wf: dict[str, Any], task: str, group: dict[str, Any], nodes: dict[str
     return [(n, tasks.get(n)) for n in sorted(names, key=lambda n: int(_ITEM.search(n).group(1)))]
 
 
-def _task_lines(task: str, node: dict[str, Any] | None, nodes: dict[str, dict[str, Any]], indent: int) -> list[str]:
+def _task_lines(
+    task: str, node: dict[str, Any] | None, nodes: dict[str, dict[str, Any]], indent: int
+) -> list[str]:
     """A task (or a task group's item): its phase, and under it each attempt when it is retried."""
     pad = " " * indent
     if node is None:
@@ -409,8 +507,10 @@ def _task_lines(task: str, node: dict[str, Any] | None, nodes: dict[str, dict[st
     extra = f"{len(attempts)} attempt{'s' if len(attempts) != 1 else ''}" if retried else _node_detail(node)
     out = [f"{pad}{task:<{20 - indent}} {node.get('phase', 'Pending'):<10} {extra}".rstrip()]
     for a in attempts:
-        out.append(f"{pad}  {a.get('displayName', '?'):<{18 - indent}} {a.get('phase', 'Pending'):<10} "
-                   f"{_node_detail(a)}".rstrip())
+        out.append(
+            f"{pad}  {a.get('displayName', '?'):<{18 - indent}} {a.get('phase', 'Pending'):<10} "
+            f"{_node_detail(a)}".rstrip()
+        )
     return out
 
 
@@ -475,12 +575,15 @@ def store_lines(wf: dict[str, Any]) -> tuple[list[str], bool]:
     last = max(enumerate(step_recs), key=lambda ir: (ir[1].get("time") or 0, ir[0]))[1]
     committed = newest["trial"] or 0
     gap = max(last["step"] - committed, 0)
-    out.append(f"  trial evidence: last step record {last['step']} (attempt {last.get('attempt', '?')}), "
-               f"newest committed {newest['trial'] if newest['trial'] is not None else 'none'}: "
-               f"gap {gap} step{'s' if gap != 1 else ''}")
+    out.append(
+        f"  trial evidence: last step record {last['step']} (attempt {last.get('attempt', '?')}), "
+        f"newest committed {newest['trial'] if newest['trial'] is not None else 'none'}: "
+        f"gap {gap} step{'s' if gap != 1 else ''}"
+    )
     for r in records:
         if r.get("event") == "preempt":
-            out.append(f"  preempt at step {r.get('step')}: save {r.get('save_ms')} ms, "
-                       f"grace left {r.get('grace_left_s')} s, exit {r.get('exit')}")
+            out.append(
+                f"  preempt at step {r.get('step')}: save {r.get('save_ms')} ms, "
+                f"grace left {r.get('grace_left_s')} s, exit {r.get('exit')}"
+            )
     return out, True
-

@@ -45,34 +45,59 @@ def cmd_run(args: argparse.Namespace, build: Callable[[int], dict]) -> int:
         shutil.rmtree(out)
     out.mkdir(parents=True, exist_ok=True)
     local, rest = _local_params(args.param)
-    chaos_n, chaos_seed = int(local.get("chaos", "0")), int(local.get("chaos_seed", random.SystemRandom().randrange(2**31)))
+    chaos_n, chaos_seed = (
+        int(local.get("chaos", "0")),
+        int(local.get("chaos_seed", random.SystemRandom().randrange(2**31))),
+    )
     overrides = parse_params(rest)
     if "trainer" in overrides:
         overrides["trainer"] = script_from_here(overrides["trainer"], Path.cwd())
     if "config" in overrides:
         overrides["config"] = config_from_here(overrides["config"], Path.cwd())
-    if chaos_n and "retry_limit" not in overrides:  # room for every eviction and every chaos deletion, and more
+    if (
+        chaos_n and "retry_limit" not in overrides
+    ):  # room for every eviction and every chaos deletion, and more
         evictions = int(number(values_of(overrides), "evictions"))
         overrides["retry_limit"] = str(default_retry_limit(evictions, chaos_n))
     params = resolve_params(overrides)
     params.setdefault("bucket", f"file://{out}/bucket")
-    params.setdefault("store_port", "0")  # every local pod is 127.0.0.1: a fixed port would clash between roles
+    params.setdefault(
+        "store_port", "0"
+    )  # every local pod is 127.0.0.1: a fixed port would clash between roles
     chaos = None
     if chaos_n:
         from workflows.local import Chaos
 
-        chaos = Chaos(chaos_n, chaos_seed, list(TASKS), step_tasks=frozenset(TRAINING_TASKS),
-                      total_steps=int(values_of(params)["total_steps"]), long_tasks={"evict": 20.0})
-        print(f"chaos: {chaos_n} pod deletion(s), seed {chaos_seed} (-p chaos_seed={chaos_seed} repeats the plan)",
-              file=sys.stderr)
+        chaos = Chaos(
+            chaos_n,
+            chaos_seed,
+            list(TASKS),
+            step_tasks=frozenset(TRAINING_TASKS),
+            total_steps=int(values_of(params)["total_steps"]),
+            long_tasks={"evict": 20.0},
+        )
+        print(
+            f"chaos: {chaos_n} pod deletion(s), seed {chaos_seed} (-p chaos_seed={chaos_seed} repeats the plan)",
+            file=sys.stderr,
+        )
     spec = build(int(values_of(params)["nodes"]))
     set_queue_label(spec, values_of(params)["queue"])  # no local effect; the spec is what a cluster would get
     set_deadline(spec, values_of(params))
-    env = {"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    env = {
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+    }
     try:
-        result = run_workflow(spec, out / "argo", params, cwd=REPO, env=env, progress=sys.stderr, chaos=chaos,
-                              unschedulable=frozenset(filter(None, local.get("unschedulable", "").split(","))))
+        result = run_workflow(
+            spec,
+            out / "argo",
+            params,
+            cwd=REPO,
+            env=env,
+            progress=sys.stderr,
+            chaos=chaos,
+            unschedulable=frozenset(filter(None, local.get("unschedulable", "").split(","))),
+        )
     except UnsupportedSpec as e:
         raise SystemExit(f"error: {e}") from None
     by_artifact = {f.replace(".", "-"): f for f in REPORT_FILES}
@@ -81,8 +106,11 @@ def cmd_run(args: argparse.Namespace, build: Callable[[int], dict]) -> int:
             if name in by_artifact and path.is_file():
                 shutil.copy(path, out / by_artifact[name])
     # A failed compare saves no artifacts here; its report is in the bucket all the same.
-    bucket_report = Path(report_root(drill_root(params["bucket"].removeprefix("file://"), values_of(params)["prefix"],
-                                                result.name)))
+    bucket_report = Path(
+        report_root(
+            drill_root(params["bucket"].removeprefix("file://"), values_of(params)["prefix"], result.name)
+        )
+    )
     for f in REPORT_FILES:
         if not (out / f).exists() and (bucket_report / f).is_file():
             shutil.copy(bucket_report / f, out / f)
@@ -112,7 +140,12 @@ def script_from_here(trainer: str, cwd: Path) -> str:
     except ValueError:
         return trainer  # steps.train refuses it, with the reason
     i = 1 if argv and Path(argv[0]).name in ("python", "python3") else 0
-    if len(argv) > i and not argv[i].startswith("-") and not Path(argv[i]).is_absolute() and (cwd / argv[i]).is_file():
+    if (
+        len(argv) > i
+        and not argv[i].startswith("-")
+        and not Path(argv[i]).is_absolute()
+        and (cwd / argv[i]).is_file()
+    ):
         argv[i] = str((cwd / argv[i]).resolve())
         return shlex.join(argv)
     return trainer
@@ -129,8 +162,10 @@ def config_from_here(config: str, cwd: Path) -> str:
         return config
     if (cwd / path).is_file():
         return str((cwd / path).resolve())
-    raise SystemExit(f"error: -p config={config}: no such file in {cwd} (a relative path is taken from the "
-                     "folder you run from)")
+    raise SystemExit(
+        f"error: -p config={config}: no such file in {cwd} (a relative path is taken from the "
+        "folder you run from)"
+    )
 
 
 # `run` only: the local runner's own options, not workflow parameters (a cluster has its own chaos).
@@ -138,7 +173,7 @@ LOCAL_PARAMETERS = {
     "chaos": "pods to delete at random among every step of the drill, at random moments (workflows/local/chaos.py)",
     "chaos_seed": "the seed of those choices (default: drawn, and printed and recorded in report.json)",
     "unschedulable": "tasks (comma-separated) whose pods stay Pending, as on a cluster with no room for them: the "
-                     "drill then ends by its deadline (-p deadline=SECONDS)",
+    "drill then ends by its deadline (-p deadline=SECONDS)",
 }
 
 LOCAL_BOUNDS = {"chaos": Bound(0, 1000, integer=True), "chaos_seed": Bound(0, 2**63 - 1, integer=True)}
@@ -152,8 +187,10 @@ def _local_params(items: list[str]) -> tuple[dict[str, str], list[str]]:
             if name == "unschedulable":
                 unknown = sorted(set(value.split(",")) - set(TASKS))
                 if unknown:
-                    raise SystemExit(f"error: -p unschedulable: no task named {', '.join(unknown)} "
-                                     f"(tasks: {', '.join(TASKS)})")
+                    raise SystemExit(
+                        f"error: -p unschedulable: no task named {', '.join(unknown)} "
+                        f"(tasks: {', '.join(TASKS)})"
+                    )
             else:
                 value = str(number({name: value}, name, LOCAL_BOUNDS[name]))
             local[name] = value
@@ -181,34 +218,58 @@ def drill_summary(report: dict[str, Any]) -> str:
     return summary(report)
 
 
-TARGET_HELP = ("the cluster to render for: an overlay of templates/overlays/ (default: $BATON_TARGET, which make "
-               "cluster-up and make gke-up print; unset: the base Workflow, with no bucket credentials)")
+TARGET_HELP = (
+    "the cluster to render for: an overlay of templates/overlays/ (default: $BATON_TARGET, which make "
+    "cluster-up and make gke-up print; unset: the base Workflow, with no bucket credentials)"
+)
 
 
 def parser() -> argparse.ArgumentParser:
     """Every command's arguments; equivalence.main parses with it and runs the command."""
-    ap = ArgParser(prog="python workflows/equivalence.py", description=__doc__.split("\n\n")[0],
-                   formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = ArgParser(
+        prog="python workflows/equivalence.py",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = ap.add_subparsers(dest="command", required=True)
     rd = sub.add_parser("render", help="print every object as a multi-document YAML stream")
-    rd.add_argument("-p", "--param", action="append", default=[], metavar="NAME=VALUE",
-                    help="parameter values to render (checked as for submit; -p queue=Q adds the Kueue label)")
+    rd.add_argument(
+        "-p",
+        "--param",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="parameter values to render (checked as for submit; -p queue=Q adds the Kueue label)",
+    )
     rd.add_argument("--target", metavar="OVERLAY", help=TARGET_HELP)
     sub.add_parser("write-templates", help="regenerate templates/*.yaml")
-    r = sub.add_parser("run", help="run the rendered workflow on this machine", epilog=parameters_help(),
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    r = sub.add_parser(
+        "run",
+        help="run the rendered workflow on this machine",
+        epilog=parameters_help(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     r.add_argument("--out", default="out/drill", help="folder for the report, logs and the local bucket")
     r.add_argument("--force", action="store_true", help="clear --out first if it is not empty")
-    r.add_argument("-p", "--param", action="append", default=[], metavar="NAME=VALUE",
-                   help="a workflow parameter, or one of the runner's own: chaos=N (delete N pods at random, "
-                        "workflows/local/chaos.py), chaos_seed=S")
+    r.add_argument(
+        "-p",
+        "--param",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a workflow parameter, or one of the runner's own: chaos=N (delete N pods at random, "
+        "workflows/local/chaos.py), chaos_seed=S",
+    )
     from workflows.argo import add_server_arguments
 
     s = sub.add_parser("submit", help="submit the workflow to an Argo server (see workflows/argo.py)")
     s.add_argument("-p", "--param", action="append", default=[], metavar="NAME=VALUE")
-    s.add_argument("--from-file", metavar="FILE",
-                   help="submit the Workflow (or a CronWorkflow's workflowSpec) in FILE ('-': stdin) instead, "
-                        "e.g. from 'kubectl kustomize templates/overlays/kind'")
+    s.add_argument(
+        "--from-file",
+        metavar="FILE",
+        help="submit the Workflow (or a CronWorkflow's workflowSpec) in FILE ('-': stdin) instead, "
+        "e.g. from 'kubectl kustomize templates/overlays/kind'",
+    )
     s.add_argument("--target", metavar="OVERLAY", help=TARGET_HELP)
     add_server_arguments(s)
     st = sub.add_parser("status", help="a submitted drill's nodes beside its checkpoint store")

@@ -89,6 +89,7 @@ COMPARE_METRICS = {
     "min_grace_left_s": "Least grace left after a preemption save in the last drill's trial, in seconds",
 }
 
+
 class _MetricSuspend(Suspend):
     """A suspend template with its metrics: Hera 7.1's Suspend accepts `metrics` but drops them when it
     builds the template (hera/workflows/suspend.py, `_build_template`); Argo evaluates them on any node."""
@@ -109,13 +110,17 @@ GRACE_PATCH = '{"terminationGracePeriodSeconds": ' + p("grace") + "}"
 
 
 def _pod_name_env() -> m.EnvVar:
-    return m.EnvVar(name="BATON_POD_NAME",
-                    value_from=m.EnvVarSource(field_ref=m.ObjectFieldSelector(field_path="metadata.name")))
+    return m.EnvVar(
+        name="BATON_POD_NAME",
+        value_from=m.EnvVarSource(field_ref=m.ObjectFieldSelector(field_path="metadata.name")),
+    )
 
 
 def _pod_ip_env() -> m.EnvVar:
-    return m.EnvVar(name="BATON_POD_IP",
-                    value_from=m.EnvVarSource(field_ref=m.ObjectFieldSelector(field_path="status.podIP")))
+    return m.EnvVar(
+        name="BATON_POD_IP",
+        value_from=m.EnvVarSource(field_ref=m.ObjectFieldSelector(field_path="status.podIP")),
+    )
 
 
 def _round_key_env() -> m.EnvVar:
@@ -131,15 +136,47 @@ NODE = "{{inputs.parameters.node}}"
 
 
 def _train_args(role: str, nodes: int = 1) -> list[str]:
-    group = ["--nnodes", p("nodes"), "--node-rank", NODE, "--rendezvous", rounds_root(ROOT, role),
-             "--master-port", p("store_port"), "--rendezvous-timeout", p("rendezvous_timeout")] if nodes > 1 else []
-    return ["-m", "steps.train", "--nproc", p("ranks"), *group, "--shutdown-timeout", p("grace"),
-            "--trainer", p("trainer"), "--config", p("config"), "--evidence", evidence_root(ROOT, role),
-            "--set", f"checkpoint.uri={role_root(ROOT, role)}",
-            "--set", f"total_steps={p('total_steps')}",
-            "--set", f"seed={p('seed')}",
-            "--set", f"model.dropout={p('dropout')}",
-            "--set", f"checkpoint.every_steps={p('every_steps')}"]
+    group = (
+        [
+            "--nnodes",
+            p("nodes"),
+            "--node-rank",
+            NODE,
+            "--rendezvous",
+            rounds_root(ROOT, role),
+            "--master-port",
+            p("store_port"),
+            "--rendezvous-timeout",
+            p("rendezvous_timeout"),
+        ]
+        if nodes > 1
+        else []
+    )
+    return [
+        "-m",
+        "steps.train",
+        "--nproc",
+        p("ranks"),
+        *group,
+        "--shutdown-timeout",
+        p("grace"),
+        "--trainer",
+        p("trainer"),
+        "--config",
+        p("config"),
+        "--evidence",
+        evidence_root(ROOT, role),
+        "--set",
+        f"checkpoint.uri={role_root(ROOT, role)}",
+        "--set",
+        f"total_steps={p('total_steps')}",
+        "--set",
+        f"seed={p('seed')}",
+        "--set",
+        f"model.dropout={p('dropout')}",
+        "--set",
+        f"checkpoint.every_steps={p('every_steps')}",
+    ]
 
 
 def _group(role: str, nodes: int) -> dict[str, Any]:
@@ -147,8 +184,10 @@ def _group(role: str, nodes: int) -> dict[str, Any]:
     per role and workflow (never per attempt), and the pod's node."""
     if nodes == 1:
         return {}
-    return dict(labels={POD_GROUP_LABEL: "{{workflow.name}}-" + role, "baton.dev/node": NODE},
-                annotations={POD_GROUP_COUNT: p("nodes")})
+    return dict(
+        labels={POD_GROUP_LABEL: "{{workflow.name}}-" + role, "baton.dev/node": NODE},
+        annotations={POD_GROUP_COUNT: p("nodes")},
+    )
 
 
 PUBLISH = "publish"
@@ -175,53 +214,154 @@ def _define_dag(nodes: int = 1) -> None:
     # Every training pod can meet a Spot preemption (on GKE all three run on the Spot pool): each resumes
     # from its own checkpoints, so each retries the same way. No template metrics here: see COMPARE_METRICS.
     trainer_retry = RetryStrategy(retry_policy="Always", limit=p("retry_limit"), expression=RETRY_EXPRESSION)
-    helper_retry = RetryStrategy(retry_policy="Always", limit=HELPER_RETRY_LIMIT, expression=HELPER_RETRY_EXPRESSION)
+    helper_retry = RetryStrategy(
+        retry_policy="Always", limit=HELPER_RETRY_LIMIT, expression=HELPER_RETRY_EXPRESSION
+    )
     node_input = [Parameter(name="node")] if nodes > 1 else []
     node_env = [_pod_ip_env(), _round_key_env()] if nodes > 1 else []
-    train = Container(name="train", inputs=[Parameter(name="role"), *node_input],
-                      args=_train_args("{{inputs.parameters.role}}", nodes),
-                      env=[Env(name="BATON_GRACE", value=p("grace")), _pod_name_env(), *node_env],
-                      retry_strategy=trainer_retry, **_group("{{inputs.parameters.role}}", nodes), **common)
+    train = Container(
+        name="train",
+        inputs=[Parameter(name="role"), *node_input],
+        args=_train_args("{{inputs.parameters.role}}", nodes),
+        env=[Env(name="BATON_GRACE", value=p("grace")), _pod_name_env(), *node_env],
+        retry_strategy=trainer_retry,
+        **_group("{{inputs.parameters.role}}", nodes),
+        **common,
+    )
     trial = Container(
-        name=trial_task, inputs=node_input, args=_train_args(trial_role, nodes),
-        env=[Env(name="BATON_GRACE", value=p("grace")), _pod_name_env(), *node_env,
-             Env(name="BATON_DISABLE_SIGTERM_HANDLER", value=p("disable_sigterm_handler"))],
-        retry_strategy=trainer_retry, **_group(trial_role, nodes), **common)
-    evict = Container(name=evict_task, image=p("image"), command=["python"],
-                      args=["-m", "steps.evict", "--evidence", evidence_root(ROOT, trial_role),
-                            "--total-steps", p("total_steps"), "--evictions", p("evictions"),
-                            "--seed", p("seed"), "--jitter", p("jitter"), "--every-steps", p("every_steps"),
-                            "--workflow", "{{workflow.name}}",
-                            *(["--nodes", p("nodes"), "--node", p("evict_node")] if nodes > 1 else []),
-                            "--how", p("eviction"), "--out", evictions_file(ROOT)],
-                      retry_strategy=helper_retry)
-    verify = Container(name=verify_task, image=p("image"), command=["python"],
-                       args=["-m", "steps.verify", "--evidence", evidence_root(ROOT, trial_role),
-                             "--total-steps", p("total_steps"), "--evictions", evictions_file(ROOT),
-                             "--out", verify_file(ROOT), "--no-fail"],
-                       retry_strategy=helper_retry)
+        name=trial_task,
+        inputs=node_input,
+        args=_train_args(trial_role, nodes),
+        env=[
+            Env(name="BATON_GRACE", value=p("grace")),
+            _pod_name_env(),
+            *node_env,
+            Env(name="BATON_DISABLE_SIGTERM_HANDLER", value=p("disable_sigterm_handler")),
+        ],
+        retry_strategy=trainer_retry,
+        **_group(trial_role, nodes),
+        **common,
+    )
+    evict = Container(
+        name=evict_task,
+        image=p("image"),
+        command=["python"],
+        args=[
+            "-m",
+            "steps.evict",
+            "--evidence",
+            evidence_root(ROOT, trial_role),
+            "--total-steps",
+            p("total_steps"),
+            "--evictions",
+            p("evictions"),
+            "--seed",
+            p("seed"),
+            "--jitter",
+            p("jitter"),
+            "--every-steps",
+            p("every_steps"),
+            "--workflow",
+            "{{workflow.name}}",
+            *(["--nodes", p("nodes"), "--node", p("evict_node")] if nodes > 1 else []),
+            "--how",
+            p("eviction"),
+            "--out",
+            evictions_file(ROOT),
+        ],
+        retry_strategy=helper_retry,
+    )
+    verify = Container(
+        name=verify_task,
+        image=p("image"),
+        command=["python"],
+        args=[
+            "-m",
+            "steps.verify",
+            "--evidence",
+            evidence_root(ROOT, trial_role),
+            "--total-steps",
+            p("total_steps"),
+            "--evictions",
+            evictions_file(ROOT),
+            "--out",
+            verify_file(ROOT),
+            "--no-fail",
+        ],
+        retry_strategy=helper_retry,
+    )
     compare = Container(
-        name=compare_task, image=p("image"), command=["python"],
-        args=["-m", "steps.compare", "--reference", role_root(ROOT, reference),
-              "--replay", role_root(ROOT, replay), "--trial", role_root(ROOT, trial_role), "--evidence", EVIDENCE, "--verify", verify_file(ROOT),
-              "--evictions", evictions_file(ROOT), "--total-steps", p("total_steps"), "--tier", p("tier"),
-              "--out", REPORT_DIR, "--report-uri", report_root(ROOT)],
+        name=compare_task,
+        image=p("image"),
+        command=["python"],
+        args=[
+            "-m",
+            "steps.compare",
+            "--reference",
+            role_root(ROOT, reference),
+            "--replay",
+            role_root(ROOT, replay),
+            "--trial",
+            role_root(ROOT, trial_role),
+            "--evidence",
+            EVIDENCE,
+            "--verify",
+            verify_file(ROOT),
+            "--evictions",
+            evictions_file(ROOT),
+            "--total-steps",
+            p("total_steps"),
+            "--tier",
+            p("tier"),
+            "--out",
+            REPORT_DIR,
+            "--report-uri",
+            report_root(ROOT),
+        ],
         # Not archived: the Argo UI shows report.md and loss.png as they are.
-        outputs=[Artifact(name=f.replace(".", "-"), path=f"{REPORT_DIR}/{f}", archive=NoneArchiveStrategy())
-                 for f in REPORT_FILES]
-        + [Parameter(name=name, value_from=m.ValueFrom(path=f"{REPORT_DIR}/metrics/{name}", default="-1"))
-           for name in COMPARE_METRICS],
-        retry_strategy=helper_retry)
+        outputs=[
+            Artifact(name=f.replace(".", "-"), path=f"{REPORT_DIR}/{f}", archive=NoneArchiveStrategy())
+            for f in REPORT_FILES
+        ]
+        + [
+            Parameter(name=name, value_from=m.ValueFrom(path=f"{REPORT_DIR}/metrics/{name}", default="-1"))
+            for name in COMPARE_METRICS
+        ],
+        retry_strategy=helper_retry,
+    )
     publish = _MetricSuspend(
-        name=PUBLISH, duration="0", inputs=[Parameter(name=name) for name in COMPARE_METRICS],
-        metrics=[Gauge(name=f"baton_drill_{name}", value="{{inputs.parameters." + name + "}}", realtime=False,
-                       help=help_) for name, help_ in COMPARE_METRICS.items()])
-    with DAG(name="drill", metrics=[
+        name=PUBLISH,
+        duration="0",
+        inputs=[Parameter(name=name) for name in COMPARE_METRICS],
+        metrics=[
+            Gauge(
+                name=f"baton_drill_{name}",
+                value="{{inputs.parameters." + name + "}}",
+                realtime=False,
+                help=help_,
+            )
+            for name, help_ in COMPARE_METRICS.items()
+        ],
+    )
+    with DAG(
+        name="drill",
+        metrics=[
             Gauge(name="baton_drill_passed", value="1", when=done, realtime=False, help=passed_help),
-            Gauge(name="baton_drill_passed", value="0", when="{{status}} != Succeeded", realtime=False,
-                  help=passed_help),
-            Gauge(name="baton_drill_seconds", value="{{duration}}", realtime=False,
-                  help="Wall time of the last equivalence drill, from its first step to its last")]):
+            Gauge(
+                name="baton_drill_passed",
+                value="0",
+                when="{{status}} != Succeeded",
+                realtime=False,
+                help=passed_help,
+            ),
+            Gauge(
+                name="baton_drill_seconds",
+                value="{{duration}}",
+                realtime=False,
+                help="Wall time of the last equivalence drill, from its first step to its last",
+            ),
+        ],
+    ):
         # Plain `dependencies`, not `depends` expressions: the simplest semantics, and the one the local
         # runner implements. Every training task and evict continue on failure, so that verify and
         # compare still write a report when one dies for good (the negative control, or a trainer that
@@ -233,12 +373,20 @@ def _define_dag(nodes: int = 1) -> None:
         node_arg = {"node": "{{item}}"} if nodes > 1 else {}
         train(name=reference_task, arguments={"role": reference, **node_arg}, continue_on=keep_going, **each)
         train(name=replay_task, arguments={"role": replay, **node_arg}, continue_on=keep_going, **each)
-        trial(name=trial_task, continue_on=keep_going, **({"arguments": node_arg} if nodes > 1 else {}), **each)
+        trial(
+            name=trial_task, continue_on=keep_going, **({"arguments": node_arg} if nodes > 1 else {}), **each
+        )
         evict(name=evict_task, continue_on=keep_going)
         verify(name=verify_task, dependencies=[trial_task, evict_task])
         compare(name=compare_task, dependencies=[reference_task, replay_task, verify_task])
-        publish(name=PUBLISH, dependencies=[compare_task],
-                arguments={name: "{{tasks." + compare_task + ".outputs.parameters." + name + "}}" for name in COMPARE_METRICS})
+        publish(
+            name=PUBLISH,
+            dependencies=[compare_task],
+            arguments={
+                name: "{{tasks." + compare_task + ".outputs.parameters." + name + "}}"
+                for name in COMPARE_METRICS
+            },
+        )
 
 
 def _arguments(nodes: int = 1) -> list[Parameter]:
@@ -264,19 +412,35 @@ def _ending() -> dict[str, Any]:
 
 
 def build_workflow(nodes: int = 1) -> Workflow:
-    with Workflow(generate_name=f"{NAME}-", entrypoint="drill", service_account_name=SERVICE_ACCOUNT,
-                  arguments=_arguments(nodes), labels={"app.kubernetes.io/part-of": "baton"},
-                  artifact_repository_ref=_artifact_repository(), **_ending()) as w:
+    with Workflow(
+        generate_name=f"{NAME}-",
+        entrypoint="drill",
+        service_account_name=SERVICE_ACCOUNT,
+        arguments=_arguments(nodes),
+        labels={"app.kubernetes.io/part-of": "baton"},
+        artifact_repository_ref=_artifact_repository(),
+        **_ending(),
+    ) as w:
         _define_dag(nodes)
     return w
 
 
 def build_cron(schedule: str = "0 3 * * *", nodes: int = 1) -> CronWorkflow:
-    with CronWorkflow(name=f"{NAME}-nightly", schedules=[schedule], concurrency_policy="Forbid",
-                      starting_deadline_seconds=600, successful_jobs_history_limit=3, failed_jobs_history_limit=5,
-                      timezone="Etc/UTC", entrypoint="drill", service_account_name=SERVICE_ACCOUNT,
-                      arguments=_arguments(nodes), labels={"app.kubernetes.io/part-of": "baton"},
-                      artifact_repository_ref=_artifact_repository(), **_ending()) as w:
+    with CronWorkflow(
+        name=f"{NAME}-nightly",
+        schedules=[schedule],
+        concurrency_policy="Forbid",
+        starting_deadline_seconds=600,
+        successful_jobs_history_limit=3,
+        failed_jobs_history_limit=5,
+        timezone="Etc/UTC",
+        entrypoint="drill",
+        service_account_name=SERVICE_ACCOUNT,
+        arguments=_arguments(nodes),
+        labels={"app.kubernetes.io/part-of": "baton"},
+        artifact_repository_ref=_artifact_repository(),
+        **_ending(),
+    ) as w:
         _define_dag(nodes)
     return w
 
@@ -303,11 +467,16 @@ def to_yaml(objs: list[dict[str, Any]]) -> str:
 
 
 # Paths under templates/: the CronWorkflow is a resource of the kustomize base, the one-off Workflow is not.
-TEMPLATE_FILES = {"Workflow": "workflow-equivalence.yaml", "CronWorkflow": "base/cronworkflow-equivalence.yaml"}
+TEMPLATE_FILES = {
+    "Workflow": "workflow-equivalence.yaml",
+    "CronWorkflow": "base/cronworkflow-equivalence.yaml",
+}
 
 
 def write_templates(folder: Path = REPO / "templates", nodes: int = 1) -> list[Path]:
-    header = "# Generated by `python workflows/equivalence.py write-templates`; a test regenerates and diffs it.\n"
+    header = (
+        "# Generated by `python workflows/equivalence.py write-templates`; a test regenerates and diffs it.\n"
+    )
     out = []
     for obj in rendered(nodes):
         path = folder / TEMPLATE_FILES[obj["kind"]]

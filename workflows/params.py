@@ -28,50 +28,104 @@ PARAMETERS: dict[str, tuple[str, str]] = {
     "evictions": ("3", "evictions of the trial"),
     "retry_limit": ("8", "retries of each training step; must exceed evictions (the CLI sets evictions + 5)"),
     "seed": ("0", "training seed, and the seed of the eviction jitter"),
-    "jitter": ("false", "true: eviction points jittered inside their bands; edges: that, with the first at step 1 "
-                        "and the second at a checkpoint step (a soak's edges)"),
+    "jitter": (
+        "false",
+        "true: eviction points jittered inside their bands; edges: that, with the first at step 1 "
+        "and the second at a checkpoint step (a soak's edges)",
+    ),
     "dropout": ("0.1", "attention dropout, so that a lost RNG state cannot hide"),
     "every_steps": ("10", "periodic checkpoint interval, in steps"),
-    "grace": ("30", "seconds between SIGTERM and SIGKILL: pod grace, BATON_GRACE, torchrun --shutdown-timeout"),
+    "grace": (
+        "30",
+        "seconds between SIGTERM and SIGKILL: pod grace, BATON_GRACE, torchrun --shutdown-timeout",
+    ),
     "ranks": ("1", "ranks per pod (torchrun --nproc-per-node)"),
     "bucket": ("s3://baton-drills", "checkpoint and evidence store (file://, s3://, gs://)"),
-    "prefix": ("drills", "prefix under the bucket; each drill writes under <bucket>/<prefix>/<workflow name>"),
+    "prefix": (
+        "drills",
+        "prefix under the bucket; each drill writes under <bucket>/<prefix>/<workflow name>",
+    ),
     "image": ("baton:cpu", "container image for every step"),
-    "disable_sigterm_handler": ("0", "1: the trial runs without its SIGTERM handling (the drill's negative "
-                                "control; with trainer=hf, the example without the callback)"),
-    "eviction": ("evict", "how evict ends a trial attempt: evict (the Eviction API); locally also delete, "
-                          "node-shutdown (GKE Spot), lost-vm, kueue (a Kueue preemption)"),
-    "queue": ("", "Kueue LocalQueue; when set, every pod carries the label kueue.x-k8s.io/queue-name=<queue> "
-                  "(spec.podMetadata, written when the workflow is rendered or submitted)"),
-    "trainer": ("baton", "what reference, replay and trial run: baton, hf (examples/hf_trainer/train.py), "
-                "or 'SCRIPT ARGS...' (split by steps.train, never by a shell); it gets --config and the --set keys"),
-    "tier": ("auto", "how compare judges the final checkpoints: 1 (every entry equal), 2 (model and optimizer "
-             "floats within the measured floor, the rest equal), auto (1 on a CPU with deterministic kernels, "
-             "else 2); the trajectory is checked exactly at every tier"),
-    "deadline": ("0", "seconds before the whole drill is failed (Argo's activeDeadlineSeconds), so that one that "
-                      "never schedules ends and the next nightly drill runs; 0: derived from the drill's size"),
-    "baseline_pool": ("spot", "where reference and reference-replay run on GKE: spot (preemptible like the trial; an "
-                              "interrupted baseline may leave the verdict open) or on-demand (never preempted; costs "
-                              "about 3x while it runs); the gke overlay's node pools gpu-spot and gpu-on-demand"),
-    "nodes": ("1", "pods (nodes) in each of reference, reference-replay and trial, each with `ranks` ranks; above 1, "
-                   "each role is a group of pods (docs/multinode.md); set when the workflow is rendered or submitted"),
-    "evict_node": ("", "with nodes > 1: the node whose pod evict ends (0 .. nodes-1); empty: drawn under the seed "
-                       "at each eviction"),
-    "rendezvous_timeout": ("1200", "with nodes > 1: seconds a training pod waits for its group, both for node 0's round "
-                                   "file and in torchrun's static rendezvous (steps.train --rendezvous-timeout), "
-                                   "before it exits 75; sized for a new Spot VM plus an image pull (docs/multinode.md)"),
-    "store_port": (str(STORE_PORT), "with nodes > 1: the TCP port of node 0's rendezvous store (torchrun's static "
-                                    "rendezvous), fixed so that a NetworkPolicy can allow it between the drill's "
-                                    "pods; 0: a free port at each round, what `run` uses (every local pod is "
-                                    "127.0.0.1, and three roles run at once)"),
+    "disable_sigterm_handler": (
+        "0",
+        "1: the trial runs without its SIGTERM handling (the drill's negative "
+        "control; with trainer=hf, the example without the callback)",
+    ),
+    "eviction": (
+        "evict",
+        "how evict ends a trial attempt: evict (the Eviction API); locally also delete, "
+        "node-shutdown (GKE Spot), lost-vm, kueue (a Kueue preemption)",
+    ),
+    "queue": (
+        "",
+        "Kueue LocalQueue; when set, every pod carries the label kueue.x-k8s.io/queue-name=<queue> "
+        "(spec.podMetadata, written when the workflow is rendered or submitted)",
+    ),
+    "trainer": (
+        "baton",
+        "what reference, replay and trial run: baton, hf (examples/hf_trainer/train.py), "
+        "or 'SCRIPT ARGS...' (split by steps.train, never by a shell); it gets --config and the --set keys",
+    ),
+    "tier": (
+        "auto",
+        "how compare judges the final checkpoints: 1 (every entry equal), 2 (model and optimizer "
+        "floats within the measured floor, the rest equal), auto (1 on a CPU with deterministic kernels, "
+        "else 2); the trajectory is checked exactly at every tier",
+    ),
+    "deadline": (
+        "0",
+        "seconds before the whole drill is failed (Argo's activeDeadlineSeconds), so that one that "
+        "never schedules ends and the next nightly drill runs; 0: derived from the drill's size",
+    ),
+    "baseline_pool": (
+        "spot",
+        "where reference and reference-replay run on GKE: spot (preemptible like the trial; an "
+        "interrupted baseline may leave the verdict open) or on-demand (never preempted; costs "
+        "about 3x while it runs); the gke overlay's node pools gpu-spot and gpu-on-demand",
+    ),
+    "nodes": (
+        "1",
+        "pods (nodes) in each of reference, reference-replay and trial, each with `ranks` ranks; above 1, "
+        "each role is a group of pods (docs/multinode.md); set when the workflow is rendered or submitted",
+    ),
+    "evict_node": (
+        "",
+        "with nodes > 1: the node whose pod evict ends (0 .. nodes-1); empty: drawn under the seed "
+        "at each eviction",
+    ),
+    "rendezvous_timeout": (
+        "1200",
+        "with nodes > 1: seconds a training pod waits for its group, both for node 0's round "
+        "file and in torchrun's static rendezvous (steps.train --rendezvous-timeout), "
+        "before it exits 75; sized for a new Spot VM plus an image pull (docs/multinode.md)",
+    ),
+    "store_port": (
+        str(STORE_PORT),
+        "with nodes > 1: the TCP port of node 0's rendezvous store (torchrun's static "
+        "rendezvous), fixed so that a NetworkPolicy can allow it between the drill's "
+        "pods; 0: a free port at each round, what `run` uses (every local pod is "
+        "127.0.0.1, and three roles run at once)",
+    ),
 }
 BASELINE_POOLS = ("spot", "on-demand")
 # A Kubernetes label value: at most 63 characters, alphanumerics with - _ . inside.
 _LABEL_VALUE = re.compile(r"(?:[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?")
 # The numeric parameters, each read in its range (steps/lib/contract.py BOUNDS: the steps' flags that carry them
 # are read in the same one), so that what would fail inside a pod is refused here, before anything runs.
-_NUMBERS = ("total_steps", "evictions", "retry_limit", "seed", "grace", "ranks", "every_steps", "deadline", "nodes",
-            "rendezvous_timeout", "store_port", "dropout")
+_NUMBERS = (
+    "total_steps",
+    "evictions",
+    "retry_limit",
+    "seed",
+    "grace",
+    "ranks",
+    "every_steps",
+    "deadline",
+    "nodes",
+    "rendezvous_timeout",
+    "store_port",
+    "dropout",
+)
 # Booleans, normalised to "1"/"0" (BATON_DISABLE_SIGTERM_HANDLER is read as exactly that): a negative
 # control asked for as "true" must not quietly run as a normal trial.
 _BOOLEANS = ("disable_sigterm_handler",)
@@ -127,8 +181,10 @@ def resolve_params(overrides: dict[str, str], cluster: bool = False) -> dict[str
         if k in params or values[k] != flag:
             params[k] = values[k] = flag  # what the pod reads: "1" or "0", never a spelling it would not
     if values["baseline_pool"] not in BASELINE_POOLS:
-        raise SystemExit(f"error: parameter baseline_pool must be one of {', '.join(BASELINE_POOLS)}, "
-                         f"got {values['baseline_pool']!r}")
+        raise SystemExit(
+            f"error: parameter baseline_pool must be one of {', '.join(BASELINE_POOLS)}, "
+            f"got {values['baseline_pool']!r}"
+        )
     if values["evict_node"]:
         number(values, "evict_node", Bound(0, int(values["nodes"]) - 1, integer=True))
     if values["tier"] not in TIERS:
@@ -137,20 +193,27 @@ def resolve_params(overrides: dict[str, str], cluster: bool = False) -> dict[str
         params["retry_limit"] = str(default_retry_limit(int(values["evictions"])))
         values["retry_limit"] = params["retry_limit"]
     if int(values["retry_limit"]) <= int(values["evictions"]):
-        raise SystemExit(f"error: retry_limit ({values['retry_limit']}) must exceed evictions ({values['evictions']})")
+        raise SystemExit(
+            f"error: retry_limit ({values['retry_limit']}) must exceed evictions ({values['evictions']})"
+        )
     modes = CLUSTER_EVICTION_MODES if cluster else EVICTION_MODES
     if values["eviction"] not in modes:
         where = "on a cluster" if cluster else "here"
-        raise SystemExit(f"error: parameter eviction must be one of {', '.join(modes)} {where}, "
-                         f"got {values['eviction']!r}")
+        raise SystemExit(
+            f"error: parameter eviction must be one of {', '.join(modes)} {where}, got {values['eviction']!r}"
+        )
     if not _LABEL_VALUE.fullmatch(values["queue"]):
-        raise SystemExit(f"error: parameter queue: {values['queue']!r} is not a valid Kubernetes label value "
-                         "(at most 63 characters: letters, digits, '-', '_' and '.', beginning and ending with a "
-                         "letter or digit); it becomes the pods' kueue.x-k8s.io/queue-name label")
+        raise SystemExit(
+            f"error: parameter queue: {values['queue']!r} is not a valid Kubernetes label value "
+            "(at most 63 characters: letters, digits, '-', '_' and '.', beginning and ending with a "
+            "letter or digit); it becomes the pods' kueue.x-k8s.io/queue-name label"
+        )
     from steps.evict import JITTER_MODES, eviction_points
 
     if values["jitter"] not in JITTER_MODES:
-        raise SystemExit(f"error: parameter jitter must be one of {', '.join(JITTER_MODES)}, got {values['jitter']!r}")
+        raise SystemExit(
+            f"error: parameter jitter must be one of {', '.join(JITTER_MODES)}, got {values['jitter']!r}"
+        )
     try:
         eviction_points(int(values["total_steps"]), int(values["evictions"]))
     except ValueError as e:
@@ -230,8 +293,16 @@ def release_template() -> dict:
     return {
         "name": RELEASE_TEMPLATE,
         "container": {
-            "image": "{{workflow.parameters.image}}", "command": ["python"],
-            "args": ["-m", "steps.release", "--workflow", "{{workflow.name}}", "--status", "{{workflow.status}}"],
+            "image": "{{workflow.parameters.image}}",
+            "command": ["python"],
+            "args": [
+                "-m",
+                "steps.release",
+                "--workflow",
+                "{{workflow.name}}",
+                "--status",
+                "{{workflow.status}}",
+            ],
             "resources": {"requests": {"cpu": "50m", "memory": "128Mi"}},
         },
     }
@@ -247,7 +318,9 @@ def set_release_handler(spec: dict, queued: bool) -> None:
         spec.pop("onExit")
     if queued and grouped:
         if spec.get("onExit"):
-            raise ValueError(f"the workflow already has an exit handler ({spec['onExit']!r}); "
-                             f"the Kueue release handler would replace it")
+            raise ValueError(
+                f"the workflow already has an exit handler ({spec['onExit']!r}); "
+                f"the Kueue release handler would replace it"
+            )
         templates.append(release_template())
         spec["onExit"] = RELEASE_TEMPLATE

@@ -45,17 +45,21 @@ def chosen(flag: str | None) -> str | None:
     if not value:
         return None
     if value not in targets():
-        raise TargetError(f"{where} {value!r} is not a target; the targets are the overlays in templates/overlays/: "
-                          f"{', '.join(targets())}")
+        raise TargetError(
+            f"{where} {value!r} is not a target; the targets are the overlays in templates/overlays/: "
+            f"{', '.join(targets())}"
+        )
     return value
 
 
 def announce(target: str | None, flag: str | None) -> str:
     """The one line that says which cluster the drill was rendered for (stderr: stdout is the command's own)."""
     if target is None:
-        return (f"target: none ({TARGET_ENV} unset): the base Workflow, whose steps get no bucket credentials on a "
-                f"cluster; set {TARGET_ENV} to one of {', '.join(targets())}, as `make cluster-up` and `make gke-up` "
-                "print it")
+        return (
+            f"target: none ({TARGET_ENV} unset): the base Workflow, whose steps get no bucket credentials on a "
+            f"cluster; set {TARGET_ENV} to one of {', '.join(targets())}, as `make cluster-up` and `make gke-up` "
+            "print it"
+        )
     return f"target: {target} ({'--target' if flag else TARGET_ENV}): templates/overlays/{target}"
 
 
@@ -64,20 +68,30 @@ def overlay_objects(target: str, write_base: Callable[[Path], Any]) -> list[dict
     `write_base(folder)` wrote (the drill's shape follows -p nodes, so the committed one-node base may not do)."""
     kubectl = shutil.which("kubectl")
     if kubectl is None:
-        raise TargetError(f"target {target}: kubectl is not on PATH (its kustomize builds templates/overlays/{target})")
+        raise TargetError(
+            f"target {target}: kubectl is not on PATH (its kustomize builds templates/overlays/{target})"
+        )
     missing = _missing(OVERLAYS / target)
     if missing:
-        raise TargetError(f"target {target}: {missing.relative_to(REPO)} is missing (a gke overlay's cluster values: "
-                          "make gke-up writes them from Terraform's outputs, infra/scripts/cluster_overlay.py)")
+        raise TargetError(
+            f"target {target}: {missing.relative_to(REPO)} is missing (a gke overlay's cluster values: "
+            "make gke-up writes them from Terraform's outputs, infra/scripts/cluster_overlay.py)"
+        )
     with tempfile.TemporaryDirectory(prefix="baton-render-") as tmp:
         tree = Path(tmp) / "templates"
         shutil.copytree(TEMPLATES, tree, symlinks=True)  # generated Components (make gke-up's) come along
         write_base(tree)
         try:
-            built = subprocess.run([kubectl, "kustomize", str(tree / "overlays" / target)], capture_output=True,
-                                   text=True, timeout=KUSTOMIZE_TIMEOUT_S)
+            built = subprocess.run(
+                [kubectl, "kustomize", str(tree / "overlays" / target)],
+                capture_output=True,
+                text=True,
+                timeout=KUSTOMIZE_TIMEOUT_S,
+            )
         except subprocess.TimeoutExpired:
-            raise TargetError(f"target {target}: kubectl kustomize did not finish in {KUSTOMIZE_TIMEOUT_S} s") from None
+            raise TargetError(
+                f"target {target}: kubectl kustomize did not finish in {KUSTOMIZE_TIMEOUT_S} s"
+            ) from None
     if built.returncode != 0:
         why = " ".join(built.stderr.replace(str(tree), "templates").split())[-400:]
         raise TargetError(f"target {target}: kubectl kustomize templates/overlays/{target} failed: {why}")
@@ -104,7 +118,11 @@ def for_target(target: str, workflow: dict[str, Any], objects: list[dict[str, An
     """The drill's Workflow and CronWorkflow as overlay `target` has them: the overlays patch the nightly
     CronWorkflow, and the one-off Workflow (the base's, whose spec is the CronWorkflow's workflowSpec) takes its
     spec and namespace from there."""
-    crons = [d for d in objects if d.get("kind") == "CronWorkflow" and d.get("apiVersion") == "argoproj.io/v1alpha1"]
+    crons = [
+        d
+        for d in objects
+        if d.get("kind") == "CronWorkflow" and d.get("apiVersion") == "argoproj.io/v1alpha1"
+    ]
     if len(crons) != 1:
         raise TargetError(f"target {target}: the overlay holds {len(crons)} CronWorkflows, not one")
     cron = crons[0]

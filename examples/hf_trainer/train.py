@@ -57,8 +57,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 1
     if not stock:
-        baton = BatonCallback(checkpoint_uri=cfg.checkpoint.uri, run_id=cfg.run_id,  # baton (2/3)
-                              keep_last=cfg.checkpoint.keep_last, faults=cfg.faults)
+        baton = BatonCallback(
+            checkpoint_uri=cfg.checkpoint.uri,
+            run_id=cfg.run_id,  # baton (2/3)
+            keep_last=cfg.checkpoint.keep_last,
+            faults=cfg.faults,
+        )
 
     import torch
     from torch.utils.data import Dataset
@@ -82,28 +86,48 @@ def main(argv: list[str] | None = None) -> int:
     if stock:
         uri = cfg.checkpoint.uri
         if "://" in uri and not uri.startswith("file://"):
-            print(f"error: config key 'checkpoint.uri': a stock HF Trainer writes only to a local folder, "
-                  f"got {uri!r}", file=sys.stderr)
+            print(
+                f"error: config key 'checkpoint.uri': a stock HF Trainer writes only to a local folder, "
+                f"got {uri!r}",
+                file=sys.stderr,
+            )
             return 1
         output_dir = uri.removeprefix("file://")
     else:
         launch = os.environ.get("TORCHELASTIC_RUN_ID") or str(os.getpid())  # shared by a launch's ranks
-        output_dir = os.environ.get("BATON_HF_OUTPUT_DIR") or os.path.join(tempfile.gettempdir(), f"baton-hf-{launch}")
-    model = AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation="eager",
-                                                 attention_dropout=cfg.model.dropout)
+        output_dir = os.environ.get("BATON_HF_OUTPUT_DIR") or os.path.join(
+            tempfile.gettempdir(), f"baton-hf-{launch}"
+        )
+    model = AutoModelForCausalLM.from_pretrained(
+        model_dir, attn_implementation="eager", attention_dropout=cfg.model.dropout
+    )
     cpu = not torch.cuda.is_available()
     targs = TrainingArguments(
-        output_dir=output_dir, max_steps=cfg.total_steps, seed=cfg.seed, full_determinism=cfg.deterministic,
-        per_device_train_batch_size=cfg.data.batch_size, gradient_accumulation_steps=cfg.data.grad_accum,
-        learning_rate=cfg.optim.lr, adam_beta1=cfg.optim.betas[0], adam_beta2=cfg.optim.betas[1],
-        adam_epsilon=cfg.optim.eps, weight_decay=cfg.optim.weight_decay, max_grad_norm=cfg.optim.grad_clip,
-        warmup_steps=cfg.optim.warmup_steps, lr_scheduler_type="cosine_with_min_lr",
+        output_dir=output_dir,
+        max_steps=cfg.total_steps,
+        seed=cfg.seed,
+        full_determinism=cfg.deterministic,
+        per_device_train_batch_size=cfg.data.batch_size,
+        gradient_accumulation_steps=cfg.data.grad_accum,
+        learning_rate=cfg.optim.lr,
+        adam_beta1=cfg.optim.betas[0],
+        adam_beta2=cfg.optim.betas[1],
+        adam_epsilon=cfg.optim.eps,
+        weight_decay=cfg.optim.weight_decay,
+        max_grad_norm=cfg.optim.grad_clip,
+        warmup_steps=cfg.optim.warmup_steps,
+        lr_scheduler_type="cosine_with_min_lr",
         lr_scheduler_kwargs={"min_lr_rate": cfg.optim.min_lr_ratio},
         save_strategy="steps" if cfg.checkpoint.every_steps else "no",
-        save_steps=cfg.checkpoint.every_steps or 500, save_total_limit=2,
-        logging_steps=1, report_to="none", disable_tqdm=True, use_cpu=cpu,
+        save_steps=cfg.checkpoint.every_steps or 500,
+        save_total_limit=2,
+        logging_steps=1,
+        report_to="none",
+        disable_tqdm=True,
+        use_cpu=cpu,
         ddp_backend="gloo" if cpu and int(os.environ.get("WORLD_SIZE", "1")) > 1 else None,
-        ddp_find_unused_parameters=False, dataloader_num_workers=cfg.data.num_workers,
+        ddp_find_unused_parameters=False,
+        dataloader_num_workers=cfg.data.num_workers,
         # A dead or hung rank ends the pod inside its grace, not after HF's default of 30 minutes.
         ddp_timeout=math.ceil(cfg.faults.collective_timeout().total_seconds()),
     )

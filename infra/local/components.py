@@ -1,5 +1,6 @@
 """The local cluster's parts that are not orchestration: certificates, tokens and kubeconfigs; starting,
 stopping and finding processes by pid and start time; readiness probes. `cluster.py` runs them in order."""
+
 from __future__ import annotations
 
 import json
@@ -26,24 +27,37 @@ NODE_NAME = "baton-local"
 EXECUTOR_IMAGE = f"quay.io/argoproj/argoexec:{ARGO_VERSION}"
 # The Argo controller's health server: `http.ListenAndServe(":6060", nil)` in cmd/workflow-controller/main.go.
 ARGO_HEALTH_PORT = 6060
-COMPONENTS = ("s3", "etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "workflow-controller",
-              "argo-server", "containerd", "kubelet")
+COMPONENTS = (
+    "s3",
+    "etcd",
+    "kube-apiserver",
+    "kube-controller-manager",
+    "kube-scheduler",
+    "workflow-controller",
+    "argo-server",
+    "containerd",
+    "kubelet",
+)
 # The drill's bucket on moto, and its placeholder keys (moto checks no signature): the same values are in
 # templates/overlays/local/s3.yaml, which the pods and Argo's artifact repository read.
 BUCKET = "baton"
-S3_KEYS = {"AWS_ACCESS_KEY_ID": "baton-local", "AWS_SECRET_ACCESS_KEY": "baton-local-secret",
-           "AWS_DEFAULT_REGION": "us-east-1"}
+S3_KEYS = {
+    "AWS_ACCESS_KEY_ID": "baton-local",
+    "AWS_SECRET_ACCESS_KEY": "baton-local-secret",
+    "AWS_DEFAULT_REGION": "us-east-1",
+}
 OVERLAY = REPO / "templates" / "overlays" / "local"
 # The endpoint written in the overlay, replaced by moto's port of this `up` (write_overlay).
 OVERLAY_S3_PLACEHOLDER = "127.0.0.1:9000"
 SUBMITTER_TOKEN_SECRET = "baton-submitter.service-account-token"
 # kube-controller-manager's controllers: what pods, service accounts and workflows need here. No node IPAM,
 # no volumes, no workload controllers (Argo creates bare pods).
-KCM_CONTROLLERS = ("serviceaccount-controller,serviceaccount-token-controller,namespace-controller,"
-                   "garbage-collector-controller,root-ca-certificate-publisher-controller,"
-                   "node-lifecycle-controller,pod-garbage-collector-controller,"
-                   "clusterrole-aggregation-controller,ttl-after-finished-controller")
-
+KCM_CONTROLLERS = (
+    "serviceaccount-controller,serviceaccount-token-controller,namespace-controller,"
+    "garbage-collector-controller,root-ca-certificate-publisher-controller,"
+    "node-lifecycle-controller,pod-garbage-collector-controller,"
+    "clusterrole-aggregation-controller,ttl-after-finished-controller"
+)
 
 
 class ClusterError(Exception):
@@ -85,6 +99,7 @@ def free_port(taken: set[int]) -> int:
 
 # --- certificates, tokens, kubeconfigs -------------------------------------------------------------------
 
+
 def _openssl(*args: str) -> None:
     r = subprocess.run(["openssl", *args], capture_output=True, text=True)
     if r.returncode != 0:
@@ -94,12 +109,38 @@ def _openssl(*args: str) -> None:
 def _signed(pki: Path, name: str, cn: str, ext: str, org: str = "") -> None:
     """pki/name.{key,crt}: a key and a certificate signed by the cluster CA with the given extensions."""
     subj = f"/CN={cn}" + (f"/O={org}" if org else "")
-    _openssl("req", "-new", "-newkey", "rsa:2048", "-nodes", "-subj", subj,
-             "-keyout", str(pki / f"{name}.key"), "-out", str(pki / f"{name}.csr"))
+    _openssl(
+        "req",
+        "-new",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-subj",
+        subj,
+        "-keyout",
+        str(pki / f"{name}.key"),
+        "-out",
+        str(pki / f"{name}.csr"),
+    )
     (pki / f"{name}.ext").write_text(ext + "\n")
-    _openssl("x509", "-req", "-in", str(pki / f"{name}.csr"), "-CA", str(pki / "ca.crt"), "-CAkey",
-             str(pki / "ca.key"), "-CAcreateserial", "-days", "3650", "-sha256",
-             "-extfile", str(pki / f"{name}.ext"), "-out", str(pki / f"{name}.crt"))
+    _openssl(
+        "x509",
+        "-req",
+        "-in",
+        str(pki / f"{name}.csr"),
+        "-CA",
+        str(pki / "ca.crt"),
+        "-CAkey",
+        str(pki / "ca.key"),
+        "-CAcreateserial",
+        "-days",
+        "3650",
+        "-sha256",
+        "-extfile",
+        str(pki / f"{name}.ext"),
+        "-out",
+        str(pki / f"{name}.crt"),
+    )
 
 
 def ensure_pki(pki: Path) -> None:
@@ -111,16 +152,41 @@ def ensure_pki(pki: Path) -> None:
     if pki.exists():
         shutil.rmtree(pki)
     pki.mkdir(parents=True, mode=0o700)
-    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "3650", "-subj", "/CN=baton-local-ca",
-             "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign",
-             "-keyout", str(pki / "ca.key"), "-out", str(pki / "ca.crt"))
+    _openssl(
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-days",
+        "3650",
+        "-subj",
+        "/CN=baton-local-ca",
+        "-addext",
+        "basicConstraints=critical,CA:TRUE",
+        "-addext",
+        "keyUsage=critical,keyCertSign,cRLSign",
+        "-keyout",
+        str(pki / "ca.key"),
+        "-out",
+        str(pki / "ca.crt"),
+    )
     # The in-cluster names are there because pods read KUBERNETES_SERVICE_HOST=127.0.0.1, and a client that
     # dials kubernetes.default.svc still gets a certificate that names it.
-    _signed(pki, "apiserver", "kube-apiserver",
-            "subjectAltName=IP:127.0.0.1,IP:10.96.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,"
-            "DNS:kubernetes.default.svc\nextendedKeyUsage=serverAuth")
-    _signed(pki, "apiserver-kubelet-client", "kube-apiserver-kubelet-client", "extendedKeyUsage=clientAuth",
-            org="system:masters")
+    _signed(
+        pki,
+        "apiserver",
+        "kube-apiserver",
+        "subjectAltName=IP:127.0.0.1,IP:10.96.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,"
+        "DNS:kubernetes.default.svc\nextendedKeyUsage=serverAuth",
+    )
+    _signed(
+        pki,
+        "apiserver-kubelet-client",
+        "kube-apiserver-kubelet-client",
+        "extendedKeyUsage=clientAuth",
+        org="system:masters",
+    )
     _openssl("genrsa", "-out", str(pki / "sa.key"), "2048")
     _openssl("rsa", "-in", str(pki / "sa.key"), "-pubout", "-out", str(pki / "sa.pub"))
     for p in pki.iterdir():
@@ -154,17 +220,26 @@ def ensure_tokens(state: Path) -> dict[str, str]:
 def write_kubeconfig(path: Path, server: str, ca: Path, token: str, namespace: str = "default") -> None:
     # JSON is YAML: client-go and kubectl read it as a kubeconfig.
     cfg = {
-        "apiVersion": "v1", "kind": "Config", "current-context": "baton-local",
-        "clusters": [{"name": "baton-local", "cluster": {"server": server, "certificate-authority": str(ca)}}],
+        "apiVersion": "v1",
+        "kind": "Config",
+        "current-context": "baton-local",
+        "clusters": [
+            {"name": "baton-local", "cluster": {"server": server, "certificate-authority": str(ca)}}
+        ],
         "users": [{"name": "baton-local", "user": {"token": token}}],
-        "contexts": [{"name": "baton-local",
-                      "context": {"cluster": "baton-local", "user": "baton-local", "namespace": namespace}}],
+        "contexts": [
+            {
+                "name": "baton-local",
+                "context": {"cluster": "baton-local", "user": "baton-local", "namespace": namespace},
+            }
+        ],
     }
     path.write_text(json.dumps(cfg, indent=1))
     path.chmod(0o600)
 
 
 # --- processes -----------------------------------------------------------------------------------------
+
 
 def _start_time(pid: int) -> str | None:
     """The process's start time in clock ticks (field 22 of /proc/PID/stat): with the pid, it names one
@@ -198,8 +273,15 @@ def spawn(name: str, argv: list[str], state: Path, env: dict[str, str] | None = 
     with open(log, "ab") as f:
         f.write(f"\n=== {time.strftime('%Y-%m-%dT%H:%M:%S')} {' '.join(argv)}\n".encode())
         f.flush()
-        p = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=REPO,
-                             env=env, start_new_session=True)
+        p = subprocess.Popen(
+            argv,
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            cwd=REPO,
+            env=env,
+            start_new_session=True,
+        )
     return {"pid": p.pid, "start": _start_time(p.pid), "log": str(log), "argv": argv}
 
 
@@ -275,18 +357,23 @@ def listener_pids(port: int) -> set[int]:
     return {int(x.split("=")[1]) for x in out.replace(",", " ").split() if x.startswith("pid=")}
 
 
-
-def binding(kind: str, name: str, role_kind: str, role: str, subject: dict[str, str],
-             namespace: str | None = None) -> dict[str, Any]:
+def binding(
+    kind: str, name: str, role_kind: str, role: str, subject: dict[str, str], namespace: str | None = None
+) -> dict[str, Any]:
     meta: dict[str, str] = {"name": name}
     if namespace:
         meta["namespace"] = namespace
-    return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": kind, "metadata": meta,
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": role_kind, "name": role},
-            "subjects": [subject]}
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": kind,
+        "metadata": meta,
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": role_kind, "name": role},
+        "subjects": [subject],
+    }
 
 
 # --- the drill's bucket and overlay -------------------------------------------------------------------------
+
 
 def create_bucket(port: int, bucket: str = BUCKET) -> None:
     """PUT /bucket on moto (which needs no signature); an existing bucket is fine."""
@@ -296,7 +383,9 @@ def create_bucket(port: int, bucket: str = BUCKET) -> None:
         opener.open(req, timeout=10).close()
     except urllib.error.HTTPError as e:
         if e.code != 409:  # BucketAlreadyOwnedByYou
-            raise ClusterError(f"creating bucket {bucket} on moto (127.0.0.1:{port}) failed: HTTP {e.code}") from None
+            raise ClusterError(
+                f"creating bucket {bucket} on moto (127.0.0.1:{port}) failed: HTTP {e.code}"
+            ) from None
     except OSError as e:
         raise ClusterError(f"creating bucket {bucket} on moto (127.0.0.1:{port}) failed: {e}") from None
 
@@ -308,16 +397,30 @@ def write_overlay(state: Path, s3_port: int) -> Path:
     out.mkdir(exist_ok=True)
     repo_text = (OVERLAY / "artifact-repositories.yaml").read_text()
     if repo_text.count(OVERLAY_S3_PLACEHOLDER) != 1:
-        raise ClusterError(f"{OVERLAY / 'artifact-repositories.yaml'}: expected the endpoint "
-                           f"{OVERLAY_S3_PLACEHOLDER} exactly once, to replace with moto's port")
+        raise ClusterError(
+            f"{OVERLAY / 'artifact-repositories.yaml'}: expected the endpoint "
+            f"{OVERLAY_S3_PLACEHOLDER} exactly once, to replace with moto's port"
+        )
     (out / "artifact-repositories.yaml").write_text(
-        repo_text.replace(OVERLAY_S3_PLACEHOLDER, f"127.0.0.1:{s3_port}"))
-    endpoint = json.dumps([{"op": "replace", "path": "/data/endpoint", "value": f"http://127.0.0.1:{s3_port}"}])
+        repo_text.replace(OVERLAY_S3_PLACEHOLDER, f"127.0.0.1:{s3_port}")
+    )
+    endpoint = json.dumps(
+        [{"op": "replace", "path": "/data/endpoint", "value": f"http://127.0.0.1:{s3_port}"}]
+    )
     # JSON is YAML: kustomize reads this file as a Kustomization.
-    (out / "kustomization.yaml").write_text(json.dumps({
-        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
-        "resources": [os.path.relpath(OVERLAY, out)],
-        "patches": [{"path": "artifact-repositories.yaml"},
-                    {"target": {"kind": "ConfigMap", "name": "baton-s3"}, "patch": endpoint}],
-    }, indent=1) + "\n")
+    (out / "kustomization.yaml").write_text(
+        json.dumps(
+            {
+                "apiVersion": "kustomize.config.k8s.io/v1beta1",
+                "kind": "Kustomization",
+                "resources": [os.path.relpath(OVERLAY, out)],
+                "patches": [
+                    {"path": "artifact-repositories.yaml"},
+                    {"target": {"kind": "ConfigMap", "name": "baton-s3"}, "patch": endpoint},
+                ],
+            },
+            indent=1,
+        )
+        + "\n"
+    )
     return out

@@ -19,6 +19,7 @@ Pods use the host's network (the local overlay sets hostNetwork): the bucket (mo
 127.0.0.1, and a pod network would need a proxy for both. The node's address is the host's own (the kubelet
 refuses a loopback node IP).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -37,11 +38,22 @@ IMAGES = REPO / "infra" / "local" / "image.sh"
 SERVICE_HOST = "10.96.0.1"  # the first address of the API server's --service-cluster-ip-range 10.96.0.0/24
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 # pkg/kubelet/cm/container_manager_linux.go, setupKernelTunables (values from component-helpers' sysctl.go).
-KERNEL_SETTINGS = {"vm/overcommit_memory": 1, "vm/panic_on_oom": 0, "kernel/panic": 10, "kernel/panic_on_oops": 1,
-                   "kernel/keys/root_maxkeys": 1000000, "kernel/keys/root_maxbytes": 25000000}
+KERNEL_SETTINGS = {
+    "vm/overcommit_memory": 1,
+    "vm/panic_on_oom": 0,
+    "kernel/panic": 10,
+    "kernel/panic_on_oops": 1,
+    "kernel/keys/root_maxkeys": 1000000,
+    "kernel/keys/root_maxbytes": 25000000,
+}
 CNI_BIN = Path("/usr/lib/cni")  # Debian's containernetworking-plugins
-HOST_TOOLS = {"containerd": "containerd", "containerd-shim-runc-v2": "containerd", "runc": "runc",
-              "ctr": "containerd", "iptables": "iptables"}
+HOST_TOOLS = {
+    "containerd": "containerd",
+    "containerd-shim-runc-v2": "containerd",
+    "runc": "runc",
+    "ctr": "containerd",
+    "iptables": "iptables",
+}
 NAMESPACE_K8S = "k8s.io"  # containerd's namespace for CRI
 
 
@@ -58,14 +70,19 @@ def node_ip() -> str:
     out = subprocess.run(["ip", "-4", "-o", "route", "get", "192.0.2.255"], capture_output=True, text=True)
     words = out.stdout.split()
     if out.returncode or "src" not in words:
-        raise ClusterError(f"no IPv4 address on a default route for the node (ip route get: {out.stderr.strip()})")
+        raise ClusterError(
+            f"no IPv4 address on a default route for the node (ip route get: {out.stderr.strip()})"
+        )
     return words[words.index("src") + 1]
 
 
 def image_archives() -> list[Path]:
     """The archives of the images that image.sh built last (its `current` list), checked there by --check."""
-    folder = Path(subprocess.run(["bash", str(IMAGES), "--print-dir"], capture_output=True, text=True,
-                                 check=True).stdout.strip())
+    folder = Path(
+        subprocess.run(
+            ["bash", str(IMAGES), "--print-dir"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+    )
     return [folder / name for name in (folder / "current").read_text().split()]
 
 
@@ -94,16 +111,16 @@ def containerd_config(p: Paths, pause_image: str) -> str:
     """containerd 1.6's configuration (version 2). `restrict_oom_score_adj`: runc cannot lower a sandbox's
     oom_score_adj below 0 here (no CAP_SYS_RESOURCE), and the CRI plugin asks for -998 without it."""
     return f'''version = 2
-root = "{p.containerd / 'root'}"
-state = "{p.containerd / 'state'}"
+root = "{p.containerd / "root"}"
+state = "{p.containerd / "state"}"
 disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs",
                     "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper"]
 [grpc]
   address = "{p.sock}"
 [ttrpc]
-  address = "{p.containerd / 'ttrpc.sock'}"
+  address = "{p.containerd / "ttrpc.sock"}"
 [plugins."io.containerd.internal.v1.opt"]
-  path = "{p.containerd / 'opt'}"
+  path = "{p.containerd / "opt"}"
 [plugins."io.containerd.grpc.v1.cri"]
   sandbox_image = "{pause_image}"
   restrict_oom_score_adj = true
@@ -134,30 +151,53 @@ def kubelet_config(p: Paths, pki: Path, ip: str, port: int, healthz_port: int) -
     API server's SubjectAccessReviews for authorization, cgroup v1 through cgroupfs (containerd 1.6 does not
     answer RuntimeConfig, so the kubelet's own driver is used), the kernel settings checked, not written."""
     return {
-        "apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration",
-        "address": ip, "port": port, "readOnlyPort": 0,
-        "healthzBindAddress": "127.0.0.1", "healthzPort": healthz_port,
-        "tlsCertFile": str(pki / "kubelet-serving.crt"), "tlsPrivateKeyFile": str(pki / "kubelet-serving.key"),
-        "authentication": {"anonymous": {"enabled": False}, "webhook": {"enabled": True},
-                           "x509": {"clientCAFile": str(pki / "ca.crt")}},
+        "apiVersion": "kubelet.config.k8s.io/v1beta1",
+        "kind": "KubeletConfiguration",
+        "address": ip,
+        "port": port,
+        "readOnlyPort": 0,
+        "healthzBindAddress": "127.0.0.1",
+        "healthzPort": healthz_port,
+        "tlsCertFile": str(pki / "kubelet-serving.crt"),
+        "tlsPrivateKeyFile": str(pki / "kubelet-serving.key"),
+        "authentication": {
+            "anonymous": {"enabled": False},
+            "webhook": {"enabled": True},
+            "x509": {"clientCAFile": str(pki / "ca.crt")},
+        },
         "authorization": {"mode": "Webhook"},
-        "containerRuntimeEndpoint": f"unix://{p.sock}", "imageServiceEndpoint": f"unix://{p.sock}",
-        "cgroupDriver": "cgroupfs", "failCgroupV1": False, "cgroupsPerQOS": True, "cgroupRoot": "/",
+        "containerRuntimeEndpoint": f"unix://{p.sock}",
+        "imageServiceEndpoint": f"unix://{p.sock}",
+        "cgroupDriver": "cgroupfs",
+        "failCgroupV1": False,
+        "cgroupsPerQOS": True,
+        "cgroupRoot": "/",
         "enforceNodeAllocatable": ["pods"],
-        "protectKernelDefaults": True, "failSwapOn": False, "makeIPTablesUtilChains": False,
-        "podLogsDir": str(p.pod_logs), "resolvConf": "/etc/resolv.conf",
-        "registerNode": True, "serializeImagePulls": False,
+        "protectKernelDefaults": True,
+        "failSwapOn": False,
+        "makeIPTablesUtilChains": False,
+        "podLogsDir": str(p.pod_logs),
+        "resolvConf": "/etc/resolv.conf",
+        "registerNode": True,
+        "serializeImagePulls": False,
         # Images are imported, never pulled: none may be collected. Disk-pressure eviction would evict the drill
         # on a nearly full disk; memory pressure keeps the kubelet's default.
-        "imageGCHighThresholdPercent": 100, "imageGCLowThresholdPercent": 99,
-        "evictionHard": {"memory.available": "100Mi", "nodefs.available": "1%", "imagefs.available": "1%",
-                         "nodefs.inodesFree": "1%"},
+        "imageGCHighThresholdPercent": 100,
+        "imageGCLowThresholdPercent": 99,
+        "evictionHard": {
+            "memory.available": "100Mi",
+            "nodefs.available": "1%",
+            "imagefs.available": "1%",
+            "nodefs.inodesFree": "1%",
+        },
         "localStorageCapacityIsolation": True,
         "shutdownGracePeriod": "0s",
     }
 
 
-def prepare(p: Paths, pki: Path, ca: Path, server: str, ip: str, ports: dict[str, int], pause_image: str) -> None:
+def prepare(
+    p: Paths, pki: Path, ca: Path, server: str, ip: str, ports: dict[str, int], pause_image: str
+) -> None:
     """Every file the two daemons read: their configurations, the CNI network, the kubelet's client and serving
     certificates (the serving one names the node's address, made again when the address changes)."""
     for d in (p.containerd, p.cni, p.kubelet, p.pod_logs):
@@ -165,22 +205,50 @@ def prepare(p: Paths, pki: Path, ca: Path, server: str, ip: str, ports: dict[str
     p.containerd_config.write_text(containerd_config(p, pause_image))
     (p.cni / "10-baton.conflist").write_text(json.dumps(cni_config(), indent=1))
     if not (pki / "kubelet-client.crt").exists():
-        _signed(pki, "kubelet-client", f"system:node:{NODE_NAME}", "extendedKeyUsage=clientAuth", org="system:nodes")
+        _signed(
+            pki,
+            "kubelet-client",
+            f"system:node:{NODE_NAME}",
+            "extendedKeyUsage=clientAuth",
+            org="system:nodes",
+        )
     served = pki / "kubelet-serving.ip"
     if not served.exists() or served.read_text() != ip:
-        _signed(pki, "kubelet-serving", NODE_NAME, f"subjectAltName=IP:{ip},IP:127.0.0.1,DNS:{NODE_NAME}\n"
-                "extendedKeyUsage=serverAuth")
+        _signed(
+            pki,
+            "kubelet-serving",
+            NODE_NAME,
+            f"subjectAltName=IP:{ip},IP:127.0.0.1,DNS:{NODE_NAME}\nextendedKeyUsage=serverAuth",
+        )
         served.write_text(ip)
     for f in pki.iterdir():
         f.chmod(0o600)
-    p.kubelet_config.write_text(json.dumps(kubelet_config(p, pki, ip, ports["kubelet"], ports["kubelet_healthz"]),
-                                           indent=1))
-    p.kubelet_kubeconfig.write_text(json.dumps({
-        "apiVersion": "v1", "kind": "Config", "current-context": "node",
-        "clusters": [{"name": "local", "cluster": {"server": server, "certificate-authority": str(ca)}}],
-        "users": [{"name": "node", "user": {"client-certificate": str(pki / "kubelet-client.crt"),
-                                             "client-key": str(pki / "kubelet-client.key")}}],
-        "contexts": [{"name": "node", "context": {"cluster": "local", "user": "node"}}]}, indent=1))
+    p.kubelet_config.write_text(
+        json.dumps(kubelet_config(p, pki, ip, ports["kubelet"], ports["kubelet_healthz"]), indent=1)
+    )
+    p.kubelet_kubeconfig.write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "current-context": "node",
+                "clusters": [
+                    {"name": "local", "cluster": {"server": server, "certificate-authority": str(ca)}}
+                ],
+                "users": [
+                    {
+                        "name": "node",
+                        "user": {
+                            "client-certificate": str(pki / "kubelet-client.crt"),
+                            "client-key": str(pki / "kubelet-client.key"),
+                        },
+                    }
+                ],
+                "contexts": [{"name": "node", "context": {"cluster": "local", "user": "node"}}],
+            },
+            indent=1,
+        )
+    )
     p.kubelet_kubeconfig.chmod(0o600)
 
 
@@ -189,8 +257,12 @@ def start_containerd(p: Paths) -> dict[str, Any]:
 
 
 def ctr(p: Paths, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["ctr", "--address", str(p.sock), "--namespace", NAMESPACE_K8S, *args],
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        ["ctr", "--address", str(p.sock), "--namespace", NAMESPACE_K8S, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def containerd_ready(p: Paths) -> bool:
@@ -218,19 +290,50 @@ def import_images(p: Paths, archives: list[Path]) -> list[str]:
 
 
 def start_kubelet(p: Paths, bin_dir: Path, ip: str) -> dict[str, Any]:
-    return spawn("kubelet", [
-        str(bin_dir / "kubelet"), "--config", str(p.kubelet_config), "--kubeconfig", str(p.kubelet_kubeconfig),
-        "--root-dir", str(p.kubelet), "--cert-dir", str(p.kubelet / "pki"), "--hostname-override", NODE_NAME,
-        "--node-ip", ip, "--v", "2",
-    ], p.state)
+    return spawn(
+        "kubelet",
+        [
+            str(bin_dir / "kubelet"),
+            "--config",
+            str(p.kubelet_config),
+            "--kubeconfig",
+            str(p.kubelet_kubeconfig),
+            "--root-dir",
+            str(p.kubelet),
+            "--cert-dir",
+            str(p.kubelet / "pki"),
+            "--hostname-override",
+            NODE_NAME,
+            "--node-ip",
+            ip,
+            "--v",
+            "2",
+        ],
+        p.state,
+    )
 
 
 # ---- what the node changes on the host, recorded so that `down` (or a later `up`) undoes it ----------------
 
+
 def _nat_rule(p: Paths, api_port: int) -> list[str]:
     tag = "baton-local:" + hashlib.sha256(str(p.state).encode()).hexdigest()[:12]
-    return ["-d", f"{SERVICE_HOST}/32", "-p", "tcp", "--dport", "443", "-m", "comment", "--comment", tag,
-            "-j", "DNAT", "--to-destination", f"127.0.0.1:{api_port}"]
+    return [
+        "-d",
+        f"{SERVICE_HOST}/32",
+        "-p",
+        "tcp",
+        "--dport",
+        "443",
+        "-m",
+        "comment",
+        "--comment",
+        tag,
+        "-j",
+        "DNAT",
+        "--to-destination",
+        f"127.0.0.1:{api_port}",
+    ]
 
 
 def change_host(p: Paths, api_port: int) -> list[str]:
@@ -248,10 +351,16 @@ def change_host(p: Paths, api_port: int) -> list[str]:
         if now != want:
             path.write_text(str(want))
             changed.append(f"{key.replace('/', '.')} {now} -> {want}")
-    if subprocess.run(["iptables", "-t", "nat", "-C", "OUTPUT", *record["nat"]], capture_output=True).returncode:
-        r = subprocess.run(["iptables", "-t", "nat", "-A", "OUTPUT", *record["nat"]], capture_output=True, text=True)
+    if subprocess.run(
+        ["iptables", "-t", "nat", "-C", "OUTPUT", *record["nat"]], capture_output=True
+    ).returncode:
+        r = subprocess.run(
+            ["iptables", "-t", "nat", "-A", "OUTPUT", *record["nat"]], capture_output=True, text=True
+        )
         if r.returncode:
-            raise ClusterError(f"iptables: the rule for the kubernetes Service's address failed: {r.stderr.strip()}")
+            raise ClusterError(
+                f"iptables: the rule for the kubernetes Service's address failed: {r.stderr.strip()}"
+            )
         changed.append(f"iptables nat OUTPUT: {SERVICE_HOST}:443 -> 127.0.0.1:{api_port}")
     return changed
 
@@ -268,13 +377,18 @@ def restore_host(p: Paths) -> list[str]:
             path.write_text(str(value))
             done.append(f"{key.replace('/', '.')} -> {value}")
     rule = record.get("nat")
-    while rule and subprocess.run(["iptables", "-t", "nat", "-D", "OUTPUT", *rule], capture_output=True).returncode == 0:
+    while (
+        rule
+        and subprocess.run(["iptables", "-t", "nat", "-D", "OUTPUT", *rule], capture_output=True).returncode
+        == 0
+    ):
         done.append("iptables nat rule removed")
     p.host.unlink()
     return done
 
 
 # ---- stopping: containers, then mounts and cgroups ----------------------------------------------------------
+
 
 def remove_containers(p: Paths) -> int:
     """Every task of containerd's CRI namespace killed and deleted, every container removed (the shims go with
@@ -328,7 +442,9 @@ def unmount_below(folder: Path) -> int:
     return len(set(points))
 
 
-RUN_DIR = Path("/run/containerd")  # containerd 1.6's shim sockets (s/) and runc's state (runc/), whatever its config
+RUN_DIR = Path(
+    "/run/containerd"
+)  # containerd 1.6's shim sockets (s/) and runc's state (runc/), whatever its config
 
 
 def remove_run_dirs() -> None:

@@ -22,6 +22,7 @@ certificate management is off (cmd/kueue/main.go, `metricsCertPath`). So the pro
 namespace of its own (unshare --mount) with <state>/kueue/etc bound at /etc/kueue; the host keeps only the
 empty mount point /etc/kueue.
 """
+
 from __future__ import annotations
 
 import base64
@@ -68,17 +69,23 @@ def kueue_dir() -> Path:
     why = why_not_built()
     if why:
         raise ClusterError(why)
-    out = subprocess.run(["bash", str(BUILD_KUEUE), "--print-dir"], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        ["bash", str(BUILD_KUEUE), "--print-dir"], capture_output=True, text=True, check=True
+    )
     return Path(out.stdout.strip())
 
 
 def configuration(ports: dict[str, int], certs: Path, pods_ready_s: int | None = None) -> dict[str, Any]:
     """Kueue's Configuration (config.kueue.x-k8s.io/v1beta2, apis/config/v1beta2/configuration_types.go).
     `pods_ready_s`: waitForPodsReady's timeout and recoveryTimeout, both (a test's short ones)."""
-    pods_ready = ({"timeout": "5m", "recoveryTimeout": "3m"} if pods_ready_s is None
-                  else {"timeout": f"{pods_ready_s}s", "recoveryTimeout": f"{pods_ready_s}s"})
+    pods_ready = (
+        {"timeout": "5m", "recoveryTimeout": "3m"}
+        if pods_ready_s is None
+        else {"timeout": f"{pods_ready_s}s", "recoveryTimeout": f"{pods_ready_s}s"}
+    )
     return {
-        "apiVersion": "config.kueue.x-k8s.io/v1beta2", "kind": "Configuration",
+        "apiVersion": "config.kueue.x-k8s.io/v1beta2",
+        "kind": "Configuration",
         "namespace": KUEUE_NAMESPACE,
         "health": {"healthProbeBindAddress": f"127.0.0.1:{ports['kueue_health']}"},
         "metrics": {"bindAddress": f"127.0.0.1:{ports['kueue_metrics']}"},
@@ -112,28 +119,42 @@ def webhook_configurations(manifests: Path, port: int, ca_pem: bytes) -> list[di
             if not groups <= {"", "kueue.x-k8s.io"}:
                 continue
             path = w["clientConfig"]["service"]["path"]
-            w["clientConfig"] = {"url": f"https://127.0.0.1:{port}{path}",
-                                 "caBundle": base64.b64encode(ca_pem).decode()}
+            w["clientConfig"] = {
+                "url": f"https://127.0.0.1:{port}{path}",
+                "caBundle": base64.b64encode(ca_pem).decode(),
+            }
             if groups == {""}:
-                w["namespaceSelector"] = {"matchExpressions": [{"key": "kubernetes.io/metadata.name",
-                                                                "operator": "NotIn",
-                                                                "values": ["kube-system", KUEUE_NAMESPACE]}]}
+                w["namespaceSelector"] = {
+                    "matchExpressions": [
+                        {
+                            "key": "kubernetes.io/metadata.name",
+                            "operator": "NotIn",
+                            "values": ["kube-system", KUEUE_NAMESPACE],
+                        }
+                    ]
+                }
             w["timeoutSeconds"] = 10
             keep.append(w)
         kind = doc["kind"]
-        doc["metadata"] = {"name": MUTATING if kind.startswith("Mutating") else VALIDATING,
-                           "labels": {"app.kubernetes.io/part-of": "baton-local-kueue"}}
+        doc["metadata"] = {
+            "name": MUTATING if kind.startswith("Mutating") else VALIDATING,
+            "labels": {"app.kubernetes.io/part-of": "baton-local-kueue"},
+        }
         doc["webhooks"] = keep
         out.append(doc)
     if {d["metadata"]["name"] for d in out} != {MUTATING, VALIDATING} or not any(
-            w["name"] == "mpod.kb.io" for d in out for w in d["webhooks"]):
+        w["name"] == "mpod.kb.io" for d in out for w in d["webhooks"]
+    ):
         raise ClusterError(f"{manifests}: expected Kueue's two webhook configurations with mpod.kb.io")
     return out
 
 
-def _kubectl(kc: str, kubeconfig: Path, *args: str, stdin: str | None = None,
-             what: str = "") -> subprocess.CompletedProcess[str]:
-    r = subprocess.run([kc, "--kubeconfig", str(kubeconfig), *args], input=stdin, capture_output=True, text=True)
+def _kubectl(
+    kc: str, kubeconfig: Path, *args: str, stdin: str | None = None, what: str = ""
+) -> subprocess.CompletedProcess[str]:
+    r = subprocess.run(
+        [kc, "--kubeconfig", str(kubeconfig), *args], input=stdin, capture_output=True, text=True
+    )
     if r.returncode and what:
         raise ClusterError(f"{what} failed: {r.stderr.strip().splitlines()[-1:]}")
     return r
@@ -141,10 +162,26 @@ def _kubectl(kc: str, kubeconfig: Path, *args: str, stdin: str | None = None,
 
 def install(kc: str, admin: Path, kdir: Path, state: Path, server: str, ca: Path) -> Path:
     """CRDs, namespace, ServiceAccount, RBAC; returns Kueue's kubeconfig (a TokenRequest token)."""
-    _kubectl(kc, admin, "apply", "--server-side", "--force-conflicts", "-f", str(kdir / "crds"),
-             what="applying Kueue's CRDs")
-    _kubectl(kc, admin, "wait", "--for=condition=Established", "--timeout=60s", "-f", str(kdir / "crds"),
-             what="waiting for Kueue's CRDs")
+    _kubectl(
+        kc,
+        admin,
+        "apply",
+        "--server-side",
+        "--force-conflicts",
+        "-f",
+        str(kdir / "crds"),
+        what="applying Kueue's CRDs",
+    )
+    _kubectl(
+        kc,
+        admin,
+        "wait",
+        "--for=condition=Established",
+        "--timeout=60s",
+        "-f",
+        str(kdir / "crds"),
+        what="waiting for Kueue's CRDs",
+    )
     role = yaml.safe_load((kdir / "rbac" / "role.yaml").read_text())
     role["metadata"] = {"name": "kueue-manager-role"}
     metrics_role = yaml.safe_load((kdir / "rbac" / "metrics_auth_role.yaml").read_text())
@@ -157,24 +194,61 @@ def install(kc: str, admin: Path, kdir: Path, state: Path, server: str, ca: Path
     subject = {"kind": "ServiceAccount", "name": SERVICE_ACCOUNT, "namespace": KUEUE_NAMESPACE}
 
     def crb(name: str) -> dict[str, Any]:
-        return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-                "metadata": {"name": name.replace("-role", "-binding")},
-                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
-                "subjects": [subject]}
+        return {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRoleBinding",
+            "metadata": {"name": name.replace("-role", "-binding")},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+            "subjects": [subject],
+        }
 
-    items = [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": KUEUE_NAMESPACE}},
-             {"apiVersion": "v1", "kind": "ServiceAccount",
-              "metadata": {"name": SERVICE_ACCOUNT, "namespace": KUEUE_NAMESPACE}},
-             role, metrics_role, crb("kueue-manager-role"), crb("kueue-metrics-auth-role"), secrets_role,
-             {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-              "metadata": {"name": "kueue-manager-secrets-rolebinding", "namespace": KUEUE_NAMESPACE},
-              "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
-                          "name": "kueue-manager-secrets-role"},
-              "subjects": [subject]}]
-    _kubectl(kc, admin, "apply", "--server-side", "--force-conflicts", "-f", "-",
-             stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": items}), what="Kueue's RBAC")
-    token = _kubectl(kc, admin, "-n", KUEUE_NAMESPACE, "create", "token", SERVICE_ACCOUNT, "--duration", "8760h",
-                     what="a token for Kueue's ServiceAccount").stdout.strip()
+    items = [
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": KUEUE_NAMESPACE}},
+        {
+            "apiVersion": "v1",
+            "kind": "ServiceAccount",
+            "metadata": {"name": SERVICE_ACCOUNT, "namespace": KUEUE_NAMESPACE},
+        },
+        role,
+        metrics_role,
+        crb("kueue-manager-role"),
+        crb("kueue-metrics-auth-role"),
+        secrets_role,
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": {"name": "kueue-manager-secrets-rolebinding", "namespace": KUEUE_NAMESPACE},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "Role",
+                "name": "kueue-manager-secrets-role",
+            },
+            "subjects": [subject],
+        },
+    ]
+    _kubectl(
+        kc,
+        admin,
+        "apply",
+        "--server-side",
+        "--force-conflicts",
+        "-f",
+        "-",
+        stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": items}),
+        what="Kueue's RBAC",
+    )
+    token = _kubectl(
+        kc,
+        admin,
+        "-n",
+        KUEUE_NAMESPACE,
+        "create",
+        "token",
+        SERVICE_ACCOUNT,
+        "--duration",
+        "8760h",
+        what="a token for Kueue's ServiceAccount",
+    ).stdout.strip()
     path = state / "kueue.kubeconfig"
     write_kubeconfig(path, server, ca, token, KUEUE_NAMESPACE)
     return path
@@ -184,8 +258,12 @@ def certificates(pki: Path, kstate: Path) -> Path:
     """The webhook and metrics serving certificate (IP:127.0.0.1, from the cluster CA), in the two folders
     Kueue reads: the webhook's certDir and what is bound at /etc/kueue (metrics/certs)."""
     if not (pki / "kueue-webhook.crt").exists():
-        _signed(pki, "kueue-webhook", "kueue-webhook",
-                "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth")
+        _signed(
+            pki,
+            "kueue-webhook",
+            "kueue-webhook",
+            "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth",
+        )
     certs = kstate / "certs"
     metrics = kstate / "etc" / "metrics" / "certs"
     for d in (certs, metrics):
@@ -197,16 +275,32 @@ def certificates(pki: Path, kstate: Path) -> Path:
 
 
 def remove_webhooks(kc: str, admin: Path) -> None:
-    _kubectl(kc, admin, "delete", "mutatingwebhookconfiguration", MUTATING, "--ignore-not-found", "--wait=false")
-    _kubectl(kc, admin, "delete", "validatingwebhookconfiguration", VALIDATING, "--ignore-not-found", "--wait=false")
+    _kubectl(
+        kc, admin, "delete", "mutatingwebhookconfiguration", MUTATING, "--ignore-not-found", "--wait=false"
+    )
+    _kubectl(
+        kc,
+        admin,
+        "delete",
+        "validatingwebhookconfiguration",
+        VALIDATING,
+        "--ignore-not-found",
+        "--wait=false",
+    )
 
 
 def gated_dry_run(kc: str, admin: Path) -> bool:
     """A server-side dry run of a pod with the queue label in namespace baton: True when Kueue's webhook
     answered and gated it (what every drill pod with `-p queue=...` goes through)."""
-    pod = {"apiVersion": "v1", "kind": "Pod",
-           "metadata": {"name": "kueue-webhook-probe", "namespace": NAMESPACE, "labels": {QUEUE_LABEL: "probe"}},
-           "spec": {"restartPolicy": "Never", "containers": [{"name": "c", "image": "probe", "command": ["true"]}]}}
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "kueue-webhook-probe", "namespace": NAMESPACE, "labels": {QUEUE_LABEL: "probe"}},
+        "spec": {
+            "restartPolicy": "Never",
+            "containers": [{"name": "c", "image": "probe", "command": ["true"]}],
+        },
+    }
     r = _kubectl(kc, admin, "create", "--dry-run=server", "-o", "json", "-f", "-", stdin=json.dumps(pod))
     if r.returncode:
         return False
@@ -214,8 +308,9 @@ def gated_dry_run(kc: str, admin: Path) -> bool:
     return any(g.get("name") == GATE for g in gates)
 
 
-def start(cluster: Any, info: dict[str, Any], kc: str, admin: Path, timeout: float,
-          pods_ready_s: int | None = None) -> None:
+def start(
+    cluster: Any, info: dict[str, Any], kc: str, admin: Path, timeout: float, pods_ready_s: int | None = None
+) -> None:
     """Install Kueue and start its controller manager on a running cluster; register its webhooks once it is
     ready, and wait until the pod webhook gates a labelled pod. Adds `kueue` to info's procs, ports, figures."""
     t0 = time.monotonic()
@@ -232,9 +327,23 @@ def start(cluster: Any, info: dict[str, Any], kc: str, admin: Path, timeout: flo
     config = kstate / "config.yaml"
     config.write_text(yaml.safe_dump(configuration(ports, certs, pods_ready_s), sort_keys=False))
     ETC_KUEUE.mkdir(exist_ok=True)  # the mount point only; what Kueue reads there is bound from kstate/etc
-    argv = ["unshare", "--mount", "--propagation", "private", "--", "sh", "-ec",
-            'mount --bind "$1" /etc/kueue; shift; exec "$@"', "sh", str(kstate / "etc"),
-            str(kdir / "bin" / "kueue"), "--config", str(config), "--zap-log-level", "info"]
+    argv = [
+        "unshare",
+        "--mount",
+        "--propagation",
+        "private",
+        "--",
+        "sh",
+        "-ec",
+        'mount --bind "$1" /etc/kueue; shift; exec "$@"',
+        "sh",
+        str(kstate / "etc"),
+        str(kdir / "bin" / "kueue"),
+        "--config",
+        str(config),
+        "--zap-log-level",
+        "info",
+    ]
     entry = spawn("kueue", argv, state, {"KUBECONFIG": str(kubeconfig), "PATH": "/usr/bin:/bin"})
     info["procs"]["kueue"] = entry
     info["kueue_dir"] = str(kdir)
@@ -244,12 +353,23 @@ def start(cluster: Any, info: dict[str, Any], kc: str, admin: Path, timeout: flo
     # permission showed that: ready, then stopped 2 minutes later). The pod controller starting its workers
     # means they have.
     wait_ready("kueue", entry, lambda: http_get(health) == "ok" and _pod_controller_started(entry), timeout)
-    docs = webhook_configurations(kdir / "webhook" / "manifests.yaml", ports["kueue_webhook"],
-                                  (pki / "ca.crt").read_bytes())
-    _kubectl(kc, admin, "apply", "--server-side", "--force-conflicts", "-f", "-",
-             stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": docs}),
-             what="registering Kueue's webhooks")
-    wait_ready("kueue (its pod webhook gating a labelled pod)", entry, lambda: gated_dry_run(kc, admin), timeout)
+    docs = webhook_configurations(
+        kdir / "webhook" / "manifests.yaml", ports["kueue_webhook"], (pki / "ca.crt").read_bytes()
+    )
+    _kubectl(
+        kc,
+        admin,
+        "apply",
+        "--server-side",
+        "--force-conflicts",
+        "-f",
+        "-",
+        stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": docs}),
+        what="registering Kueue's webhooks",
+    )
+    wait_ready(
+        "kueue (its pod webhook gating a labelled pod)", entry, lambda: gated_dry_run(kc, admin), timeout
+    )
     info["figures"]["kueue"] = round(time.monotonic() - t0, 1)
     cluster.save(info)
 
@@ -259,7 +379,9 @@ def _pod_controller_started(entry: dict[str, Any]) -> bool:
         text = Path(entry["log"]).read_text(errors="replace").rsplit("\n=== ", 1)[-1]
     except OSError:
         return False
-    return any('"msg":"Starting workers"' in line and '"logger":"v1_pod"' in line for line in text.splitlines())
+    return any(
+        '"msg":"Starting workers"' in line and '"logger":"v1_pod"' in line for line in text.splitlines()
+    )
 
 
 def healthy(info: dict[str, Any]) -> str:

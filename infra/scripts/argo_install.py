@@ -42,48 +42,73 @@ def digest(data: bytes) -> str:
 
 
 def default_manifests() -> Path:
-    built = subprocess.run(["bash", str(REPO / "infra" / "local" / "build.sh"), "--print-dir"],
-                           capture_output=True, text=True, check=True)
+    built = subprocess.run(
+        ["bash", str(REPO / "infra" / "local" / "build.sh"), "--print-dir"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return Path(built.stdout.strip()) / "argo-manifests"
 
 
 def render(manifests: Path) -> bytes:
     """The release's install.yaml from its `manifests/` folder."""
     if not (manifests / "cluster-install" / "kustomization.yaml").is_file():
-        raise SystemExit(f"error: {manifests} is not Argo's manifests/ folder (no cluster-install/kustomization.yaml); "
-                         "build it with `make cluster-build`")
+        raise SystemExit(
+            f"error: {manifests} is not Argo's manifests/ folder (no cluster-install/kustomization.yaml); "
+            "build it with `make cluster-build`"
+        )
     kubectl = shutil.which("kubectl")
     if kubectl is None:
         raise SystemExit("error: kubectl is not on PATH (its kustomize renders the manifest)")
-    out = subprocess.run([kubectl, "kustomize", "--load-restrictor=LoadRestrictionsNone",
-                          str(manifests / "cluster-install")], capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [kubectl, "kustomize", "--load-restrictor=LoadRestrictionsNone", str(manifests / "cluster-install")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     if out.returncode != 0:
-        raise SystemExit(f"error: kubectl kustomize {manifests / 'cluster-install'}: {out.stderr.strip()[-300:]}")
+        raise SystemExit(
+            f"error: kubectl kustomize {manifests / 'cluster-install'}: {out.stderr.strip()[-300:]}"
+        )
     # sed 's/:latest/:VERSION/' replaces the first match on each line.
     lines = [_LATEST.sub(f":{ARGO_VERSION}", line, count=1) for line in out.stdout.splitlines(keepends=True)]
     return (HEADER + "".join(lines)).encode()
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python3 -m infra.scripts.argo_install", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(
+        prog="python3 -m infra.scripts.argo_install", description=__doc__.split("\n\n")[0]
+    )
     ap.add_argument("command", choices=["check", "write"])
-    ap.add_argument("manifests", nargs="?", type=Path, help="Argo's manifests/ folder (default: the build cache's)")
+    ap.add_argument(
+        "manifests", nargs="?", type=Path, help="Argo's manifests/ folder (default: the build cache's)"
+    )
     args = ap.parse_args(argv)
     fresh = render(args.manifests or default_manifests())
     pinned = PINS["ARGO_INSTALL_SHA256"]
     if args.command == "write":
         INSTALL.write_bytes(fresh)
-        print(f"wrote {INSTALL.relative_to(REPO)}: sha256 {digest(fresh)}"
-              + ("" if digest(fresh) == pinned else f"; pin it as ARGO_INSTALL_SHA256 in infra/local/versions.env "
-                 f"(it says {pinned})"))
+        print(
+            f"wrote {INSTALL.relative_to(REPO)}: sha256 {digest(fresh)}"
+            + (
+                ""
+                if digest(fresh) == pinned
+                else f"; pin it as ARGO_INSTALL_SHA256 in infra/local/versions.env (it says {pinned})"
+            )
+        )
         return 0
     committed = INSTALL.read_bytes()
     problems = []
     if committed != fresh:
-        problems.append(f"{INSTALL.relative_to(REPO)} is not the render of Argo {ARGO_VERSION}'s manifests "
-                        f"(sha256 {digest(committed)}, the render's {digest(fresh)}); run: {ap.prog} write")
+        problems.append(
+            f"{INSTALL.relative_to(REPO)} is not the render of Argo {ARGO_VERSION}'s manifests "
+            f"(sha256 {digest(committed)}, the render's {digest(fresh)}); run: {ap.prog} write"
+        )
     if digest(committed) != pinned:
-        problems.append(f"ARGO_INSTALL_SHA256 in infra/local/versions.env is {pinned}, the file's is {digest(committed)}")
+        problems.append(
+            f"ARGO_INSTALL_SHA256 in infra/local/versions.env is {pinned}, the file's is {digest(committed)}"
+        )
     for p in problems:
         print(f"error: {p}", file=sys.stderr)
     if not problems:

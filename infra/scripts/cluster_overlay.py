@@ -30,8 +30,10 @@ CLUSTER_QUEUE = "baton"
 # templates/components/kueue/kueue.yaml's quota for one node per role, by flavor (its index there) and
 # resource: (flavor index, flavor, [(resource index, resource, quota for one node, unit)]). A drill of N nodes
 # per role holds N times as many training pods; the system flavor (evict, verify, compare) stays.
-ONE_NODE_QUOTA = ((0, "baton-spot-gpu", ((0, "cpu", 13, ""), (1, "memory", 50, "Gi"), (2, "nvidia.com/gpu", 3, ""))),
-                  (1, "baton-on-demand-gpu", ((0, "cpu", 9, ""), (1, "memory", 34, "Gi"), (2, "nvidia.com/gpu", 2, ""))))
+ONE_NODE_QUOTA = (
+    (0, "baton-spot-gpu", ((0, "cpu", 13, ""), (1, "memory", 50, "Gi"), (2, "nvidia.com/gpu", 3, ""))),
+    (1, "baton-on-demand-gpu", ((0, "cpu", 9, ""), (1, "memory", 34, "Gi"), (2, "nvidia.com/gpu", 2, ""))),
+)
 CRON = "baton-equivalence-nightly"
 KSA = "baton-drill"
 # The CronWorkflow's parameters by position (workflows/params.py keeps the order; a `test` op pins each).
@@ -44,48 +46,91 @@ def outputs(path: Path) -> dict[str, str]:
     raw = json.loads(path.read_text())
     values = {k: v["value"] if isinstance(v, dict) and "value" in v else v for k, v in raw.items()}
     values.setdefault("drill_nodes", 1)
-    if isinstance(values["drill_nodes"], bool) or not isinstance(values["drill_nodes"], int) or values["drill_nodes"] < 1:
-        raise SystemExit(f"error: {path}: Terraform output drill_nodes must be a whole number >= 1, "
-                         f"got {values['drill_nodes']!r}")
+    if (
+        isinstance(values["drill_nodes"], bool)
+        or not isinstance(values["drill_nodes"], int)
+        or values["drill_nodes"] < 1
+    ):
+        raise SystemExit(
+            f"error: {path}: Terraform output drill_nodes must be a whole number >= 1, "
+            f"got {values['drill_nodes']!r}"
+        )
     missing = [k for k in REQUIRED if not values.get(k)]
     if missing:
-        raise SystemExit(f"error: {path}: Terraform outputs {', '.join(missing)} are missing (run `terraform apply` "
-                         "in infra/gke, or `make gke-up`)")
+        raise SystemExit(
+            f"error: {path}: Terraform outputs {', '.join(missing)} are missing (run `terraform apply` "
+            "in infra/gke, or `make gke-up`)"
+        )
     if values["namespace"] != "baton" or values["ksa_name"] != KSA:
-        raise SystemExit(f"error: the overlays are written for namespace baton and KSA {KSA}; Terraform has "
-                         f"{values['namespace']}/{values['ksa_name']}")
+        raise SystemExit(
+            f"error: the overlays are written for namespace baton and KSA {KSA}; Terraform has "
+            f"{values['namespace']}/{values['ksa_name']}"
+        )
     return values
 
 
 def files(values: dict[str, str], image: str) -> dict[str, object]:
     bucket, bucket_url = values["bucket"], values["bucket_url"]
-    artifact_repository = (f"archiveLogs: true\ngcs:\n  bucket: {bucket}\n"
-                           '  keyFormat: "argo/{{workflow.name}}/{{pod.name}}"\n')
+    artifact_repository = (
+        f"archiveLogs: true\ngcs:\n  bucket: {bucket}\n"
+        '  keyFormat: "argo/{{workflow.name}}/{{pod.name}}"\n'
+    )
     return {
         "kustomization.yaml": {
-            "apiVersion": "kustomize.config.k8s.io/v1alpha1", "kind": "Component",
+            "apiVersion": "kustomize.config.k8s.io/v1alpha1",
+            "kind": "Component",
             "resources": ["artifact-repositories.yaml"],
-            "patches": [{"path": "service-account.yaml"},
-                        {"path": "drill-values.yaml",
-                         "target": {"group": "argoproj.io", "kind": "CronWorkflow", "name": CRON}}]},
+            "patches": [
+                {"path": "service-account.yaml"},
+                {
+                    "path": "drill-values.yaml",
+                    "target": {"group": "argoproj.io", "kind": "CronWorkflow", "name": CRON},
+                },
+            ],
+        },
         # Argo's artifact repository for namespace baton: compare's report artifacts go to the bucket; the
         # executor authenticates as the pod's KSA, i.e. the Google service account (Workload Identity).
         "artifact-repositories.yaml": {
-            "apiVersion": "v1", "kind": "ConfigMap",
-            "metadata": {"name": "artifact-repositories", "namespace": "baton",
-                         "labels": {"app.kubernetes.io/part-of": "baton"},
-                         "annotations": {"workflows.argoproj.io/default-artifact-repository": "default-v1"}},
-            "data": {"default-v1": artifact_repository}},
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {
+                "name": "artifact-repositories",
+                "namespace": "baton",
+                "labels": {"app.kubernetes.io/part-of": "baton"},
+                "annotations": {"workflows.argoproj.io/default-artifact-repository": "default-v1"},
+            },
+            "data": {"default-v1": artifact_repository},
+        },
         "service-account.yaml": {
-            "apiVersion": "v1", "kind": "ServiceAccount",
-            "metadata": {"name": KSA, "namespace": "baton",
-                         "annotations": {"iam.gke.io/gcp-service-account": values["gsa_email"]}}},
+            "apiVersion": "v1",
+            "kind": "ServiceAccount",
+            "metadata": {
+                "name": KSA,
+                "namespace": "baton",
+                "annotations": {"iam.gke.io/gcp-service-account": values["gsa_email"]},
+            },
+        },
         "drill-values.yaml": [
-            {"op": "test", "path": f"/spec/workflowSpec/arguments/parameters/{BUCKET_INDEX}/name", "value": "bucket"},
-            {"op": "replace", "path": f"/spec/workflowSpec/arguments/parameters/{BUCKET_INDEX}/value",
-             "value": bucket_url},
-            {"op": "test", "path": f"/spec/workflowSpec/arguments/parameters/{IMAGE_INDEX}/name", "value": "image"},
-            {"op": "replace", "path": f"/spec/workflowSpec/arguments/parameters/{IMAGE_INDEX}/value", "value": image},
+            {
+                "op": "test",
+                "path": f"/spec/workflowSpec/arguments/parameters/{BUCKET_INDEX}/name",
+                "value": "bucket",
+            },
+            {
+                "op": "replace",
+                "path": f"/spec/workflowSpec/arguments/parameters/{BUCKET_INDEX}/value",
+                "value": bucket_url,
+            },
+            {
+                "op": "test",
+                "path": f"/spec/workflowSpec/arguments/parameters/{IMAGE_INDEX}/name",
+                "value": "image",
+            },
+            {
+                "op": "replace",
+                "path": f"/spec/workflowSpec/arguments/parameters/{IMAGE_INDEX}/value",
+                "value": image,
+            },
         ],
     }
 
@@ -98,14 +143,22 @@ def kueue_files(nodes: int) -> dict[str, object]:
         ops.append({"op": "test", "path": f"/spec/resourceGroups/0/flavors/{fi}/name", "value": flavor})
         for ri, resource, one, unit in resources:
             at = f"/spec/resourceGroups/0/flavors/{fi}/resources/{ri}"
-            ops += [{"op": "test", "path": f"{at}/name", "value": resource},
-                    {"op": "test", "path": f"{at}/nominalQuota", "value": f"{one}{unit}"},
-                    {"op": "replace", "path": f"{at}/nominalQuota", "value": f"{one * nodes}{unit}"}]
+            ops += [
+                {"op": "test", "path": f"{at}/name", "value": resource},
+                {"op": "test", "path": f"{at}/nominalQuota", "value": f"{one}{unit}"},
+                {"op": "replace", "path": f"{at}/nominalQuota", "value": f"{one * nodes}{unit}"},
+            ]
     return {
         "kustomization.yaml": {
-            "apiVersion": "kustomize.config.k8s.io/v1alpha1", "kind": "Component",
-            "patches": [{"path": "quota.yaml", "target": {"group": "kueue.x-k8s.io", "kind": "ClusterQueue",
-                                                          "name": CLUSTER_QUEUE}}]},
+            "apiVersion": "kustomize.config.k8s.io/v1alpha1",
+            "kind": "Component",
+            "patches": [
+                {
+                    "path": "quota.yaml",
+                    "target": {"group": "kueue.x-k8s.io", "kind": "ClusterQueue", "name": CLUSTER_QUEUE},
+                }
+            ],
+        },
         "quota.yaml": ops,
     }
 
@@ -125,14 +178,23 @@ def write(out: Path, values: dict[str, str], image: str, kueue_out: Path | None 
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="cluster_overlay.py", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("terraform_output", type=Path, help="`terraform output -json` of infra/gke, saved to a file")
+    ap = argparse.ArgumentParser(
+        prog="cluster_overlay.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "terraform_output", type=Path, help="`terraform output -json` of infra/gke, saved to a file"
+    )
     ap.add_argument("--image", required=True, help="the drill's image (the CUDA image gke-up pushed)")
-    ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"the Component folder (default: {DEFAULT_OUT})")
-    ap.add_argument("--kueue-out", type=Path, default=None,
-                    help=f"the gke-kueue overlay's Component folder (default: {KUEUE_OUT.relative_to(REPO)}, "
-                         "beside --out)")
+    ap.add_argument(
+        "--out", type=Path, default=DEFAULT_OUT, help=f"the Component folder (default: {DEFAULT_OUT})"
+    )
+    ap.add_argument(
+        "--kueue-out",
+        type=Path,
+        default=None,
+        help=f"the gke-kueue overlay's Component folder (default: {KUEUE_OUT.relative_to(REPO)}, "
+        "beside --out)",
+    )
     args = ap.parse_args(argv)
     for path in write(args.out, outputs(args.terraform_output), args.image, args.kueue_out):
         print(f"wrote {path}")

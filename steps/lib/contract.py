@@ -163,8 +163,12 @@ NO_MORE_RETRIES = "No more retries left"
 # The ends of an attempt that met an eviction, a preemption or a lost node, matched in Argo's message: a
 # kubelet's graceful node shutdown, a pod object gone before the controller saw its status, a VM lost without
 # a graceful shutdown, a kubelet pressure eviction. A crash (exit 1) matches none of them and is never retried.
-DISRUPTIONS = (NODE_SHUTDOWN.removeprefix("Pod was terminated in response to ").rstrip("."), POD_DELETED,
-               LOST_VM.removeprefix("pod failed: "), PRESSURE_EVICTED)
+DISRUPTIONS = (
+    NODE_SHUTDOWN.removeprefix("Pod was terminated in response to ").rstrip("."),
+    POD_DELETED,
+    LOST_VM.removeprefix("pod failed: "),
+    PRESSURE_EVICTED,
+)
 
 
 def _code_is(code: int) -> str:
@@ -172,8 +176,10 @@ def _code_is(code: int) -> str:
 
 
 _DISRUPTED = f"lastRetry.message matches '{'|'.join(DISRUPTIONS)}'"
-RETRY_EXPRESSION = (f"{_code_is(EXIT_PREEMPTED)} || {_code_is(EXIT_SIGTERM)} || "
-                    f"({_code_is(EXIT_SIGKILL)} && !(lastRetry.message matches '{OOM_KILLED}')) || {_DISRUPTED}")
+RETRY_EXPRESSION = (
+    f"{_code_is(EXIT_PREEMPTED)} || {_code_is(EXIT_SIGTERM)} || "
+    f"({_code_is(EXIT_SIGKILL)} && !(lastRetry.message matches '{OOM_KILLED}')) || {_DISRUPTED}"
+)
 """The training tasks' retryStrategy.expression. Exit 75 is a trainer that saved in time, whatever the message.
 Exit 143 is a pod deleted in its first instants, before steps.train's SIGTERM handler existed: nothing was
 started (steps.train itself answers 75 for a SIGTERM that came before any step, 0 for one after `done`). Exit

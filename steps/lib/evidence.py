@@ -47,17 +47,29 @@ def _is_digest(v: Any) -> bool:
 _BY_EVENT: dict[str, dict[str, tuple[Any, str]]] = {
     # The trajectory's fields (steps/lib/trajectory.py) are compared with ==: a list or a dict there would compare
     # too, but nothing a trainer is meant to write.
-    "step": {"loss": (_is_number, _NUMBER), "lr": (lambda v: v is None or _is_number(v), _NUMBER),
-             "batch_sha": (_is_digest, _DIGEST), "rng_sha": (_is_digest, _DIGEST),
-             "batch_rng_sha": (_is_digest, _DIGEST)},
+    "step": {
+        "loss": (_is_number, _NUMBER),
+        "lr": (lambda v: v is None or _is_number(v), _NUMBER),
+        "batch_sha": (_is_digest, _DIGEST),
+        "rng_sha": (_is_digest, _DIGEST),
+        "batch_rng_sha": (_is_digest, _DIGEST),
+    },
     "resume": {"from_step": (_is_count, _COUNT), "fresh": (lambda v: isinstance(v, bool), "true or false")},
-    "preempt": {"during": (lambda v: v is None or isinstance(v, str), _TEXT),
-                "save_ms": (lambda v: v is None or _is_number(v), _NUMBER),
-                "grace_left_s": (lambda v: v is None or _is_number(v), _NUMBER)},
-    "start": {"weights_sha": (lambda v: isinstance(v, str) and 0 < len(v) <= 128, _TEXT),
-              "optim_sha": (lambda v: isinstance(v, str) and 0 < len(v) <= 128, _TEXT)},
+    "preempt": {
+        "during": (lambda v: v is None or isinstance(v, str), _TEXT),
+        "save_ms": (lambda v: v is None or _is_number(v), _NUMBER),
+        "grace_left_s": (lambda v: v is None or _is_number(v), _NUMBER),
+    },
+    "start": {
+        "weights_sha": (lambda v: isinstance(v, str) and 0 < len(v) <= 128, _TEXT),
+        "optim_sha": (lambda v: isinstance(v, str) and 0 < len(v) <= 128, _TEXT),
+    },
 }
-_REQUIRED_BY_EVENT = {"start": ("weights_sha",), "resume": ("time",), "preempt": ("time",)}  # verify orders them by (attempt, time)
+_REQUIRED_BY_EVENT = {
+    "start": ("weights_sha",),
+    "resume": ("time",),
+    "preempt": ("time",),
+}  # verify orders them by (attempt, time)
 
 
 def check_record(rec: dict[str, Any]) -> str | None:
@@ -88,12 +100,15 @@ def shown(value: Any, limit: int = 40) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
-def read_evidence(uri: str, problems: list[str] | None = None, role: str | None = None) -> list[dict[str, Any]]:
+def read_evidence(
+    uri: str, problems: list[str] | None = None, role: str | None = None
+) -> list[dict[str, Any]]:
     """Every record under an evidence folder (all `*.jsonl`), in file then line order, each checked
     (`check_record`) before anything keys on its fields; a pod event that several nodes of one job wrote
     is kept once (trainer.records.once). A record or file that is refused is left out, and says why in
     `problems` (naming `role`, the file, the attempt and the field): untrusted input gives a report, never
     a traceback (trainer/untrusted.py)."""
+
     def refused(msg: str) -> None:
         if problems is not None:
             problems.append(f"{role + ': ' if role else ''}{msg}")
@@ -122,8 +137,10 @@ def read_evidence(uri: str, problems: list[str] | None = None, role: str | None 
                 out.append(rec)
             else:
                 attempt = rec.get("attempt")
-                refused(f"{name}: a {shown(rec.get('event'), 20)} record"
-                        f"{f' of attempt {attempt}' if _is_count(attempt) else ''} is refused: {why}")
+                refused(
+                    f"{name}: a {shown(rec.get('event'), 20)} record"
+                    f"{f' of attempt {attempt}' if _is_count(attempt) else ''} is refused: {why}"
+                )
     return once(out)
 
 

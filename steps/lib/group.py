@@ -87,15 +87,20 @@ def round_key(environ: dict[str, str] | None = None) -> bytes:
     it is unset or shorter than MIN_KEY_LEN characters."""
     value = (os.environ if environ is None else environ).get(KEY_ENV, "")
     if len(value) < MIN_KEY_LEN:
-        raise ValueError(f"{KEY_ENV} must hold the drill's secret (at least {MIN_KEY_LEN} characters; the "
-                         f"drill passes its Workflow's uid), {'not set' if not value else 'too short'}: a round "
-                         "file in the bucket is trusted only when it carries this key's signature")
+        raise ValueError(
+            f"{KEY_ENV} must hold the drill's secret (at least {MIN_KEY_LEN} characters; the "
+            f"drill passes its Workflow's uid), {'not set' if not value else 'too short'}: a round "
+            "file in the bucket is trusted only when it carries this key's signature"
+        )
     return value.encode()
 
 
 def _mac(key: bytes, folder: str, name: str, doc: dict[str, Any]) -> str:
-    body = json.dumps({"folder": folder.rstrip("/"), "file": name, "doc": {k: v for k, v in doc.items() if k != "mac"}},
-                      sort_keys=True, separators=(",", ":"))
+    body = json.dumps(
+        {"folder": folder.rstrip("/"), "file": name, "doc": {k: v for k, v in doc.items() if k != "mac"}},
+        sort_keys=True,
+        separators=(",", ":"),
+    )
     return hmac.new(key, body.encode(), hashlib.sha256).hexdigest()
 
 
@@ -121,8 +126,15 @@ def _round_of(doc: dict[str, Any] | None) -> Round | None:
     if doc is None:
         return None
     rid, addr, port = doc.get("round"), doc.get("addr"), doc.get("port")
-    if (not isinstance(rid, str) or not isinstance(addr, str) or not addr or len(addr) > 253
-            or isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536):
+    if (
+        not isinstance(rid, str)
+        or not isinstance(addr, str)
+        or not addr
+        or len(addr) > 253
+        or isinstance(port, bool)
+        or not isinstance(port, int)
+        or not 0 < port < 65536
+    ):
         return None
     return Round(rid, addr, port)
 
@@ -137,9 +149,23 @@ def free_port(avoid: int | None = None) -> int:
             return port
 
 
-def _publish(folder: str, rnd: Round, pod: str, state: str, key: bytes, acks: dict[str, str] | None = None) -> None:
-    _write(folder, "node-0.json", {"round": rnd.round_id, "addr": rnd.addr, "port": rnd.port, "pod": pod,
-                                   "state": state, "acks": acks or {}, "time": time.time()}, key)
+def _publish(
+    folder: str, rnd: Round, pod: str, state: str, key: bytes, acks: dict[str, str] | None = None
+) -> None:
+    _write(
+        folder,
+        "node-0.json",
+        {
+            "round": rnd.round_id,
+            "addr": rnd.addr,
+            "port": rnd.port,
+            "pod": pod,
+            "state": state,
+            "acks": acks or {},
+            "time": time.time(),
+        },
+        key,
+    )
 
 
 def host(folder: str, addr: str, pod: str, key: bytes, port: int = 0, count: int = 1) -> Round:
@@ -183,8 +209,15 @@ def end(folder: str, rnd: Round, pod: str, state: str, key: bytes) -> None:
     _publish(folder, rnd, pod, state, key)
 
 
-def join(folder: str, node: int, pod: str, key: bytes, timeout_s: float, stop: Callable[[], bool],
-         poll_s: float = 0.2) -> Round | str:
+def join(
+    folder: str,
+    node: int,
+    pod: str,
+    key: bytes,
+    timeout_s: float,
+    stop: Callable[[], bool],
+    poll_s: float = 0.2,
+) -> Round | str:
     """Node `node` > 0: announce a fresh nonce, then wait for a round of node 0 (signed with `key`) that
     acknowledges it and is newer than the one this node joined last; record it as joined and return it. Or
     "done" (node 0 finished the run), "failed" (node 0 ended for good), "stopped" (`stop()` became true) or
@@ -192,7 +225,9 @@ def join(folder: str, node: int, pod: str, key: bytes, timeout_s: float, stop: C
     mine = _read(folder, f"node-{node}.json", key) or {}
     last = mine.get("joined") if isinstance(mine.get("joined"), str) else None
     nonce = uuid.uuid4().hex
-    _write(folder, f"node-{node}.json", {"joined": last, "waiting": nonce, "pod": pod, "time": time.time()}, key)
+    _write(
+        folder, f"node-{node}.json", {"joined": last, "waiting": nonce, "pod": pod, "time": time.time()}, key
+    )
     start = reported = time.monotonic()
     while True:
         doc = _read(folder, "node-0.json", key)
@@ -200,8 +235,15 @@ def join(folder: str, node: int, pod: str, key: bytes, timeout_s: float, stop: C
         if rnd is not None and doc.get("state") in ("done", "failed"):
             return doc["state"]
         acks = doc.get("acks") if rnd is not None else None
-        if rnd is not None and rnd.round_id != last and isinstance(acks, dict) and acks.get(str(node)) == nonce:
-            _write(folder, f"node-{node}.json", {"joined": rnd.round_id, "pod": pod, "time": time.time()}, key)
+        if (
+            rnd is not None
+            and rnd.round_id != last
+            and isinstance(acks, dict)
+            and acks.get(str(node)) == nonce
+        ):
+            _write(
+                folder, f"node-{node}.json", {"joined": rnd.round_id, "pod": pod, "time": time.time()}, key
+            )
             return rnd
         if stop():
             return "stopped"
@@ -210,8 +252,11 @@ def join(folder: str, node: int, pod: str, key: bytes, timeout_s: float, stop: C
             return "timeout"
         if now - reported >= WAIT_REPORT_EVERY_S:
             reported = now
-            print(f"[steps.train] node {node}: waiting {now - start:.0f} s for node 0's next round "
-                  f"(last joined: {last or 'none'})", file=sys.stderr)
+            print(
+                f"[steps.train] node {node}: waiting {now - start:.0f} s for node 0's next round "
+                f"(last joined: {last or 'none'})",
+                file=sys.stderr,
+            )
         time.sleep(poll_s)
 
 
@@ -220,12 +265,19 @@ def fail(folder: str, node: int, pod: str, round_id: str, key: bytes) -> None:
     round it joined last (so the join rule holds for anything that comes after)."""
     if node < 1:
         raise ValueError("node 0 ends its rounds with end(); fail() is for the other nodes")
-    _write(folder, f"node-{node}.json", {"joined": round_id, "pod": pod, "state": "failed", "time": time.time()}, key)
+    _write(
+        folder,
+        f"node-{node}.json",
+        {"joined": round_id, "pod": pod, "state": "failed", "time": time.time()},
+        key,
+    )
 
 
 def failed_peers(folder: str, count: int, key: bytes) -> list[int]:
     """The nodes 1 .. count-1 whose own file (signed with `key`) says they ended with 1 for good."""
-    return [i for i in range(1, count) if (_read(folder, f"node-{i}.json", key) or {}).get("state") == "failed"]
+    return [
+        i for i in range(1, count) if (_read(folder, f"node-{i}.json", key) or {}).get("state") == "failed"
+    ]
 
 
 def node0_round(folder: str, key: bytes) -> tuple[str | None, str | None]:
@@ -241,4 +293,6 @@ def node0_round(folder: str, key: bytes) -> tuple[str | None, str | None]:
 
 def joined_peers(folder: str, count: int, round_id: str, key: bytes) -> list[int]:
     """The nodes 1 .. count-1 whose own file (signed with `key`) says they joined round `round_id`."""
-    return [i for i in range(1, count) if (_read(folder, f"node-{i}.json", key) or {}).get("joined") == round_id]
+    return [
+        i for i in range(1, count) if (_read(folder, f"node-{i}.json", key) or {}).get("joined") == round_id
+    ]

@@ -42,8 +42,9 @@ def compare_flat(a: dict[str, Any], b: dict[str, Any]) -> tuple[float, list[str]
     return worst, differing
 
 
-def compare_hf(reference: str, replay: str, trial: str, total_steps: int | None = None,
-               tier: str = "auto") -> dict[str, Any]:
+def compare_hf(
+    reference: str, replay: str, trial: str, total_steps: int | None = None, tier: str = "auto"
+) -> dict[str, Any]:
     """`compare` for three roots of HF checkpoints: every entry judged as DCP checkpoints are
     (steps/lib/judge.py; Tier 2 leaves out the fields kernels change, `EXCLUDED_AT_TIER_2`)."""
     from steps.compare import compare

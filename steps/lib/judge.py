@@ -41,8 +41,7 @@ COMPONENTS = ("model", "optimizer", "scheduler", "rng", "data", "bookkeeping")
 EXCLUDED_AT_TIER_2 = {
     r"trainer_state\.log_history\.\d+\.(loss|grad_norm|train_loss|eval_loss)": "a logged loss or gradient "
     "norm: a result of the kernels, which Tier 2 lets differ (the model and optimizer it came from are judged)",
-    r"trainer_state\.log_history\.\d+\.(train_runtime|train_samples_per_second|train_steps_per_second)":
-        "wall-clock timing",
+    r"trainer_state\.log_history\.\d+\.(train_runtime|train_samples_per_second|train_steps_per_second)": "wall-clock timing",
     r"trainer_state\.best_metric": "a logged metric: a result of the kernels",
 }
 _EXCLUDED = [(re.compile(p), why) for p, why in EXCLUDED_AT_TIER_2.items()]
@@ -139,15 +138,23 @@ def _telling_order(ref: dict[str, Any], found: dict[str, Any]) -> list[str]:
     counters) before floating ones (weights, moments), each group by its distance, largest first; logged
     metrics (`EXCLUDED_AT_TIER_2`: a loss, a gradient norm) last at every tier, since they are results of
     what differs, never its cause."""
+
     def rank(k: str) -> tuple:
         exact = not floor_judged(k, ref.get(k))
-        return (excluded_at_tier_2(k) is not None, not exact, COMPONENTS.index(component_of(k)) if exact else 0,
-                -found["per_key"][k], k)
+        return (
+            excluded_at_tier_2(k) is not None,
+            not exact,
+            COMPONENTS.index(component_of(k)) if exact else 0,
+            -found["per_key"][k],
+            k,
+        )
+
     return sorted(found["differing"], key=rank)
 
 
-def judge(ref: dict[str, Any], rep: dict[str, Any], tri: dict[str, Any], keys: list[str] | None,
-          tier: int) -> dict[str, Any]:
+def judge(
+    ref: dict[str, Any], rep: dict[str, Any], tri: dict[str, Any], keys: list[str] | None, tier: int
+) -> dict[str, Any]:
     """The verdict on the trial, and the figures behind it. `keys`: the entries to judge (None: every
     entry any of the three holds)."""
     if tier not in (1, 2):
@@ -165,17 +172,30 @@ def judge(ref: dict[str, Any], rep: dict[str, Any], tri: dict[str, Any], keys: l
     if tier == 1:
         equivalent = not trial["differing"]
     else:
-        equivalent = (not exact_failures and not replay_exact and math.isfinite(floor["l2"])
-                      and trial["l2"] <= FLOOR_SLACK * floor["l2"])
+        equivalent = (
+            not exact_failures
+            and not replay_exact
+            and math.isfinite(floor["l2"])
+            and trial["l2"] <= FLOOR_SLACK * floor["l2"]
+        )
     ordered = _telling_order(ref, trial)
     return {
-        "equivalent": equivalent, "tier": tier, "tensors": len(judged),
-        "equal_tensors": len(judged) - len(trial["differing"]), "differing_count": len(trial["differing"]),
-        "differing": ordered[:20], "exact_failures": exact_failures[:20],
+        "equivalent": equivalent,
+        "tier": tier,
+        "tensors": len(judged),
+        "equal_tensors": len(judged) - len(trial["differing"]),
+        "differing_count": len(trial["differing"]),
+        "differing": ordered[:20],
+        "exact_failures": exact_failures[:20],
         "replay_exact_differing": replay_exact[:20] if tier == 2 else [],
-        "components": components(ref, judged, trial), "floor_components": components(ref, judged, floor),
-        "max_abs_diff": trial["max_abs"], "floor": floor["max_abs"], "floor_differing": len(floor["differing"]),
-        "l2_diff": trial["l2"], "floor_l2": floor["l2"], "diff_over_floor": ratio,
+        "components": components(ref, judged, trial),
+        "floor_components": components(ref, judged, floor),
+        "max_abs_diff": trial["max_abs"],
+        "floor": floor["max_abs"],
+        "floor_differing": len(floor["differing"]),
+        "l2_diff": trial["l2"],
+        "floor_l2": floor["l2"],
+        "diff_over_floor": ratio,
         "floor_slack": FLOOR_SLACK if tier == 2 else None,
         "excluded": sorted({f"{k}: {why}" for k, why in excluded.items()})[:20] if excluded else [],
     }

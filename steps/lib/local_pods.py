@@ -95,8 +95,11 @@ class LocalPods:
         self.folder, self.workflow, self.task = Path(folder), workflow, task
 
     def _mine(self) -> list[dict[str, Any]]:
-        return [p for p in list_pods(self.folder) if p.get("task") == self.task
-                and (not self.workflow or p.get("workflow") == self.workflow)]
+        return [
+            p
+            for p in list_pods(self.folder)
+            if p.get("task") == self.task and (not self.workflow or p.get("workflow") == self.workflow)
+        ]
 
     def running(self, node: int | None = None) -> str | None:
         """A running pod of the task; with `node`, of that node of the group (its withSequence item)."""

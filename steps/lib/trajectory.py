@@ -23,28 +23,44 @@ from typing import Any
 FIELDS = ("batch_rng_sha", "batch_sha", "rng_sha", "lr")
 """The step record's trajectory fields, in the order a cause is read from them: the RNG before the batch
 was drawn, the batch, the RNG the step started from (after the batch was drawn), the schedule."""
-TRIAL_CAUSE = {"batch_rng_sha": "the RNG differed before this batch was drawn (RNG not restored, or consumed at start)",
-               "batch_sha": ("the data order differs with the same RNG (the data order not restored, or state of "
-                             "the data pipeline outside the checkpoint: a generator or counter of its own)"),
-               "rng_sha": "the RNG at the step's start differs (RNG not restored, or consumed at start)",
-               "lr": "lr differs (scheduler not restored)"}
-BATCH_CAUSE_WITHOUT_RNG = "batch differs (the data order not restored, or an RNG the data pipeline draws from)"
+TRIAL_CAUSE = {
+    "batch_rng_sha": "the RNG differed before this batch was drawn (RNG not restored, or consumed at start)",
+    "batch_sha": (
+        "the data order differs with the same RNG (the data order not restored, or state of "
+        "the data pipeline outside the checkpoint: a generator or counter of its own)"
+    ),
+    "rng_sha": "the RNG at the step's start differs (RNG not restored, or consumed at start)",
+    "lr": "lr differs (scheduler not restored)",
+}
+BATCH_CAUSE_WITHOUT_RNG = (
+    "batch differs (the data order not restored, or an RNG the data pipeline draws from)"
+)
 """The batch's cause for a trainer whose records lack batch_rng_sha: the RNG before the batch is unknown."""
-ALSO = {"batch_rng_sha": "the RNG before the batch", "batch_sha": "the batch",
-        "rng_sha": "the RNG at the step's start", "lr": "the lr"}
-LOSS_CAUSE = ("the same batch and RNG, but the loss differs (state outside the checkpoint: a counter, a callback, "
-              "an optimizer's extra state)")
-START_CAUSE = {"batch_rng_sha": "the RNG before the batch differs: the random state changes at every start",
-               "batch_sha": "batch differs: the data order changes at every start",
-               "rng_sha": "RNG differs: the random state changes at every start",
-               "lr": "lr differs: the schedule changes at every start"}
+ALSO = {
+    "batch_rng_sha": "the RNG before the batch",
+    "batch_sha": "the batch",
+    "rng_sha": "the RNG at the step's start",
+    "lr": "the lr",
+}
+LOSS_CAUSE = (
+    "the same batch and RNG, but the loss differs (state outside the checkpoint: a counter, a callback, "
+    "an optimizer's extra state)"
+)
+START_CAUSE = {
+    "batch_rng_sha": "the RNG before the batch differs: the random state changes at every start",
+    "batch_sha": "batch differs: the data order changes at every start",
+    "rng_sha": "RNG differs: the random state changes at every start",
+    "lr": "lr differs: the schedule changes at every start",
+}
 
 
 def by_step(records: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
     """One step record per step: where a step was trained twice (a replay), the later attempt's."""
     out: dict[int, dict[str, Any]] = {}
-    for r in sorted((r for r in records if r.get("event") == "step"),
-                    key=lambda r: (r.get("attempt", 0), r.get("time", 0))):
+    for r in sorted(
+        (r for r in records if r.get("event") == "step"),
+        key=lambda r: (r.get("attempt", 0), r.get("time", 0)),
+    ):
         out[r["step"]] = r
     return out
 
@@ -54,15 +70,27 @@ def recorded(steps: dict[int, dict[str, Any]]) -> bool:
     return bool(steps) and all(all(f in r for f in ("batch_sha", "rng_sha")) for r in steps.values())
 
 
-def first_divergence(ref: dict[int, dict[str, Any]], other: dict[int, dict[str, Any]]) -> dict[str, Any] | None:
+def first_divergence(
+    ref: dict[int, dict[str, Any]], other: dict[int, dict[str, Any]]
+) -> dict[str, Any] | None:
     """The first step both have where a trajectory field differs: {step, field (the first of FIELDS that
     differs), fields (every one that differs there, in FIELDS order), reference, other}."""
     for step in sorted(ref.keys() & other.keys()):
-        fields = [f for f in FIELDS if ref[step].get(f) is not None and other[step].get(f) is not None
-                  and ref[step][f] != other[step][f]]
+        fields = [
+            f
+            for f in FIELDS
+            if ref[step].get(f) is not None
+            and other[step].get(f) is not None
+            and ref[step][f] != other[step][f]
+        ]
         if fields:
-            return {"step": step, "field": fields[0], "fields": fields,
-                    "reference": ref[step][fields[0]], "other": other[step][fields[0]]}
+            return {
+                "step": step,
+                "field": fields[0],
+                "fields": fields,
+                "reference": ref[step][fields[0]],
+                "other": other[step][fields[0]],
+            }
     return None
 
 
@@ -86,8 +114,10 @@ def trial_cause(fields: list[str], batch_rng_recorded: bool) -> str:
 
 
 START_FIELDS = ("weights_sha", "optim_sha")
-SEED_ADVICE = ("seed before the model is built (transformers.set_seed(seed) or torch.manual_seed(seed) before "
-               "from_config / from_pretrained / the model's constructor), then drill again")
+SEED_ADVICE = (
+    "seed before the model is built (transformers.set_seed(seed) or torch.manual_seed(seed) before "
+    "from_config / from_pretrained / the model's constructor), then drill again"
+)
 
 
 def start_of(records: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -101,8 +131,9 @@ def first_start_difference(a: dict[str, Any], b: dict[str, Any]) -> str | None:
     return next((f for f in START_FIELDS if f in a and f in b and a[f] != b[f]), None)
 
 
-def check(reference: list[dict[str, Any]], replay: list[dict[str, Any]],
-          trial: list[dict[str, Any]], tier: int = 1) -> dict[str, Any]:
+def check(
+    reference: list[dict[str, Any]], replay: list[dict[str, Any]], trial: list[dict[str, Any]], tier: int = 1
+) -> dict[str, Any]:
     """The trajectory section of report.json.
 
     `recorded`: every role's step records carry it (else `missing` names the roles); `replay`: the first
@@ -115,37 +146,57 @@ def check(reference: list[dict[str, Any]], replay: list[dict[str, Any]],
     starts = {"reference": start_of(reference), "replay": start_of(replay), "trial": start_of(trial)}
     missing = [role for role, steps in roles.items() if not recorded(steps)]
     no_start = [role for role, rec in starts.items() if rec is None]
-    out: dict[str, Any] = {"recorded": not missing and not no_start, "missing": sorted(set(missing) | set(no_start)),
-                           "replay": None, "trial": None,
-                           "steps_compared": len(roles["reference"].keys() & roles["trial"].keys()),
-                           "finding": None}
+    out: dict[str, Any] = {
+        "recorded": not missing and not no_start,
+        "missing": sorted(set(missing) | set(no_start)),
+        "replay": None,
+        "trial": None,
+        "steps_compared": len(roles["reference"].keys() & roles["trial"].keys()),
+        "finding": None,
+    }
     # The exact start first: two fresh starts of one seed that begin from different models leave nothing
     # to certify at any tier, however close their checkpoints end (an integer hash sees what a floor absorbs).
     ref0, rep0, tri0 = starts["reference"], starts["replay"], starts["trial"]
     field = first_start_difference(ref0, rep0) if ref0 and rep0 else None
     if field:
         what = "initial model" if field == "weights_sha" else "initial optimizer state"
-        out["replay"] = {"step": 0, "field": field, "reference": ref0[field], "other": rep0[field],
-                         "cause": f"the {what} differs at every start"}
-        out["finding"] = (f"not certifiable: the {what} differs at every start (the reference's and its replay's "
-                          f"{field} differ before their first step): {SEED_ADVICE}")
+        out["replay"] = {
+            "step": 0,
+            "field": field,
+            "reference": ref0[field],
+            "other": rep0[field],
+            "cause": f"the {what} differs at every start",
+        }
+        out["finding"] = (
+            f"not certifiable: the {what} differs at every start (the reference's and its replay's "
+            f"{field} differ before their first step): {SEED_ADVICE}"
+        )
         return out
     if missing:
-        out["finding"] = (f"the trajectory is missing: the step records of {', '.join(missing)} lack batch_sha "
-                          "and rng_sha (trainer/trajectory.py; the HF callback writes them)")
+        out["finding"] = (
+            f"the trajectory is missing: the step records of {', '.join(missing)} lack batch_sha "
+            "and rng_sha (trainer/trajectory.py; the HF callback writes them)"
+        )
         return out
     field = first_start_difference(ref0, tri0) if ref0 and tri0 else None
     if field:
-        out["trial"] = {"step": 0, "field": field, "reference": ref0[field], "other": tri0[field],
-                        "cause": "the trial started from another initial model"}
+        out["trial"] = {
+            "step": 0,
+            "field": field,
+            "reference": ref0[field],
+            "other": tri0[field],
+            "cause": "the trial started from another initial model",
+        }
         out["finding"] = f"step 0: the trial started from another initial model ({field} differs)"
         return out
     start = first_divergence(roles["reference"], roles["replay"])
     if start:
         out["replay"] = {**start, "cause": START_CAUSE[start["field"]]}
-        out["finding"] = (f"not certifiable: the reference and its replay, two uninterrupted starts, already "
-                          f"differ at step {start['step']}: {START_CAUSE[start['field']]} (the trainer is "
-                          "nondeterministic across starts, so a resume bug could hide in that difference)")
+        out["finding"] = (
+            f"not certifiable: the reference and its replay, two uninterrupted starts, already "
+            f"differ at step {start['step']}: {START_CAUSE[start['field']]} (the trainer is "
+            "nondeterministic across starts, so a resume bug could hide in that difference)"
+        )
         return out
     left = first_divergence(roles["reference"], roles["trial"])
     losses_exact = tier == 1 and first_loss_difference(roles["reference"], roles["replay"]) is None
@@ -160,11 +211,19 @@ def check(reference: list[dict[str, Any]], replay: list[dict[str, Any]],
         if loss_step is not None and loss_step < left["step"]:
             out["finding"] += f"; the loss already differed at step {loss_step}"
     elif loss_step is not None:
-        out["trial"] = {"step": loss_step, "field": "loss", "fields": ["loss"], "cause": LOSS_CAUSE,
-                        "reference": roles["reference"][loss_step]["loss"], "other": roles["trial"][loss_step]["loss"],
-                        "loss_step": loss_step}
+        out["trial"] = {
+            "step": loss_step,
+            "field": "loss",
+            "fields": ["loss"],
+            "cause": LOSS_CAUSE,
+            "reference": roles["reference"][loss_step]["loss"],
+            "other": roles["trial"][loss_step]["loss"],
+            "loss_step": loss_step,
+        }
         out["finding"] = f"step {loss_step}: {LOSS_CAUSE}"
     elif no_start:  # the trajectory agrees, but the exact start cannot be checked: not certifiable at Tier 2
-        out["finding"] = (f"the trajectory is missing: {', '.join(no_start)} wrote no start record (weights_sha; "
-                          "trainer/trajectory.py, the HF callback writes it)")
+        out["finding"] = (
+            f"the trajectory is missing: {', '.join(no_start)} wrote no start record (weights_sha; "
+            "trainer/trajectory.py, the HF callback writes it)"
+        )
     return out

@@ -1,5 +1,6 @@
 """One local cluster for the whole e2e session (every module), in a temporary state folder, brought down at
 the end whatever happens; the teardown then checks that none of its processes is left."""
+
 from __future__ import annotations
 
 import json
@@ -34,10 +35,12 @@ def _host() -> dict[str, Any]:
     from infra.local.kubelet import CGROUP_ROOT, KERNEL_SETTINGS, RUN_DIR
 
     nat = subprocess.run(["iptables", "-t", "nat", "-S"], capture_output=True, text=True).stdout
-    return {"sysctl": {k: Path("/proc/sys", k).read_text().strip() for k in KERNEL_SETTINGS},
-            "nat": sorted(line for line in nat.splitlines() if "baton-local" in line),
-            "kubepods": sorted(str(d) for d in CGROUP_ROOT.glob("*/kubepods")),
-            "run_containerd": sorted(str(p) for p in RUN_DIR.rglob("*")) if RUN_DIR.exists() else None}
+    return {
+        "sysctl": {k: Path("/proc/sys", k).read_text().strip() for k in KERNEL_SETTINGS},
+        "nat": sorted(line for line in nat.splitlines() if "baton-local" in line),
+        "kubepods": sorted(str(d) for d in CGROUP_ROOT.glob("*/kubepods")),
+        "run_containerd": sorted(str(p) for p in RUN_DIR.rglob("*")) if RUN_DIR.exists() else None,
+    }
 
 
 @pytest.fixture(scope="session")
@@ -65,8 +68,11 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Local]:
         sock = str(local.state / "containerd" / "containerd.sock").encode()
         shims = [d.name for d in Path("/proc").iterdir() if d.name.isdigit() and _argv_has(d, sock)]
         assert not shims, f"containerd shims left running after down: {shims}"
-        mounts = [line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()
-                  if line.split()[4].startswith(str(local.state))]
+        mounts = [
+            line.split()[4]
+            for line in Path("/proc/self/mountinfo").read_text().splitlines()
+            if line.split()[4].startswith(str(local.state))
+        ]
         assert not mounts, f"mounts left after down: {mounts}"
         assert _host() == before, f"the host is not as it was before up: {before} -> {_host()}"
 
@@ -109,19 +115,32 @@ def kueue_added(cluster: Local, *up_args: str) -> Iterator[Local]:
     try:
         assert up.returncode == 0, f"up --kueue failed: {up.stderr.strip()}"
         print(f"\n[e2e] {up.stdout.strip().splitlines()[-1]} (measured {time.monotonic() - t0:.1f} s)")
-        objs = subprocess.run(["kubectl", "kustomize", str(KUEUE_OVERLAY)], capture_output=True, text=True,
-                              check=True)
-        docs = [d for d in yaml.safe_load_all(objs.stdout) if d and d["apiVersion"].startswith("kueue.x-k8s.io/")]
+        objs = subprocess.run(
+            ["kubectl", "kustomize", str(KUEUE_OVERLAY)], capture_output=True, text=True, check=True
+        )
+        docs = [
+            d for d in yaml.safe_load_all(objs.stdout) if d and d["apiVersion"].startswith("kueue.x-k8s.io/")
+        ]
         assert {d["kind"] for d in docs} == {"ResourceFlavor", "ClusterQueue", "LocalQueue"}, docs
-        cluster.kubectl("apply", "--server-side", "-f", "-",
-                        stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": docs}))
-        wait(lambda: cond(cluster.get("clusterqueue", "baton-local"), "Active") == "True", 60,
-             "ClusterQueue baton-local Active")
+        cluster.kubectl(
+            "apply",
+            "--server-side",
+            "-f",
+            "-",
+            stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": docs}),
+        )
+        wait(
+            lambda: cond(cluster.get("clusterqueue", "baton-local"), "Active") == "True",
+            60,
+            "ClusterQueue baton-local Active",
+        )
         yield cluster
     finally:
         down = cluster.cli("down", "--kueue")
         assert down.returncode == 0, f"down --kueue failed: {down.stderr.strip()}"
-        left = cluster.kubectl("get", "mutatingwebhookconfiguration,validatingwebhookconfiguration", "-o", "name")
+        left = cluster.kubectl(
+            "get", "mutatingwebhookconfiguration,validatingwebhookconfiguration", "-o", "name"
+        )
         assert MUTATING not in left and VALIDATING not in left, left
         info = json.loads((cluster.state / "pids.json").read_text())
         assert "kueue" not in info["procs"], info["procs"].keys()
@@ -143,11 +162,16 @@ def kueue_quick_ready(cluster: Local) -> Iterator[Local]:
     with kueue_added(cluster, "--kueue-pods-ready-timeout", str(PODS_READY_S)) as k:
         yield k
 
-def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, exitstatus: int, config: pytest.Config) -> None:
+
+def pytest_terminal_summary(
+    terminalreporter: pytest.TerminalReporter, exitstatus: int, config: pytest.Config
+) -> None:
     """The plain closing line issue #35 asks of `make e2e`: `e2e: N passed, N failed` (errors count as
     failed; skips are named when there are any)."""
     stats = terminalreporter.stats
     passed = len([r for r in stats.get("passed", []) if getattr(r, "when", "call") == "call"])
     failed = len(stats.get("failed", [])) + len(stats.get("error", []))
     skipped = len(stats.get("skipped", []))
-    terminalreporter.write_line(f"e2e: {passed} passed, {failed} failed" + (f", {skipped} skipped" if skipped else ""))
+    terminalreporter.write_line(
+        f"e2e: {passed} passed, {failed} failed" + (f", {skipped} skipped" if skipped else "")
+    )

@@ -1,5 +1,6 @@
 """What the e2e tests share: why they are skipped, and a handle on one running local cluster
 (infra/local/cluster.py) in a temporary state folder. The cluster fixture itself is in conftest.py."""
+
 from __future__ import annotations
 
 import json
@@ -21,7 +22,9 @@ def why_skip() -> str:
     if check.returncode != 0:
         return f"local cluster binaries not built (bash infra/local/build.sh): {check.stderr.strip()}"
     if os.geteuid() != 0:
-        return "the node needs root (containerd, runc and the kubelet mount, make cgroups, set kernel settings)"
+        return (
+            "the node needs root (containerd, runc and the kubelet mount, make cgroups, set kernel settings)"
+        )
     from infra.local.kubelet import IMAGES, missing_tools
 
     if missing_tools():
@@ -42,8 +45,14 @@ class Local:
         self.env = dict(os.environ, BATON_CLUSTER_STATE=str(state))
 
     def cli(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "infra.local.cluster", *args], cwd=REPO, env=self.env,
-                              capture_output=True, text=True, timeout=timeout)
+        return subprocess.run(
+            [sys.executable, "-m", "infra.local.cluster", *args],
+            cwd=REPO,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
 
     def user_env(self) -> dict[str, str]:
         """The environment a user gets from `eval "$(python -m infra.local.cluster env)"`."""
@@ -60,8 +69,13 @@ class Local:
         return env
 
     def kubectl(self, *args: str, stdin: str | None = None, check: bool = True) -> str:
-        r = subprocess.run(["kubectl", "--kubeconfig", str(self.state / "admin.kubeconfig"), "-n", "baton", *args],
-                           input=stdin, capture_output=True, text=True, timeout=60)
+        r = subprocess.run(
+            ["kubectl", "--kubeconfig", str(self.state / "admin.kubeconfig"), "-n", "baton", *args],
+            input=stdin,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         if check and r.returncode:
             raise AssertionError(f"kubectl {' '.join(args)}: {r.stderr.strip()}")
         return r.stdout
@@ -69,15 +83,19 @@ class Local:
     def get(self, kind: str, name: str) -> dict[str, Any]:
         return json.loads(self.kubectl("get", kind, name, "-o", "json"))
 
-    def wait_phase(self, kind: str, name: str, phases: tuple[str, ...], timeout: float = 180) -> dict[str, Any]:
+    def wait_phase(
+        self, kind: str, name: str, phases: tuple[str, ...], timeout: float = 180
+    ) -> dict[str, Any]:
         t0 = time.monotonic()
         while True:
             obj = self.get(kind, name)
             if obj.get("status", {}).get("phase") in phases:
                 return obj
             if time.monotonic() - t0 > timeout:
-                raise AssertionError(f"{kind} {name} not in {phases} after {timeout:.0f} s: "
-                                     f"{json.dumps(obj.get('status', {}))[:1500]}")
+                raise AssertionError(
+                    f"{kind} {name} not in {phases} after {timeout:.0f} s: "
+                    f"{json.dumps(obj.get('status', {}))[:1500]}"
+                )
             time.sleep(0.5)
 
     def pids(self) -> list[int]:
@@ -123,8 +141,14 @@ FINAL = ("Succeeded", "Failed", "Error")
 def submit(cluster: Local, env: dict[str, str], *params: str) -> str:
     """A bare `python workflows/equivalence.py submit`, as a user types it after pasting `cluster up`'s export
     lines: BATON_TARGET, one of them, renders the drill with the local overlay (no pipe, no file)."""
-    r = subprocess.run([sys.executable, "workflows/equivalence.py", "submit", *params],
-                       cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "workflows/equivalence.py", "submit", *params],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, f"submit failed: {r.stderr.strip()}"
     assert f"target: {env['BATON_TARGET']} (BATON_TARGET)" in r.stderr, r.stderr
     name, url = r.stdout.split()[:2]
@@ -132,12 +156,20 @@ def submit(cluster: Local, env: dict[str, str], *params: str) -> str:
     return name
 
 
-def watch(env: dict[str, str], name: str, timeout: float = 900) -> tuple[str, subprocess.CompletedProcess[str]]:
+def watch(
+    env: dict[str, str], name: str, timeout: float = 900
+) -> tuple[str, subprocess.CompletedProcess[str]]:
     """`status NAME` against the Argo Server every few seconds, until its first line names a final phase."""
     t0 = time.monotonic()
     while True:
-        r = subprocess.run([sys.executable, "workflows/equivalence.py", "status", name], cwd=REPO, env=env,
-                           capture_output=True, text=True, timeout=120)
+        r = subprocess.run(
+            [sys.executable, "workflows/equivalence.py", "status", name],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert r.stdout.startswith(f"workflow {name}  "), f"status: {r.stdout[:300]} {r.stderr.strip()}"
         phase = r.stdout.split()[2].rstrip(":")
         if phase in FINAL:
@@ -148,8 +180,10 @@ def watch(env: dict[str, str], name: str, timeout: float = 900) -> tuple[str, su
 
 # The shipped configs with two data loader workers, by the config they are a twin of (tests/unit/test_config.py):
 # files in the image, which is where a pod reads its config.
-WORKERS_CONFIGS = {"trainer/configs/tiny.yaml": "trainer/configs/tiny-workers.yaml",
-                   "examples/hf_trainer/config.yaml": "examples/hf_trainer/config-workers.yaml"}
+WORKERS_CONFIGS = {
+    "trainer/configs/tiny.yaml": "trainer/configs/tiny-workers.yaml",
+    "examples/hf_trainer/config.yaml": "examples/hf_trainer/config-workers.yaml",
+}
 
 
 @dataclass

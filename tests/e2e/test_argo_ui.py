@@ -10,6 +10,7 @@ the verdict in report.md opened from compare's artifacts; the nightly CronWorkfl
 Cron Workflows list. A missing element fails the test with the page's screenshot saved (out/e2e-ui/).
 Skipped, with the reason, where Chromium, Playwright or a cached build with the UI is missing.
 """
+
 from __future__ import annotations
 
 import json
@@ -26,8 +27,15 @@ CHROMIUM = "/usr/bin/chromium"
 SHOTS = REPO / "out" / "e2e-ui"
 # What the machine's probe starts Chromium with: without the background-networking flags it keeps trying to
 # reach hosts this closed network refuses.
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync"]
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 
 
 def why_no_browser() -> str:
@@ -41,8 +49,12 @@ def why_no_browser() -> str:
         return "Playwright is not installed (pip install playwright; it drives Debian's Chromium, downloads none)"
     import subprocess
 
-    built = subprocess.run(["bash", str(REPO / "infra" / "local" / "build.sh"), "--print-dir"], capture_output=True,
-                           text=True, check=True).stdout.strip()
+    built = subprocess.run(
+        ["bash", str(REPO / "infra" / "local" / "build.sh"), "--print-dir"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     if "ui (dist/app)" not in (Path(built) / "build-figures.txt").read_text():
         return "the cached cluster build has no UI (infra/local/build-ui.sh)"
     return ""
@@ -66,7 +78,9 @@ class UI:
 
     def expect(self, ok: bool, what: str) -> None:
         if not ok:
-            raise AssertionError(f"{what}; the page: {self.shot('failure-' + what.split(':')[0].replace(' ', '-'))}")
+            raise AssertionError(
+                f"{what}; the page: {self.shot('failure-' + what.split(':')[0].replace(' ', '-'))}"
+            )
 
     def open(self, path: str) -> None:
         self.page.goto(f"https://{self.server}/{path}")
@@ -83,7 +97,8 @@ class UI:
         """The graph's node whose label is `label` (the clickable shape beside its label)."""
         return self.page.locator(
             "xpath=//*[local-name()='g'][*[local-name()='g']/*[local-name()='text' and contains(@class, 'node-label') "
-            f"and normalize-space()='{label}']]/*[local-name()='g' and contains(@class, 'node')]")
+            f"and normalize-space()='{label}']]/*[local-name()='g' and contains(@class, 'node')]"
+        )
 
     def unfold(self, label: str) -> dict[str, str]:
         """The graph's labels, with the folded group opened when `label` is not in view: the UI folds the children
@@ -102,8 +117,10 @@ class UI:
     def labels(self) -> dict[str, str]:
         """Every node of the graph: its label -> its classes (the phase among them)."""
         pairs = self.page.eval_on_selector_all(
-            "g.node", "els => els.map(e => [e.parentNode.querySelector('text.node-label').textContent, "
-                      "e.getAttribute('class')])")
+            "g.node",
+            "els => els.map(e => [e.parentNode.querySelector('text.node-label').textContent, "
+            "e.getAttribute('class')])",
+        )
         return {label.strip(): classes for label, classes in pairs}
 
 
@@ -115,14 +132,19 @@ def ui(cluster: Local, drill: Drill) -> Iterator[UI]:
         browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
         try:
             # The Argo Server's certificate is self-signed, made at its start (docs/cluster-local.md).
-            page = browser.new_context(ignore_https_errors=True, viewport={"width": 1600, "height": 1000}).new_page()
+            page = browser.new_context(
+                ignore_https_errors=True, viewport={"width": 1600, "height": 1000}
+            ).new_page()
             page.set_default_timeout(30_000)
             view = UI(page, drill.env["ARGO_SERVER"])
             view.open("login")
             try:
                 page.locator("textarea#token").wait_for()
             except Exception:  # noqa: BLE001 - Playwright's TimeoutError: the UI's login page is not there
-                view.expect(False, "login: no token box on the login page (is the UI the built one, not the placeholder?)")
+                view.expect(
+                    False,
+                    "login: no token box on the login page (is the UI the built one, not the placeholder?)",
+                )
             page.fill("textarea#token", drill.env["ARGO_TOKEN"])  # the whole "Bearer ..." value
             page.locator(".columns", has=page.locator("textarea#token")).locator("a.argo-button").click()
             page.wait_for_load_state("networkidle")
@@ -138,18 +160,30 @@ def _attempts(cluster: Local, name: str) -> list[dict[str, Any]]:
     return [nodes[c] for c in trial["children"]]
 
 
-def test_the_trial_and_its_attempts_are_in_the_graph_as_argo_recorded_them(ui: UI, cluster: Local, drill: Drill):
+def test_the_trial_and_its_attempts_are_in_the_graph_as_argo_recorded_them(
+    ui: UI, cluster: Local, drill: Drill
+):
     assert drill.phase == "Succeeded", drill.status.stdout
     ui.open(f"workflows/baton/{drill.name}")
     attempts = _attempts(cluster, drill.name)
     shown = ui.unfold("trial")
-    ui.expect("trial" in shown and all(a["displayName"] in shown for a in attempts),
-              f"graph: the trial and its attempts {[a['displayName'] for a in attempts]} in view, got {sorted(shown)}")
+    ui.expect(
+        "trial" in shown and all(a["displayName"] in shown for a in attempts),
+        f"graph: the trial and its attempts {[a['displayName'] for a in attempts]} in view, got {sorted(shown)}",
+    )
     evicted, last = attempts[0], attempts[-1]
-    ui.expect(len(attempts) == 2 and last["phase"] == "Succeeded", f"attempts: {json.dumps([a['phase'] for a in attempts])}")
-    ui.expect("Succeeded" in shown[last["displayName"]].split(), f"last attempt: shown as {shown[last['displayName']]}")
-    ui.expect(evicted["phase"] in shown[evicted["displayName"]].split() and evicted["phase"] in ("Failed", "Error"),
-              f"evicted attempt: {evicted['phase']} in Argo, shown as {shown[evicted['displayName']]}")
+    ui.expect(
+        len(attempts) == 2 and last["phase"] == "Succeeded",
+        f"attempts: {json.dumps([a['phase'] for a in attempts])}",
+    )
+    ui.expect(
+        "Succeeded" in shown[last["displayName"]].split(),
+        f"last attempt: shown as {shown[last['displayName']]}",
+    )
+    ui.expect(
+        evicted["phase"] in shown[evicted["displayName"]].split() and evicted["phase"] in ("Failed", "Error"),
+        f"evicted attempt: {evicted['phase']} in Argo, shown as {shown[evicted['displayName']]}",
+    )
     ui.shot("graph")
     # Its summary says why it ended, as Argo recorded it: exit 75 where the controller read the container's
     # status, "pod deleted" where the pod was gone first (Argo's default; docs/cluster-local.md).
@@ -157,8 +191,10 @@ def test_the_trial_and_its_attempts_are_in_the_graph_as_argo_recorded_them(ui: U
     panel = ui.page.locator(".workflow-details__attribute-grid").filter(has_text=evicted["name"])
     panel.wait_for()
     message = panel.inner_text()
-    ui.expect(evicted["message"] in message and evicted["message"] in ("pod deleted", "main: Error (exit code 75)"),
-              f"evicted attempt's message: Argo says {evicted['message']!r}, the panel {message!r}")
+    ui.expect(
+        evicted["message"] in message and evicted["message"] in ("pod deleted", "main: Error (exit code 75)"),
+        f"evicted attempt's message: Argo says {evicted['message']!r}, the panel {message!r}",
+    )
     ui.shot("attempt")
 
 
@@ -172,8 +208,14 @@ def test_an_attempts_logs_show_the_trainers_lines(ui: UI, cluster: Local, drill:
     with ui.page.expect_response(lambda r: "/outputs/main-logs" in r.url or "/log?" in r.url) as got:
         ui.page.get_by_role("button", name="LOGS").last.click()
     body = got.value.text()
-    for line in (re.compile(r"\[baton [0-9:]+\] done: \d+ steps"), re.compile(r"\[steps\.train\] .* -> exit 0")):
-        ui.expect(bool(line.search(body)), f"logs: no line like {line.pattern!r} in what the viewer got from {got.value.url}")
+    for line in (
+        re.compile(r"\[baton [0-9:]+\] done: \d+ steps"),
+        re.compile(r"\[steps\.train\] .* -> exit 0"),
+    ):
+        ui.expect(
+            bool(line.search(body)),
+            f"logs: no line like {line.pattern!r} in what the viewer got from {got.value.url}",
+        )
     ui.page.locator(".logs-viewer .xterm").wait_for()
     ui.shot("logs")
 

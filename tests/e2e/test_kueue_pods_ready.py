@@ -7,6 +7,7 @@ meets when a replacement cannot start in time (a Spot VM that does not come, an 
 The control is the same group with every pod schedulable: PodsReady, never evicted. Skipped when the
 cluster or Kueue is not built.
 """
+
 from __future__ import annotations
 
 import json
@@ -20,7 +21,9 @@ from steps.lib.contract import POD_GROUP_COUNT, POD_GROUP_LABEL, QUEUE_LABEL
 from tests.e2e.conftest import PODS_READY_S
 from tests.e2e.localcluster import Local, wait, why_skip
 
-_SKIP = why_skip() or (f"Kueue not built (make cluster-build-kueue): {why_not_built()}" if why_not_built() else "")
+_SKIP = why_skip() or (
+    f"Kueue not built (make cluster-build-kueue): {why_not_built()}" if why_not_built() else ""
+)
 pytestmark = [pytest.mark.skipif(bool(_SKIP), reason=_SKIP), pytest.mark.slow, pytest.mark.e2e]
 
 
@@ -29,18 +32,40 @@ def _group(cluster: Local, group: str, unschedulable: set[int]) -> list[str]:
     node has, so the scheduler leaves them Pending once Kueue ungates them."""
     names = []
     for i in range(2):
-        spec: dict[str, Any] = {"restartPolicy": "Never", "terminationGracePeriodSeconds": 1, "hostNetwork": True,
-                                "containers": [{"name": "c", "image": "baton:local", "command": ["sleep", "600"],
-                                                "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}}}]}
+        spec: dict[str, Any] = {
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": 1,
+            "hostNetwork": True,
+            "containers": [
+                {
+                    "name": "c",
+                    "image": "baton:local",
+                    "command": ["sleep", "600"],
+                    "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}},
+                }
+            ],
+        }
         if i in unschedulable:
             spec["nodeSelector"] = {"baton.dev/nowhere": "true"}
         name = f"{group}-{i}"
-        cluster.kubectl("create", "-f", "-", stdin=json.dumps({
-            "apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": name, "namespace": "baton",
-                         "labels": {QUEUE_LABEL: "baton", POD_GROUP_LABEL: group},
-                         "annotations": {POD_GROUP_COUNT: "2"}},
-            "spec": spec}))
+        cluster.kubectl(
+            "create",
+            "-f",
+            "-",
+            stdin=json.dumps(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "metadata": {
+                        "name": name,
+                        "namespace": "baton",
+                        "labels": {QUEUE_LABEL: "baton", POD_GROUP_LABEL: group},
+                        "annotations": {POD_GROUP_COUNT: "2"},
+                    },
+                    "spec": spec,
+                }
+            ),
+        )
         names.append(name)
     return names
 
@@ -59,17 +84,28 @@ def test_a_group_with_a_pod_never_ready_is_evicted_whole_and_its_pods_deleted(ku
     k = kueue_quick_ready
     names = _group(k, "ready-never", unschedulable={1})
     try:
-        wait(lambda: _conditions(k, "ready-never").get("QuotaReserved", ("",))[0] == "True", 60,
-             "the group admitted")
+        wait(
+            lambda: _conditions(k, "ready-never").get("QuotaReserved", ("",))[0] == "True",
+            60,
+            "the group admitted",
+        )
         t0 = time.monotonic()
-        wait(lambda: k.get("pod", names[0]).get("status", {}).get("phase") == "Running", 60,
-             "the schedulable pod running")
-        wait(lambda: _conditions(k, "ready-never").get("Evicted", ("",))[0] == "True", PODS_READY_S + 90,
-             "the group evicted by waitForPodsReady")
+        wait(
+            lambda: k.get("pod", names[0]).get("status", {}).get("phase") == "Running",
+            60,
+            "the schedulable pod running",
+        )
+        wait(
+            lambda: _conditions(k, "ready-never").get("Evicted", ("",))[0] == "True",
+            PODS_READY_S + 90,
+            "the group evicted by waitForPodsReady",
+        )
         evicted_after = time.monotonic() - t0
         conds = _conditions(k, "ready-never")
-        print(f"\n[e2e] ready-never evicted {evicted_after:.0f} s after its running pod started "
-              f"(timeout {PODS_READY_S} s): {json.dumps(conds)}")
+        print(
+            f"\n[e2e] ready-never evicted {evicted_after:.0f} s after its running pod started "
+            f"(timeout {PODS_READY_S} s): {json.dumps(conds)}"
+        )
         assert conds["Evicted"] == ("True", "PodsReadyTimeout"), conds
         assert conds.get("PodsReady", ("",))[0] != "True", conds
 
@@ -87,7 +123,9 @@ def test_control_a_group_whose_pods_all_run_is_ready_and_not_evicted(kueue_quick
     k = kueue_quick_ready
     names = _group(k, "ready-ok", unschedulable=set())
     try:
-        wait(lambda: _conditions(k, "ready-ok").get("PodsReady", ("",))[0] == "True", 90, "the group PodsReady")
+        wait(
+            lambda: _conditions(k, "ready-ok").get("PodsReady", ("",))[0] == "True", 90, "the group PodsReady"
+        )
         time.sleep(PODS_READY_S + 10)  # past the timeout: it must not fire on a group that was ready
         conds = _conditions(k, "ready-ok")
         print(f"\n[e2e] ready-ok after {PODS_READY_S + 10} s: {json.dumps(conds)}")

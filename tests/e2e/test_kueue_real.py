@@ -8,6 +8,7 @@ submitted through the Argo Server with `-p queue=...`. The assertions are on wha
 Workload of each pod (Kueue's plain Pod integration makes one per pod), its conditions and admission, the
 ClusterQueue's usage, and the pods' scheduling gates. Skipped when the cluster or Kueue is not built.
 """
+
 from __future__ import annotations
 
 import json
@@ -25,7 +26,9 @@ from tests.e2e.localcluster import REPO, Local, why_skip
 from tests.e2e.localcluster import cond as _cond
 from tests.e2e.localcluster import wait as _wait
 
-_SKIP = why_skip() or (f"Kueue not built (make cluster-build-kueue): {why_not_built()}" if why_not_built() else "")
+_SKIP = why_skip() or (
+    f"Kueue not built (make cluster-build-kueue): {why_not_built()}" if why_not_built() else ""
+)
 pytestmark = [pytest.mark.skipif(bool(_SKIP), reason=_SKIP), pytest.mark.slow, pytest.mark.e2e]
 
 OVERLAY = REPO / "templates" / "overlays" / "local-kueue"
@@ -37,9 +40,18 @@ FINAL = ("Succeeded", "Failed", "Error")
 
 
 def _submit(env: dict[str, str], *params: str) -> str:
-    wf = subprocess.run(["kubectl", "kustomize", str(OVERLAY)], capture_output=True, text=True, check=True).stdout
-    r = subprocess.run([sys.executable, "workflows/equivalence.py", "submit", "--from-file", "-", *params],
-                       input=wf, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    wf = subprocess.run(
+        ["kubectl", "kustomize", str(OVERLAY)], capture_output=True, text=True, check=True
+    ).stdout
+    r = subprocess.run(
+        [sys.executable, "workflows/equivalence.py", "submit", "--from-file", "-", *params],
+        input=wf,
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, f"submit failed: {r.stderr.strip()}"
     return r.stdout.split()[0]
 
@@ -55,8 +67,9 @@ def _workloads(cluster: Local, wf: str) -> dict[str, dict[str, Any]]:
 
 
 def _pods(cluster: Local, wf: str) -> list[dict[str, Any]]:
-    items = json.loads(cluster.kubectl("get", "pods", "-l", f"workflows.argoproj.io/workflow={wf}",
-                                       "-o", "json"))["items"]
+    items = json.loads(
+        cluster.kubectl("get", "pods", "-l", f"workflows.argoproj.io/workflow={wf}", "-o", "json")
+    )["items"]
     return items
 
 
@@ -66,8 +79,9 @@ def _usage(cluster: Local, cq: str = "baton-local") -> tuple[int, int, dict[str,
     return st.get("admittedWorkloads", 0), st.get("reservingWorkloads", 0), used
 
 
-def _run(cluster: Local, env: dict[str, str], name: str, timeout: float = 900
-         ) -> tuple[dict[str, Any], dict[str, dict[str, Any]], int]:
+def _run(
+    cluster: Local, env: dict[str, str], name: str, timeout: float = 900
+) -> tuple[dict[str, Any], dict[str, dict[str, Any]], int]:
     """Wait for the workflow to end, recording every Workload seen on the way (podGC removes succeeded pods,
     and the garbage collector their Workloads with them) and the ClusterQueue's highest admitted count."""
     seen: dict[str, dict[str, Any]] = {}
@@ -86,26 +100,43 @@ def _run(cluster: Local, env: dict[str, str], name: str, timeout: float = 900
 
 def _attempts(wf: dict[str, Any]) -> dict[str, list[tuple[str, str | None, str | None]]]:
     nodes = wf["status"]["nodes"]
-    return {n["displayName"]: [(nodes[c]["phase"], nodes[c].get("message"),
-                                (nodes[c].get("outputs") or {}).get("exitCode")) for c in n.get("children", [])]
-            for n in nodes.values() if n.get("type") == "Retry"}
+    return {
+        n["displayName"]: [
+            (nodes[c]["phase"], nodes[c].get("message"), (nodes[c].get("outputs") or {}).get("exitCode"))
+            for c in n.get("children", [])
+        ]
+        for n in nodes.values()
+        if n.get("type") == "Retry"
+    }
 
 
 def _admitted_events(cluster: Local) -> list[str]:
-    ev = json.loads(cluster.kubectl("get", "events", "--field-selector", "involvedObject.kind=Workload",
-                                    "-o", "json"))["items"]
+    ev = json.loads(
+        cluster.kubectl("get", "events", "--field-selector", "involvedObject.kind=Workload", "-o", "json")
+    )["items"]
     return [f"{e['involvedObject']['name']}: {e['reason']}: {e.get('message', '')}" for e in ev]
-
 
 
 def admits_most_of_the_quota(cluster: Local, name: str) -> None:
     """A queued pod of 1500m (three trainers' worth of baton-local's 1600m) is admitted and runs: it fits only
     if what came before released its quota."""
-    pod = {"apiVersion": "v1", "kind": "Pod",
-           "metadata": {"name": name, "namespace": "baton", "labels": {QUEUE_LABEL: "baton"}},
-           "spec": {"restartPolicy": "Never", "hostNetwork": True, "containers": [{"name": "c", "image": "baton:local", "command": ["true"],
-                                                              "resources": {"requests": {"cpu": "1500m",
-                                                                                         "memory": "1Gi"}}}]}}
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": "baton", "labels": {QUEUE_LABEL: "baton"}},
+        "spec": {
+            "restartPolicy": "Never",
+            "hostNetwork": True,
+            "containers": [
+                {
+                    "name": "c",
+                    "image": "baton:local",
+                    "command": ["true"],
+                    "resources": {"requests": {"cpu": "1500m", "memory": "1Gi"}},
+                }
+            ],
+        },
+    }
     cluster.kubectl("create", "-f", "-", stdin=json.dumps(pod))
     try:
         done = cluster.wait_phase("pod", name, ("Succeeded", "Failed"), timeout=120)
@@ -122,8 +153,10 @@ def test_kueue_admits_the_queued_drill_and_it_passes(kueue: Local):
     t0 = time.monotonic()
     name = _submit(env, *SMALL, "-p", "queue=baton")
     wf, seen, peak = _run(kueue, env, name)
-    print(f"\n[e2e] kueue drill {name}: {wf['status']['phase']} after {time.monotonic() - t0:.0f} s; "
-          f"{len(seen)} Workloads, at most {peak} admitted at once; attempts {json.dumps(_attempts(wf))}")
+    print(
+        f"\n[e2e] kueue drill {name}: {wf['status']['phase']} after {time.monotonic() - t0:.0f} s; "
+        f"{len(seen)} Workloads, at most {peak} admitted at once; attempts {json.dumps(_attempts(wf))}"
+    )
     assert wf["status"]["phase"] == "Succeeded", json.dumps(_attempts(wf))
     pods = [n for n in wf["status"]["nodes"].values() if n.get("type") == "Pod"]
     assert seen, "no Workload was made for the drill's pods (no queue label, or Kueue's webhook not called)"
@@ -136,16 +169,32 @@ def test_kueue_admits_the_queued_drill_and_it_passes(kueue: Local):
     # be missed only if it was collected before the next poll, which podGC does only for succeeded pods).
     assert len(seen) >= len(pods) - 2, (len(seen), len(pods), sorted(seen))
     assert peak >= 2, f"at most {peak} Workload admitted at once: the trainers did not run under Kueue"
-    events = [e for e in _admitted_events(kueue) if e.split(":")[0] in {w["metadata"]["name"] for w in seen.values()}]
+    events = [
+        e
+        for e in _admitted_events(kueue)
+        if e.split(":")[0] in {w["metadata"]["name"] for w in seen.values()}
+    ]
     print("[e2e] Kueue's events for them (first 6):\n  " + "\n  ".join(events[:6]))
     assert any(": Admitted: Admitted by ClusterQueue baton-local" in e for e in events), events[:10]
     # The control: the same pod without the label is not gated (dry run, through the same webhook).
-    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "unlabelled", "namespace": "baton"},
-           "spec": {"restartPolicy": "Never", "hostNetwork": True, "containers": [{"name": "c", "image": "baton:local", "command": ["true"]}]}}
-    out = json.loads(kueue.kubectl("create", "--dry-run=server", "-o", "json", "-f", "-", stdin=json.dumps(pod)))
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "unlabelled", "namespace": "baton"},
+        "spec": {
+            "restartPolicy": "Never",
+            "hostNetwork": True,
+            "containers": [{"name": "c", "image": "baton:local", "command": ["true"]}],
+        },
+    }
+    out = json.loads(
+        kueue.kubectl("create", "--dry-run=server", "-o", "json", "-f", "-", stdin=json.dumps(pod))
+    )
     assert not out["spec"].get("schedulingGates"), out["spec"]
     pod["metadata"]["labels"] = {QUEUE_LABEL: "baton"}
-    out = json.loads(kueue.kubectl("create", "--dry-run=server", "-o", "json", "-f", "-", stdin=json.dumps(pod)))
+    out = json.loads(
+        kueue.kubectl("create", "--dry-run=server", "-o", "json", "-f", "-", stdin=json.dumps(pod))
+    )
     assert {"name": GATE} in out["spec"].get("schedulingGates", []), out["spec"]
 
 
@@ -155,48 +204,120 @@ def test_a_drill_on_quota_smaller_than_one_pod_waits_gated_and_runs_once_the_quo
     baton-local's, which also shows that what held them was the quota."""
     env = kueue.user_env()
     tiny = [
-        {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ClusterQueue", "metadata": {"name": "baton-tiny"},
-         "spec": {"namespaceSelector": {}, "resourceGroups": [{"coveredResources": ["cpu", "memory"], "flavors": [
-             {"name": "baton-local", "resources": [{"name": "cpu", "nominalQuota": "100m"},
-                                                   {"name": "memory", "nominalQuota": "3584Mi"}]}]}]}},
-        {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "LocalQueue",
-         "metadata": {"name": "tiny", "namespace": "baton"}, "spec": {"clusterQueue": "baton-tiny"}},
+        {
+            "apiVersion": "kueue.x-k8s.io/v1beta2",
+            "kind": "ClusterQueue",
+            "metadata": {"name": "baton-tiny"},
+            "spec": {
+                "namespaceSelector": {},
+                "resourceGroups": [
+                    {
+                        "coveredResources": ["cpu", "memory"],
+                        "flavors": [
+                            {
+                                "name": "baton-local",
+                                "resources": [
+                                    {"name": "cpu", "nominalQuota": "100m"},
+                                    {"name": "memory", "nominalQuota": "3584Mi"},
+                                ],
+                            }
+                        ],
+                    }
+                ],
+            },
+        },
+        {
+            "apiVersion": "kueue.x-k8s.io/v1beta2",
+            "kind": "LocalQueue",
+            "metadata": {"name": "tiny", "namespace": "baton"},
+            "spec": {"clusterQueue": "baton-tiny"},
+        },
     ]
-    kueue.kubectl("apply", "--server-side", "-f", "-", stdin=json.dumps({"apiVersion": "v1", "kind": "List",
-                                                                          "items": tiny}))
+    kueue.kubectl(
+        "apply",
+        "--server-side",
+        "-f",
+        "-",
+        stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": tiny}),
+    )
     name = ""
     try:
-        _wait(lambda: _cond(kueue.get("clusterqueue", "baton-tiny"), "Active") == "True", 60, "baton-tiny Active")
+        _wait(
+            lambda: _cond(kueue.get("clusterqueue", "baton-tiny"), "Active") == "True",
+            60,
+            "baton-tiny Active",
+        )
         name = _submit(env, *SMALL, "-p", "queue=tiny")
 
         def trainers() -> list[dict[str, Any]]:
-            return [p for p in _pods(kueue, name)
-                    if p["metadata"].get("labels", {}).get(QUEUE_LABEL) == "tiny"
-                    and any(c.get("resources", {}).get("requests", {}).get("cpu") == "500m"
-                            for c in p["spec"]["containers"])]
+            return [
+                p
+                for p in _pods(kueue, name)
+                if p["metadata"].get("labels", {}).get(QUEUE_LABEL) == "tiny"
+                and any(
+                    c.get("resources", {}).get("requests", {}).get("cpu") == "500m"
+                    for c in p["spec"]["containers"]
+                )
+            ]
 
         _wait(lambda: len(trainers()) >= 3, 120, "the drill's three trainer pods created")
         time.sleep(20)  # time for Kueue to try, and for a wrong admission to show
         pods = trainers()
-        gated = [p["metadata"]["name"] for p in pods if {"name": GATE} in p["spec"].get("schedulingGates", [])]
+        gated = [
+            p["metadata"]["name"] for p in pods if {"name": GATE} in p["spec"].get("schedulingGates", [])
+        ]
         wls = _workloads(kueue, name)
-        msgs = {p: (_cond(w, "QuotaReserved"), next((c.get("message") for c in w["status"].get("conditions", [])
-                                                      if c["type"] == "QuotaReserved"), None))
-                for p, w in wls.items() if p in {q["metadata"]["name"] for q in pods}}
-        print(f"\n[e2e] on baton-tiny after 20 s: {len(gated)}/{len(pods)} trainer pods gated; Workloads: "
-              f"{json.dumps(msgs)[:800]}")
+        msgs = {
+            p: (
+                _cond(w, "QuotaReserved"),
+                next(
+                    (
+                        c.get("message")
+                        for c in w["status"].get("conditions", [])
+                        if c["type"] == "QuotaReserved"
+                    ),
+                    None,
+                ),
+            )
+            for p, w in wls.items()
+            if p in {q["metadata"]["name"] for q in pods}
+        }
+        print(
+            f"\n[e2e] on baton-tiny after 20 s: {len(gated)}/{len(pods)} trainer pods gated; Workloads: "
+            f"{json.dumps(msgs)[:800]}"
+        )
         assert len(gated) == len(pods) >= 3, [p["spec"].get("schedulingGates") for p in pods]
         assert all(p["status"].get("phase") == "Pending" and not p["spec"].get("nodeName") for p in pods)
         assert len(msgs) == len(pods) and all(s != "True" for s, _ in msgs.values()), msgs
         assert any("insufficient" in (m or "") for _, m in msgs.values()), msgs
         # The control: the quota raised, the same pods are admitted and ungated.
-        kueue.kubectl("patch", "clusterqueue", "baton-tiny", "--type", "json", "-p", json.dumps(
-            [{"op": "replace", "path": "/spec/resourceGroups/0/flavors/0/resources/0/nominalQuota",
-              "value": "1600m"}]))
+        kueue.kubectl(
+            "patch",
+            "clusterqueue",
+            "baton-tiny",
+            "--type",
+            "json",
+            "-p",
+            json.dumps(
+                [
+                    {
+                        "op": "replace",
+                        "path": "/spec/resourceGroups/0/flavors/0/resources/0/nominalQuota",
+                        "value": "1600m",
+                    }
+                ]
+            ),
+        )
         t0 = time.monotonic()
-        _wait(lambda: sum(1 for p in trainers() if not p["spec"].get("schedulingGates")) >= 3, 120,
-              "the trainers ungated once baton-tiny has 1600m", every=0.5)
-        print(f"[e2e] with 1600m on baton-tiny, the three trainers were admitted in {time.monotonic() - t0:.1f} s")
+        _wait(
+            lambda: sum(1 for p in trainers() if not p["spec"].get("schedulingGates")) >= 3,
+            120,
+            "the trainers ungated once baton-tiny has 1600m",
+            every=0.5,
+        )
+        print(
+            f"[e2e] with 1600m on baton-tiny, the three trainers were admitted in {time.monotonic() - t0:.1f} s"
+        )
     finally:
         if name:
             kueue.kubectl("delete", "workflow", name, "--wait=false", check=False)
@@ -213,8 +334,10 @@ def test_after_a_failed_drill_the_quota_is_free_and_the_next_pod_is_admitted(kue
     t0 = time.monotonic()
     name = _submit(env, *SMALL, "-p", "queue=baton", "-p", "every_steps=0", "-p", "disable_sigterm_handler=1")
     wf, seen, peak = _run(kueue, env, name)
-    print(f"\n[e2e] kueue negative control {name}: {wf['status']['phase']} after {time.monotonic() - t0:.0f} s; "
-          f"{len(seen)} Workloads, at most {peak} admitted at once; attempts {json.dumps(_attempts(wf))}")
+    print(
+        f"\n[e2e] kueue negative control {name}: {wf['status']['phase']} after {time.monotonic() - t0:.0f} s; "
+        f"{len(seen)} Workloads, at most {peak} admitted at once; attempts {json.dumps(_attempts(wf))}"
+    )
     assert wf["status"]["phase"] == "Failed", json.dumps(_attempts(wf))
     assert peak >= 2, peak
     usage: list[Any] = []
@@ -228,10 +351,14 @@ def test_after_a_failed_drill_the_quota_is_free_and_the_next_pod_is_admitted(kue
     try:
         _wait(free, 120, "baton-local's quota free after the failed drill")
     finally:
-        left = {p: (_cond(w, "Admitted"), _cond(w, "Finished"), w["metadata"].get("finalizers"))
-                for p, w in _workloads(kueue, name).items()}
-        print(f"[e2e] after the failed drill: usage {usage} (after {time.monotonic() - t1:.1f} s); "
-              f"its Workloads left (admitted, finished, finalizers): {json.dumps(left)[:800]}")
+        left = {
+            p: (_cond(w, "Admitted"), _cond(w, "Finished"), w["metadata"].get("finalizers"))
+            for p, w in _workloads(kueue, name).items()
+        }
+        print(
+            f"[e2e] after the failed drill: usage {usage} (after {time.monotonic() - t1:.1f} s); "
+            f"its Workloads left (admitted, finished, finalizers): {json.dumps(left)[:800]}"
+        )
     admits_most_of_the_quota(kueue, "kueue-after-failure")
 
 
@@ -243,27 +370,78 @@ def test_a_kueue_preemption_of_the_trial_is_retried_and_the_drill_passes(kueue: 
     preempts nothing (the urgent pod stays gated) or something other than the trial, if Argo does not retry
     the preempted attempt, or if the drill does not pass."""
     env = kueue.user_env()
-    classes = [{"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "WorkloadPriorityClass",
-                "metadata": {"name": n}, "value": v} for n, v in (("baton-low", -10), ("baton-urgent", 100))]
-    kueue.kubectl("apply", "--server-side", "-f", "-",
-                  stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": classes}))
-    docs = list(yaml.safe_load_all(subprocess.run(["kubectl", "kustomize", str(OVERLAY)], capture_output=True,
-                                                  text=True, check=True).stdout))
+    classes = [
+        {
+            "apiVersion": "kueue.x-k8s.io/v1beta2",
+            "kind": "WorkloadPriorityClass",
+            "metadata": {"name": n},
+            "value": v,
+        }
+        for n, v in (("baton-low", -10), ("baton-urgent", 100))
+    ]
+    kueue.kubectl(
+        "apply",
+        "--server-side",
+        "-f",
+        "-",
+        stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": classes}),
+    )
+    docs = list(
+        yaml.safe_load_all(
+            subprocess.run(
+                ["kubectl", "kustomize", str(OVERLAY)], capture_output=True, text=True, check=True
+            ).stdout
+        )
+    )
     cron = next(d for d in docs if d and d["kind"] == "CronWorkflow")
     trial = next(t for t in cron["spec"]["workflowSpec"]["templates"] if t["name"] == "trial")
     trial.setdefault("metadata", {}).setdefault("labels", {})["kueue.x-k8s.io/priority-class"] = "baton-low"
-    r = subprocess.run([sys.executable, "workflows/equivalence.py", "submit", "--from-file", "-", "-p", "queue=baton",
-                        "-p", "total_steps=400", "-p", "evictions=1"], input=yaml.safe_dump(cron), cwd=REPO,
-                       env=env, capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "workflows/equivalence.py",
+            "submit",
+            "--from-file",
+            "-",
+            "-p",
+            "queue=baton",
+            "-p",
+            "total_steps=400",
+            "-p",
+            "evictions=1",
+        ],
+        input=yaml.safe_dump(cron),
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     name = r.stdout.split()[0]
-    urgent = {"apiVersion": "v1", "kind": "Pod",
-              "metadata": {"name": "kueue-urgent", "namespace": "baton",
-                           "labels": {QUEUE_LABEL: "baton", "kueue.x-k8s.io/priority-class": "baton-urgent"}},
-              "spec": {"restartPolicy": "Never", "hostNetwork": True, "containers": [{"name": "c", "image": "baton:local", "command": ["sleep", "5"],
-                                                                 "resources": {"requests": {"cpu": "500m",
-                                                                                            "memory": "1Gi"}}}]}}
+    urgent = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": "kueue-urgent",
+            "namespace": "baton",
+            "labels": {QUEUE_LABEL: "baton", "kueue.x-k8s.io/priority-class": "baton-urgent"},
+        },
+        "spec": {
+            "restartPolicy": "Never",
+            "hostNetwork": True,
+            "containers": [
+                {
+                    "name": "c",
+                    "image": "baton:local",
+                    "command": ["sleep", "5"],
+                    "resources": {"requests": {"cpu": "500m", "memory": "1Gi"}},
+                }
+            ],
+        },
+    }
     try:
+
         def trial_running() -> str | None:
             for p in _pods(kueue, name):
                 if "-trial-" in p["metadata"]["name"] and p["status"].get("phase") == "Running":
@@ -285,36 +463,57 @@ def test_a_kueue_preemption_of_the_trial_is_retried_and_the_drill_passes(kueue: 
         _wait(preempted, 120, f"the trial's Workload ({victim}) evicted by Kueue", every=0.5)
         w = seen[victim or ""]
         ev = next(c for c in w["status"]["conditions"] if c["type"] == "Evicted")
-        print(f"\n[e2e] Kueue evicted {victim}'s Workload after {time.monotonic() - t0:.1f} s: {ev['reason']}: "
-              f"{ev.get('message')}")
+        print(
+            f"\n[e2e] Kueue evicted {victim}'s Workload after {time.monotonic() - t0:.1f} s: {ev['reason']}: "
+            f"{ev.get('message')}"
+        )
         assert ev["reason"] == "Preempted", ev
         # What Kueue wrote on the pod before deleting it (pod_controller.go, Stop), if it is still there.
         pod = json.loads(kueue.kubectl("get", "pod", victim or "", "-o", "json", check=False) or "{}")
         marks = [c for c in pod.get("status", {}).get("conditions", []) if c["type"] == "TerminationTarget"]
-        print(f"[e2e] the trial's pod then: phase {pod.get('status', {}).get('phase')}, deletionTimestamp "
-              f"{pod.get('metadata', {}).get('deletionTimestamp')}, TerminationTarget {json.dumps(marks)}")
-        others = [p for p, x in _workloads(kueue, name).items() if p != victim and _cond(x, "Evicted") == "True"]
+        print(
+            f"[e2e] the trial's pod then: phase {pod.get('status', {}).get('phase')}, deletionTimestamp "
+            f"{pod.get('metadata', {}).get('deletionTimestamp')}, TerminationTarget {json.dumps(marks)}"
+        )
+        others = [
+            p for p, x in _workloads(kueue, name).items() if p != victim and _cond(x, "Evicted") == "True"
+        ]
         assert not others, f"Kueue preempted more than the trial: {others}"
         done = kueue.wait_phase("pod", "kueue-urgent", ("Succeeded", "Failed"), timeout=180)
         assert done["status"]["phase"] == "Succeeded", done["status"]
         wf, seen2, peak = _run(kueue, env, name)
         nodes = wf["status"]["nodes"]
-        victim_node = next((n for n in nodes.values() if n.get("type") == "Pod" and n["displayName"] == "trial(0)"), {})
-        print(f"[e2e] preempted drill {name}: {wf['status']['phase']}; trial(0) recorded as "
-              f"{victim_node.get('phase')}: {victim_node.get('message')} (exit "
-              f"{(victim_node.get('outputs') or {}).get('exitCode')}); attempts {json.dumps(_attempts(wf))}")
-        compare = next((n for n in nodes.values() if n.get("type") == "Pod" and n["displayName"].startswith("compare")
-                        and n.get("phase") == "Succeeded"), {})
+        victim_node = next(
+            (n for n in nodes.values() if n.get("type") == "Pod" and n["displayName"] == "trial(0)"), {}
+        )
+        print(
+            f"[e2e] preempted drill {name}: {wf['status']['phase']}; trial(0) recorded as "
+            f"{victim_node.get('phase')}: {victim_node.get('message')} (exit "
+            f"{(victim_node.get('outputs') or {}).get('exitCode')}); attempts {json.dumps(_attempts(wf))}"
+        )
+        compare = next(
+            (
+                n
+                for n in nodes.values()
+                if n.get("type") == "Pod"
+                and n["displayName"].startswith("compare")
+                and n.get("phase") == "Succeeded"
+            ),
+            {},
+        )
         outs = {p["name"]: p.get("value") for p in (compare.get("outputs") or {}).get("parameters", [])}
         print(f"[e2e] compare's outputs: {json.dumps(outs)}")
         # Kueue's preemption retried. Whether the drill's own eviction then adds a third attempt varied: 3
         # attempts in the first run, 2 in the second (docs/cluster-local.md), so only the retry is required.
         assert len(_attempts(wf)["trial"]) >= 2, _attempts(wf)
-        assert _attempts(wf)["trial"][0][:2] in (("Error", "pod deleted"), ("Failed", "main: Error (exit code 75)")), \
-            _attempts(wf)
+        assert _attempts(wf)["trial"][0][:2] in (
+            ("Error", "pod deleted"),
+            ("Failed", "main: Error (exit code 75)"),
+        ), _attempts(wf)
         assert wf["status"]["phase"] == "Succeeded", json.dumps(_attempts(wf))
     finally:
         kueue.kubectl("delete", "pod", "kueue-urgent", "--ignore-not-found", "--wait=false", check=False)
         kueue.kubectl("delete", "workflow", name, "--ignore-not-found", "--wait=false", check=False)
-        kueue.kubectl("delete", "workloadpriorityclass", "baton-low", "baton-urgent", "--ignore-not-found",
-                      check=False)
+        kueue.kubectl(
+            "delete", "workloadpriorityclass", "baton-low", "baton-urgent", "--ignore-not-found", check=False
+        )

@@ -4,6 +4,7 @@ pod's containers from baton's image (infra/local/kubelet.py, image.sh). Every po
 
 The cluster is conftest.py's, shared with test_drill_real_argo.py. Skipped when the binaries are not built.
 """
+
 from __future__ import annotations
 
 import json
@@ -34,8 +35,7 @@ def test_up_again_says_healthy_and_everything_listens_on_loopback(cluster: Local
     assert any(line.startswith("# Argo UI: https://127.0.0.1:") for line in lines), again.stdout
     out = subprocess.run(["ss", "-Htlnp"], capture_output=True, text=True).stdout
     ours = {str(p) for p in cluster.pids()}
-    listening = [line.split()[3] for line in out.splitlines()
-                 if any(f"pid={p}," in line for p in ours)]
+    listening = [line.split()[3] for line in out.splitlines() if any(f"pid={p}," in line for p in ours)]
     assert listening, out
     # Three exceptions, each with no address Argo lets one set: the controller's health port ":6060"
     # (cmd/workflow-controller/main.go), its Prometheus endpoint's ":PORT" (util/telemetry/
@@ -44,7 +44,9 @@ def test_up_again_says_healthy_and_everything_listens_on_loopback(cluster: Local
     exceptions = (":6060", f":{ports['argo_metrics']}", f":{ports['argo_server']}")
     # And the kubelet, on the node's own address: the API server reaches it there (a loopback node IP is refused).
     kubelet = f"{_node_ip(cluster)}:{ports['kubelet']}"
-    beyond = [a for a in listening if not a.startswith("127.0.0.1:") and not a.endswith(exceptions) and a != kubelet]
+    beyond = [
+        a for a in listening if not a.startswith("127.0.0.1:") and not a.endswith(exceptions) and a != kubelet
+    ]
     assert not beyond, f"listening beyond 127.0.0.1: {beyond}"
 
 
@@ -53,13 +55,29 @@ def _node_ip(cluster: Local) -> str:
 
 
 def test_plain_pod_succeeds_and_its_logs_are_read_through_the_api_server(cluster: Local):
-    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "plain"},
-           "spec": {"restartPolicy": "Never", "hostNetwork": True, "containers": [{
-               "name": "main", "image": IMAGE,
-               "command": ["python", "-c", "import os; print('plain pod', os.environ['POD_NAME']); "
-                           "print(open('/var/run/secrets/kubernetes.io/serviceaccount/namespace').read()); "
-                           "print('uid', os.getuid(), 'app', os.path.isdir('/app/trainer'))"],
-               "env": [{"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}]}]}}
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "plain"},
+        "spec": {
+            "restartPolicy": "Never",
+            "hostNetwork": True,
+            "containers": [
+                {
+                    "name": "main",
+                    "image": IMAGE,
+                    "command": [
+                        "python",
+                        "-c",
+                        "import os; print('plain pod', os.environ['POD_NAME']); "
+                        "print(open('/var/run/secrets/kubernetes.io/serviceaccount/namespace').read()); "
+                        "print('uid', os.getuid(), 'app', os.path.isdir('/app/trainer'))",
+                    ],
+                    "env": [{"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}],
+                }
+            ],
+        },
+    }
     cluster.kubectl("create", "-f", "-", stdin=json.dumps(pod))
     done = cluster.wait_phase("pod", "plain", ("Succeeded", "Failed"))
     assert done["status"]["phase"] == "Succeeded", json.dumps(done["status"])
@@ -72,9 +90,18 @@ def test_plain_pod_succeeds_and_its_logs_are_read_through_the_api_server(cluster
 
 
 def _workflow(name: str, steps: list[list[dict[str, Any]]], templates: list[dict[str, Any]]) -> str:
-    return json.dumps({"apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow", "metadata": {"name": name},
-                       "spec": {"entrypoint": "main", "hostNetwork": True,
-                                "templates": [{"name": "main", "steps": steps}, *templates]}})
+    return json.dumps(
+        {
+            "apiVersion": "argoproj.io/v1alpha1",
+            "kind": "Workflow",
+            "metadata": {"name": name},
+            "spec": {
+                "entrypoint": "main",
+                "hostNetwork": True,
+                "templates": [{"name": "main", "steps": steps}, *templates],
+            },
+        }
+    )
 
 
 def _nodes(wf: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -82,21 +109,45 @@ def _nodes(wf: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 def test_two_step_workflow_passes_a_parameter_and_succeeds(cluster: Local):
-    produce = {"name": "produce", "container": {
-        "image": IMAGE,
-        "command": ["python", "-c", "open('/tmp/word.txt', 'w').write('baton'); print('produced')"]},
-        "outputs": {"parameters": [{"name": "word", "valueFrom": {"path": "/tmp/word.txt"}}]}}
-    consume = {"name": "consume", "inputs": {"parameters": [{"name": "word"}]}, "container": {
-        "image": IMAGE,
-        "command": ["python", "-c", "import sys; print('got', sys.argv[1]); sys.exit(sys.argv[1] != 'baton')",
-                    "{{inputs.parameters.word}}"]}}
-    steps = [[{"name": "produce", "template": "produce"}],
-             [{"name": "consume", "template": "consume",
-               "arguments": {"parameters": [{"name": "word", "value": "{{steps.produce.outputs.parameters.word}}"}]}}]]
+    produce = {
+        "name": "produce",
+        "container": {
+            "image": IMAGE,
+            "command": ["python", "-c", "open('/tmp/word.txt', 'w').write('baton'); print('produced')"],
+        },
+        "outputs": {"parameters": [{"name": "word", "valueFrom": {"path": "/tmp/word.txt"}}]},
+    }
+    consume = {
+        "name": "consume",
+        "inputs": {"parameters": [{"name": "word"}]},
+        "container": {
+            "image": IMAGE,
+            "command": [
+                "python",
+                "-c",
+                "import sys; print('got', sys.argv[1]); sys.exit(sys.argv[1] != 'baton')",
+                "{{inputs.parameters.word}}",
+            ],
+        },
+    }
+    steps = [
+        [{"name": "produce", "template": "produce"}],
+        [
+            {
+                "name": "consume",
+                "template": "consume",
+                "arguments": {
+                    "parameters": [{"name": "word", "value": "{{steps.produce.outputs.parameters.word}}"}]
+                },
+            }
+        ],
+    ]
     cluster.kubectl("create", "-f", "-", stdin=_workflow("two-steps", steps, [produce, consume]))
     wf = cluster.wait_phase("workflow", "two-steps", ("Succeeded", "Failed", "Error"))
     nodes = _nodes(wf)
-    assert wf["status"]["phase"] == "Succeeded", json.dumps({k: (v["phase"], v.get("message")) for k, v in nodes.items()})
+    assert wf["status"]["phase"] == "Succeeded", json.dumps(
+        {k: (v["phase"], v.get("message")) for k, v in nodes.items()}
+    )
     assert nodes["produce"]["outputs"]["parameters"][0]["value"] == "baton"
     assert nodes["consume"]["inputs"]["parameters"][0]["value"] == "baton"
     pod = cluster.kubectl("get", "pods", "-l", "workflows.argoproj.io/workflow=two-steps", "-o", "json")
@@ -106,15 +157,24 @@ def test_two_step_workflow_passes_a_parameter_and_succeeds(cluster: Local):
 
 
 def test_a_step_that_exits_3_fails_the_workflow_with_that_exit_code(cluster: Local):
-    fail = {"name": "fail", "container": {"image": IMAGE,
-                                          "command": ["python", "-c", "import sys; print('failing'); sys.exit(3)"]}}
-    cluster.kubectl("create", "-f", "-", stdin=_workflow("exits-3", [[{"name": "fail", "template": "fail"}]], [fail]))
+    fail = {
+        "name": "fail",
+        "container": {
+            "image": IMAGE,
+            "command": ["python", "-c", "import sys; print('failing'); sys.exit(3)"],
+        },
+    }
+    cluster.kubectl(
+        "create", "-f", "-", stdin=_workflow("exits-3", [[{"name": "fail", "template": "fail"}]], [fail])
+    )
     wf = cluster.wait_phase("workflow", "exits-3", ("Succeeded", "Failed", "Error"))
     assert wf["status"]["phase"] == "Failed"
     node = _nodes(wf)["fail"]
     assert node["phase"] == "Failed" and node["outputs"]["exitCode"] == "3", json.dumps(node)
     assert "exit code 3" in node.get("message", ""), node.get("message")
-    pod = json.loads(cluster.kubectl("get", "pods", "-l", "workflows.argoproj.io/workflow=exits-3", "-o", "json"))
+    pod = json.loads(
+        cluster.kubectl("get", "pods", "-l", "workflows.argoproj.io/workflow=exits-3", "-o", "json")
+    )
     main = [s for s in pod["items"][0]["status"]["containerStatuses"] if s["name"] == "main"][0]
     assert main["state"]["terminated"]["exitCode"] == 3
 
@@ -151,10 +211,23 @@ def _wait_log(cluster: Local, pod: str, container: str, text: str, timeout: floa
 
 
 def test_deleting_a_pod_whose_pid1_ignores_sigterm_kills_it_after_the_grace_period(cluster: Local):
-    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "ignores-term"},
-           "spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": 2, "hostNetwork": True, "containers": [{
-               "name": "main", "image": IMAGE,
-               "command": ["python", "-c", "import time; print('up', flush=True); time.sleep(300)"]}]}}
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "ignores-term"},
+        "spec": {
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": 2,
+            "hostNetwork": True,
+            "containers": [
+                {
+                    "name": "main",
+                    "image": IMAGE,
+                    "command": ["python", "-c", "import time; print('up', flush=True); time.sleep(300)"],
+                }
+            ],
+        },
+    }
     cluster.kubectl("create", "-f", "-", stdin=json.dumps(pod))
     _wait_log(cluster, "ignores-term", "main", "up")
     _assert_own_pid_namespace(cluster, "ignores-term")
@@ -167,17 +240,34 @@ def test_deleting_a_pod_whose_pid1_ignores_sigterm_kills_it_after_the_grace_peri
     assert not _pod_processes(cluster, "ignores-term", uid)
 
 
-def test_a_deleted_argo_step_gets_sigterm_through_the_emissary_and_the_workflow_does_not_succeed(cluster: Local):
-    train = {"name": "train", "container": {"image": IMAGE, "command": ["python", "-c", (
-        "import signal, sys, time\n"
-        "signal.signal(signal.SIGTERM, lambda *a: (print('SIGTERM: saving', flush=True), sys.exit(75)))\n"
-        "print('training', flush=True)\n"
-        "time.sleep(300)\n")]}}
-    cluster.kubectl("create", "-f", "-", stdin=_workflow("preempted", [[{"name": "train", "template": "train"}]],
-                                                         [train]))
+def test_a_deleted_argo_step_gets_sigterm_through_the_emissary_and_the_workflow_does_not_succeed(
+    cluster: Local,
+):
+    train = {
+        "name": "train",
+        "container": {
+            "image": IMAGE,
+            "command": [
+                "python",
+                "-c",
+                (
+                    "import signal, sys, time\n"
+                    "signal.signal(signal.SIGTERM, lambda *a: (print('SIGTERM: saving', flush=True), sys.exit(75)))\n"
+                    "print('training', flush=True)\n"
+                    "time.sleep(300)\n"
+                ),
+            ],
+        },
+    }
+    cluster.kubectl(
+        "create", "-f", "-", stdin=_workflow("preempted", [[{"name": "train", "template": "train"}]], [train])
+    )
     t0 = time.monotonic()
-    while not (pods := json.loads(cluster.kubectl(
-            "get", "pods", "-l", "workflows.argoproj.io/workflow=preempted", "-o", "json"))["items"]):
+    while not (
+        pods := json.loads(
+            cluster.kubectl("get", "pods", "-l", "workflows.argoproj.io/workflow=preempted", "-o", "json")
+        )["items"]
+    ):
         assert time.monotonic() - t0 < 120, "no pod for workflow preempted"
         time.sleep(0.5)
     name = pods[0]["metadata"]["name"]
@@ -195,7 +285,9 @@ def test_a_deleted_argo_step_gets_sigterm_through_the_emissary_and_the_workflow_
     assert time.monotonic() - t0 < 15
     wf = cluster.wait_phase("workflow", "preempted", ("Succeeded", "Failed", "Error"))
     node = _nodes(wf)["train"]
-    assert wf["status"]["phase"] in ("Failed", "Error") and node["phase"] in ("Failed", "Error"), json.dumps(node)
+    assert wf["status"]["phase"] in ("Failed", "Error") and node["phase"] in ("Failed", "Error"), json.dumps(
+        node
+    )
     # Which one Argo records is a race: the final status if it saw it before the pod was gone, else
     # "pod deleted" (shared/ARGO-FACTS.md, ARGO_POD_STATUS_CAPTURE_FINALIZER).
     msg = node.get("message", "")
@@ -213,10 +305,16 @@ def test_pod_gc_and_ttl_strategy_remove_what_they_say(cluster: Local):
 
     name = "gc-ttl"
     ok = {"name": "ok", "container": {"image": IMAGE, "command": ["python", "-c", "print('ok')"]}}
-    bad = {"name": "bad", "container": {"image": IMAGE,
-                                        "command": ["python", "-c", "import time, sys; time.sleep(3); sys.exit(2)"]}}
-    wf = json.loads(_workflow(name, [[{"name": "ok", "template": "ok"}, {"name": "bad", "template": "bad"}]],
-                              [ok, bad]))
+    bad = {
+        "name": "bad",
+        "container": {
+            "image": IMAGE,
+            "command": ["python", "-c", "import time, sys; time.sleep(3); sys.exit(2)"],
+        },
+    }
+    wf = json.loads(
+        _workflow(name, [[{"name": "ok", "template": "ok"}, {"name": "bad", "template": "bad"}]], [ok, bad])
+    )
     ttl_s = 20
     assert TTL.seconds_after_failure > ttl_s  # the drill keeps a failed drill for days; here, seconds
     wf["spec"]["podGC"] = POD_GC.model_dump(by_alias=True, exclude_none=True)
@@ -226,14 +324,21 @@ def test_pod_gc_and_ttl_strategy_remove_what_they_say(cluster: Local):
     done = cluster.wait_phase("workflow", name, ("Succeeded", "Failed", "Error"))
     assert done["status"]["phase"] == "Failed"
     uid = done["metadata"]["uid"]
-    owners = {o["uid"] for p in json.loads(cluster.kubectl("get", "pods", "-l", label, "-o", "json"))["items"]
-              for o in p["metadata"].get("ownerReferences", [])}
+    owners = {
+        o["uid"]
+        for p in json.loads(cluster.kubectl("get", "pods", "-l", label, "-o", "json"))["items"]
+        for o in p["metadata"].get("ownerReferences", [])
+    }
     assert owners == {uid}, owners  # what the garbage collector follows once the Workflow is gone
 
     def pods() -> dict[str, str]:
         items = json.loads(cluster.kubectl("get", "pods", "-l", label, "-o", "json"))["items"]
-        return {p["metadata"]["annotations"]["workflows.argoproj.io/node-name"].rsplit(".", 1)[1]: p["status"]["phase"]
-                for p in items}
+        return {
+            p["metadata"]["annotations"]["workflows.argoproj.io/node-name"].rsplit(".", 1)[1]: p["status"][
+                "phase"
+            ]
+            for p in items
+        }
 
     t0 = time.monotonic()
     while "ok" in pods():  # OnPodSuccess: the succeeded pod goes; the failed one stays
@@ -275,19 +380,34 @@ def test_a_dag_still_starts_a_task_whose_dependencies_succeeded_after_another_ta
     the DAG fails at the end. The local runner follows this (tests/workflow/test_local_runner.py)."""
     name = "dag-after-failure"
     fail = {"name": "fail", "container": {"image": IMAGE, "command": ["python", "-c", "raise SystemExit(1)"]}}
-    slow = {"name": "slow", "container": {"image": IMAGE,
-                                          "command": ["python", "-c", "import time; time.sleep(15)"]}}
+    slow = {
+        "name": "slow",
+        "container": {"image": IMAGE, "command": ["python", "-c", "import time; time.sleep(15)"]},
+    }
     after = {"name": "after", "container": {"image": IMAGE, "command": ["python", "-c", "print('after')"]}}
-    dag = {"name": "main", "dag": {"tasks": [{"name": "fail", "template": "fail"},
-                                             {"name": "slow", "template": "slow"},
-                                             {"name": "after", "template": "after", "dependencies": ["slow"]}]}}
-    wf = {"apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow", "metadata": {"name": name},
-          "spec": {"entrypoint": "main", "hostNetwork": True, "templates": [dag, fail, slow, after]}}
+    dag = {
+        "name": "main",
+        "dag": {
+            "tasks": [
+                {"name": "fail", "template": "fail"},
+                {"name": "slow", "template": "slow"},
+                {"name": "after", "template": "after", "dependencies": ["slow"]},
+            ]
+        },
+    }
+    wf = {
+        "apiVersion": "argoproj.io/v1alpha1",
+        "kind": "Workflow",
+        "metadata": {"name": name},
+        "spec": {"entrypoint": "main", "hostNetwork": True, "templates": [dag, fail, slow, after]},
+    }
     cluster.kubectl("create", "-f", "-", stdin=json.dumps(wf))
     done = cluster.wait_phase("workflow", name, ("Succeeded", "Failed", "Error"))
     nodes = _nodes(done)
     phases = {k: nodes[k]["phase"] for k in ("fail", "slow") if k in nodes}
-    print(f"\n[e2e] DAG after a failure: {done['status']['phase']}, "
-          f"{ {k: v['phase'] for k, v in nodes.items()} }")
+    print(
+        f"\n[e2e] DAG after a failure: {done['status']['phase']}, "
+        f"{ {k: v['phase'] for k, v in nodes.items()} }"
+    )
     assert done["status"]["phase"] == "Failed" and phases == {"fail": "Failed", "slow": "Succeeded"}, phases
     assert nodes.get("after", {}).get("phase") == "Succeeded", {k: v["phase"] for k, v in nodes.items()}

@@ -6,6 +6,7 @@ codes and termination message the drill's retry strategy reads.
 The cluster is conftest.py's, shared with the other modules. Skipped where the node cannot run
 (tests/e2e/localcluster.py, why_skip).
 """
+
 from __future__ import annotations
 
 import json
@@ -26,14 +27,25 @@ IMAGE = "baton:local"
 
 
 def _local_cron() -> dict[str, Any]:
-    built = subprocess.run(["kubectl", "kustomize", str(REPO / "templates" / "overlays" / "local")],
-                           capture_output=True, text=True, check=True).stdout
+    built = subprocess.run(
+        ["kubectl", "kustomize", str(REPO / "templates" / "overlays" / "local")],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     return next(d for d in yaml.safe_load_all(built) if d and d.get("kind") == "CronWorkflow")
 
 
 def _submit_file(env: dict[str, str], obj: dict[str, Any], *params: str) -> str:
-    r = subprocess.run([sys.executable, "workflows/equivalence.py", "submit", "--from-file", "-", *params],
-                       input=json.dumps(obj), cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "workflows/equivalence.py", "submit", "--from-file", "-", *params],
+        input=json.dumps(obj),
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     return r.stdout.split()[0]
 
@@ -45,8 +57,9 @@ def _attempts(wf: dict[str, Any], task: str) -> list[dict[str, Any]]:
 
 
 def _pods(cluster: Local, workflow: str) -> list[dict[str, Any]]:
-    return json.loads(cluster.kubectl("get", "pods", "-l", f"workflows.argoproj.io/workflow={workflow}",
-                                      "-o", "json"))["items"]
+    return json.loads(
+        cluster.kubectl("get", "pods", "-l", f"workflows.argoproj.io/workflow={workflow}", "-o", "json")
+    )["items"]
 
 
 def _main_status(pod: dict[str, Any]) -> dict[str, Any]:
@@ -68,7 +81,9 @@ def test_a_trainer_over_its_memory_limit_is_oom_killed_and_not_retried(cluster: 
     phase, status = watch(env, name, timeout=600)
     wf = cluster.get("workflow", name)
     attempts = _attempts(wf, "trial")
-    print(f"\n[e2e] memory-limited drill {name}: {phase}; trial {[(a['phase'], a.get('message')) for a in attempts]}")
+    print(
+        f"\n[e2e] memory-limited drill {name}: {phase}; trial {[(a['phase'], a.get('message')) for a in attempts]}"
+    )
     assert phase == "Failed", status.stdout
     assert len(attempts) == 1 and "OOMKilled" in (attempts[0].get("message") or ""), attempts
     pod = next(p for p in _pods(cluster, name) if "-trial-" in p["metadata"]["name"])
@@ -83,7 +98,9 @@ def _argo(cluster: Local, env: dict[str, str], *args: str) -> subprocess.Complet
     update workflows, which stop and terminate do)."""
     admin = {k: v for k, v in env.items() if not k.startswith("ARGO_")}
     admin["KUBECONFIG"] = str(cluster.state / "admin.kubeconfig")
-    return subprocess.run(["argo", "-n", "baton", *args], env=admin, capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        ["argo", "-n", "baton", *args], env=admin, capture_output=True, text=True, timeout=120
+    )
 
 
 def _container_processes(uid: str) -> list[int]:
@@ -101,16 +118,27 @@ def _container_processes(uid: str) -> list[int]:
 def test_argo_stop_and_terminate_reach_the_running_containers(cluster: Local, how: str):
     """A long step running; `argo stop` / `argo terminate` make the controller end it through the pod (the
     wait container's kill, over exec); the step ends, the workflow fails, and no process of the pod is left."""
-    step = {"name": "long", "container": {"image": IMAGE, "command": ["python", "-c", (
-        "import time\nprint('running', flush=True)\ntime.sleep(600)\n")]}}
+    step = {
+        "name": "long",
+        "container": {
+            "image": IMAGE,
+            "command": ["python", "-c", ("import time\nprint('running', flush=True)\ntime.sleep(600)\n")],
+        },
+    }
     name = f"to-{how}"
-    wf = {"apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow", "metadata": {"name": name},
-          "spec": {"entrypoint": "long", "hostNetwork": True, "templates": [step]}}
+    wf = {
+        "apiVersion": "argoproj.io/v1alpha1",
+        "kind": "Workflow",
+        "metadata": {"name": name},
+        "spec": {"entrypoint": "long", "hostNetwork": True, "templates": [step]},
+    }
     cluster.kubectl("create", "-f", "-", stdin=json.dumps(wf))
     t0 = time.monotonic()
     while True:
         pods = _pods(cluster, name)
-        if pods and "running" in cluster.kubectl("logs", pods[0]["metadata"]["name"], "-c", "main", check=False):
+        if pods and "running" in cluster.kubectl(
+            "logs", pods[0]["metadata"]["name"], "-c", "main", check=False
+        ):
             break
         assert time.monotonic() - t0 < 180, f"{name}'s step never printed 'running'"
         time.sleep(1)
@@ -120,8 +148,10 @@ def test_argo_stop_and_terminate_reach_the_running_containers(cluster: Local, ho
     assert r.returncode == 0, r.stderr
     t0 = time.monotonic()
     done = cluster.wait_phase("workflow", name, ("Succeeded", "Failed", "Error"), timeout=180)
-    print(f"\n[e2e] argo {how}: {done['status']['phase']} after {time.monotonic() - t0:.0f} s: "
-          f"{done['status'].get('message')!r}")
+    print(
+        f"\n[e2e] argo {how}: {done['status']['phase']} after {time.monotonic() - t0:.0f} s: "
+        f"{done['status'].get('message')!r}"
+    )
     assert done["status"]["phase"] in ("Failed", "Error"), done["status"]
     assert time.monotonic() - t0 < 120  # the step was ended, not left to its 600 s
     t0 = time.monotonic()
@@ -134,24 +164,41 @@ def test_exit_codes_and_the_termination_message_are_what_argo_reads(cluster: Loc
     """Steps that end with 75 (a clean preemption), 1, 137 (SIGKILL) and 143 (SIGTERM, no handler), one writing
     a termination message: the kubelet records each exit code and the message, and Argo's node carries the same
     exit code, which the drill's retry expression reads (steps/lib/contract.py)."""
-    codes = {"ends-75": "import sys; sys.exit(75)", "ends-1": "import sys; sys.exit(1)",
-             "ends-137": "import os, signal; os.kill(os.getpid(), signal.SIGKILL)",
-             "ends-143": "import os, signal; os.kill(os.getpid(), signal.SIGTERM)",
-             "says": "open('/dev/termination-log', 'w').write('baton: saved at step 7'); import sys; sys.exit(75)"}
-    templates = [{"name": k, "container": {"image": IMAGE, "command": ["python", "-c", v]}} for k, v in codes.items()]
+    codes = {
+        "ends-75": "import sys; sys.exit(75)",
+        "ends-1": "import sys; sys.exit(1)",
+        "ends-137": "import os, signal; os.kill(os.getpid(), signal.SIGKILL)",
+        "ends-143": "import os, signal; os.kill(os.getpid(), signal.SIGTERM)",
+        "says": "open('/dev/termination-log', 'w').write('baton: saved at step 7'); import sys; sys.exit(75)",
+    }
+    templates = [
+        {"name": k, "container": {"image": IMAGE, "command": ["python", "-c", v]}} for k, v in codes.items()
+    ]
     dag = {"name": "main", "dag": {"tasks": [{"name": k, "template": k} for k in codes]}}
     name = "exit-codes"
-    wf = {"apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow", "metadata": {"name": name},
-          "spec": {"entrypoint": "main", "hostNetwork": True, "templates": [dag, *templates]}}
+    wf = {
+        "apiVersion": "argoproj.io/v1alpha1",
+        "kind": "Workflow",
+        "metadata": {"name": name},
+        "spec": {"entrypoint": "main", "hostNetwork": True, "templates": [dag, *templates]},
+    }
     cluster.kubectl("create", "-f", "-", stdin=json.dumps(wf))
     done = cluster.wait_phase("workflow", name, ("Succeeded", "Failed", "Error"), timeout=300)
     nodes = {n["displayName"]: n for n in done["status"]["nodes"].values() if n.get("type") == "Pod"}
-    pods = {p["metadata"]["annotations"]["workflows.argoproj.io/node-name"].rsplit(".", 1)[1]: p
-            for p in _pods(cluster, name)}
+    pods = {
+        p["metadata"]["annotations"]["workflows.argoproj.io/node-name"].rsplit(".", 1)[1]: p
+        for p in _pods(cluster, name)
+    }
     want = {"ends-75": 75, "ends-1": 1, "ends-137": 137, "ends-143": 143, "says": 75}
-    got = {k: (nodes[k].get("outputs", {}).get("exitCode"), _main_status(pods[k])["state"]["terminated"]["exitCode"])
-           for k in want}
+    got = {
+        k: (
+            nodes[k].get("outputs", {}).get("exitCode"),
+            _main_status(pods[k])["state"]["terminated"]["exitCode"],
+        )
+        for k in want
+    }
     print(f"\n[e2e] exit codes (Argo, kubelet): {got}")
     assert got == {k: (str(v), v) for k, v in want.items()}, got
-    assert _main_status(pods["says"])["state"]["terminated"].get("message") == "baton: saved at step 7", \
+    assert _main_status(pods["says"])["state"]["terminated"].get("message") == "baton: saved at step 7", (
         _main_status(pods["says"])["state"]["terminated"]
+    )

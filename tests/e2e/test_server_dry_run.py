@@ -10,6 +10,7 @@ manifest that make gke-up and make e2e-kind apply. With the CRDs of the pinned A
 installs them), Kueue (running, with its webhooks) and JobSet installed. The control: a misspelled key under a
 retry strategy is refused, naming the field.
 """
+
 from __future__ import annotations
 
 import copy
@@ -32,8 +33,13 @@ OVERLAYS = ("gke", "gke-kueue", "kind", "local", "local-kueue")
 
 
 def _kubectl(cluster: Local, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["kubectl", "--kubeconfig", str(cluster.state / "admin.kubeconfig"), *args], input=stdin,
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        ["kubectl", "--kubeconfig", str(cluster.state / "admin.kubeconfig"), *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def refusal(cluster: Local, obj: dict[str, Any], namespace: str = "baton") -> str | None:
@@ -41,8 +47,18 @@ def refusal(cluster: Local, obj: dict[str, Any], namespace: str = "baton") -> st
     namespace (kubectl refuses one that disagrees; a cluster-scoped object ignores it)."""
     verb = "create" if obj.get("metadata", {}).get("generateName") else "apply"
     ns = [] if obj.get("metadata", {}).get("namespace") else ["-n", namespace]
-    r = _kubectl(cluster, verb, *ns, "--dry-run=server", "--validate=strict", "-o", "name", "-f", "-",
-                 stdin=json.dumps(obj))
+    r = _kubectl(
+        cluster,
+        verb,
+        *ns,
+        "--dry-run=server",
+        "--validate=strict",
+        "-o",
+        "name",
+        "-f",
+        "-",
+        stdin=json.dumps(obj),
+    )
     if r.returncode == 0:
         return None
     why = " ".join(r.stderr.split())  # an apply's refusal quotes the whole patch: keep its two ends
@@ -70,7 +86,9 @@ def server(kueue: Local) -> Local:
     assert r.returncode == 0, r.stderr
     # A CRD applied a moment ago may have no status yet, which `kubectl wait` takes for an error: ask again.
     deadline = time.monotonic() + 60
-    while (r := _kubectl(kueue, "wait", "--for=condition=Established", "--timeout=60s", "-f", str(crds))).returncode:
+    while (
+        r := _kubectl(kueue, "wait", "--for=condition=Established", "--timeout=60s", "-f", str(crds))
+    ).returncode:
         assert "status.conditions accessor error" in r.stderr and time.monotonic() < deadline, r.stderr
         time.sleep(1)
     if _kubectl(kueue, "get", "namespace", "argo").returncode != 0:
@@ -79,8 +97,13 @@ def server(kueue: Local) -> Local:
 
 
 def _kustomized(overlay: str) -> list[dict[str, Any]]:
-    built = subprocess.run(["kubectl", "kustomize", str(generated_templates() / "overlays" / overlay)],
-                           capture_output=True, text=True, timeout=120, check=True)
+    built = subprocess.run(
+        ["kubectl", "kustomize", str(generated_templates() / "overlays" / overlay)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
     return [d for d in yaml.safe_load_all(built.stdout) if d]
 
 
@@ -98,22 +121,35 @@ KUEUE_KINDS = ("LocalQueue", "ClusterQueue", "ResourceFlavor")
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_every_object_of_each_overlay_is_accepted(server: Local, overlay: str):
     objs = _kustomized(overlay)
-    assert {"ServiceAccount", "CronWorkflow", "ConfigMap"} <= {o["kind"] for o in objs}, [o["kind"] for o in objs]
+    assert {"ServiceAccount", "CronWorkflow", "ConfigMap"} <= {o["kind"] for o in objs}, [
+        o["kind"] for o in objs
+    ]
     # Judged as a cluster of that kind would first get them: the session's Kueue objects are the local-kueue
     # overlay's, and gke-kueue's LocalQueue `baton` names another ClusterQueue, a field Kueue keeps immutable (the
     # dry run refused it as a change to the local one). The kueue fixture applies its own again when next entered.
     for o in objs:
         if o["kind"] in KUEUE_KINDS:
             ns = ["-n", o["metadata"]["namespace"]] if o["metadata"].get("namespace") else []
-            assert _kubectl(server, "delete", o["kind"].lower(), o["metadata"]["name"], *ns, "--ignore-not-found",
-                            "--wait=true").returncode == 0
+            assert (
+                _kubectl(
+                    server,
+                    "delete",
+                    o["kind"].lower(),
+                    o["metadata"]["name"],
+                    *ns,
+                    "--ignore-not-found",
+                    "--wait=true",
+                ).returncode
+                == 0
+            )
     judged(server, objs)
 
 
 @pytest.mark.parametrize("nodes", [1, 2])
 @pytest.mark.parametrize("target", [None, *OVERLAYS])
-def test_the_rendered_workflow_and_cronworkflow_are_accepted_for_each_target(server: Local, target: str | None,
-                                                                             nodes: int):
+def test_the_rendered_workflow_and_cronworkflow_are_accepted_for_each_target(
+    server: Local, target: str | None, nodes: int
+):
     objs = _rendered(target, nodes)
     assert [o["kind"] for o in objs] == ["Workflow", "CronWorkflow"]
     judged(server, objs)
@@ -138,7 +174,14 @@ def test_a_misspelled_key_under_a_retry_strategy_is_refused_naming_the_field(ser
 def test_the_install_manifest_is_the_render_of_the_verified_module():
     """infra/argo/install.yaml is what the release's recipe makes from the module that build.sh verified (its
     manifests/ kept in the build cache): rendered again here, byte for byte, and its digest the pinned one."""
-    r = subprocess.run([sys.executable, "-m", "infra.scripts.argo_install", "check"], cwd=REPO,
-                       capture_output=True, text=True, timeout=180)
+    r = subprocess.run(
+        [sys.executable, "-m", "infra.scripts.argo_install", "check"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert r.returncode == 0, r.stderr
-    assert Path(REPO / "infra" / "argo" / "install.yaml").read_bytes().startswith(b"# This is an auto-generated")
+    assert (
+        Path(REPO / "infra" / "argo" / "install.yaml").read_bytes().startswith(b"# This is an auto-generated")
+    )

@@ -33,10 +33,13 @@ class GradNoise:
         try:
             scale_text, _, seed_text = raw.partition(",")
             scale = float(scale_text)
-            seed = int(seed_text) if seed_text else int.from_bytes(os.urandom(3), "little")  # keeps perturb's seed in int64
+            seed = (
+                int(seed_text) if seed_text else int.from_bytes(os.urandom(3), "little")
+            )  # keeps perturb's seed in int64
         except ValueError:
-            raise ValueError(f"BATON_NOISE: expected '<scale>' or '<scale>,<seed>' such as '1e-6' or '1e-6,7', "
-                             f"got {raw!r}") from None
+            raise ValueError(
+                f"BATON_NOISE: expected '<scale>' or '<scale>,<seed>' such as '1e-6' or '1e-6,7', got {raw!r}"
+            ) from None
         if not 0 < scale < 1 or seed < 0:
             raise ValueError(f"BATON_NOISE: scale must be in (0, 1) and seed >= 0, got {raw!r}")
         return cls(scale, seed)
@@ -44,7 +47,8 @@ class GradNoise:
     @torch.no_grad()
     def perturb(self, model: torch.nn.Module, step: int, micro: int, rank: int) -> None:
         gen = torch.Generator(device="cpu").manual_seed(
-            ((self.seed * 1_000_003 + step) * 1_009 + micro) * 131 + rank)
+            ((self.seed * 1_000_003 + step) * 1_009 + micro) * 131 + rank
+        )
         for p in model.parameters():
             if p.grad is None:
                 continue

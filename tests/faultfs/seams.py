@@ -22,7 +22,12 @@ import time
 
 from trainer import hooks
 
-VARIABLES = ("BATON_PAUSE_AFTER_STEP", "BATON_TEST_HANG_AFTER_STEP", "BATON_TEST_DISAGREE_AFTER_STEP", "BATON_NOISE")
+VARIABLES = (
+    "BATON_PAUSE_AFTER_STEP",
+    "BATON_TEST_HANG_AFTER_STEP",
+    "BATON_TEST_DISAGREE_AFTER_STEP",
+    "BATON_NOISE",
+)
 PAUSE_LIMIT_S = 120
 
 
@@ -36,8 +41,10 @@ def _rank_step(raw: str) -> tuple[int, int] | None:
 class Seams(hooks.Hooks):
     def __init__(self, env: dict[str, str]) -> None:
         raw = env.get("BATON_PAUSE_AFTER_STEP", "")
-        self.pauses = {(int(k), int(m or 0)) for k, _, m in (x.strip().partition(":") for x in raw.split(",")
-                                                               if x.strip())}
+        self.pauses = {
+            (int(k), int(m or 0))
+            for k, _, m in (x.strip().partition(":") for x in raw.split(",") if x.strip())
+        }
         self.hang = _rank_step(env.get("BATON_TEST_HANG_AFTER_STEP", ""))
         self.disagree = _rank_step(env.get("BATON_TEST_DISAGREE_AFTER_STEP", ""))
         self.noise = None
@@ -61,8 +68,11 @@ class Seams(hooks.Hooks):
         deadline = time.monotonic() + PAUSE_LIMIT_S
         while True:
             pending = bool(p.warning_pending and p.warning_pending())
-            flags = torch.tensor([int(p.preempt.local), int(pending), int(time.monotonic() > deadline)],
-                                 dtype=torch.int32, device=p.device)
+            flags = torch.tensor(
+                [int(p.preempt.local), int(pending), int(time.monotonic() > deadline)],
+                dtype=torch.int32,
+                device=p.device,
+            )
             if p.world > 1:
                 dist.all_reduce(flags, op=dist.ReduceOp.MAX)
             if flags.any():

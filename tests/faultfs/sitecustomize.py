@@ -62,7 +62,7 @@ class FaultyFileSystem(LocalFileSystem):
     def _strip_protocol(cls, path):
         path = str(path)
         if path.startswith("faulty://"):
-            path = path[len("faulty://"):]
+            path = path[len("faulty://") :]
         return LocalFileSystem._strip_protocol(path)
 
     _first_failed: dict = {}
@@ -100,7 +100,12 @@ class FaultyFileSystem(LocalFileSystem):
                 open(marker, "w").close()
             time.sleep(delay)
         budget = _faults().get("read_errors", 0)
-        if budget and step is not None and _faults().get("read_match", "") in str(path) and (budget < 0 or FaultyFileSystem._reads_failed < budget):
+        if (
+            budget
+            and step is not None
+            and _faults().get("read_match", "") in str(path)
+            and (budget < 0 or FaultyFileSystem._reads_failed < budget)
+        ):
             FaultyFileSystem._reads_failed += 1
             raise OSError(errno.EIO, "injected read error (BATON_TEST_FAULTS read_errors)", str(path))
 
@@ -133,6 +138,13 @@ register_implementation("faulty", FaultyFileSystem, clobber=True)
 # The trainer's test seams (seams.py), installed only when a test asks for one: this file is loaded by
 # every process on the test's PYTHONPATH, the pod's PID 1 and a user's script (beside a trainer.py of its
 # own) included, and it must import nothing of baton's for them.
-if any(os.environ.get(v) for v in ("BATON_PAUSE_AFTER_STEP", "BATON_TEST_HANG_AFTER_STEP",
-                                   "BATON_TEST_DISAGREE_AFTER_STEP", "BATON_NOISE")):
+if any(
+    os.environ.get(v)
+    for v in (
+        "BATON_PAUSE_AFTER_STEP",
+        "BATON_TEST_HANG_AFTER_STEP",
+        "BATON_TEST_DISAGREE_AFTER_STEP",
+        "BATON_NOISE",
+    )
+):
     import seams  # noqa: F401 - installs them

@@ -18,5 +18,7 @@ def pytest_report_header(config) -> str:
     if not torch.cuda.is_available():
         return "baton gpu: no CUDA device, tests/gpu will be skipped"
     names = ", ".join(torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count()))
-    return (f"baton gpu: {torch.cuda.device_count()} device(s): {names}; torch {torch.__version__}, "
-            f"CUDA {torch.version.cuda}, NCCL {torch.cuda.nccl.version()}")
+    return (
+        f"baton gpu: {torch.cuda.device_count()} device(s): {names}; torch {torch.__version__}, "
+        f"CUDA {torch.version.cuda}, NCCL {torch.cuda.nccl.version()}"
+    )

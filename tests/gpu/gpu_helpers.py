@@ -25,10 +25,13 @@ HAS_CUDA = torch.cuda.is_available()
 N_GPUS = torch.cuda.device_count() if HAS_CUDA else 0
 
 requires_cuda = pytest.mark.skipif(
-    not HAS_CUDA, reason="no CUDA device (torch.cuda.is_available() is False): the GPU pre-flight suite "
-                         "runs on a GPU machine, see gpu/README.md")
+    not HAS_CUDA,
+    reason="no CUDA device (torch.cuda.is_available() is False): the GPU pre-flight suite "
+    "runs on a GPU machine, see gpu/README.md",
+)
 requires_two_gpus = pytest.mark.skipif(
-    N_GPUS < 2, reason=f"multi-rank NCCL needs 2 CUDA devices, this machine has {N_GPUS}")
+    N_GPUS < 2, reason=f"multi-rank NCCL needs 2 CUDA devices, this machine has {N_GPUS}"
+)
 
 GPU_MARKS = [pytest.mark.gpu, requires_cuda]
 
@@ -71,8 +74,9 @@ class Proc:
         self._dir = Path(tempfile.mkdtemp(prefix="baton-gpu-"))
         self._out = open(self._dir / "out", "w+")
         self._err = open(self._dir / "err", "w+")
-        self.p = subprocess.Popen(cmd, stdout=self._out, stderr=self._err, text=True, env=env or gpu_env(),
-                                  cwd=REPO)
+        self.p = subprocess.Popen(
+            cmd, stdout=self._out, stderr=self._err, text=True, env=env or gpu_env(), cwd=REPO
+        )
 
     def wait(self, timeout: float = 300) -> Result:
         try:
@@ -89,8 +93,9 @@ class Proc:
         return res
 
 
-def sigterm_at(cmd: list[str], step: int, env: dict[str, str] | None = None, target=None,
-               timeout: float = 300) -> Result:
+def sigterm_at(
+    cmd: list[str], step: int, env: dict[str, str] | None = None, target=None, timeout: float = 300
+) -> Result:
     """Run with BATON_PAUSE_AFTER_STEP=step; when the step record for `step` shows, send a real SIGTERM
     to the process (or to `target(popen)`'s pid), and collect everything."""
     env = dict(env or gpu_env(), BATON_PAUSE_AFTER_STEP=str(step))
@@ -133,7 +138,11 @@ def worker_pid(root_pid: int, rank: int, timeout: float = 30) -> int:
             todo += kids
             for k in kids:
                 try:
-                    env = dict(e.split("=", 1) for e in Path(f"/proc/{k}/environ").read_text().split("\0") if "=" in e)
+                    env = dict(
+                        e.split("=", 1)
+                        for e in Path(f"/proc/{k}/environ").read_text().split("\0")
+                        if "=" in e
+                    )
                     cmdline = Path(f"/proc/{k}/cmdline").read_bytes()
                 except OSError:
                     continue
@@ -145,13 +154,16 @@ def worker_pid(root_pid: int, rank: int, timeout: float = 30) -> int:
 
 # ---- comparing checkpoints ------------------------------------------------------------------------------
 
+
 def distance(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> tuple[float, int, int]:
     """(max |a - b| over model and optimizer tensors, tensors that differ, tensors compared): the
     drill's own comparison (steps.compare), so the tests and the drill measure the same thing."""
     from steps.compare import compared_keys, max_abs_diff
 
     keys = compared_keys(a)
-    assert keys and set(keys) <= set(b), f"checkpoints hold different tensors: {sorted(set(keys) - set(b))[:5]}"
+    assert keys and set(keys) <= set(b), (
+        f"checkpoints hold different tensors: {sorted(set(keys) - set(b))[:5]}"
+    )
     worst, differing = max_abs_diff(a, b, keys)
     return worst, len(differing), len(keys)
 
@@ -175,6 +187,7 @@ def measure(name: str, **values) -> None:
 
 # ---- one small drill on the device: reference, replay, trial (SIGTERM + resume), optional control -----
 
+
 @dataclass
 class Drill:
     root: Path
@@ -196,8 +209,18 @@ class Drill:
         return tensors(self.ckpt(role), self.total)
 
 
-def run_drill(root: Path, model: Path | str, *sets: str, total: int, stop: int, every: int, nproc: int | None = None,
-              control: bool = False, sigterm_rank: int | None = None, reference_from: Drill | None = None) -> Drill:
+def run_drill(
+    root: Path,
+    model: Path | str,
+    *sets: str,
+    total: int,
+    stop: int,
+    every: int,
+    nproc: int | None = None,
+    control: bool = False,
+    sigterm_rank: int | None = None,
+    reference_from: Drill | None = None,
+) -> Drill:
     """Reference and replay run in the background while the trial is stopped by SIGTERM after `stop`;
     then the trial (and, with `control`, a copy of it without the RNG restore) resumes to the end.
     `sigterm_rank`: signal only that torchrun worker instead of the launcher (needs nproc).
@@ -214,8 +237,11 @@ def run_drill(root: Path, model: Path | str, *sets: str, total: int, stop: int, 
         from tests.helpers import step_dir
 
         at_stop = tensors(root / "trial", stop)
-        earlier = sorted(int(p.name.removeprefix("step-")) for p in step_dir(root / "trial", stop).parent.glob("step-*")
-                         if int(p.name.removeprefix("step-")) < stop and (p / "_COMMIT").exists())
+        earlier = sorted(
+            int(p.name.removeprefix("step-"))
+            for p in step_dir(root / "trial", stop).parent.glob("step-*")
+            if int(p.name.removeprefix("step-")) < stop and (p / "_COMMIT").exists()
+        )
         before = tensors(root / "trial", earlier[-1]) if earlier else {}
         if control:
             shutil.copytree(root / "trial", root / "control")
@@ -223,16 +249,31 @@ def run_drill(root: Path, model: Path | str, *sets: str, total: int, stop: int, 
     if first.rc == 75:
         resumes.append(Proc(train_cmd(model, root / "trial", *sets, nproc=nproc)))
         if control:
-            resumes.append(Proc(train_cmd(model, root / "control", *sets, nproc=nproc),
-                                env=gpu_env(BATON_SKIP_RESTORE="rng")))
+            resumes.append(
+                Proc(
+                    train_cmd(model, root / "control", *sets, nproc=nproc),
+                    env=gpu_env(BATON_SKIP_RESTORE="rng"),
+                )
+            )
     done = [p.wait() for p in bg]
     after = [p.wait() for p in resumes]
     roots = {}
     if reference_from is not None:
         done = [reference_from.reference, reference_from.replay]
         roots = {role: reference_from.ckpt(role) for role in ("reference", "replay")}
-    return Drill(root, total, stop, done[0], done[1], first, after[0] if after else None,
-                 after[1] if len(after) > 1 else None, at_stop, before, roots)
+    return Drill(
+        root,
+        total,
+        stop,
+        done[0],
+        done[1],
+        first,
+        after[0] if after else None,
+        after[1] if len(after) > 1 else None,
+        at_stop,
+        before,
+        roots,
+    )
 
 
 def floor_and_diff(d: Drill, role: str = "trial") -> tuple[float, float, int, int]:

@@ -25,9 +25,17 @@ from trainer.preemption import Preemption
 def main() -> int:
     out_dir = Path(sys.argv[1])
     rank, world, device = init_distributed()
-    res: dict = {"rank": rank, "world": world, "device": str(device), "backend": str(dist.get_backend()),
-                 "object_collective_device": _get_object_coll_device()}
-    for where in ("cpu", "cuda"):  # "cuda": the rank's own device (the CPU too on a CPU machine, for a dry run)
+    res: dict = {
+        "rank": rank,
+        "world": world,
+        "device": str(device),
+        "backend": str(dist.get_backend()),
+        "object_collective_device": _get_object_coll_device(),
+    }
+    for where in (
+        "cpu",
+        "cuda",
+    ):  # "cuda": the rank's own device (the CPU too on a CPU machine, for a dry run)
         dev = torch.device("cpu") if where == "cpu" else device
         t = torch.tensor([rank + 1], dtype=torch.int32, device=dev)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)

@@ -20,7 +20,15 @@ PROBE = REPO / "tests" / "gpu" / "probe_collectives.py"
 
 
 def probe(nproc: int, tmp_path) -> list[dict]:
-    cmd = [PY, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", str(PROBE), str(tmp_path)]
+    cmd = [
+        PY,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+        str(PROBE),
+        str(tmp_path),
+    ]
     p = subprocess.run(cmd, capture_output=True, text=True, env=gpu_env(), cwd=REPO, timeout=180)
     assert p.returncode == 0, p.stderr[-4000:]
     return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(nproc)]

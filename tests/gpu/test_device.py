@@ -35,8 +35,16 @@ def _load(model_dir, dtype: str, dropout: float = 0.1) -> torch.nn.Module:
     from trainer.config import load_config
     from trainer.model import load_model
 
-    cfg = load_config(TINY_YAML, [f"model.path={model_dir}", "data.uri=unused", "checkpoint.uri=unused",
-                                  f"model.dtype={dtype}", f"model.dropout={dropout}"])
+    cfg = load_config(
+        TINY_YAML,
+        [
+            f"model.path={model_dir}",
+            "data.uri=unused",
+            "checkpoint.uri=unused",
+            f"model.dtype={dtype}",
+            f"model.dropout={dropout}",
+        ],
+    )
     model = load_model(cfg, model_dir, torch.device("cuda", 0))
     model.train()
     return model

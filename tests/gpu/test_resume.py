@@ -35,26 +35,52 @@ TOTAL, EVERY = 12, 4
 
 @pytest.fixture(scope="module")
 def fp32(tiny_model, tmp_path_factory):
-    return run_drill(tmp_path_factory.mktemp("fp32"), tiny_model, "model.dtype=float32",
-                     total=TOTAL, stop=6, every=EVERY, control=True)
+    return run_drill(
+        tmp_path_factory.mktemp("fp32"),
+        tiny_model,
+        "model.dtype=float32",
+        total=TOTAL,
+        stop=6,
+        every=EVERY,
+        control=True,
+    )
 
 
 @pytest.fixture(scope="module")
 def bf16(tiny_model, tmp_path_factory):
-    return run_drill(tmp_path_factory.mktemp("bf16"), tiny_model, "model.dtype=bfloat16",
-                     total=TOTAL, stop=6, every=EVERY, nproc=1)
+    return run_drill(
+        tmp_path_factory.mktemp("bf16"),
+        tiny_model,
+        "model.dtype=bfloat16",
+        total=TOTAL,
+        stop=6,
+        every=EVERY,
+        nproc=1,
+    )
 
 
 @pytest.fixture(scope="module")
 def async_save(tiny_model, tmp_path_factory, fp32):
     # The fingerprint leaves checkpoint settings out: same computation, so fp32's reference and replay serve.
-    return run_drill(tmp_path_factory.mktemp("async"), tiny_model, "model.dtype=float32",
-                     "checkpoint.async_save=true", total=TOTAL, stop=8, every=EVERY, reference_from=fp32)
+    return run_drill(
+        tmp_path_factory.mktemp("async"),
+        tiny_model,
+        "model.dtype=float32",
+        "checkpoint.async_save=true",
+        total=TOTAL,
+        stop=8,
+        every=EVERY,
+        reference_from=fp32,
+    )
 
 
 def check_runs(d) -> None:
-    for name, res, want in (("reference", d.reference, 0), ("replay", d.replay, 0), ("trial, attempt 1", d.first, 75),
-                            ("trial, resume", d.second, 0)):
+    for name, res, want in (
+        ("reference", d.reference, 0),
+        ("replay", d.replay, 0),
+        ("trial, attempt 1", d.first, 75),
+        ("trial, resume", d.second, 0),
+    ):
         assert res is not None, f"{name} did not run (the first attempt ended {d.first.rc})\n{d.first.tail()}"
         assert res.rc == want, f"{name} exited {res.rc}, expected {want}\n{res.tail()}"
 
@@ -72,11 +98,22 @@ def check_equivalence(d, label: str) -> None:
     assert all(trial_steps[s]["batch_sha"] == ref_steps[s]["batch_sha"] for s in trial_steps)
     floor, diff, differing, compared = floor_and_diff(d)
     loss_gap = max(abs(trial_steps[s]["loss"] - ref_steps[s]["loss"]) for s in trial_steps)
-    measure(f"resume_{label}", floor=floor, max_abs_diff=diff, differing_tensors=differing, tensors=compared,
-            bit_identical=differing == 0, max_loss_gap=loss_gap, outcome=pre[0]["outcome"],
-            preempt_save_ms=pre[0]["save_ms"], devices=N_GPUS)
-    assert diff <= floor, (f"{label}: the trial differs from the reference by {diff:.3g} in {differing}/{compared} "
-                           f"tensors, more than the replay does ({floor:.3g})")
+    measure(
+        f"resume_{label}",
+        floor=floor,
+        max_abs_diff=diff,
+        differing_tensors=differing,
+        tensors=compared,
+        bit_identical=differing == 0,
+        max_loss_gap=loss_gap,
+        outcome=pre[0]["outcome"],
+        preempt_save_ms=pre[0]["save_ms"],
+        devices=N_GPUS,
+    )
+    assert diff <= floor, (
+        f"{label}: the trial differs from the reference by {diff:.3g} in {differing}/{compared} "
+        f"tensors, more than the replay does ({floor:.3g})"
+    )
     if floor == 0:
         assert loss_gap == 0, f"{label}: bitwise-equal final state but losses differ by {loss_gap}"
 
@@ -112,9 +149,17 @@ def test_negative_control_without_the_rng_restore_breaks_equivalence(fp32):
     check_runs(fp32)
     assert fp32.control is not None and fp32.control.rc == 0, fp32.control.tail() if fp32.control else ""
     floor, diff, differing, compared = floor_and_diff(fp32, "control")
-    measure("negative_control_skip_rng", floor=floor, max_abs_diff=diff, differing_tensors=differing, tensors=compared)
-    assert diff > floor and differing > 0, "skipping the RNG restore went unnoticed: the CUDA generator is not what " \
-                                           "dropout draws from, or it is restored some other way"
+    measure(
+        "negative_control_skip_rng",
+        floor=floor,
+        max_abs_diff=diff,
+        differing_tensors=differing,
+        tensors=compared,
+    )
+    assert diff > floor and differing > 0, (
+        "skipping the RNG restore went unnoticed: the CUDA generator is not what "
+        "dropout draws from, or it is restored some other way"
+    )
 
 
 def test_async_periodic_save_is_committed_by_the_stop_and_resumed_from(async_save):
@@ -130,6 +175,8 @@ def test_bf16_parameters_save_and_resume(bf16):
     final = bf16.final("trial")
     model = {k: v.dtype for k, v in final.items() if k.startswith("model.") and v.is_floating_point()}
     assert set(model.values()) == {torch.bfloat16}, model
-    moments = {v.dtype for k, v in final.items() if k.startswith("optim.") and k.endswith(("exp_avg", "exp_avg_sq"))}
+    moments = {
+        v.dtype for k, v in final.items() if k.startswith("optim.") and k.endswith(("exp_avg", "exp_avg_sq"))
+    }
     assert moments == {torch.bfloat16}, moments
     assert "-> exit 75" in bf16.first.stderr  # through steps.train's exit mapping

@@ -31,8 +31,17 @@ import signal
 import sys
 
 VARIANT = os.environ.get("OWN_VARIANT", "correct")
-VARIANTS = ("correct", "ema_after", "ema_late", "ema_not_restored", "counter_not_restored", "numpy_global",
-            "main_collate", "stream", "workers_die")
+VARIANTS = (
+    "correct",
+    "ema_after",
+    "ema_late",
+    "ema_not_restored",
+    "counter_not_restored",
+    "numpy_global",
+    "main_collate",
+    "stream",
+    "workers_die",
+)
 EMA_FILE = "ema.pt"
 
 
@@ -43,8 +52,12 @@ def main() -> int:
     from baton.hf import BatonCallback, baton_args
 
     cfg = baton_args()
-    baton = BatonCallback(checkpoint_uri=cfg.checkpoint.uri, run_id=cfg.run_id, keep_last=cfg.checkpoint.keep_last,
-                          faults=cfg.faults)
+    baton = BatonCallback(
+        checkpoint_uri=cfg.checkpoint.uri,
+        run_id=cfg.run_id,
+        keep_last=cfg.checkpoint.keep_last,
+        faults=cfg.faults,
+    )
 
     import numpy as np
     import torch
@@ -63,7 +76,7 @@ def main() -> int:
 
     model_dir = ensure_model(cfg).path
     samples = pack(read_documents(cfg.data.uri), AutoTokenizer.from_pretrained(model_dir), cfg.data.seq_len)
-    samples = samples[:int(os.environ.get("OWN_SAMPLES", "0")) or None]
+    samples = samples[: int(os.environ.get("OWN_SAMPLES", "0")) or None]
     workers = 0 if VARIANT == "main_collate" else int(os.environ.get("OWN_WORKERS", "2"))
 
     def augment(ids: torch.Tensor, epoch: int, index: int) -> dict[str, torch.Tensor]:
@@ -103,9 +116,12 @@ def main() -> int:
 
     def collate(items: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
         batch = {k: torch.stack([it[k] for it in items]) for k in items[0]}
-        if VARIANT == "main_collate":  # augmentation in the collate_fn, from numpy's global RNG, in this process
-            batch["labels"] = batch["labels"].masked_fill(torch.from_numpy(np.random.random(batch["labels"].shape) < 0.1),
-                                                          -100)
+        if (
+            VARIANT == "main_collate"
+        ):  # augmentation in the collate_fn, from numpy's global RNG, in this process
+            batch["labels"] = batch["labels"].masked_fill(
+                torch.from_numpy(np.random.random(batch["labels"].shape) < 0.1), -100
+            )
         return batch
 
     def worker_init(worker_id: int) -> None:
@@ -117,9 +133,14 @@ def main() -> int:
     class OwnLoaderTrainer(Trainer):
         def get_train_dataloader(self) -> DataLoader:
             dataset = Stream() if VARIANT == "stream" else Augmented()
-            loader = DataLoader(dataset, batch_size=self.args.per_device_train_batch_size, shuffle=VARIANT != "stream",
-                                num_workers=workers, worker_init_fn=worker_init if workers else None,
-                                collate_fn=collate)
+            loader = DataLoader(
+                dataset,
+                batch_size=self.args.per_device_train_batch_size,
+                shuffle=VARIANT != "stream",
+                num_workers=workers,
+                worker_init_fn=worker_init if workers else None,
+                collate_fn=collate,
+            )
             return self.accelerator.prepare(loader)
 
     class EMA(TrainerCallback):
@@ -153,7 +174,10 @@ def main() -> int:
             if not state.is_world_process_zero:
                 return
             if VARIANT == "ema_late":
-                self.late = (folder, {"shadow": {k: v.clone() for k, v in self.shadow.items()}, "updates": self.updates})
+                self.late = (
+                    folder,
+                    {"shadow": {k: v.clone() for k, v in self.shadow.items()}, "updates": self.updates},
+                )
             else:
                 self._write(folder)
 
@@ -163,15 +187,29 @@ def main() -> int:
                 self.late = None
                 torch.save(snapshot, os.path.join(folder, EMA_FILE))
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation="eager",
-                                                 attention_dropout=cfg.model.dropout)
+    model = AutoModelForCausalLM.from_pretrained(
+        model_dir, attn_implementation="eager", attention_dropout=cfg.model.dropout
+    )
     targs = TrainingArguments(
-        output_dir=os.environ["HF_VARIANT_OUTPUT_DIR"], max_steps=cfg.total_steps, seed=cfg.seed,
-        full_determinism=cfg.deterministic, per_device_train_batch_size=cfg.data.batch_size,
-        gradient_accumulation_steps=cfg.data.grad_accum, learning_rate=cfg.optim.lr, warmup_steps=3,
-        lr_scheduler_type="cosine", max_grad_norm=0.5, label_smoothing_factor=0.1, save_strategy="steps",
-        save_steps=cfg.checkpoint.every_steps, save_total_limit=3, logging_steps=1, report_to="none",
-        disable_tqdm=True, use_cpu=True)
+        output_dir=os.environ["HF_VARIANT_OUTPUT_DIR"],
+        max_steps=cfg.total_steps,
+        seed=cfg.seed,
+        full_determinism=cfg.deterministic,
+        per_device_train_batch_size=cfg.data.batch_size,
+        gradient_accumulation_steps=cfg.data.grad_accum,
+        learning_rate=cfg.optim.lr,
+        warmup_steps=3,
+        lr_scheduler_type="cosine",
+        max_grad_norm=0.5,
+        label_smoothing_factor=0.1,
+        save_strategy="steps",
+        save_steps=cfg.checkpoint.every_steps,
+        save_total_limit=3,
+        logging_steps=1,
+        report_to="none",
+        disable_tqdm=True,
+        use_cpu=True,
+    )
     ema = EMA()
     callbacks = [baton, ema] if VARIANT == "ema_after" else [ema, baton]
     if os.environ.get("HF_NOISE"):

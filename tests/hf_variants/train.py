@@ -37,9 +37,20 @@ import random
 import sys
 
 VARIANT = os.environ.get("HF_VARIANT", "correct")
-VARIANTS = ("correct", "random_collator", "private_rng", "unseeded_shuffle", "reseed_after_resume",
-            "train_not_run", "no_callback", "group_by_length", "private_sampler", "consume_at_start",
-            "callback_counter", "unseeded_init")
+VARIANTS = (
+    "correct",
+    "random_collator",
+    "private_rng",
+    "unseeded_shuffle",
+    "reseed_after_resume",
+    "train_not_run",
+    "no_callback",
+    "group_by_length",
+    "private_sampler",
+    "consume_at_start",
+    "callback_counter",
+    "unseeded_init",
+)
 
 
 def main() -> int:
@@ -51,8 +62,12 @@ def main() -> int:
     cfg = baton_args()
     baton = None
     if VARIANT != "no_callback":  # the callback first: it installs the SIGTERM handler before the slow set-up
-        baton = BatonCallback(checkpoint_uri=cfg.checkpoint.uri, run_id=cfg.run_id, keep_last=cfg.checkpoint.keep_last,
-                              faults=cfg.faults)
+        baton = BatonCallback(
+            checkpoint_uri=cfg.checkpoint.uri,
+            run_id=cfg.run_id,
+            keep_last=cfg.checkpoint.keep_last,
+            faults=cfg.faults,
+        )
 
     import torch
     from torch.utils.data import Dataset
@@ -71,7 +86,7 @@ def main() -> int:
 
     model_dir = ensure_model(cfg).path  # a folder, or a bucket's weights copied once to this machine
     samples = pack(read_documents(cfg.data.uri), AutoTokenizer.from_pretrained(model_dir), cfg.data.seq_len)
-    order = list(range(samples.shape[0]))[:int(os.environ.get("HF_SAMPLES", "0")) or None]
+    order = list(range(samples.shape[0]))[: int(os.environ.get("HF_SAMPLES", "0")) or None]
     if VARIANT == "unseeded_shuffle":
         random.Random().shuffle(order)  # system entropy: another order at every start
 
@@ -87,7 +102,11 @@ def main() -> int:
 
     def collate(items: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
         batch = {k: torch.stack([it[k] for it in items]) for k in items[0]}
-        if VARIANT in ("random_collator", "private_rng", "consume_at_start"):  # augmentation: a random 15% of labels ignored
+        if VARIANT in (
+            "random_collator",
+            "private_rng",
+            "consume_at_start",
+        ):  # augmentation: a random 15% of labels ignored
             draws = torch.rand(batch["labels"].shape, generator=private if VARIANT == "private_rng" else None)
             batch["labels"] = batch["labels"].masked_fill(draws < 0.15, -100)
         return batch
@@ -133,24 +152,44 @@ def main() -> int:
                     if p.grad is not None:
                         p.grad.mul_(1 + self.scale * torch.randn(p.grad.shape, generator=gen))
 
-    output_dir = cfg.checkpoint.uri.removeprefix("file://") if VARIANT == "no_callback" else \
-        os.environ["HF_VARIANT_OUTPUT_DIR"]
+    output_dir = (
+        cfg.checkpoint.uri.removeprefix("file://")
+        if VARIANT == "no_callback"
+        else os.environ["HF_VARIANT_OUTPUT_DIR"]
+    )
     if VARIANT == "unseeded_init":  # from_config draws the weights from whatever state the RNG is in
         from transformers import AutoConfig
 
         torch.manual_seed(int.from_bytes(os.urandom(8), "little") % 2**63)  # as if nothing had seeded it
-        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(
-            model_dir, attn_implementation="eager", attention_dropout=cfg.model.dropout))
+        model = AutoModelForCausalLM.from_config(
+            AutoConfig.from_pretrained(
+                model_dir, attn_implementation="eager", attention_dropout=cfg.model.dropout
+            )
+        )
     else:
-        model = AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation="eager",
-                                                     attention_dropout=cfg.model.dropout)
+        model = AutoModelForCausalLM.from_pretrained(
+            model_dir, attn_implementation="eager", attention_dropout=cfg.model.dropout
+        )
     targs = TrainingArguments(
-        output_dir=output_dir, max_steps=cfg.total_steps, seed=cfg.seed, full_determinism=cfg.deterministic,
-        per_device_train_batch_size=cfg.data.batch_size, gradient_accumulation_steps=cfg.data.grad_accum,
-        learning_rate=cfg.optim.lr, warmup_steps=cfg.optim.warmup_steps, lr_scheduler_type="cosine",
-        save_strategy="steps", save_steps=cfg.checkpoint.every_steps, save_total_limit=3, logging_steps=1,
-        report_to="none", disable_tqdm=True, use_cpu=True, dataloader_num_workers=0,
-        **({"train_sampling_strategy": "group_by_length"} if VARIANT == "group_by_length" else {}))
+        output_dir=output_dir,
+        max_steps=cfg.total_steps,
+        seed=cfg.seed,
+        full_determinism=cfg.deterministic,
+        per_device_train_batch_size=cfg.data.batch_size,
+        gradient_accumulation_steps=cfg.data.grad_accum,
+        learning_rate=cfg.optim.lr,
+        warmup_steps=cfg.optim.warmup_steps,
+        lr_scheduler_type="cosine",
+        save_strategy="steps",
+        save_steps=cfg.checkpoint.every_steps,
+        save_total_limit=3,
+        logging_steps=1,
+        report_to="none",
+        disable_tqdm=True,
+        use_cpu=True,
+        dataloader_num_workers=0,
+        **({"train_sampling_strategy": "group_by_length"} if VARIANT == "group_by_length" else {}),
+    )
     callbacks: list = [baton] if baton else []
     if VARIANT == "reseed_after_resume":
         callbacks.append(ReseedAtFirstStep())
@@ -161,6 +200,7 @@ def main() -> int:
     if os.environ.get("HF_NOISE"):
         scale, seed = os.environ["HF_NOISE"].split(",")
         callbacks.append(GradNoise(float(scale), int(seed)))
+
     class ShuffledSampler(torch.utils.data.Sampler):
         """A sampler of one's own, shuffling with a generator seeded once (accelerate re-seeds a torch
         RandomSampler per epoch, whatever its generator: this one it leaves alone)."""
@@ -179,7 +219,9 @@ def main() -> int:
             return ShuffledSampler(len(train_dataset or self.train_dataset))
 
     trainer_class = PrivateSamplerTrainer if VARIANT == "private_sampler" else Trainer
-    trainer = trainer_class(model=model, args=targs, train_dataset=Packed(), data_collator=collate, callbacks=callbacks)
+    trainer = trainer_class(
+        model=model, args=targs, train_dataset=Packed(), data_collator=collate, callbacks=callbacks
+    )
     trainer.remove_callback(PrinterCallback)
     if baton is None:
         last = get_last_checkpoint(output_dir) if os.path.isdir(output_dir) else None

@@ -15,6 +15,7 @@ from tests.helpers import PY, REPO, TINY_YAML, base_env, run, trainer_cmd
 def _strict(line: str):
     def refuse(constant):
         raise ValueError(f"{constant} is not JSON")
+
     return json.loads(line, parse_constant=refuse)
 
 
@@ -59,8 +60,14 @@ def test_a_loss_that_stops_being_finite_ends_the_run_with_1_naming_the_step(tiny
     is not finite. The run stops there with 1, its records stay valid JSON, and nothing after the last
     good step is saved. Control: the same run at lr 1e-3 finishes."""
     ckpt = tmp_path / "ckpt"
-    cmd = trainer_cmd(tiny_model, ckpt, "optim.lr=1.0e+30", "optim.warmup_steps=0", "checkpoint.every_steps=1",
-                      "total_steps=6")
+    cmd = trainer_cmd(
+        tiny_model,
+        ckpt,
+        "optim.lr=1.0e+30",
+        "optim.warmup_steps=0",
+        "checkpoint.every_steps=1",
+        "total_steps=6",
+    )
     p = subprocess.run(cmd, capture_output=True, text=True, env=base_env(), cwd=REPO, timeout=300)
     rc, err = p.returncode, p.stderr
     recs = [_strict(line) for line in p.stdout.splitlines() if line.startswith("{")]

@@ -74,5 +74,7 @@ def test_failing_periodic_saves_go_on_then_end_and_a_commit_resets_the_count():
     with pytest.raises(SavesFailing, match="2 periodic checkpoints failed in a row"):
         c.periodic_save_failed(7, "disk full", emit)
     assert [(e, s, f["in_a_row"], f["checkpoint"]) for e, s, f in records] == [
-        ("checkpoint_failed", 4, 1, "mem://3"), ("checkpoint_failed", 6, 1, "mem://5"),
-        ("checkpoint_failed", 7, 2, "mem://5")]
+        ("checkpoint_failed", 4, 1, "mem://3"),
+        ("checkpoint_failed", 6, 1, "mem://5"),
+        ("checkpoint_failed", 7, 2, "mem://5"),
+    ]

@@ -24,8 +24,13 @@ print(json.dumps({{"during": during, "frozen": frozen, "count": gc.get_freeze_co
 
 
 def probe(pause: bool) -> dict:
-    out = subprocess.run([sys.executable, "-c", PROBE.format(pause=pause)], capture_output=True, text=True,
-                         timeout=120, cwd=REPO)
+    out = subprocess.run(
+        [sys.executable, "-c", PROBE.format(pause=pause)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     return json.loads(out.stdout)
 
@@ -48,13 +53,17 @@ def test_an_unpaused_process_is_left_alone():
 def test_python_m_trainer_pauses_before_torch_is_imported():
     """The pause must come before the first heavy import: importing torch with the collector on sets off
     full collections (six, for a restart's imports), with it paused none."""
-    code = ("import gc, sys; import trainer.__main__; "
-            "print(gc.isenabled(), 'torch' in sys.modules, gc.get_stats()[2]['collections'])")
+    code = (
+        "import gc, sys; import trainer.__main__; "
+        "print(gc.isenabled(), 'torch' in sys.modules, gc.get_stats()[2]['collections'])"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
     assert out.stdout.split() == ["False", "True", "0"], (out.stdout, out.stderr[-2000:])
     # Control: the same import with the pause taken out collects in full at least once.
-    code = code.replace("import trainer.__main__", "import trainer.collector as c; c.pause = lambda: None; "
-                        "import trainer.__main__")
+    code = code.replace(
+        "import trainer.__main__",
+        "import trainer.collector as c; c.pause = lambda: None; import trainer.__main__",
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
     enabled, torch_in, full = out.stdout.split()
     assert (enabled, torch_in) == ("True", "True") and int(full) > 0, out.stderr[-2000:]

@@ -62,8 +62,8 @@ def test_no_product_module_spells_the_contracts_file_names_or_the_retry_exit_cod
 def test_the_check_finds_a_planted_spelling():
     """Controls: what the drill's code once held (equivalence.py's paths, verify's 137, report.py's names)."""
     assert spellings('x = f"{ROOT}/evictions.json"') == ["/evictions.json"]
-    assert spellings('if code == 137:\n    pass') == ["137"]
-    assert spellings('if p.returncode not in (0, 75):\n    pass') == ["75"]  # bench/common.py's, once
+    assert spellings("if code == 137:\n    pass") == ["137"]
+    assert spellings("if p.returncode not in (0, 75):\n    pass") == ["75"]  # bench/common.py's, once
     assert spellings('for n in ("report.md", "loss.png"):\n    pass') == ["report.md", "loss.png"]
     assert spellings('"""Writes report.json."""\nhelp = "where verify.json goes"') == []
 
@@ -81,8 +81,10 @@ def test_the_retry_expression_is_built_from_the_exit_codes_and_the_messages():
 
 
 def test_the_contract_imports_no_torch_and_nothing_of_the_workflows():
-    code = ("import sys, steps.lib.contract, steps.lib.local_pods; "
-            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'workflows', 'hera', 'numpy')))")
+    code = (
+        "import sys, steps.lib.contract, steps.lib.local_pods; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'workflows', 'hera', 'numpy')))"
+    )
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout
     # Control: the same probe sees torch when a module that needs it is imported.
@@ -96,7 +98,11 @@ def role_and_task_literals(source: str) -> list[str]:
     tree = ast.parse(source)
     skip = _docstrings(tree)
     names = set(contract.ROLES) | set(contract.TASKS)
-    return [n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and id(n) not in skip and n.value in names]
+    return [
+        n.value
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Constant) and id(n) not in skip and n.value in names
+    ]
 
 
 def test_the_drill_definition_names_roles_and_tasks_through_the_contract_only():
@@ -105,6 +111,13 @@ def test_the_drill_definition_names_roles_and_tasks_through_the_contract_only():
 
 def test_a_planted_role_literal_in_the_drill_definition_is_found():
     """Controls: what workflows/equivalence.py once held."""
-    assert role_and_task_literals('train(name=reference_task, arguments={"role": "reference"})') == ["reference"]
-    assert role_and_task_literals('Container(name="evict", args=[evidence_root(ROOT, "trial")])') == ["evict", "trial"]
-    assert role_and_task_literals('Container(name="train", args=["--role", role])') == []  # a template, not a task
+    assert role_and_task_literals('train(name=reference_task, arguments={"role": "reference"})') == [
+        "reference"
+    ]
+    assert role_and_task_literals('Container(name="evict", args=[evidence_root(ROOT, "trial")])') == [
+        "evict",
+        "trial",
+    ]
+    assert (
+        role_and_task_literals('Container(name="train", args=["--role", role])') == []
+    )  # a template, not a task

@@ -30,11 +30,11 @@ def test_ranks_partition_the_epoch_and_world_sizes_agree_on_the_global_order():
     # The global sample stream is the same with one rank: interleave 2-rank micro-batches.
     geo1 = Geometry(n_samples=50, batch_size=2, grad_accum=2, world=1)
     one = list(EpochSampler(geo1, seed=0, epoch=0, rank=0))
-    inter = [i for t in range(len(r0) // 2) for i in r0[2 * t: 2 * t + 2] + r1[2 * t: 2 * t + 2]]
+    inter = [i for t in range(len(r0) // 2) for i in r0[2 * t : 2 * t + 2] + r1[2 * t : 2 * t + 2]]
     assert one[: len(inter)] == inter
     # Starting mid-epoch continues the same stream.
     later = list(EpochSampler(geo1, seed=0, epoch=0, rank=0, start=8))
-    assert later == one[8: 8 + len(later)]
+    assert later == one[8 : 8 + len(later)]
 
 
 @pytest.mark.parametrize("workers", [0, 2])
@@ -84,8 +84,9 @@ def test_the_forward_pass_draws_from_the_rng_exactly_when_dropout_is_on(tiny_mod
     # The negative controls use dropout > 0: without draws, a skipped RNG restore could not show.
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(tiny_model, attn_implementation="eager",
-                                                 attention_dropout=dropout).train()
+    model = AutoModelForCausalLM.from_pretrained(
+        tiny_model, attn_implementation="eager", attention_dropout=dropout
+    ).train()
     before = torch.get_rng_state()
     model(input_ids=torch.arange(16).view(2, 8), labels=torch.arange(16).view(2, 8)).loss.backward()
     assert (not torch.equal(before, torch.get_rng_state())) == advances

@@ -79,15 +79,22 @@ def _data_file(manifest: dict) -> str:
     return next(n for n in manifest["files"] if n.endswith(".distcp"))
 
 
-@pytest.mark.parametrize("edit, message", [
-    (lambda m: m["files"][_data_file(m)].update(md5="0" * 32), "unknown checksum algorithm 'md5'"),
-    (lambda m: m["files"][_data_file(m)].update(sha256="0" * 64), "exactly one checksum"),
-    (lambda m: m["files"][_data_file(m)].pop("crc32c"), "exactly one checksum"),
-    (lambda m: m["files"][_data_file(m)].update(crc32c="XYZ"), "is not 8 lowercase hex digits"),
-    # .metadata is unpickled once it matches: a check that a forger can satisfy is refused for it
-    (lambda m: m["files"].__setitem__(".metadata", {"size": m["files"][".metadata"]["size"], "crc32c": "0" * 8}),
-     "crc32c is not accepted here"),
-])
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda m: m["files"][_data_file(m)].update(md5="0" * 32), "unknown checksum algorithm 'md5'"),
+        (lambda m: m["files"][_data_file(m)].update(sha256="0" * 64), "exactly one checksum"),
+        (lambda m: m["files"][_data_file(m)].pop("crc32c"), "exactly one checksum"),
+        (lambda m: m["files"][_data_file(m)].update(crc32c="XYZ"), "is not 8 lowercase hex digits"),
+        # .metadata is unpickled once it matches: a check that a forger can satisfy is refused for it
+        (
+            lambda m: m["files"].__setitem__(
+                ".metadata", {"size": m["files"][".metadata"]["size"], "crc32c": "0" * 8}
+            ),
+            "crc32c is not accepted here",
+        ),
+    ],
+)
 def test_a_manifest_with_an_unusable_checksum_is_refused_and_the_loader_falls_back(tmp_path, edit, message):
     store = Store(f"file://{tmp_path}/ck", "run", io_threads=2)
     save(store, 3)
@@ -113,6 +120,7 @@ def test_metadata_is_checked_with_a_cryptographic_hash_whatever_the_data_files_u
 def _crc32c_preimage(target: int, prefix: bytes) -> bytes:
     """`prefix` + 4 bytes whose crc32c is `target`: found by solving the 32 linear equations over GF(2)
     that the 4 free bytes satisfy (crc32c(x ^ y) = crc32c(x) ^ crc32c(y) ^ crc32c(0) for equal lengths)."""
+
     def crc(b: bytes) -> int:
         return int(of_bytes("crc32c", b), 16)
 
@@ -148,7 +156,7 @@ def _zip_crcs(data: bytes) -> list[int]:
 
     out, i = [], data.find(b"PK\x01\x02")
     while i != -1:
-        out.append(struct.unpack("<I", data[i + 16:i + 20])[0])
+        out.append(struct.unpack("<I", data[i + 16 : i + 20])[0])
         i = data.find(b"PK\x01\x02", i + 4)
     return out
 
@@ -192,6 +200,6 @@ def test_crc32c_is_the_standard_crc32c_over_any_buffer_in_any_pieces():
         h = new("crc32c")
         view = memoryview(buf)
         for start in range(0, len(data), 7777):
-            h.update(view[start:start + 7777])
+            h.update(view[start : start + 7777])
         assert h.hexdigest() == of_bytes("crc32c", data)
     assert of_bytes("crc32c", data[:-1] + b"\x01") != of_bytes("crc32c", data)

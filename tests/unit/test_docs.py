@@ -23,14 +23,41 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-TOP_FOLDERS = ("baton", "bench", "docs", "examples", "gpu", "infra", "steps", "templates", "tests", "trainer",
-               "workflows", ".ci")
+TOP_FOLDERS = (
+    "baton",
+    "bench",
+    "docs",
+    "examples",
+    "gpu",
+    "infra",
+    "steps",
+    "templates",
+    "tests",
+    "trainer",
+    "workflows",
+    ".ci",
+)
 # Files a repository may have at its root: named bare, each must exist here.
-ROOT_FILES = {"Makefile", "Dockerfile", "pyproject.toml", "README.md", "setup.py", "setup.cfg", "LICENSE",
-              "requirements.txt", "CONTRIBUTING.md", "CHANGELOG.md", ".gitignore", ".dockerignore", "tox.ini"}
+ROOT_FILES = {
+    "Makefile",
+    "Dockerfile",
+    "pyproject.toml",
+    "README.md",
+    "setup.py",
+    "setup.cfg",
+    "LICENSE",
+    "requirements.txt",
+    "CONTRIBUTING.md",
+    "CHANGELOG.md",
+    ".gitignore",
+    ".dockerignore",
+    "tox.ini",
+}
 CONFIG_SECTIONS = ("model", "data", "optim", "checkpoint", "notice", "cadence", "faults")
 # Programs whose flags live in more than their own file.
-FLAG_SOURCES = {"workflows/equivalence.py": ("workflows/equivalence.py", "workflows/cli.py", "workflows/argo.py")}
+FLAG_SOURCES = {
+    "workflows/equivalence.py": ("workflows/equivalence.py", "workflows/cli.py", "workflows/argo.py")
+}
 DRILL_SUBCOMMANDS = ("run", "submit", "render", "status", "write-templates")
 
 
@@ -113,6 +140,7 @@ def anchors(text: str) -> set[str]:
 
 # ---- what the repository defines ------------------------------------------------------------------------
 
+
 @cache
 def make_targets() -> frozenset[str]:
     targets: set[str] = set()
@@ -131,10 +159,12 @@ def _dataclass_fields(path: Path) -> dict[str, list[tuple[str, str]]]:
     """{class name: [(field, annotation)]} of every @dataclass in `path`."""
     out = {}
     for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ClassDef) and any(
-                "dataclass" in ast.unparse(d) for d in node.decorator_list):
-            out[node.name] = [(st.target.id, ast.unparse(st.annotation)) for st in node.body
-                              if isinstance(st, ast.AnnAssign) and isinstance(st.target, ast.Name)]
+        if isinstance(node, ast.ClassDef) and any("dataclass" in ast.unparse(d) for d in node.decorator_list):
+            out[node.name] = [
+                (st.target.id, ast.unparse(st.annotation))
+                for st in node.body
+                if isinstance(st, ast.AnnAssign) and isinstance(st.target, ast.Name)
+            ]
     return out
 
 
@@ -163,8 +193,11 @@ def config_keys() -> frozenset[str]:
 
 def _dict_keys(path: Path, name: str) -> set[str]:
     for node in ast.parse(path.read_text()).body:
-        target = node.target if isinstance(node, ast.AnnAssign) else (
-            node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else None)
+        target = (
+            node.target
+            if isinstance(node, ast.AnnAssign)
+            else (node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else None)
+        )
         if isinstance(target, ast.Name) and target.id == name and isinstance(node.value, ast.Dict):
             return {k.value for k in node.value.keys if isinstance(k, ast.Constant)}
     raise AssertionError(f"no dict {name} in {path}")
@@ -174,8 +207,10 @@ def _dict_keys(path: Path, name: str) -> set[str]:
 def drill_parameters() -> frozenset[str]:
     """The workflow's parameters (workflows/params.py, PARAMETERS) and the local runner's own
     (workflows/cli.py, LOCAL_PARAMETERS): what `-p NAME=VALUE` accepts."""
-    return frozenset(_dict_keys(REPO / "workflows" / "params.py", "PARAMETERS")
-                     | _dict_keys(REPO / "workflows" / "cli.py", "LOCAL_PARAMETERS"))
+    return frozenset(
+        _dict_keys(REPO / "workflows" / "params.py", "PARAMETERS")
+        | _dict_keys(REPO / "workflows" / "cli.py", "LOCAL_PARAMETERS")
+    )
 
 
 @cache
@@ -197,13 +232,30 @@ def program_flags(source: str) -> frozenset[str] | None:
     flags = {"-h", "--help"}
     for path in files:
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "add_argument":
-                names = [a.value for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str)
-                         and a.value.startswith("-")]
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "add_argument"
+            ):
+                names = [
+                    a.value
+                    for a in node.args
+                    if isinstance(a, ast.Constant) and isinstance(a.value, str) and a.value.startswith("-")
+                ]
                 flags.update(names)
-                flags.update(a.values[0].value + "*" for a in node.args if isinstance(a, ast.JoinedStr) and a.values
-                             and isinstance(a.values[0], ast.Constant) and str(a.values[0].value).startswith("--"))
-                if any("BooleanOptionalAction" in ast.unparse(k.value) for k in node.keywords if k.arg == "action"):
+                flags.update(
+                    a.values[0].value + "*"
+                    for a in node.args
+                    if isinstance(a, ast.JoinedStr)
+                    and a.values
+                    and isinstance(a.values[0], ast.Constant)
+                    and str(a.values[0].value).startswith("--")
+                )
+                if any(
+                    "BooleanOptionalAction" in ast.unparse(k.value)
+                    for k in node.keywords
+                    if k.arg == "action"
+                ):
                     flags.update("--no-" + n[2:] for n in names if n.startswith("--"))
     return frozenset(flags)
 
@@ -214,8 +266,12 @@ def env_names_in_code() -> str:
     parts = []
     for top in TOP_FOLDERS:
         for path in (REPO / top).rglob("*"):
-            if (path.is_file() and path.suffix in (".py", ".sh", ".yaml", ".yml", ".tf", ".env", "")
-                    and "docs" not in path.parts and path != Path(__file__).resolve()):
+            if (
+                path.is_file()
+                and path.suffix in (".py", ".sh", ".yaml", ".yml", ".tf", ".env", "")
+                and "docs" not in path.parts
+                and path != Path(__file__).resolve()
+            ):
                 try:
                     parts.append(path.read_text(errors="ignore"))
                 except OSError:
@@ -232,7 +288,10 @@ _PLACEHOLDER = re.compile(r"[<>*{}$\[\]…]|\.\.\.|(^|/)[A-Z][A-Z0-9_]+(/|$)")
 # Names the docs may keep although they no longer exist, each with why. Only dated records belong here.
 STALE = {
     ("docs/results.md", "trainer/ckpt_read.py"): "a dated section (issue 18); now trainer/checkpoint/read.py",
-    ("docs/results.md", "trainer/ckpt_resolve.py"): "a dated section (issue 18); now trainer/checkpoint/resolve.py",
+    (
+        "docs/results.md",
+        "trainer/ckpt_resolve.py",
+    ): "a dated section (issue 18); now trainer/checkpoint/resolve.py",
 }
 
 
@@ -243,8 +302,14 @@ def _ignored_by_git(paths: list[str]) -> set[str]:
         return set()
     asked = [q for p in paths for q in (p, p.rstrip("/") + "/")]
     try:
-        out = subprocess.run(["git", "check-ignore", "--no-index", "--stdin"], input="\n".join(asked), cwd=REPO,
-                             capture_output=True, text=True, timeout=30)
+        out = subprocess.run(
+            ["git", "check-ignore", "--no-index", "--stdin"],
+            input="\n".join(asked),
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return set()
     hits = set(out.stdout.split())
@@ -260,7 +325,11 @@ def path_problems(text: str, doc: Path) -> list[str]:
         file = (doc.parent / path).resolve()
         if path and not file.exists():
             problems.append(f"link to a missing file: {target}")
-        elif anchor and (not path or file.suffix == ".md") and anchor not in anchors(file.read_text() if path else text):
+        elif (
+            anchor
+            and (not path or file.suffix == ".md")
+            and anchor not in anchors(file.read_text() if path else text)
+        ):
             problems.append(f"link to a missing heading: {target}")
     for code in code_contexts(text):
         for token in re.split(r"[\s,;()'\"=|]+", code):
@@ -274,12 +343,16 @@ def path_problems(text: str, doc: Path) -> list[str]:
             token, _, test = token.partition("::")  # a pytest node id: the file, and its test function
             if not (REPO / token).exists():
                 missing.append(token)
-            elif test and not re.search(rf"^\s*(async\s+)?def {re.escape(test.split('[')[0])}\(",
-                                        (REPO / token).read_text(), re.M):
+            elif test and not re.search(
+                rf"^\s*(async\s+)?def {re.escape(test.split('[')[0])}\(", (REPO / token).read_text(), re.M
+            ):
                 problems.append(f"no such test: {token}::{test}")
     ignored = _ignored_by_git(sorted(set(missing)))
-    problems += [f"no such path: {p}" for p in dict.fromkeys(missing)
-                 if p not in ignored and (doc.relative_to(REPO).as_posix(), p) not in STALE]
+    problems += [
+        f"no such path: {p}"
+        for p in dict.fromkeys(missing)
+        if p not in ignored and (doc.relative_to(REPO).as_posix(), p) not in STALE
+    ]
     return problems
 
 
@@ -325,13 +398,13 @@ def _commands(code: str) -> list[tuple[str, str]]:
     out = []
     for m in _PROGRAM.finditer(code):
         program = re.sub(r"^-m\s+", "-m ", m.group(1))
-        out.append((program, code[m.end():]))
+        out.append((program, code[m.end() :]))
     m = re.match(r"^(?:steps\.(\w+)|(evict|verify|compare))\s+(?=-)", code)  # a step, named bare
     if m and not out:
-        out.append((f"-m steps.{m.group(1) or m.group(2)}", code[m.end():]))
+        out.append((f"-m steps.{m.group(1) or m.group(2)}", code[m.end() :]))
     m = re.match(rf"^({'|'.join(DRILL_SUBCOMMANDS)})\s+(?=-)", code)
     if m and not out:
-        out.append(("workflows/equivalence.py", code[m.end():]))
+        out.append(("workflows/equivalence.py", code[m.end() :]))
     return out
 
 
@@ -363,15 +436,20 @@ def command_problems(text: str) -> list[str]:
                 flag = token.strip("[]").rstrip(".,:")
                 if flag.startswith("--") and len(flag) > 2:
                     flag = flag.split("=")[0]
-                    if flag not in flags and not any(f.endswith("*") and flag.startswith(f[:-1]) for f in flags):
+                    if flag not in flags and not any(
+                        f.endswith("*") and flag.startswith(f[:-1]) for f in flags
+                    ):
                         problems.append(f"python {program}: no such flag {flag}")
     return problems
 
 
 def env_problems(text: str) -> list[str]:
     code = env_names_in_code()
-    return [f"no such environment variable: {v}" for v in dict.fromkeys(re.findall(r"\bBATON_[A-Z0-9_]*[A-Z0-9]\b", text))
-            if not re.search(rf"\b{v}\b", code)]
+    return [
+        f"no such environment variable: {v}"
+        for v in dict.fromkeys(re.findall(r"\bBATON_[A-Z0-9_]*[A-Z0-9]\b", text))
+        if not re.search(rf"\b{v}\b", code)
+    ]
 
 
 # ---- the docs as they are ---------------------------------------------------------------------------------
@@ -396,7 +474,9 @@ def test_the_docs_name_only_what_exists(check):
 def test_the_config_reference_lists_every_key():
     """The other way round: every key trainer/config.py defines is in docs/config.md's table."""
     text = (REPO / "docs" / "config.md").read_text()
-    listed = {k for line in text.split("\n") if line.startswith("| `") for k in _SPAN.findall(line.split("|")[1])}
+    listed = {
+        k for line in text.split("\n") if line.startswith("| `") for k in _SPAN.findall(line.split("|")[1])
+    }
     assert sorted(config_keys() - listed) == []
 
 
@@ -411,10 +491,18 @@ def test_what_the_checkers_read_from_the_repository():
     """The sources of truth are found where the checkers look for them (a checker that read nothing would
     pass everything)."""
     assert {"test", "install", "drill", "e2e", "e2e-kind", "cluster-build"} <= make_targets()
-    assert {"checkpoint.uri", "notice.gcp_timeout_s", "cadence.mode", "faults.read_retry_s", "seed"} <= config_keys()
+    assert {
+        "checkpoint.uri",
+        "notice.gcp_timeout_s",
+        "cadence.mode",
+        "faults.read_retry_s",
+        "seed",
+    } <= config_keys()
     assert {"evictions", "nodes", "chaos", "unschedulable"} <= drill_parameters()
     assert {"--nproc", "--rendezvous", "--set"} <= program_flags("-m steps.train")
-    assert {"--out", "--from-file", "--argo-server", "--no-secure"} <= program_flags("workflows/equivalence.py")
+    assert {"--out", "--from-file", "--argo-server", "--no-secure"} <= program_flags(
+        "workflows/equivalence.py"
+    )
 
 
 # ---- negative controls: each checker reports a planted bad name -----------------------------------------
@@ -423,26 +511,35 @@ DOC = REPO / "docs" / "planted.md"
 
 
 def test_a_missing_path_is_reported():
-    text = ("See `trainer/no_such.py`, `steps/train.py:12` and `Makefile`.\n\n"
-            "```\npython -m trainer --config trainer/configs/no_such.yaml\n```\n")
-    assert sorted(path_problems(text, DOC)) == ["no such path: trainer/configs/no_such.yaml",
-                                                "no such path: trainer/no_such.py"]
+    text = (
+        "See `trainer/no_such.py`, `steps/train.py:12` and `Makefile`.\n\n"
+        "```\npython -m trainer --config trainer/configs/no_such.yaml\n```\n"
+    )
+    assert sorted(path_problems(text, DOC)) == [
+        "no such path: trainer/configs/no_such.yaml",
+        "no such path: trainer/no_such.py",
+    ]
     assert path_problems("`tests/unit/test_docs.py::test_no_such_test`", DOC) == [
-        "no such test: tests/unit/test_docs.py::test_no_such_test"]
+        "no such test: tests/unit/test_docs.py::test_no_such_test"
+    ]
     assert path_problems("`tests/unit/test_docs.py::test_a_missing_path_is_reported`", DOC) == []
 
 
 def test_placeholders_and_ignored_paths_are_not_paths():
-    text = ("`trainer/<name>.py`, `tests/unit/test_*.py`, `models/NAME`, `infra/NAME/x`, "
-            "`templates/overlays/gke/generated-by-make-gke-up/`, `out/drill/report.json`")
+    text = (
+        "`trainer/<name>.py`, `tests/unit/test_*.py`, `models/NAME`, `infra/NAME/x`, "
+        "`templates/overlays/gke/generated-by-make-gke-up/`, `out/drill/report.json`"
+    )
     assert path_problems(text, DOC) == []
 
 
 def test_a_missing_link_target_or_heading_is_reported():
     text = "[a](no_such.md), [b](../trainer/no_such.py), [c](config.md#no-such-heading), [d](config.md#keys), [e](#here)\n\n## Here\n"
-    assert path_problems(text, DOC) == ["link to a missing file: no_such.md",
-                                        "link to a missing file: ../trainer/no_such.py",
-                                        "link to a missing heading: config.md#no-such-heading"]
+    assert path_problems(text, DOC) == [
+        "link to a missing file: no_such.md",
+        "link to a missing file: ../trainer/no_such.py",
+        "link to a missing heading: config.md#no-such-heading",
+    ]
 
 
 def test_a_missing_make_target_is_reported():
@@ -452,31 +549,39 @@ def test_a_missing_make_target_is_reported():
 
 def test_a_missing_config_key_is_reported():
     table = "| key | default |\n|---|---|\n| `checkpoint.no_such_key` | 1 |\n| `checkpoint.uri`, `optim.nope` | x |\n"
-    assert config_problems(table, reference=True) == ["no such config key: checkpoint.no_such_key",
-                                                      "no such config key: optim.nope"]
-    assert config_problems("`python -m trainer --set model.no_such=1 --set seed=3 --set dotted.key=value`",
-                           reference=False) == ["no such config key: model.no_such"]
+    assert config_problems(table, reference=True) == [
+        "no such config key: checkpoint.no_such_key",
+        "no such config key: optim.nope",
+    ]
+    assert config_problems(
+        "`python -m trainer --set model.no_such=1 --set seed=3 --set dotted.key=value`", reference=False
+    ) == ["no such config key: model.no_such"]
 
 
 def test_a_missing_flag_program_or_parameter_is_reported():
-    text = ("```\n"
-            "python -m steps.train --nproc 2 --no-such-flag 1 --set seed=1\n"
-            "python workflows/equivalence.py run --out x -p no_such_param=1 -p evictions=2 -p NAME=VALUE\n"
-            "python workflows/equivalence.py submit --from-file - --no-secure --nope\n"
-            "python -m steps.no_such --x\n"
-            "python -m pytest --anything   # not this repository's: left alone\n"
-            "```\n\n"
-            "`steps.evict --no-evict-flag`, `verify --no-verify-flag`, `submit --from-fyle -`, "
-            "`-p trainer=\"my.py --lora-rank 16\"`, `evict --nodes 2 --node 1`\n")
-    assert command_problems(text) == ["python -m steps.train: no such flag --no-such-flag",
-                                      "no such drill parameter: -p no_such_param",
-                                      "python workflows/equivalence.py: no such flag --nope",
-                                      "no such program: python -m steps.no_such",
-                                      "python -m steps.evict: no such flag --no-evict-flag",
-                                      "python -m steps.verify: no such flag --no-verify-flag",
-                                      "python workflows/equivalence.py: no such flag --from-fyle"]
+    text = (
+        "```\n"
+        "python -m steps.train --nproc 2 --no-such-flag 1 --set seed=1\n"
+        "python workflows/equivalence.py run --out x -p no_such_param=1 -p evictions=2 -p NAME=VALUE\n"
+        "python workflows/equivalence.py submit --from-file - --no-secure --nope\n"
+        "python -m steps.no_such --x\n"
+        "python -m pytest --anything   # not this repository's: left alone\n"
+        "```\n\n"
+        "`steps.evict --no-evict-flag`, `verify --no-verify-flag`, `submit --from-fyle -`, "
+        '`-p trainer="my.py --lora-rank 16"`, `evict --nodes 2 --node 1`\n'
+    )
+    assert command_problems(text) == [
+        "python -m steps.train: no such flag --no-such-flag",
+        "no such drill parameter: -p no_such_param",
+        "python workflows/equivalence.py: no such flag --nope",
+        "no such program: python -m steps.no_such",
+        "python -m steps.evict: no such flag --no-evict-flag",
+        "python -m steps.verify: no such flag --no-verify-flag",
+        "python workflows/equivalence.py: no such flag --from-fyle",
+    ]
 
 
 def test_a_missing_environment_variable_is_reported():
     assert env_problems("`BATON_GRACE` and BATON_NO_SUCH_VARIABLE, every `BATON_` variable") == [
-        "no such environment variable: BATON_NO_SUCH_VARIABLE"]
+        "no such environment variable: BATON_NO_SUCH_VARIABLE"
+    ]

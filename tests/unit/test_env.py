@@ -14,8 +14,20 @@ from tests.helpers import PY, REPO, base_env
 from trainer import env
 
 
-@pytest.mark.parametrize("raw, expected", [("1", True), ("true", True), ("Yes", True), ("ON", True), ("", False),
-                                           ("0", False), ("false", False), ("no", False), ("off", False)])
+@pytest.mark.parametrize(
+    "raw, expected",
+    [
+        ("1", True),
+        ("true", True),
+        ("Yes", True),
+        ("ON", True),
+        ("", False),
+        ("0", False),
+        ("false", False),
+        ("no", False),
+        ("off", False),
+    ],
+)
 def test_a_flag_reads_every_usual_spelling(monkeypatch, raw, expected):
     monkeypatch.setenv("BATON_SWAP_RANK_STATE", raw)
     assert env.flag("BATON_SWAP_RANK_STATE") is expected
@@ -38,21 +50,35 @@ def test_numbers_are_finite_and_bounded(monkeypatch):
     monkeypatch.delenv("BATON_GRACE")
     assert env.number("BATON_GRACE") == 30.0
     monkeypatch.setenv("BATON_S3_MAX_ATTEMPTS", "0")
-    with pytest.raises(env.EnvError, match="BATON_S3_MAX_ATTEMPTS must be an integer >= 1 and <= 100, got '0'"):
+    with pytest.raises(
+        env.EnvError, match="BATON_S3_MAX_ATTEMPTS must be an integer >= 1 and <= 100, got '0'"
+    ):
         env.number("BATON_S3_MAX_ATTEMPTS")
 
 
 def test_the_pods_pid_1_refuses_a_bad_variable_in_one_line(tmp_path):
     """steps.train reads BATON_EVIDENCE_FLUSH_S before it starts anything: a bad value is one line and
     exit 1, no traceback. Control: a good one runs the trainer."""
-    bad = subprocess.run([PY, "-m", "steps.train", "--trainer", "-c pass"], capture_output=True, text=True,
-                         env=base_env(BATON_EVIDENCE_FLUSH_S="soon"), cwd=REPO, timeout=120)
+    bad = subprocess.run(
+        [PY, "-m", "steps.train", "--trainer", "-c pass"],
+        capture_output=True,
+        text=True,
+        env=base_env(BATON_EVIDENCE_FLUSH_S="soon"),
+        cwd=REPO,
+        timeout=120,
+    )
     assert bad.returncode == 1 and "Traceback" not in bad.stderr, bad.stderr
     assert "error: BATON_EVIDENCE_FLUSH_S must be a finite number >= 0 and <= 3600, got 'soon'" in bad.stderr
     script = tmp_path / "ran.py"
     script.write_text("print('ran')\n")
-    good = subprocess.run([PY, "-m", "steps.train", "--trainer", str(script)], capture_output=True, text=True,
-                          env=base_env(BATON_EVIDENCE_FLUSH_S="1"), cwd=REPO, timeout=120)
+    good = subprocess.run(
+        [PY, "-m", "steps.train", "--trainer", str(script)],
+        capture_output=True,
+        text=True,
+        env=base_env(BATON_EVIDENCE_FLUSH_S="1"),
+        cwd=REPO,
+        timeout=120,
+    )
     assert "ran" in good.stdout, good.stderr[-1000:]
 
 
@@ -60,9 +86,14 @@ def test_baton_variables_are_read_in_trainer_env_only():
     """One home for the rule: no other module of the product reads a BATON_ variable from os.environ itself
     (tests/faultfs, the test seams, are outside the product and read their own)."""
     pattern = re.compile(r"""(os\.environ(\.get)?\s*[\(\[]\s*|os\.getenv\(\s*)["']BATON_""")
-    offenders = [f"{p.relative_to(REPO)}:{i}" for folder in ("trainer", "steps", "baton", "workflows")
-                 for p in sorted((REPO / folder).rglob("*.py")) if p != REPO / "trainer" / "env.py"
-                 for i, line in enumerate(p.read_text().splitlines(), 1) if pattern.search(line)]
+    offenders = [
+        f"{p.relative_to(REPO)}:{i}"
+        for folder in ("trainer", "steps", "baton", "workflows")
+        for p in sorted((REPO / folder).rglob("*.py"))
+        if p != REPO / "trainer" / "env.py"
+        for i, line in enumerate(p.read_text().splitlines(), 1)
+        if pattern.search(line)
+    ]
     assert offenders == [], offenders
     assert pattern.search('x = os.environ.get("BATON_GRACE")')  # control: the pattern sees the old form
     assert Path(env.__file__).name == "env.py"

@@ -32,7 +32,11 @@ def test_the_epochs_rng_comes_back_only_inside_the_same_epoch(tmp_path):
 
 
 def test_a_snapshot_of_the_wrong_shape_or_types_is_left_unused(tmp_path, capsys):
-    for doc in ([1, 2], {"epoch": "1", "state": {}}, {"epoch": 1, "state": {"python": 5, "numpy": 1, "cpu": 0}}):
+    for doc in (
+        [1, 2],
+        {"epoch": "1", "state": {}},
+        {"epoch": 1, "state": {"python": 5, "numpy": 1, "cpu": 0}},
+    ):
         _saved(tmp_path, doc)
         torch.manual_seed(3)
         own = capture()

@@ -61,7 +61,9 @@ def _rec(event, step, attempt, **kw):
 def _clean_run(total=10, stops=(3, 7)):
     recs, attempt, start = [], 1, 0
     for stop in [*stops, total]:
-        recs.append(_rec("resume", start, attempt, from_step=start, **({"fresh": True} if start == 0 else {})))
+        recs.append(
+            _rec("resume", start, attempt, from_step=start, **({"fresh": True} if start == 0 else {}))
+        )
         recs += [_rec("step", s, attempt, loss=1.0) for s in range(start + 1, stop + 1)]
         if stop != total:
             recs.append(_rec("preempt", stop, attempt, save_ms=5, grace_left_s=29, exit=75, outcome="saved"))
@@ -73,7 +75,13 @@ def _clean_run(total=10, stops=(3, 7)):
 def test_verify_passes_a_clean_run():
     v = verify(_clean_run(), 10, evictions=2)
     assert v["passed"], v["problems"]
-    assert (v["total"], v["distinct"], v["replayed"], v["preemptions"], v["resumed_from"]) == (10, 10, 0, 2, [3, 7])
+    assert (v["total"], v["distinct"], v["replayed"], v["preemptions"], v["resumed_from"]) == (
+        10,
+        10,
+        0,
+        2,
+        [3, 7],
+    )
 
 
 def test_verify_catches_replays_gaps_lost_preemptions_and_wrong_resumes():
@@ -97,8 +105,11 @@ def test_verify_requires_every_node_to_stop_at_the_same_step():
 
     def two_nodes(node1_stop: int) -> list[dict]:
         recs = _clean_run()
-        copies = [{**r, "rank": 1, "step": node1_stop if r["step"] == 3 else r["step"]}
-                  for r in recs if r["event"] == "preempt"]
+        copies = [
+            {**r, "rank": 1, "step": node1_stop if r["step"] == 3 else r["step"]}
+            for r in recs
+            if r["event"] == "preempt"
+        ]
         return once([{**r, "rank": 0} for r in recs] + copies)
 
     agreeing = verify(two_nodes(3), 10, evictions=2)  # node 1's copies collapse into rank 0's
@@ -122,12 +133,29 @@ def _evict_with_pod(tmp_path, monkeypatch, phase):
     pods, evidence = tmp_path / "pods", tmp_path / "evidence"
     pods.mkdir()
     evidence.mkdir()
-    (pods / "wf-trial-0.json").write_text(json.dumps({"name": "wf-trial-0", "workflow": "wf", "task": "trial",
-                                                        "phase": phase}))
+    (pods / "wf-trial-0.json").write_text(
+        json.dumps({"name": "wf-trial-0", "workflow": "wf", "task": "trial", "phase": phase})
+    )
     (evidence / "wf-trial-0.jsonl").write_text(json.dumps(_rec("step", 2, 1, loss=1.0)) + "\n")
     monkeypatch.setenv("BATON_LOCAL_PODS", str(pods))
-    return evict.main(["--evidence", str(evidence), "--total-steps", "10", "--evictions", "1", "--workflow", "wf",
-                     "--poll", "0.05", "--gone-timeout", "0.5", "--timeout", "3"])
+    return evict.main(
+        [
+            "--evidence",
+            str(evidence),
+            "--total-steps",
+            "10",
+            "--evictions",
+            "1",
+            "--workflow",
+            "wf",
+            "--poll",
+            "0.05",
+            "--gone-timeout",
+            "0.5",
+            "--timeout",
+            "3",
+        ]
+    )
 
 
 def test_evict_gives_up_when_the_trial_failed_for_good(tmp_path, monkeypatch, capsys):
@@ -145,10 +173,24 @@ def test_evict_keeps_waiting_while_the_trial_has_a_live_pod(tmp_path, monkeypatc
 def _died_on_sigterm():
     """The negative control's evidence: attempt 1 trains to step 4, is evicted, and ends without a
     preemption save; nothing retries it."""
-    recs = [_rec("resume", 0, 1, from_step=0, fresh=True)] + [_rec("step", s, 1, loss=1.0) for s in range(1, 5)]
-    evictions = [{"event": "evict", "point": 4, "observed_step": 4, "attempt": 1, "pod": "wf-trial-0",
-                  "ended": {"phase": "Failed", "status": "Failed", "exit_code": 1,
-                            "message": "main: Error (exit code 1)"}}]
+    recs = [_rec("resume", 0, 1, from_step=0, fresh=True)] + [
+        _rec("step", s, 1, loss=1.0) for s in range(1, 5)
+    ]
+    evictions = [
+        {
+            "event": "evict",
+            "point": 4,
+            "observed_step": 4,
+            "attempt": 1,
+            "pod": "wf-trial-0",
+            "ended": {
+                "phase": "Failed",
+                "status": "Failed",
+                "exit_code": 1,
+                "message": "main: Error (exit code 1)",
+            },
+        }
+    ]
     return recs, evictions
 
 
@@ -170,12 +212,22 @@ def test_a_retry_that_failed_before_any_record_is_counted_and_named_not_called_a
     from steps.lib.verdict import verdict_of
 
     recs, evictions = _died_on_sigterm()
-    own = {"event": "failed", "reason": "trainer_error", "step": 0, "launcher_exit": 1, "attempt": None,
-           "time": 1000, "source": "steps.train", "error": "the trainer exited 1 before writing any record"}
+    own = {
+        "event": "failed",
+        "reason": "trainer_error",
+        "step": 0,
+        "launcher_exit": 1,
+        "attempt": None,
+        "time": 1000,
+        "source": "steps.train",
+        "error": "the trainer exited 1 before writing any record",
+    }
     v = verify([*recs, own], 10, evictions=1, planned=1, eviction_list=evictions)
     said = " ".join(v["problems"])
     assert v["attempts"] == 2 and v["trial_outcome"] == "died_on_sigterm", v
-    assert "and the attempt after it failed before writing any record (exit 1; its log says why)" in said, said
+    assert "and the attempt after it failed before writing any record (exit 1; its log says why)" in said, (
+        said
+    )
     assert "no attempt came after it" not in said
     report = {"steps": {**v, "replayed": 0}, "evictions_met": {"lost": 1, "killed": 0}}
     sentence = verdict_of(report, {"evictions": evictions}, [*recs, own])
@@ -204,15 +256,34 @@ def test_evict_writes_its_record_even_when_it_gives_up_and_resumes_from_it(tmp_p
     pods, evidence = tmp_path / "pods", tmp_path / "evidence"
     pods.mkdir()
     evidence.mkdir()
-    (pods / "wf-trial-1.json").write_text(json.dumps({"name": "wf-trial-1", "workflow": "wf", "task": "trial",
-                                                        "phase": "Failed"}))
+    (pods / "wf-trial-1.json").write_text(
+        json.dumps({"name": "wf-trial-1", "workflow": "wf", "task": "trial", "phase": "Failed"})
+    )
     (evidence / "wf-trial-1.jsonl").write_text(json.dumps(_rec("step", 5, 2, loss=1.0)) + "\n")
     monkeypatch.setenv("BATON_LOCAL_PODS", str(pods))
     # An earlier attempt of this step evicted at the first point (4 of 10 steps, 2 evictions), then died.
     earlier = {"event": "evict", "point": 4, "observed_step": 4, "attempt": 1, "pod": "wf-trial-0"}
     out.write_text(json.dumps({"points": [4, 8], "evictions": [earlier], "planned": 2}))
-    rc = evict.main(["--evidence", str(evidence), "--total-steps", "10", "--evictions", "2", "--workflow", "wf",
-                     "--poll", "0.05", "--gone-timeout", "0.5", "--timeout", "3", "--out", str(out)])
+    rc = evict.main(
+        [
+            "--evidence",
+            str(evidence),
+            "--total-steps",
+            "10",
+            "--evictions",
+            "2",
+            "--workflow",
+            "wf",
+            "--poll",
+            "0.05",
+            "--gone-timeout",
+            "0.5",
+            "--timeout",
+            "3",
+            "--out",
+            str(out),
+        ]
+    )
     assert rc == 1  # the trial has no pod: it failed for good
     record = json.loads(out.read_text())
     assert record["evictions"] == [earlier]  # resumed, not redone: no second eviction at point 4
@@ -220,9 +291,18 @@ def test_evict_writes_its_record_even_when_it_gives_up_and_resumes_from_it(tmp_p
 
 
 def _evicted(attempt, point, exit_code, message=""):
-    return {"event": "evict", "point": point, "observed_step": point, "attempt": attempt, "pod": f"wf-trial-{attempt}",
-            "ended": {"phase": "Succeeded" if exit_code == 0 else "Failed", "exit_code": exit_code,
-                      "message": message}}
+    return {
+        "event": "evict",
+        "point": point,
+        "observed_step": point,
+        "attempt": attempt,
+        "pod": f"wf-trial-{attempt}",
+        "ended": {
+            "phase": "Succeeded" if exit_code == 0 else "Failed",
+            "exit_code": exit_code,
+            "message": message,
+        },
+    }
 
 
 def test_an_eviction_that_reaches_a_finished_trainer_is_missed_and_inconclusive_never_the_trainers_fault():
@@ -244,8 +324,9 @@ def test_an_eviction_that_reaches_a_finished_trainer_is_missed_and_inconclusive_
 
 
 def test_planned_evictions_that_never_happened_because_the_trial_finished_are_inconclusive():
-    v = verify(_clean_run(total=10, stops=(3,)), 10, evictions=1, planned=3,
-               eviction_list=[_evicted(1, 3, 75)])
+    v = verify(
+        _clean_run(total=10, stops=(3,)), 10, evictions=1, planned=3, eviction_list=[_evicted(1, 3, 75)]
+    )
     assert v["problems"] == [] and "1 of 3 planned evictions happened" in v["inconclusive"][0]
     # A trial that did not finish is another matter: that is a problem.
     recs = [r for r in _clean_run(total=10, stops=(3,)) if r["event"] != "done"]
@@ -256,12 +337,21 @@ def test_planned_evictions_that_never_happened_because_the_trial_finished_are_in
 def test_compare_calls_a_missed_eviction_inconclusive_and_a_lost_one_not_preemption_safe():
     from steps.compare import verdict_of
 
-    base = {"equivalent": True, "passed": False, "verify_problems": [], "steps": {"preemptions": 2, "replayed": 0},
-            "evictions_met": {"landed": 2, "missed": 1, "lost": 0},
-            "inconclusive": ["1 eviction(s) reached the trial after it had finished"]}
+    base = {
+        "equivalent": True,
+        "passed": False,
+        "verify_problems": [],
+        "steps": {"preemptions": 2, "replayed": 0},
+        "evictions_met": {"landed": 2, "missed": 1, "lost": 0},
+        "inconclusive": ["1 eviction(s) reached the trial after it had finished"],
+    }
     assert verdict_of(base, {"evictions": [{}, {}, {}]}, _clean_run()).startswith("INCONCLUSIVE")
-    broken = {**base, "inconclusive": [], "verify_problems": ["an evicted attempt died without committing its step"],
-              "evictions_met": {"landed": 2, "missed": 0, "lost": 1}}
+    broken = {
+        **base,
+        "inconclusive": [],
+        "verify_problems": ["an evicted attempt died without committing its step"],
+        "evictions_met": {"landed": 2, "missed": 0, "lost": 1},
+    }
     assert verdict_of(broken, {"evictions": [{}, {}, {}]}, _clean_run()).startswith("NOT preemption-safe")
 
 
@@ -321,14 +411,35 @@ def test_evict_fires_before_its_point_at_a_trainer_about_to_finish(tmp_path, mon
         pods, evidence = tmp_path / f"pods-{out}", tmp_path / f"evidence-{out}"
         pods.mkdir()
         evidence.mkdir()
-        (pods / "wf-trial-0.json").write_text(json.dumps({"name": "wf-trial-0", "workflow": "wf", "task": "trial",
-                                                          "phase": "Running"}))
-        lines = [json.dumps({"event": "step", "step": s, "attempt": 1, "time": 1000 + s * seconds_per_step})
-                 for s in range(1, 6)]
+        (pods / "wf-trial-0.json").write_text(
+            json.dumps({"name": "wf-trial-0", "workflow": "wf", "task": "trial", "phase": "Running"})
+        )
+        lines = [
+            json.dumps({"event": "step", "step": s, "attempt": 1, "time": 1000 + s * seconds_per_step})
+            for s in range(1, 6)
+        ]
         (evidence / "wf-trial-0.jsonl").write_text("\n".join(lines) + "\n")
         monkeypatch.setenv("BATON_LOCAL_PODS", str(pods))
-        rc = evict.main(["--evidence", str(evidence), "--total-steps", "40", "--evictions", "1", "--workflow", "wf",
-                         "--poll", "0.02", "--timeout", "1", "--gone-timeout", "5", "--out", str(tmp_path / out)])
+        rc = evict.main(
+            [
+                "--evidence",
+                str(evidence),
+                "--total-steps",
+                "40",
+                "--evictions",
+                "1",
+                "--workflow",
+                "wf",
+                "--poll",
+                "0.02",
+                "--timeout",
+                "1",
+                "--gone-timeout",
+                "5",
+                "--out",
+                str(tmp_path / out),
+            ]
+        )
         return rc, (pods / "wf-trial-0.delete").exists(), json.loads((tmp_path / out).read_text())
 
     rc, requested, record = run(0.01, "fast.json")
@@ -346,10 +457,16 @@ def test_an_eviction_sigkilled_after_its_grace_is_a_save_that_did_not_finish_in_
     killed = [_evicted(1, 3, 137, "main: Error (exit code 137)")]
     v = verify(recs, 10, evictions=1, planned=1, eviction_list=killed)
     assert v["evictions_met"]["killed"] == 1 and any("did not finish in time" in p for p in v["problems"])
-    report = {"equivalent": True, "passed": False, "steps": {"preemptions": 0, "replayed": 0},
-              "evictions_met": v["evictions_met"], "verify_problems": v["problems"]}
-    assert verdict_of(report, {"evictions": killed}, recs).startswith("NOT preemption-safe: 1 of 1 evictions ended "
-                                                                        "in SIGKILL after the grace (exit 137)")
+    report = {
+        "equivalent": True,
+        "passed": False,
+        "steps": {"preemptions": 0, "replayed": 0},
+        "evictions_met": v["evictions_met"],
+        "verify_problems": v["problems"],
+    }
+    assert verdict_of(report, {"evictions": killed}, recs).startswith(
+        "NOT preemption-safe: 1 of 1 evictions ended in SIGKILL after the grace (exit 137)"
+    )
 
 
 def _baseline(resumes):
@@ -362,8 +479,10 @@ def test_an_interrupted_baseline_leaves_the_verdict_open_where_a_resume_bug_coul
     from steps.lib.verdict import baseline_doubts, baseline_interruptions
 
     clean = baseline_interruptions({"reference": _clean_run(10, ()), "replay": _clean_run(10, ())})
-    assert clean == {"reference": {"preempted_at": [], "resumed_from": []},
-                     "replay": {"preempted_at": [], "resumed_from": []}}
+    assert clean == {
+        "reference": {"preempted_at": [], "resumed_from": []},
+        "replay": {"preempted_at": [], "resumed_from": []},
+    }
     assert baseline_doubts(1, clean, [3, 7]) == [] and baseline_doubts(2, clean, [3, 7]) == []
     ref_at_3 = baseline_interruptions({"reference": _baseline([3]), "replay": _clean_run(10, ())})
     assert ref_at_3["reference"] == {"preempted_at": [3], "resumed_from": [3]}
@@ -371,9 +490,15 @@ def test_an_interrupted_baseline_leaves_the_verdict_open_where_a_resume_bug_coul
     assert baseline_doubts(1, ref_at_3, [3, 7]) == [] and baseline_doubts(2, ref_at_3, [3, 7]) == []
     # Tier 1: both resumed where the trial did (3 and 7): open. One of them elsewhere (at 5): it stands.
     both_shared = baseline_interruptions({"reference": _baseline([3]), "replay": _baseline([7])})
-    assert "both preempted and resumed where the trial resumed too" in baseline_doubts(1, both_shared, [3, 7])[0]
-    assert baseline_doubts(1, baseline_interruptions({"reference": _baseline([3]), "replay": _baseline([5])}),
-                           [3, 7]) == []
+    assert (
+        "both preempted and resumed where the trial resumed too" in baseline_doubts(1, both_shared, [3, 7])[0]
+    )
+    assert (
+        baseline_doubts(
+            1, baseline_interruptions({"reference": _baseline([3]), "replay": _baseline([5])}), [3, 7]
+        )
+        == []
+    )
     # Tier 2: both resumed, wherever: the floor holds resumes.
     both = baseline_interruptions({"reference": _baseline([3]), "replay": _baseline([6])})
     assert "the floor holds resumes" in baseline_doubts(2, both, [5])[0]
@@ -384,8 +509,14 @@ def test_the_summary_names_an_interrupted_baseline_and_is_silent_for_a_clean_one
     from steps.lib.verdict import baseline_interruptions
 
     def report(baseline):
-        return {"steps": {"total": 10, "distinct": 10, "resumed_from": [], "replayed": 0, "preemptions": 0},
-                "tier": 2, "equivalent": True, "max_abs_diff": 0.0, "floor": 0.0, "baseline": baseline}
+        return {
+            "steps": {"total": 10, "distinct": 10, "resumed_from": [], "replayed": 0, "preemptions": 0},
+            "tier": 2,
+            "equivalent": True,
+            "max_abs_diff": 0.0,
+            "floor": 0.0,
+            "baseline": baseline,
+        }
 
     interrupted = baseline_interruptions({"reference": _baseline([3]), "replay": _clean_run(10, ())})
     assert "baseline reference: preempted at [3], resumed from [3]" in summary(report(interrupted))
@@ -397,7 +528,10 @@ def test_the_summary_names_an_interrupted_baseline_and_is_silent_for_a_clean_one
 def test_the_node_each_eviction_ends_is_drawn_under_the_seed_or_pinned():
     assert eviction_nodes(3, 1, seed=0) == [None, None, None]  # one pod: no choice to make
     drawn = eviction_nodes(8, 2, seed=0)
-    assert drawn == eviction_nodes(8, 2, seed=0) and set(drawn) == {0, 1}  # repeatable, and both nodes come up
+    assert drawn == eviction_nodes(8, 2, seed=0) and set(drawn) == {
+        0,
+        1,
+    }  # repeatable, and both nodes come up
     assert drawn != eviction_nodes(8, 2, seed=1)
     assert eviction_nodes(3, 4, seed=0, pinned=3) == [3, 3, 3]
 
@@ -414,13 +548,21 @@ def test_a_survivors_peer_lost_record_is_not_the_evicted_nodes_save():
     died = [dict(_evicted(1, 3, 1, "pod deleted"), node=1)]
     v = verify(recs, 10, evictions=1, planned=1, eviction_list=died)
     assert v["evictions_met"] == {"landed": 0, "missed": 0, "killed": 0, "lost": 1}, v
-    report = {"equivalent": False, "passed": False, "steps": {"preemptions": 0, "replayed": 0},
-              "evictions_met": v["evictions_met"], "verify_problems": v["problems"]}
+    report = {
+        "equivalent": False,
+        "passed": False,
+        "steps": {"preemptions": 0, "replayed": 0},
+        "evictions_met": v["evictions_met"],
+        "verify_problems": v["problems"],
+    }
     assert verdict_of(report, {"evictions": died}, recs).startswith(
-        "NOT preemption-safe: 1 of 1 evictions ended without a preempt record")
+        "NOT preemption-safe: 1 of 1 evictions ended without a preempt record"
+    )
     # Controls: a retry_later for another reason (a store that failed every save) is the evicted attempt
     # ending retry-safe, and so is a preempt record beside the survivor's peer_lost.
-    for extra in (_rec("retry_later", 3, 1, reason="save_failed", rank=0, exit=75),
-                  _rec("preempt", 3, 1, outcome="saved", exit=75, rank=1)):
+    for extra in (
+        _rec("retry_later", 3, 1, reason="save_failed", rank=0, exit=75),
+        _rec("preempt", 3, 1, outcome="saved", exit=75, rank=1),
+    ):
         v = verify([*recs, extra], 10, evictions=1, planned=1, eviction_list=died)
         assert v["evictions_met"]["landed"] == 1 and v["evictions_met"]["lost"] == 0, (extra, v)

@@ -47,7 +47,10 @@ def test_compiling_keeps_the_state_dict_keys(tiny_model):
     assert not any("_orig_mod" in k for k in compiled.state_dict())
     # and what a compiled run saves loads into an uncompiled one, tensor for tensor
     plain.load_state_dict(compiled.state_dict())
-    assert all(torch.equal(a, b) for a, b in zip(plain.state_dict().values(), compiled.state_dict().values(), strict=True))
+    assert all(
+        torch.equal(a, b)
+        for a, b in zip(plain.state_dict().values(), compiled.state_dict().values(), strict=True)
+    )
 
 
 def test_the_fast_drill_config_is_a_valid_trainer_config_judged_by_tier_2(tmp_path):
@@ -58,7 +61,9 @@ def test_the_fast_drill_config_is_a_valid_trainer_config_judged_by_tier_2(tmp_pa
     assert (cfg.model.attn_implementation, cfg.model.compile, cfg.deterministic) == ("sdpa", True, False)
     assert cfg.data.seq_len == 2048
     assert resolve_tier("auto", {"device": "cuda", "config": cfg.to_dict()}) == 2
-    assert resolve_tier("auto", {"device": "cpu", "config": cfg.to_dict()}) == 2  # nondeterministic on a CPU too
+    assert (
+        resolve_tier("auto", {"device": "cpu", "config": cfg.to_dict()}) == 2
+    )  # nondeterministic on a CPU too
     det = config_from_dict({**BASE})
     assert resolve_tier("auto", {"device": "cpu", "config": det.to_dict()}) == 1
     assert resolve_tier("auto", {"device": "cuda", "config": det.to_dict()}) == 2
@@ -72,17 +77,46 @@ def test_mfu_counts_6n_plus_attention_against_the_dense_bf16_peak():
     assert peak == 989.4e12 and fast.peak_flops("Tesla T4") is None
     tps = 0.35 * peak / per_token  # the tokens/s that is exactly 35% MFU
     assert fast.mfu(tps, n, layers, hidden, seq, peak) == pytest.approx(0.35, rel=1e-12)
-    assert fast.mfu(None, n, layers, hidden, seq, peak) is None and fast.mfu(tps, n, layers, hidden, seq, None) is None
+    assert (
+        fast.mfu(None, n, layers, hidden, seq, peak) is None
+        and fast.mfu(tps, n, layers, hidden, seq, None) is None
+    )
 
 
 def test_the_report_shows_the_fast_mode_and_its_tier_2_verdict():
-    drill = {"total_steps": 40, "evictions": 1, "seq_len": 2048, "tokens_per_step": 8192, "tier": 2,
-             "equivalent": True, "passed": True, "floor": 2e-3, "max_abs_diff": 1.5e-3, "diff_over_floor": 0.75,
-             "floor_l2": 0.02, "l2_diff": 0.015, "tensors": 10, "equal_tensors": 0, "floor_differing": 10, "preemptions": []}
-    md = results.markdown({"passed": True, "device": {"name": "NVIDIA H200", "count": 1}, "phases": {},
-                           "solo_fast": {"seq_len": 2048, "tokens_per_step": 8192, "tokens_per_s": 100000.0,
-                                         "mfu": 0.381, "peak_flops": 989.4e12},
-                           "drill_fast": drill})
+    drill = {
+        "total_steps": 40,
+        "evictions": 1,
+        "seq_len": 2048,
+        "tokens_per_step": 8192,
+        "tier": 2,
+        "equivalent": True,
+        "passed": True,
+        "floor": 2e-3,
+        "max_abs_diff": 1.5e-3,
+        "diff_over_floor": 0.75,
+        "floor_l2": 0.02,
+        "l2_diff": 0.015,
+        "tensors": 10,
+        "equal_tensors": 0,
+        "floor_differing": 10,
+        "preemptions": [],
+    }
+    md = results.markdown(
+        {
+            "passed": True,
+            "device": {"name": "NVIDIA H200", "count": 1},
+            "phases": {},
+            "solo_fast": {
+                "seq_len": 2048,
+                "tokens_per_step": 8192,
+                "tokens_per_s": 100000.0,
+                "mfu": 0.381,
+                "peak_flops": 989.4e12,
+            },
+            "drill_fast": drill,
+        }
+    )
     assert "MFU 38.1% of 989.4 TFLOP/s" in md
     assert "| fast drill | 40 steps, 1 evictions, seq 2048" in md
     assert "0.75x the floor" in md and "equivalence (tier 2) | within the floor" in md
@@ -92,7 +126,15 @@ def test_modes_and_the_fast_geometry():
     import argparse
 
     assert check.modes("both") == ("deterministic", "fast") and check.modes("fast") == ("fast",)
-    args = argparse.Namespace(tiny=False, seq_len=512, batch_size=4, grad_accum=2, steps=100, evictions=2,
-                              every_steps=50, **{f"fast_{k}": v for k, v in fast.FAST_DEFAULTS.items()})
+    args = argparse.Namespace(
+        tiny=False,
+        seq_len=512,
+        batch_size=4,
+        grad_accum=2,
+        steps=100,
+        evictions=2,
+        every_steps=50,
+        **{f"fast_{k}": v for k, v in fast.FAST_DEFAULTS.items()},
+    )
     assert check.geometry(args, "deterministic")["seq_len"] == 512
     assert check.geometry(args, "fast") == fast.FAST_DEFAULTS

@@ -63,14 +63,17 @@ def test_config_names_the_key_and_the_counter_counts_in_a_row():
 
 
 @pytest.mark.slow
-def test_a_periodic_save_that_meets_a_full_disk_commits_nothing_and_the_run_goes_on(tiny_model, tmp_path,
-                                                                                   reference):
+def test_a_periodic_save_that_meets_a_full_disk_commits_nothing_and_the_run_goes_on(
+    tiny_model, tmp_path, reference
+):
     root = tmp_path / "ckpt"
     rc, recs, err = run(trainer_cmd(tiny_model, f"faulty://{root}", *COMMON), env=fault_env(enospc_steps=[4]))
     assert rc == 0, err[-3000:]
     failed = [r for r in recs if r["event"] == "checkpoint_failed"]
     assert [(r["step"], r["in_a_row"], r["limit"]) for r in failed] == [(4, 1, 3)]
-    assert "No space left on device" in failed[0]["error"] and failed[0]["checkpoint"].endswith("step-00000002")
+    assert "No space left on device" in failed[0]["error"] and failed[0]["checkpoint"].endswith(
+        "step-00000002"
+    )
     assert "No space left on device" in err
     # Step 4 committed nothing; the saves before and after it did, and the run ended as the reference did.
     assert 4 not in committed(root) and committed(root)[-1] == 10
@@ -79,18 +82,35 @@ def test_a_periodic_save_that_meets_a_full_disk_commits_nothing_and_the_run_goes
 
 
 @pytest.mark.slow
-def test_saves_failing_in_a_row_end_the_pod_with_75_and_the_retry_resumes_bit_identically(tiny_model, tmp_path,
-                                                                                         reference):
+def test_saves_failing_in_a_row_end_the_pod_with_75_and_the_retry_resumes_bit_identically(
+    tiny_model, tmp_path, reference
+):
     root = tmp_path / "ckpt"
     # Through steps.train (the pod's PID 1): the worker's 75 reaches the pod as 75, not torchrun's 1.
-    cmd = [PY, "-m", "steps.train", "--nproc", "1", "--config", str(REPO / "trainer/configs/tiny.yaml"),
-           "--set", f"model.path={tiny_model}", "--set", f"checkpoint.uri=faulty://{root}",
-           "--set", f"data.uri={REPO / 'trainer/assets/tiny_corpus.txt'}"]
+    cmd = [
+        PY,
+        "-m",
+        "steps.train",
+        "--nproc",
+        "1",
+        "--config",
+        str(REPO / "trainer/configs/tiny.yaml"),
+        "--set",
+        f"model.path={tiny_model}",
+        "--set",
+        f"checkpoint.uri=faulty://{root}",
+        "--set",
+        f"data.uri={REPO / 'trainer/assets/tiny_corpus.txt'}",
+    ]
     for s in COMMON:
         cmd += ["--set", s]
     rc, recs, err = run(cmd, env=fault_env(enospc_steps=[4, 6, 8]))
     assert rc == 75, err[-3000:]
-    assert [(r["step"], r["in_a_row"]) for r in recs if r["event"] == "checkpoint_failed"] == [(4, 1), (6, 2), (8, 3)]
+    assert [(r["step"], r["in_a_row"]) for r in recs if r["event"] == "checkpoint_failed"] == [
+        (4, 1),
+        (6, 2),
+        (8, 3),
+    ]
     stop = [r for r in recs if r["event"] == "retry_later"]
     assert len(stop) == 1 and stop[0]["exit"] == 75 and stop[0]["reason"] == "saves_failing"
     assert not any(r["event"] == "done" for r in recs)
@@ -103,8 +123,9 @@ def test_saves_failing_in_a_row_end_the_pod_with_75_and_the_retry_resumes_bit_id
 
 
 @pytest.mark.slow
-def test_a_manifest_altered_after_its_commit_is_refused_and_the_resume_falls_back(tiny_model, tmp_path,
-                                                                                reference):
+def test_a_manifest_altered_after_its_commit_is_refused_and_the_resume_falls_back(
+    tiny_model, tmp_path, reference
+):
     # Planted bug this catches: a resume that trusts manifest.json without checking it against _COMMIT.
     root = tmp_path / "ckpt"
     rc, recs, err = run_and_sigterm(trainer_cmd(tiny_model, f"file://{root}", *COMMON), at_step=6)
@@ -145,8 +166,9 @@ def test_a_transient_read_error_is_retried_not_taken_for_corruption(preempted_at
 
 
 @pytest.mark.slow
-def test_a_store_that_stays_unreachable_ends_with_75_after_the_bound_and_passes_over_nothing(preempted_at_6,
-                                                                                            reference):
+def test_a_store_that_stays_unreachable_ends_with_75_after_the_bound_and_passes_over_nothing(
+    preempted_at_6, reference
+):
     root, cmd = preempted_at_6
     rc, recs, err = run([*cmd, "--set", "faults.read_retry_s=2"], env=fault_env(read_errors=-1))
     assert rc == 75, err[-3000:]
@@ -169,7 +191,8 @@ def test_a_missing_bucket_is_still_1_at_once(tiny_model, tmp_path):
 
 @pytest.mark.slow
 def test_an_async_save_that_fails_as_sigterm_arrives_still_commits_the_preemption_save_and_exits_75(
-        tiny_model, tmp_path, reference):
+    tiny_model, tmp_path, reference
+):
     # Step 6's async periodic save meets ENOSPC in the background; SIGTERM lands at that very step. The
     # stop drains the failed save (reporting it), saves step 6 synchronously, commits it and exits 75.
     # Planted bug this catches: a stop that lets the in-flight save's failure end the run (exit 1).
@@ -181,8 +204,9 @@ def test_an_async_save_that_fails_as_sigterm_arrives_still_commits_the_preemptio
     pre = [r for r in recs if r["event"] == "preempt"]
     assert [(r["step"], r["outcome"], r["exit"]) for r in pre] == [(6, "saved", 75)]
     assert committed(root)[-1] == 6
-    rc, recs, err = run(trainer_cmd(tiny_model, f"faulty://{root}", *COMMON, "checkpoint.async_save=true"),
-                        env=fault_env())
+    rc, recs, err = run(
+        trainer_cmd(tiny_model, f"faulty://{root}", *COMMON, "checkpoint.async_save=true"), env=fault_env()
+    )
     assert rc == 0 and [r["from_step"] for r in recs if r["event"] == "resume"] == [6], err[-3000:]
     assert final_equal(root, reference, 10)
 
@@ -220,7 +244,8 @@ def sigterm_on_marker(cmd: list[str], env: dict[str, str], marker: Path) -> tupl
 
 @pytest.mark.slow
 def test_sigterms_inside_a_restore_and_inside_a_save_lose_nothing_and_the_record_says_where_they_landed(
-        preempted_at_6, reference, tmp_path):
+    preempted_at_6, reference, tmp_path
+):
     root, cmd = preempted_at_6
     # 1. Inside the restore: step 6's files read slowly, the signal comes as the first one is read. The
     # restore completes, step 6 is already committed, nothing is trained: 75.

@@ -36,8 +36,13 @@ def _tf() -> dict:
 
 
 def _resources(tf: dict, rtype: str) -> dict[str, dict]:
-    return {name: body for entry in tf.get("resource", []) for t, named in entry.items() if t == rtype
-            for name, body in named.items()}
+    return {
+        name: body
+        for entry in tf.get("resource", [])
+        for t, named in entry.items()
+        if t == rtype
+        for name, body in named.items()
+    }
 
 
 def granted_permissions() -> set[str]:
@@ -58,11 +63,18 @@ def granted_permissions() -> set[str]:
 
 def test_the_drill_role_is_bound_on_the_bucket_only_and_never_project_wide():
     tf = _tf()
-    for rtype in ("google_storage_bucket_iam_member", "google_storage_bucket_iam_binding", "google_project_iam_member"):
+    for rtype in (
+        "google_storage_bucket_iam_member",
+        "google_storage_bucket_iam_binding",
+        "google_project_iam_member",
+    ):
         # No predefined storage role, but the UI reader's read-only one, on the bucket
-        assert all(not r["role"].startswith("roles/storage.") or (name, r["role"]) == ("ui_reader",
-                   "roles/storage.objectViewer") and rtype == "google_storage_bucket_iam_member"
-                   for name, r in _resources(tf, rtype).items()), rtype
+        assert all(
+            not r["role"].startswith("roles/storage.")
+            or (name, r["role"]) == ("ui_reader", "roles/storage.objectViewer")
+            and rtype == "google_storage_bucket_iam_member"
+            for name, r in _resources(tf, rtype).items()
+        ), rtype
     for member in _resources(tf, "google_project_iam_member").values():
         assert "drill" not in member["member"] and "storage" not in member["role"], member
     assert granted_permissions()
@@ -79,9 +91,13 @@ def _every_kind_of_store_access(root: str, tmp_path: Path) -> None:
     store = Store(root, "run")
     attempt = store.claim_attempt({})
     for step, loss in ((1, 3.0), (2, 1.0), (3, 2.0), (4, 4.0)):
-        store.save(step, {"w": torch.full((4,), float(step))}, {"metrics": {"loss": loss},
-                                                               "fingerprint": "f"}, attempt,
-                   read_back=step != 4)
+        store.save(
+            step,
+            {"w": torch.full((4,), float(step))},
+            {"metrics": {"loss": loss}, "fingerprint": "f"},
+            attempt,
+            read_back=step != 4,
+        )
         store.retain(1, step, "loss")
     store.attempt_start_times()
     got = resolve_and_load(Store(root, "run"), "f", lambda s, m: {"w": torch.zeros(4)}, lambda s, r: None)
@@ -109,8 +125,15 @@ def test_the_drill_role_grants_exactly_what_the_store_calls(gcs, monkeypatch, tm
         needed, methods = permissions_needed(proxy.requests())
     finally:
         proxy.stop()
-    assert {"objects.insert", "objects.get", "objects.list", "objects.delete", "objects.rewrite"} <= methods, methods
+    assert {
+        "objects.insert",
+        "objects.get",
+        "objects.list",
+        "objects.delete",
+        "objects.rewrite",
+    } <= methods, methods
     assert "objects.move" not in methods, "moveTo needs storage.objects.move: the store copies and deletes"
     assert needed == granted_permissions(), (
         f"missing from the role: {sorted(needed - granted_permissions())}; "
-        f"granted but unused: {sorted(granted_permissions() - needed)}")
+        f"granted but unused: {sorted(granted_permissions() - needed)}"
+    )

@@ -16,8 +16,15 @@ from tests.helpers import CORPUS
 
 def test_the_shape_is_qwen2_5_0_5b_and_counts_494m_parameters():
     config = model.qwen_config()
-    want = dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
-                intermediate_size=4864, vocab_size=151936, tie_word_embeddings=True)
+    want = dict(
+        hidden_size=896,
+        num_hidden_layers=24,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+        intermediate_size=4864,
+        vocab_size=151936,
+        tie_word_embeddings=True,
+    )
     assert {k: getattr(config, k) for k in want} == want
     rope = getattr(config, "rope_parameters", None) or {"rope_theta": config.rope_theta}
     assert rope["rope_theta"] == 1e6 and config.rms_norm_eps == 1e-6 and config.hidden_act == "silu"
@@ -48,8 +55,16 @@ def test_the_drill_config_is_a_valid_trainer_config(tmp_path):
 
     raw = check.drill_config(tmp_path / "model", tmp_path / "corpus.txt", total_steps=100, every_steps=50)
     path = check.write_drill_config(tmp_path / "drill.yaml", raw)
-    cfg = load_config(path, ["checkpoint.uri=file:///x/reference", "total_steps=100", "seed=0", "model.dropout=0.1",
-                             "checkpoint.every_steps=50"])  # what the drill sets per role
+    cfg = load_config(
+        path,
+        [
+            "checkpoint.uri=file:///x/reference",
+            "total_steps=100",
+            "seed=0",
+            "model.dropout=0.1",
+            "checkpoint.every_steps=50",
+        ],
+    )  # what the drill sets per role
     assert cfg.model.path == str(tmp_path / "model") and cfg.model.dtype == "bfloat16" and cfg.deterministic
     assert (cfg.data.seq_len, cfg.data.batch_size, cfg.data.grad_accum) == (512, 4, 2)
     assert cfg.checkpoint.keep_last == 1
@@ -70,14 +85,24 @@ def _rec(event, step, attempt=1, **kw):
 
 def test_drill_metrics_headroom_flush_and_throughput():
     trial = [_rec("step", s, tokens_per_s=100.0 * s) for s in range(1, 6)]
-    trial += [_rec("checkpoint", 5, reason="preempt", save_ms=2500.0, bytes=3_000_000_000),
-              _rec("preempt", 5, save_ms=2500.0, grace_left_s=117.0, outcome="saved")]
+    trial += [
+        _rec("checkpoint", 5, reason="preempt", save_ms=2500.0, bytes=3_000_000_000),
+        _rec("preempt", 5, save_ms=2500.0, grace_left_s=117.0, outcome="saved"),
+    ]
     trial += [_rec("resume", 5, attempt=2, from_step=5), _rec("step", 6, attempt=2, tokens_per_s=1.0)]
     trial[-2]["time"] = 1020.0
     reference = [_rec("step", s, tokens_per_s=1000.0) for s in range(1, 8)]
     reference.append(_rec("checkpoint", 7, reason="final", save_ms=1500.0, bytes=3_000_000_000))
-    report = {"tier": 2, "equivalent": True, "passed": True, "floor": 1e-3, "max_abs_diff": 5e-4, "tensors": 10,
-              "equal_tensors": 4, "steps": {"total": 6}}
+    report = {
+        "tier": 2,
+        "equivalent": True,
+        "passed": True,
+        "floor": 1e-3,
+        "max_abs_diff": 5e-4,
+        "tensors": 10,
+        "equal_tensors": 4,
+        "steps": {"total": 6},
+    }
     m = results.drill_metrics(report, {"trial": trial, "reference": reference}, grace_s=120, warmup_steps=3)
     (p,) = m["preemptions"]
     assert p["sigterm_to_commit_s"] == 3.0 and p["headroom_15s"] == 12.0 and p["headroom_120s"] == 117.0
@@ -88,22 +113,41 @@ def test_drill_metrics_headroom_flush_and_throughput():
     assert m["tokens_per_s"]["trial"]["n"] == 2  # warm-up steps of each attempt left out
     assert m["checkpoint_gb"] == 3.0 and m["restart_s"] == [15.0]
     assert (m["floor"], m["max_abs_diff"], m["equivalent"]) == (1e-3, 5e-4, True)
-    md = results.markdown({"passed": True, "device": {"name": "H200", "count": 1}, "drill": {**m, "total_steps": 6},
-                         "phases": {}})
+    md = results.markdown(
+        {
+            "passed": True,
+            "device": {"name": "H200", "count": 1},
+            "drill": {**m, "total_steps": 6},
+            "phases": {},
+        }
+    )
     assert "headroom 12.0 s of 15 s" in md and "headroom 117.0 s of 120 s" in md and "within the floor" in md
     assert "3.0 GB" in md
 
 
 def test_junit_counts(tmp_path):
-    (tmp_path / "j.xml").write_text('<testsuites><testsuite name="pytest" errors="1" failures="2" skipped="3" '
-                                    'tests="10" time="1"/></testsuites>')
-    assert results.junit_counts(tmp_path / "j.xml") == {"tests": 10, "passed": 4, "failed": 2, "errors": 1, "skipped": 3}
+    (tmp_path / "j.xml").write_text(
+        '<testsuites><testsuite name="pytest" errors="1" failures="2" skipped="3" '
+        'tests="10" time="1"/></testsuites>'
+    )
+    assert results.junit_counts(tmp_path / "j.xml") == {
+        "tests": 10,
+        "passed": 4,
+        "failed": 2,
+        "errors": 1,
+        "skipped": 3,
+    }
 
 
 def test_a_phase_that_overruns_is_stopped(tmp_path):
     t0 = time.monotonic()
-    ph = check.run_phase(check.Phase("slow"), [sys.executable, "-c", "import time; time.sleep(60)"], 1,
-                         tmp_path / "slow.log", echo=False)
+    ph = check.run_phase(
+        check.Phase("slow"),
+        [sys.executable, "-c", "import time; time.sleep(60)"],
+        1,
+        tmp_path / "slow.log",
+        echo=False,
+    )
     assert ph.timed_out and not ph.ok and "timed out" in ph.error
     assert time.monotonic() - t0 < 30
 

@@ -30,8 +30,15 @@ TOTAL = 12
 
 def hf_cmd(model, bucket, *sets):
     cmd = [PY, str(HF_SCRIPT), "--config", str(HF_YAML)]
-    for s in (f"model.path={model}", f"checkpoint.uri={bucket}", f"data.uri={CORPUS}", f"total_steps={TOTAL}",
-              "checkpoint.every_steps=5", "model.dropout=0.1", *sets):
+    for s in (
+        f"model.path={model}",
+        f"checkpoint.uri={bucket}",
+        f"data.uri={CORPUS}",
+        f"total_steps={TOTAL}",
+        "checkpoint.every_steps=5",
+        "model.dropout=0.1",
+        *sets,
+    ):
         cmd += ["--set", s]
     return cmd
 
@@ -61,16 +68,18 @@ def reference(tmp_path_factory, tiny_model):
     return bucket
 
 
-def test_sigterm_mid_accumulation_then_at_a_boundary_exits_75_and_resume_is_bit_identical(tmp_path, tiny_model,
-                                                                                        reference):
+def test_sigterm_mid_accumulation_then_at_a_boundary_exits_75_and_resume_is_bit_identical(
+    tmp_path, tiny_model, reference
+):
     from steps.lib.hf_checkpoint import compare_flat
     from steps.verify import verify
 
     bucket = f"file://{tmp_path}/bucket"
     everything = []
     # 1. The signal lands after the first of step 4's two micro-batches: the step completes, then saves.
-    rc, recs, err = run_and_sigterm(hf_cmd(tiny_model, bucket), at_step=3, delay_s=0.5,
-                                    env=base_env(BATON_PAUSE_AFTER_STEP="3:1"))
+    rc, recs, err = run_and_sigterm(
+        hf_cmd(tiny_model, bucket), at_step=3, delay_s=0.5, env=base_env(BATON_PAUSE_AFTER_STEP="3:1")
+    )
     assert rc == 75, err[-3000:]
     assert "1 micro-batch(es) into the next" in err
     (pre,) = [r for r in recs if r["event"] == "preempt"]
@@ -170,8 +179,9 @@ def test_a_resume_at_an_epoch_boundary_keeps_the_epochs_rng_snapshot_exact(tmp_p
 
 def test_a_sigterm_kills_the_stock_script_without_the_callback(tmp_path, tiny_model):
     """The negative control's trainer: the same example without the callback dies on SIGTERM (-15)."""
-    rc, recs, _ = run_and_sigterm(hf_cmd(tiny_model, tmp_path / "out"), at_step=3,
-                                  env=base_env(BATON_DISABLE_SIGTERM_HANDLER="1"))
+    rc, recs, _ = run_and_sigterm(
+        hf_cmd(tiny_model, tmp_path / "out"), at_step=3, env=base_env(BATON_DISABLE_SIGTERM_HANDLER="1")
+    )
     assert rc == -signal.SIGTERM
     assert not [r for r in recs if r["event"] in ("preempt", "checkpoint")]
     assert steps_of(recs)[-1] >= 3
@@ -179,6 +189,7 @@ def test_a_sigterm_kills_the_stock_script_without_the_callback(tmp_path, tiny_mo
 
 
 # ---- the store, without training ----------------------------------------------------------------------
+
 
 def fake_checkpoint(local: Path, step: int, size: int = 64) -> Path:
     folder = local / f"checkpoint-{step}"
@@ -191,8 +202,12 @@ def fake_checkpoint(local: Path, step: int, size: int = 64) -> Path:
 
 
 def args_for(output_dir, **kw):
-    return SimpleNamespace(output_dir=str(output_dir), save_total_limit=kw.get("save_total_limit"),
-                           save_only_model=False, device=torch.device("cpu"))
+    return SimpleNamespace(
+        output_dir=str(output_dir),
+        save_total_limit=kw.get("save_total_limit"),
+        save_only_model=False,
+        device=torch.device("cpu"),
+    )
 
 
 def test_newest_committed_is_numeric_and_torn_or_altered_ones_are_passed_over(tmp_path, capsys):
@@ -226,8 +241,11 @@ def test_newest_committed_is_numeric_and_torn_or_altered_ones_are_passed_over(tm
     assert path == str(local / "checkpoint-9")
     assert sorted(os.listdir(path)) == ["model.safetensors", "optimizer.pt"]
     recs = read_records(capsys.readouterr().out)
-    assert [(r["event"], r["step"]) for r in recs] == [("checkpoint_refused", 11), ("checkpoint_refused", 10),
-                                                        ("resume", 9)]
+    assert [(r["event"], r["step"]) for r in recs] == [
+        ("checkpoint_refused", 11),
+        ("checkpoint_refused", 10),
+        ("resume", 9),
+    ]
     assert recs[-1]["checkpoint"] == f"file://{bucket}/checkpoint-9" and recs[-1]["attempt"] == 1
 
 
@@ -241,8 +259,9 @@ def test_in_place_commit_and_save_total_limit_1_is_refused(tmp_path):
     fake_checkpoint(tmp_path, 3)
     url, size = store.commit(3, world_size=1)
     files = ("model.safetensors", "optimizer.pt")
-    assert url == f"file://{tmp_path}/checkpoint-3" and size == sum((tmp_path / "checkpoint-3" / f).stat().st_size
-                                                                    for f in files)
+    assert url == f"file://{tmp_path}/checkpoint-3" and size == sum(
+        (tmp_path / "checkpoint-3" / f).stat().st_size for f in files
+    )
     assert (tmp_path / "checkpoint-3" / COMMIT).is_file() and store.committed_steps() == [3]
     cb = BatonCallback()
     try:
@@ -268,11 +287,15 @@ def test_s3_mirror_commits_last_fetches_back_and_retains(tmp_path, s3):
         store.commit(step, world_size=1)
         store.retain(keep_last=2)
     assert store.committed_steps() == [8, 6]
-    fs = fsspec.filesystem("s3", client_kwargs={"endpoint_url": s3.url}, skip_instance_cache=True,
-                           use_listings_cache=False)
+    fs = fsspec.filesystem(
+        "s3", client_kwargs={"endpoint_url": s3.url}, skip_instance_cache=True, use_listings_cache=False
+    )
     base = root.removeprefix("s3://")
-    assert sorted(p.rsplit("/", 1)[-1] for p in fs.ls(f"{base}/checkpoint-8")) == [COMMIT, "model.safetensors",
-                                                                                     "optimizer.pt"]
+    assert sorted(p.rsplit("/", 1)[-1] for p in fs.ls(f"{base}/checkpoint-8")) == [
+        COMMIT,
+        "model.safetensors",
+        "optimizer.pt",
+    ]
     assert not fs.exists(f"{base}/checkpoint-2")
     # The pod's disk is gone: the newest committed one comes back from the bucket, checked.
     shutil.rmtree(tmp_path / "local")
@@ -299,8 +322,13 @@ def test_a_users_script_under_steps_train_on_s3_exits_75_and_resumes_from_the_bu
     root = s3.new_prefix("hf-user")
     script = "examples/hf_trainer/train.py --config examples/hf_trainer/config.yaml"
     cmd = [PY, "-m", "steps.train", "--nproc", "1", "--trainer", script]
-    for s in (f"model.path={tiny_model}", f"checkpoint.uri={root}", f"data.uri={CORPUS}", "total_steps=8",
-              "checkpoint.every_steps=0"):
+    for s in (
+        f"model.path={tiny_model}",
+        f"checkpoint.uri={root}",
+        f"data.uri={CORPUS}",
+        "total_steps=8",
+        "checkpoint.every_steps=0",
+    ):
         cmd += ["--set", s]
     rc, recs, err = run_and_sigterm(cmd, at_step=3, env=s3.env(BATON_GRACE="20"))
     assert rc == 75, err[-3000:]
@@ -318,6 +346,7 @@ def test_a_users_script_under_steps_train_on_s3_exits_75_and_resumes_from_the_bu
 
 # ---- faults: baton's exit-code rule (trainer/faults.py) ----------------------------------------------------
 
+
 def fault_env(**faults) -> dict[str, str]:
     env = base_env(BATON_TEST_FAULTS=json.dumps(faults))
     env["PYTHONPATH"] = os.pathsep.join([str(REPO / "tests" / "faultfs"), env["PYTHONPATH"]])
@@ -325,7 +354,8 @@ def fault_env(**faults) -> dict[str, str]:
 
 
 def test_failing_saves_go_on_then_end_with_75_a_store_down_at_resume_passes_over_nothing_and_the_end_is_exact(
-        tmp_path, tiny_model, reference):
+    tmp_path, tiny_model, reference
+):
     from steps.lib.hf_checkpoint import compare_flat
 
     root = tmp_path / "bucket"
@@ -337,7 +367,11 @@ def test_failing_saves_go_on_then_end_with_75_a_store_down_at_resume_passes_over
     assert failed == [(6, 1, 2), (9, 2, 2)]
     assert "No space left on device" in err
     (later,) = [r for r in recs if r["event"] == "retry_later"]
-    assert (later["reason"], later["exit"], later["checkpoint"]) == ("saves_failing", 75, f"faulty://{root}/checkpoint-3")
+    assert (later["reason"], later["exit"], later["checkpoint"]) == (
+        "saves_failing",
+        75,
+        f"faulty://{root}/checkpoint-3",
+    )
     assert steps_of(recs) == list(range(1, 10))
     assert sorted(p.parent.name for p in root.glob("checkpoint-*/_COMMIT")) == ["checkpoint-3"]
 
@@ -369,9 +403,12 @@ def test_the_gradient_noise_seam_reaches_an_hf_script(tmp_path, tiny_model):
     on_pre_optimizer_step, so that Tier 2 can be tried on a CPU with one's own script: one seed gives one
     run (a resume redraws the same noise), another seed another. Control: without the seam both seeds'
     runs would be equal, as the two runs of one seed are."""
+
     def model_of(seed: str, name: str) -> dict:
         bucket = f"file://{tmp_path}/{name}"
-        rc, _, err = run(hf_cmd(tiny_model, bucket, "total_steps=4"), env=base_env(BATON_NOISE=f"1e-3,{seed}"))
+        rc, _, err = run(
+            hf_cmd(tiny_model, bucket, "total_steps=4"), env=base_env(BATON_NOISE=f"1e-3,{seed}")
+        )
         assert rc == 0, err[-3000:]
         _, (flat, _) = final(bucket)
         return {k: v for k, v in flat.items() if k.startswith("model.")}

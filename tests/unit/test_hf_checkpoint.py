@@ -23,8 +23,11 @@ from trainer.checkpoint import CorruptCheckpoint
 
 
 def commit(folder: Path, step: int) -> None:
-    files = {p.name: {"size": p.stat().st_size, "sha256": hashlib.sha256(p.read_bytes()).hexdigest()}
-             for p in sorted(folder.iterdir()) if p.name != "_COMMIT"}
+    files = {
+        p.name: {"size": p.stat().st_size, "sha256": hashlib.sha256(p.read_bytes()).hexdigest()}
+        for p in sorted(folder.iterdir())
+        if p.name != "_COMMIT"
+    }
     (folder / "_COMMIT").write_text(json.dumps({"step": step, "device": "cpu", "files": files}))
 
 
@@ -35,15 +38,33 @@ def hf_checkpoint(root: Path, step: int, seed: int = 0, committed: bool = True) 
     folder.mkdir(parents=True)
     w = torch.randn(8, 4, generator=g)
     save_file({"lm_head.weight": w, "model.norm.weight": torch.ones(4)}, str(folder / "model.safetensors"))
-    torch.save({"state": {0: {"step": torch.tensor(float(step)), "exp_avg": w * 0.1, "exp_avg_sq": w * w}},
-                "param_groups": [{"lr": 1e-3, "betas": (0.9, 0.95), "params": [0]}]}, folder / "optimizer.pt")
+    torch.save(
+        {
+            "state": {0: {"step": torch.tensor(float(step)), "exp_avg": w * 0.1, "exp_avg_sq": w * w}},
+            "param_groups": [{"lr": 1e-3, "betas": (0.9, 0.95), "params": [0]}],
+        },
+        folder / "optimizer.pt",
+    )
     torch.save({"base_lrs": [1e-3], "last_epoch": step, "_step_count": step + 1}, folder / "scheduler.pt")
     py = random.Random(seed)
-    torch.save({"python": py.getstate(), "numpy": np.random.RandomState(seed).get_state(),
-                "cpu": torch.Generator().manual_seed(seed).get_state()}, folder / "rng_state.pth")
-    (folder / "trainer_state.json").write_text(json.dumps(
-        {"global_step": step, "epoch": step / 10, "best_model_checkpoint": f"/tmp/{seed}/x",
-         "log_history": [{"loss": 6.0 - s / 10, "step": s} for s in range(1, step + 1)]}))
+    torch.save(
+        {
+            "python": py.getstate(),
+            "numpy": np.random.RandomState(seed).get_state(),
+            "cpu": torch.Generator().manual_seed(seed).get_state(),
+        },
+        folder / "rng_state.pth",
+    )
+    (folder / "trainer_state.json").write_text(
+        json.dumps(
+            {
+                "global_step": step,
+                "epoch": step / 10,
+                "best_model_checkpoint": f"/tmp/{seed}/x",
+                "log_history": [{"loss": 6.0 - s / 10, "step": s} for s in range(1, step + 1)],
+            }
+        )
+    )
     (folder / "training_args.bin").write_bytes(b"never read")
     if committed:
         commit(folder, step)
@@ -104,8 +125,14 @@ def test_compare_hf_finds_the_newest_committed_by_number_and_reports_without_cra
     assert r["checkpoints"]["trial"].endswith("/tri/checkpoint-10")
     # The trial differs in one RNG state: not equivalent, and the entry is named.
     folder = tmp_path / "tri" / "checkpoint-10"
-    torch.save({"python": random.Random(1).getstate(), "numpy": np.random.RandomState(0).get_state(),
-                "cpu": torch.Generator().manual_seed(0).get_state()}, folder / "rng_state.pth")
+    torch.save(
+        {
+            "python": random.Random(1).getstate(),
+            "numpy": np.random.RandomState(0).get_state(),
+            "cpu": torch.Generator().manual_seed(0).get_state(),
+        },
+        folder / "rng_state.pth",
+    )
     commit(folder, 10)
     r = compare(*roots, total_steps=10)
     assert r["equivalent"] is False and r["differing"] == ["rng.rng_state.pth.python.1"]
@@ -126,8 +153,10 @@ def test_compare_hf_tier_2_judges_by_the_l2_floor_and_still_catches_a_skipped_rn
     def noisy(role: str, seed: int) -> None:
         folder = hf_checkpoint(tmp_path / role, 10)
         g = torch.Generator().manual_seed(seed)
-        model = {"lm_head.weight": torch.randn(8, 4, generator=torch.Generator().manual_seed(0)),
-                 "model.norm.weight": torch.ones(4)}
+        model = {
+            "lm_head.weight": torch.randn(8, 4, generator=torch.Generator().manual_seed(0)),
+            "model.norm.weight": torch.ones(4),
+        }
         model = {k: v * (1 + 1e-3 * torch.randn(v.shape, generator=g)) for k, v in model.items()}
         save_file(model, str(folder / "model.safetensors"))
         commit(folder, 10)
@@ -135,13 +164,21 @@ def test_compare_hf_tier_2_judges_by_the_l2_floor_and_still_catches_a_skipped_rn
     for role, seed in (("ref", 1), ("rep", 2), ("tri", 3)):
         noisy(role, seed)
     roots = [f"file://{tmp_path}/{r}" for r in ("ref", "rep", "tri")]
-    assert compare(*roots, total_steps=10)["equivalent"] is False  # auto on a CPU: Tier 1, and the noise is real
+    assert (
+        compare(*roots, total_steps=10)["equivalent"] is False
+    )  # auto on a CPU: Tier 1, and the noise is real
     r = compare(*roots, total_steps=10, tier="2")
     assert r["tier"] == 2 and r["equivalent"] is True and 0 < r["diff_over_floor"] < 1.5, r
     # The planted bug: the trial resumed without its RNG state.
     folder = tmp_path / "tri" / "checkpoint-10"
-    torch.save({"python": random.Random(1).getstate(), "numpy": np.random.RandomState(0).get_state(),
-                "cpu": torch.Generator().manual_seed(0).get_state()}, folder / "rng_state.pth")
+    torch.save(
+        {
+            "python": random.Random(1).getstate(),
+            "numpy": np.random.RandomState(0).get_state(),
+            "cpu": torch.Generator().manual_seed(0).get_state(),
+        },
+        folder / "rng_state.pth",
+    )
     commit(folder, 10)
     bad = compare(*roots, total_steps=10, tier="2")
     # An RNG state is not something kernels change: Tier 2 requires it equal, whatever the floor.

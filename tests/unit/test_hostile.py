@@ -27,6 +27,7 @@ SETS = ("model.dropout=0.1", "checkpoint.every_steps=2", f"total_steps={TOTAL}",
 
 # ---- gadgets -----------------------------------------------------------------------------------------
 
+
 def _global(module: str, name: str) -> bytes:
     return b"c" + module.encode() + b"\n" + name.encode() + b"\n"  # GLOBAL
 
@@ -58,8 +59,13 @@ def gadget_direct(marker: Path) -> bytes:
     return _pickle(_call(_global("os", "system"), _str(f"touch {marker}")))
 
 
-OLD_ALLOWLIST_EXTRAS = {("builtins", "getattr"), ("pathlib", "PosixPath"), ("builtins", "set"),
-                        ("builtins", "frozenset"), ("collections", "OrderedDict")}
+OLD_ALLOWLIST_EXTRAS = {
+    ("builtins", "getattr"),
+    ("pathlib", "PosixPath"),
+    ("builtins", "set"),
+    ("builtins", "frozenset"),
+    ("collections", "OrderedDict"),
+}
 
 
 def test_the_gadgets_run_code_under_plain_pickle_and_under_the_old_allowlist(tmp_path, monkeypatch):
@@ -119,7 +125,9 @@ def test_metadata_with_enums_pickled_by_name_is_read_and_getattr_reaches_nothing
 
     from trainer.checkpoint.read import CorruptCheckpoint, _MetadataUnpickler
 
-    dcp.save({"w": torch.ones(3)}, storage_writer=FsspecWriter(str(tmp_path / "ckpt")), no_dist=True)  # as Store does
+    dcp.save(
+        {"w": torch.ones(3)}, storage_writer=FsspecWriter(str(tmp_path / "ckpt")), no_dist=True
+    )  # as Store does
     raw = (tmp_path / "ckpt" / ".metadata").read_bytes()
     plain = _MetadataUnpickler(io.BytesIO(raw)).load()
     by_name = _enum_by_name(plain)
@@ -127,7 +135,11 @@ def test_metadata_with_enums_pickled_by_name_is_read_and_getattr_reaches_nothing
     assert _MetadataUnpickler(io.BytesIO(by_name)).load() == plain
     getattr_ = _global("builtins", "getattr")
     enum_class = _global("torch.distributed.checkpoint.metadata", "_MEM_FORMAT_ENCODING")
-    for target, attr in ((enum_class, "__class__"), (enum_class, "_member_map_"), (_global("torch", "Size"), "__new__")):
+    for target, attr in (
+        (enum_class, "__class__"),
+        (enum_class, "_member_map_"),
+        (_global("torch", "Size"), "__new__"),
+    ):
         data = _pickle(_call(getattr_, target, _str(attr)))
         assert pickle.loads(data) is not None  # plain pickle hands out the attribute
         with pytest.raises(CorruptCheckpoint, match="no member of an enum a DCP checkpoint holds"):
@@ -137,6 +149,7 @@ def test_metadata_with_enums_pickled_by_name_is_read_and_getattr_reaches_nothing
 
 
 # ---- a real DCP checkpoint, and its hostile variants ------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def dcp_runs(tiny_model, tmp_path_factory):
@@ -169,9 +182,11 @@ def _rewrite_manifest(folder: Path, edit) -> None:
 def _replace_metadata(folder: Path, data: bytes, reseal: bool) -> None:
     (folder / ".metadata").write_bytes(data)
     if reseal:
+
         def edit(m):
             m["files"][".metadata"] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
             return json.dumps(m)
+
         _rewrite_manifest(folder, edit)
 
 
@@ -210,9 +225,11 @@ def plant(variant: str, folder: Path, marker: Path) -> str:
         _rewrite_manifest(folder, lambda m: "42")
         return "manifest.json is not a JSON object"
     if variant == "entry without size":
+
         def edit(m):
             del m["files"][".metadata"]["size"]
             return json.dumps(m)
+
         _rewrite_manifest(folder, edit)
         return "'size' must be a non-negative integer"
     if variant in ("traversal name", "absolute name"):
@@ -221,6 +238,7 @@ def plant(variant: str, folder: Path, marker: Path) -> str:
         def edit(m):
             m["files"][name] = {"size": 1, "sha256": "0" * 64}
             return json.dumps(m)
+
         _rewrite_manifest(folder, edit)
         return "not a plain file name"
     if variant == "huge step":
@@ -231,9 +249,18 @@ def plant(variant: str, folder: Path, marker: Path) -> str:
     raise AssertionError(variant)
 
 
-VARIANTS = ["gadget padded to size", "gadget, manifest rewritten", "direct gadget, manifest rewritten",
-            "metadata reads outside", "commit not an object", "manifest not an object", "entry without size",
-            "traversal name", "absolute name", "huge step"]
+VARIANTS = [
+    "gadget padded to size",
+    "gadget, manifest rewritten",
+    "direct gadget, manifest rewritten",
+    "metadata reads outside",
+    "commit not an object",
+    "manifest not an object",
+    "entry without size",
+    "traversal name",
+    "absolute name",
+    "huge step",
+]
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -313,14 +340,16 @@ def test_step_folders_the_listing_and_retention_must_ignore(dcp_runs, tmp_path):
     # Retention after a (pretend) commit at 8 with keep_last 2: 2 goes, and nothing else.
     shutil.copytree(run_dir / "step-00000006", run_dir / "step-00000008")
     (run_dir / "step-00000008" / "_COMMIT").write_text(
-        (run_dir / "step-00000006" / "_COMMIT").read_text().replace('"step": 6', '"step": 8'))
+        (run_dir / "step-00000006" / "_COMMIT").read_text().replace('"step": 6', '"step": 8')
+    )
     assert store.retain(2, newest=8, best_metric="") == [2, 4]
     assert (outside / "_COMMIT").is_file() and (run_dir / "step-00000098").is_symlink()
     assert all((run_dir / n / "_COMMIT").is_file() for n in ("step-٠٠٠٠٠٠٩٩", "step-000000099", "step-99"))
 
 
 def test_a_resume_falls_back_past_every_hostile_checkpoint_and_finishes_bit_identically(
-        dcp_runs, tiny_model, tmp_path):
+    dcp_runs, tiny_model, tmp_path
+):
     """End to end: step 6 holds the gadget with its manifest rewritten; a copy of step 4 sealed as step
     99 (its progress says 4); a step folder symlinked outside; a folder of non-ASCII digits. The resume
     refuses 99 and 6 with their reasons, resumes from 4, and its final checkpoint equals the reference's."""
@@ -336,6 +365,7 @@ def test_a_resume_falls_back_past_every_hostile_checkpoint_and_finishes_bit_iden
     def as_99(m):
         m["step"] = 99
         return json.dumps(m)
+
     _rewrite_manifest(forged, as_99)
     commit = json.loads((forged / "_COMMIT").read_text())
     (forged / "_COMMIT").write_text(json.dumps({**commit, "step": 99}))
@@ -354,6 +384,7 @@ def test_a_resume_falls_back_past_every_hostile_checkpoint_and_finishes_bit_iden
 
 
 # ---- the HF checkpoint-N format ---------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def hf_runs(tiny_model, tmp_path_factory):
@@ -383,17 +414,23 @@ def plant_hf(variant: str, folder: Path, marker: Path) -> str:
         evil.write_bytes(gadget_direct(marker))
 
         def edit(m):
-            m["files"][name] = {"size": evil.stat().st_size, "sha256": hashlib.sha256(evil.read_bytes()).hexdigest()}
+            m["files"][name] = {
+                "size": evil.stat().st_size,
+                "sha256": hashlib.sha256(evil.read_bytes()).hexdigest(),
+            }
             return json.dumps(m)
+
         _reseal_hf(folder, edit)
         return "not a plain file name"
     if variant == "commit not an object":
         (folder / "_COMMIT").write_text('"files"')
         return "_COMMIT is not a JSON object"
     if variant == "entry without size":
+
         def edit(m):
             del m["files"]["optimizer.pt"]["size"]
             return json.dumps(m)
+
         _reseal_hf(folder, edit)
         return "'size' must be a non-negative integer"
     if variant == "gadget in optimizer.pt":
@@ -403,13 +440,19 @@ def plant_hf(variant: str, folder: Path, marker: Path) -> str:
         def edit(m):
             m["files"]["optimizer.pt"] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
             return json.dumps(m)
+
         _reseal_hf(folder, edit)
         return "optimizer.pt cannot be loaded safely"
     raise AssertionError(variant)
 
 
-HF_VARIANTS = ["traversal name", "absolute name", "commit not an object", "entry without size",
-               "gadget in optimizer.pt"]
+HF_VARIANTS = [
+    "traversal name",
+    "absolute name",
+    "commit not an object",
+    "entry without size",
+    "gadget in optimizer.pt",
+]
 
 
 @pytest.mark.parametrize("variant", HF_VARIANTS)
@@ -490,7 +533,8 @@ def test_a_stale_local_copy_is_never_used(hf_runs, tmp_path):
 
 
 def test_an_hf_resume_falls_back_past_a_traversal_commit_and_finishes_bit_identically(
-        hf_runs, tiny_model, tmp_path):
+    hf_runs, tiny_model, tmp_path
+):
     from steps.lib.hf_checkpoint import compare_flat
     from tests.unit.test_hf import final, hf_cmd
     from tests.unit.test_hf import run as hf_run
@@ -502,7 +546,9 @@ def test_an_hf_resume_falls_back_past_a_traversal_commit_and_finishes_bit_identi
     plant_hf("traversal name", bucket / "checkpoint-7", marker)
     shutil.copytree(bucket / "checkpoint-5", bucket / "checkpoint-٩٩")
     local = tmp_path / "deep" / "local"
-    rc, recs, err = hf_run(hf_cmd(tiny_model, f"file://{bucket}"), env=base_env(BATON_HF_OUTPUT_DIR=str(local)))
+    rc, recs, err = hf_run(
+        hf_cmd(tiny_model, f"file://{bucket}"), env=base_env(BATON_HF_OUTPUT_DIR=str(local))
+    )
     assert rc == 0, err[-3000:]
     refused = {r["step"]: r["reason"] for r in recs if r["event"] == "checkpoint_refused"}
     assert "not a plain file name" in refused[7]
@@ -520,7 +566,8 @@ DEEP = "[" * 20_000 + "]" * 20_000
 
 
 def test_a_resume_falls_back_past_a_fifo_commit_and_a_deep_manifest_and_finishes_bit_identically(
-        dcp_runs, tiny_model, tmp_path):
+    dcp_runs, tiny_model, tmp_path
+):
     """Step 6's _COMMIT is a FIFO (a plain open blocks for ever, and SIGTERM cannot end it); step 4's
     manifest nests 20,000 deep and is resealed (json.loads raises RecursionError, which was a traceback
     and exit 1 at every restart). The resume refuses both by name, resumes from 2 and ends bit-identical."""
@@ -532,7 +579,9 @@ def test_a_resume_falls_back_past_a_fifo_commit_and_a_deep_manifest_and_finishes
     run_dir = _run_dir(bucket)
     (run_dir / "step-00000006" / "_COMMIT").unlink()
     os.mkfifo(run_dir / "step-00000006" / "_COMMIT")
-    assert blocks_on_plain_open(run_dir / "step-00000006" / "_COMMIT"), "control: the FIFO blocks a plain open"
+    assert blocks_on_plain_open(run_dir / "step-00000006" / "_COMMIT"), (
+        "control: the FIFO blocks a plain open"
+    )
     _rewrite_manifest(run_dir / "step-00000004", lambda m: DEEP)
     with pytest.raises(RecursionError):  # the control for the manifest
         json.loads((run_dir / "step-00000004" / "manifest.json").read_text())
@@ -565,7 +614,9 @@ def test_an_hf_checkpoint_with_one_byte_flipped_and_its_size_kept_is_refused(hf_
     assert store.fetch(5) == str(tmp_path / "local" / "checkpoint-5")
 
 
-def test_an_hf_checkpoint_with_a_deep_trainer_state_is_refused_before_the_trainer_parses_it(hf_runs, tmp_path):
+def test_an_hf_checkpoint_with_a_deep_trainer_state_is_refused_before_the_trainer_parses_it(
+    hf_runs, tmp_path
+):
     from steps.lib.hf_checkpoint import compare_hf
     from trainer.checkpoint import CorruptCheckpoint
     from trainer.checkpoint.hf_store import HFStore
@@ -577,8 +628,12 @@ def test_an_hf_checkpoint_with_a_deep_trainer_state_is_refused_before_the_traine
     state.write_text(DEEP)
 
     def edit(m):
-        m["files"]["trainer_state.json"] = {"size": len(DEEP), "sha256": hashlib.sha256(DEEP.encode()).hexdigest()}
+        m["files"]["trainer_state.json"] = {
+            "size": len(DEEP),
+            "sha256": hashlib.sha256(DEEP.encode()).hexdigest(),
+        }
         return json.dumps(m)
+
     _reseal_hf(bucket / "checkpoint-7", edit)
     with pytest.raises(RecursionError):  # the control: what the Trainer's json.load does with it
         json.loads(state.read_text())

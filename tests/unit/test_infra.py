@@ -92,7 +92,12 @@ def _var_default(tf: dict, ref: str):
 
 def test_every_tf_file_parses_and_the_gke_module_is_complete():
     files = sorted(INFRA.rglob("*.tf"))
-    assert {p.name for p in files if p.parent == GKE} >= {"main.tf", "variables.tf", "outputs.tf", "versions.tf"}
+    assert {p.name for p in files if p.parent == GKE} >= {
+        "main.tf",
+        "variables.tf",
+        "outputs.tf",
+        "versions.tf",
+    }
     for path in files:
         assert _tf(path), f"{path} parsed to nothing"
 
@@ -140,9 +145,10 @@ def test_gpu_pools_are_spot_and_on_demand_l4_tainted_and_scale_from_zero():
     assert _var_default(tf, "${var.gpu_max_nodes}") >= 3 and _var_default(tf, "${var.drill_nodes}") == 1
     assert demand["max_nodes"] == "${max(var.gpu_on_demand_max_nodes, 2 * var.drill_nodes)}"
     moves = {(m["from"], m["to"]) for m in tf.get("moved", [])}
-    assert moves == {("${google_container_node_pool.gpu}", '${google_container_node_pool.gpu["gpu-spot"]}'),
-                     ("${google_container_node_pool.gpu_on_demand}",
-                      '${google_container_node_pool.gpu["gpu-on-demand"]}')}, moves
+    assert moves == {
+        ("${google_container_node_pool.gpu}", '${google_container_node_pool.gpu["gpu-spot"]}'),
+        ("${google_container_node_pool.gpu_on_demand}", '${google_container_node_pool.gpu["gpu-on-demand"]}'),
+    }, moves
 
 
 def test_system_pool_is_on_demand_and_untainted():
@@ -190,10 +196,15 @@ def test_bucket_has_lifecycle_delete_uniform_access_and_the_gsa_only_on_it():
 
     grants = _resources(tf, "google_storage_bucket_iam_member")
     assert sorted(grants) == ["drill_objects", "ui_reader"]
-    assert grants["ui_reader"] == {"bucket": "${google_storage_bucket.drills.name}", "role": "roles/storage.objectViewer",
-                                   "member": "serviceAccount:${google_service_account.ui_reader.email}"}
+    assert grants["ui_reader"] == {
+        "bucket": "${google_storage_bucket.drills.name}",
+        "role": "roles/storage.objectViewer",
+        "member": "serviceAccount:${google_service_account.ui_reader.email}",
+    }
     grant = grants["drill_objects"]
-    assert grant["role"] == "${google_project_iam_custom_role.drill_objects.id}"  # its permissions: test_gcs_iam.py
+    assert (
+        grant["role"] == "${google_project_iam_custom_role.drill_objects.id}"
+    )  # its permissions: test_gcs_iam.py
     assert grant["bucket"] == "${google_storage_bucket.drills.name}"
     assert grant["member"] == "serviceAccount:${google_service_account.drill.email}"
     # Storage access is granted on the bucket, never project-wide.
@@ -226,8 +237,12 @@ def test_variables_are_described_and_outputs_cover_what_the_scripts_read():
 
 @pytest.mark.skipif(shutil.which("terraform") is None, reason="terraform not on PATH")
 def test_terraform_fmt_is_clean():
-    p = subprocess.run(["terraform", "fmt", "-check", "-recursive", "-diff", str(INFRA)],
-                       capture_output=True, text=True, timeout=60)
+    p = subprocess.run(
+        ["terraform", "fmt", "-check", "-recursive", "-diff", str(INFRA)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert p.returncode == 0, f"terraform fmt would change:\n{p.stdout}{p.stderr}"
 
 
@@ -244,8 +259,14 @@ def _validate(docs: list[dict]) -> None:
 def test_rbac_validates_and_is_namespaced():
     docs = list(yaml.safe_load_all(RBAC.read_text()))
     _validate(docs)
-    assert sorted(d["kind"] for d in docs) == ["Role", "Role", "RoleBinding", "RoleBinding",
-                                               "ServiceAccount", "ServiceAccount"]
+    assert sorted(d["kind"] for d in docs) == [
+        "Role",
+        "Role",
+        "RoleBinding",
+        "RoleBinding",
+        "ServiceAccount",
+        "ServiceAccount",
+    ]
     for d in docs:
         assert d["metadata"]["namespace"] == "baton", d["metadata"]
     sa = next(d for d in docs if d["kind"] == "ServiceAccount" and d["metadata"]["name"] == "baton-drill")
@@ -273,8 +294,14 @@ RULES: dict[str, dict[tuple[str, str, str], tuple[str, str]]] = {
         ("argoproj.io", "workflows", "list"): ("argo", "server/workflow/workflow_server.go ListWorkflows"),
         ("argoproj.io", "workflows", "watch"): ("argo", "server/workflow/workflow_server.go WatchWorkflows"),
         # The Argo UI's Cron Workflows page and the nightly drill's page (tests/e2e/test_argo_ui.py).
-        ("argoproj.io", "cronworkflows", "list"): ("argo", "server/cronworkflow/cron_workflow_server.go ListCronWorkflows"),
-        ("argoproj.io", "cronworkflows", "get"): ("argo", "server/cronworkflow/cron_workflow_server.go GetCronWorkflow"),
+        ("argoproj.io", "cronworkflows", "list"): (
+            "argo",
+            "server/cronworkflow/cron_workflow_server.go ListCronWorkflows",
+        ),
+        ("argoproj.io", "cronworkflows", "get"): (
+            "argo",
+            "server/cronworkflow/cron_workflow_server.go GetCronWorkflow",
+        ),
         ("", "pods", "list"): ("argo", "util/logs/workflow-logger.go WorkflowLogs"),
         ("", "pods", "watch"): ("argo", "util/logs/workflow-logger.go WorkflowLogs"),
         ("", "pods/log", "get"): ("argo", "util/logs/workflow-logger.go WorkflowLogs"),
@@ -294,10 +321,13 @@ def test_each_role_grants_exactly_the_rules_code_uses(role_name):
         granted |= {(g, r, v) for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]}
     allowed = RULES[role_name]
     assert granted == set(allowed), (
-        f"extra: {sorted(granted - set(allowed))}, missing: {sorted(set(allowed) - granted)}")
+        f"extra: {sorted(granted - set(allowed))}, missing: {sorted(set(allowed) - granted)}"
+    )
     for rule, (path, text) in allowed.items():
         if path != "argo":
-            assert text in (REPO / path).read_text(), f"{role_name} grants {rule} for {path}, which no longer has {text!r}"
+            assert text in (REPO / path).read_text(), (
+                f"{role_name} grants {rule} for {path}, which no longer has {text!r}"
+            )
     assert not any(v in ("delete", "deletecollection") for _, _, v in granted)
 
     binding = next(d for d in docs if d["kind"] == "RoleBinding" and d["metadata"]["name"] == role_name)
@@ -314,7 +344,12 @@ def test_the_scripts_submit_with_the_submitter_token_not_the_pods():
 def test_kind_minio_manifest_validates_and_pins_images():
     docs = list(yaml.safe_load_all((INFRA / "kind" / "minio.yaml").read_text()))
     _validate(docs)
-    images = [c["image"] for d in docs if "template" in d["spec"] for c in d["spec"]["template"]["spec"]["containers"]]
+    images = [
+        c["image"]
+        for d in docs
+        if "template" in d["spec"]
+        for c in d["spec"]["template"]["spec"]["containers"]
+    ]
     assert images
     for image in images:
         assert re.search(r":[\w.-]+$", image) and not image.endswith(":latest"), f"unpinned image {image}"
@@ -356,8 +391,16 @@ def test_every_cluster_path_installs_the_pinned_release_from_its_pinned_manifest
     install = INFRA / "argo" / "install.yaml"
     assert hashlib.sha256(install.read_bytes()).hexdigest() == PINS["ARGO_INSTALL_SHA256"]
     docs = list(yaml.safe_load_all(install.read_text()))
-    images = [c["image"] for d in docs if d["kind"] == "Deployment" for c in d["spec"]["template"]["spec"]["containers"]]
-    assert sorted(images) == [f"quay.io/argoproj/argocli:{ARGO_VERSION}", f"quay.io/argoproj/workflow-controller:{ARGO_VERSION}"]
+    images = [
+        c["image"]
+        for d in docs
+        if d["kind"] == "Deployment"
+        for c in d["spec"]["template"]["spec"]["containers"]
+    ]
+    assert sorted(images) == [
+        f"quay.io/argoproj/argocli:{ARGO_VERSION}",
+        f"quay.io/argoproj/workflow-controller:{ARGO_VERSION}",
+    ]
     assert ":latest" not in install.read_text()
     # The forward check's CRDs are a release of their own, vendored (tests/crd.py).
     from tests.crd import FORWARD
@@ -368,12 +411,19 @@ def test_every_cluster_path_installs_the_pinned_release_from_its_pinned_manifest
 def _install_argo(tmp_path: Path, manifest: bytes) -> tuple[subprocess.CompletedProcess, Path]:
     """lib.sh's install_argo with kubectl recording its calls, the manifest at ARGO_INSTALL replaced."""
     called = tmp_path / "called"
-    bindir = _stub_bin(tmp_path, {"kubectl": f'echo kubectl "$@" >> {called}; exit 0'},
-                       link=("dirname", "sha256sum", "cut"))
+    bindir = _stub_bin(
+        tmp_path, {"kubectl": f'echo kubectl "$@" >> {called}; exit 0'}, link=("dirname", "sha256sum", "cut")
+    )
     (tmp_path / "install.yaml").write_bytes(manifest)
     script = f'source "{SCRIPTS / "lib.sh"}"; ARGO_INSTALL="{tmp_path / "install.yaml"}"; install_argo'
-    p = subprocess.run([BASH, "-c", script], capture_output=True, text=True, timeout=30, cwd=REPO,
-                       env={"PATH": str(bindir), "HOME": str(tmp_path)})
+    p = subprocess.run(
+        [BASH, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        cwd=REPO,
+        env={"PATH": str(bindir), "HOME": str(tmp_path)},
+    )
     return p, called
 
 
@@ -386,7 +436,10 @@ def test_install_argo_refuses_a_manifest_whose_digest_is_not_the_pinned_one(tmp_
     (tmp_path / "ok").mkdir()
     p, called = _install_argo(tmp_path / "ok", good)
     assert p.returncode == 0, p.stderr
-    assert f"apply --server-side --force-conflicts -n argo -f {tmp_path / 'ok' / 'install.yaml'}" in called.read_text()
+    assert (
+        f"apply --server-side --force-conflicts -n argo -f {tmp_path / 'ok' / 'install.yaml'}"
+        in called.read_text()
+    )
 
 
 def _stub_bin(tmp_path: Path, stubs: dict[str, str], link: tuple[str, ...] = ()) -> Path:
@@ -405,8 +458,14 @@ def _stub_bin(tmp_path: Path, stubs: dict[str, str], link: tuple[str, ...] = ())
 
 
 def _run_script(name: str, bindir: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run([BASH, str(SCRIPTS / name), *args], capture_output=True, text=True, timeout=30,
-                          cwd=REPO, env={"PATH": str(bindir), "HOME": str(bindir.parent), **env})
+    return subprocess.run(
+        [BASH, str(SCRIPTS / name), *args],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        cwd=REPO,
+        env={"PATH": str(bindir), "HOME": str(bindir.parent), **env},
+    )
 
 
 def test_gke_up_stops_before_anything_when_a_tool_is_missing(tmp_path):
@@ -421,8 +480,11 @@ def test_gke_up_stops_before_anything_when_a_tool_is_missing(tmp_path):
 
 def test_e2e_kind_fails_early_without_a_docker_daemon(tmp_path):
     called = tmp_path / "called"
-    stubs = {"docker": "exit 1",  # `docker info` fails: client present, no daemon
-             "kind": f'echo kind "$@" >> {called}', "kubectl": f'echo kubectl "$@" >> {called}'}
+    stubs = {
+        "docker": "exit 1",  # `docker info` fails: client present, no daemon
+        "kind": f'echo kind "$@" >> {called}',
+        "kubectl": f'echo kubectl "$@" >> {called}',
+    }
     p = _run_script("e2e-kind.sh", _stub_bin(tmp_path, stubs, link=("dirname",)))
     assert p.returncode != 0
     assert "daemon is not reachable" in p.stderr
@@ -439,12 +501,17 @@ def test_build_image_builds_one_tag_per_variant_with_the_right_args(tmp_path):
     bindir, log = _docker_recorder(tmp_path)
     p = _run_script("build-image.sh", bindir, "registry.example:5000/team/baton:v1", PUSH="1")
     assert p.returncode == 0, p.stderr
-    assert p.stdout.split() == ["registry.example:5000/team/baton:v1-cpu", "registry.example:5000/team/baton:v1-cuda"]
+    assert p.stdout.split() == [
+        "registry.example:5000/team/baton:v1-cpu",
+        "registry.example:5000/team/baton:v1-cuda",
+    ]
     calls = log.read_text().splitlines()
     builds = [c for c in calls if c.startswith("build ")]
     pushes = [c for c in calls if c.startswith("push ")]
-    assert len(builds) == 2 and pushes == ["push registry.example:5000/team/baton:v1-cpu",
-                                           "push registry.example:5000/team/baton:v1-cuda"]
+    assert len(builds) == 2 and pushes == [
+        "push registry.example:5000/team/baton:v1-cpu",
+        "push registry.example:5000/team/baton:v1-cuda",
+    ]
     for variant, call in zip(("cpu", "cuda"), builds, strict=True):
         assert f"--build-arg TORCH_VARIANT={variant}" in call
         assert "--build-arg MODEL_DIR=infra/docker/no-model" in call
@@ -468,8 +535,11 @@ def test_build_image_refuses_a_model_outside_the_build_context(tmp_path):
 
 def _dockerfile_instructions() -> list[tuple[str, str]]:
     """(INSTRUCTION, arguments) with continuation lines joined and comments dropped."""
-    joined = re.sub(r"\\\n", " ", "\n".join(line for line in DOCKERFILE.read_text().splitlines()
-                                           if not line.lstrip().startswith("#")))
+    joined = re.sub(
+        r"\\\n",
+        " ",
+        "\n".join(line for line in DOCKERFILE.read_text().splitlines() if not line.lstrip().startswith("#")),
+    )
     out = []
     for line in joined.splitlines():
         if line.strip():
@@ -492,7 +562,9 @@ def test_dockerfile_pins_torch_first_and_matches_pyproject():
     torch_run = next(i for i, r in enumerate(runs) if '"torch==${TORCH_VERSION}"' in r)
     project_run = next(i for i, r in enumerate(runs) if re.search(r"pip install \"?\.(\[|\"|\s|$)", r))
     assert torch_run < project_run, "torch must be installed (pinned, right index) before the project"
-    assert "https://download.pytorch.org/whl/cpu" in runs[torch_run], "the cpu variant uses the CPU wheel index"
+    assert "https://download.pytorch.org/whl/cpu" in runs[torch_run], (
+        "the cpu variant uses the CPU wheel index"
+    )
 
 
 def test_dockerfile_never_downloads_a_model_at_run_time():
@@ -501,7 +573,13 @@ def test_dockerfile_never_downloads_a_model_at_run_time():
     for var in ("HF_HUB_OFFLINE=1", "TRANSFORMERS_OFFLINE=1"):
         assert re.search(rf"(^|\s){var}(\s|$)", env), f"{var} not set"
     text = " ".join(a for _, a in ins)
-    for fetch in ("from_pretrained", "snapshot_download", "hf_hub_download", "huggingface-cli", "hf download"):
+    for fetch in (
+        "from_pretrained",
+        "snapshot_download",
+        "hf_hub_download",
+        "huggingface-cli",
+        "hf download",
+    ):
         assert fetch not in text, f"{fetch} in the Dockerfile"
     entry = next(a for kind, a in ins if kind == "ENTRYPOINT")
     assert entry == '["python", "-m", "steps.train"]'
@@ -525,8 +603,11 @@ def _dockerignored(path: str, patterns: list[str]) -> bool:
         negate = pat.startswith("!")
         pat = pat.lstrip("!").rstrip("/")
         parts = path.split("/")
-        hit = any(fnmatch("/".join(parts[: i + 1]), pat) or fnmatch("/".join(parts[: i + 1]), pat.replace("**/", ""))
-                  for i in range(len(parts)))
+        hit = any(
+            fnmatch("/".join(parts[: i + 1]), pat)
+            or fnmatch("/".join(parts[: i + 1]), pat.replace("**/", ""))
+            for i in range(len(parts))
+        )
         if hit:
             ignored = not negate
     return ignored
@@ -535,8 +616,11 @@ def _dockerignored(path: str, patterns: list[str]) -> bool:
 def test_dockerfile_copies_only_what_exists_and_is_in_the_build_context():
     ins = _dockerfile_instructions()
     args = dict(a.split("=", 1) for kind, a in ins if kind == "ARG" and "=" in a)
-    patterns = [line.strip() for line in (REPO / ".dockerignore").read_text().splitlines()
-                if line.strip() and not line.startswith("#")]
+    patterns = [
+        line.strip()
+        for line in (REPO / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
     sources = []
     for kind, a in ins:
         if kind == "COPY" and not a.startswith("--from"):
@@ -548,7 +632,9 @@ def test_dockerfile_copies_only_what_exists_and_is_in_the_build_context():
         assert not _dockerignored(src, patterns), f"COPY source {src} is excluded by .dockerignore"
     # Every package the project's wheel holds (pyproject.toml's packages.find), and the pyproject itself: the
     # image runs them from /app (a missing `baton` once failed every step's first import, seen on the real node).
-    found = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]["include"]
+    found = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"][
+        "include"
+    ]
     packages = {pattern.rstrip("*") for pattern in found}
     assert packages and all((REPO / p).is_dir() for p in packages), packages
     for needed in ("pyproject.toml", *packages):
@@ -565,28 +651,52 @@ def test_the_ui_reads_the_kind_artifacts_with_get_on_exactly_the_minio_secret():
     docs = list(yaml.safe_load_all((REPO / "templates/overlays/kind/ui-artifacts.yaml").read_text()))
     _validate(docs)
     base = [d for d in yaml.safe_load_all((REPO / "templates/base/rbac.yaml").read_text()) if d]
-    granted = [(g, res, tuple(r.get("resourceNames", ())), verb)
-               for d in [*base, *docs] if d["kind"] == "Role" and d["metadata"]["name"].startswith("baton-submitter")
-               for r in d["rules"] for g in r["apiGroups"] for res in r["resources"] for verb in r["verbs"]]
+    granted = [
+        (g, res, tuple(r.get("resourceNames", ())), verb)
+        for d in [*base, *docs]
+        if d["kind"] == "Role" and d["metadata"]["name"].startswith("baton-submitter")
+        for r in d["rules"]
+        for g in r["apiGroups"]
+        for res in r["resources"]
+        for verb in r["verbs"]
+    ]
     # Each request the UI makes to open report.md or loss.png, as the caller (Argo v4.1.2), beside the rule:
     ui_needs = {
-        "getArtifact -> getWorkflowAndValidate: Workflows(ns).Get (server/artifacts/artifact_server.go:789)":
-            ("argoproj.io", "workflows", (), "get"),
-        "getArtifactAndDriver -> the S3 driver's keys: Secrets(ns).Get (server/artifacts/resources.go:16)":
-            ("", "secrets", ("baton-minio",), "get"),
+        "getArtifact -> getWorkflowAndValidate: Workflows(ns).Get (server/artifacts/artifact_server.go:789)": (
+            "argoproj.io",
+            "workflows",
+            (),
+            "get",
+        ),
+        "getArtifactAndDriver -> the S3 driver's keys: Secrets(ns).Get (server/artifacts/resources.go:16)": (
+            "",
+            "secrets",
+            ("baton-minio",),
+            "get",
+        ),
     }
     for request, rule in ui_needs.items():
         assert rule in granted, f"the submitter lacks {rule}, which {request} needs"
     assert [g for g in granted if g[1] == "secrets"] == [("", "secrets", ("baton-minio",), "get")]
     role = next(d for d in docs if d["kind"] == "Role")
-    assert role["rules"] == [{"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["baton-minio"],
-                              "verbs": ["get"]}]
-    repo = yaml.safe_load(next(iter(yaml.safe_load((REPO / "templates/overlays/kind/artifact-repositories.yaml")
-                                                   .read_text())["data"].values())))
+    assert role["rules"] == [
+        {"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["baton-minio"], "verbs": ["get"]}
+    ]
+    repo = yaml.safe_load(
+        next(
+            iter(
+                yaml.safe_load((REPO / "templates/overlays/kind/artifact-repositories.yaml").read_text())[
+                    "data"
+                ].values()
+            )
+        )
+    )
     assert {repo["s3"]["accessKeySecret"]["name"], repo["s3"]["secretKeySecret"]["name"]} == {"baton-minio"}
     binding = next(d for d in docs if d["kind"] == "RoleBinding")
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
-    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "baton-submitter", "namespace": "baton"}]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "baton-submitter", "namespace": "baton"}
+    ]
     tf = (INFRA / "gke" / "main.tf").read_text()
     assert 'role   = "roles/storage.objectViewer"' in tf and "[${var.argo_namespace}/argo-server]" in tf
     assert "annotate --overwrite serviceaccount argo-server" in (SCRIPTS / "gke-up.sh").read_text()

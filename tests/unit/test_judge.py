@@ -10,11 +10,15 @@ from steps.lib.judge import EXCLUDED_AT_TIER_2, component_of, floor_judged, judg
 
 def _state(seed: int = 0) -> dict:
     g = torch.Generator().manual_seed(seed)
-    return {"model.w": torch.randn(64, 64, generator=g), "model.b": torch.randn(64, generator=g),
-            "optim.state.model.w.exp_avg": torch.randn(64, 64, generator=g),
-            "optim.state.model.w.step": torch.tensor(12.0), "sched": torch.tensor([12, 13]),
-            "rng.rank0.torch": torch.randint(0, 255, (5056,), generator=g, dtype=torch.uint8),
-            "progress": torch.tensor([12, 0, 0, 24])}
+    return {
+        "model.w": torch.randn(64, 64, generator=g),
+        "model.b": torch.randn(64, generator=g),
+        "optim.state.model.w.exp_avg": torch.randn(64, 64, generator=g),
+        "optim.state.model.w.step": torch.tensor(12.0),
+        "sched": torch.tensor([12, 13]),
+        "rng.rank0.torch": torch.randint(0, 255, (5056,), generator=g, dtype=torch.uint8),
+        "progress": torch.tensor([12, 0, 0, 24]),
+    }
 
 
 def test_one_ulp_in_one_element_fails_tier_1():
@@ -38,10 +42,22 @@ def test_counts_are_not_truncated_with_the_list():
 
 def test_tier_2_judges_floats_by_the_floor_and_everything_else_exactly():
     ref = _state()
-    noisy = {k: (v * (1 + 1e-6 * torch.randn(v.shape, generator=torch.Generator().manual_seed(s)))
-                 if floor_judged(k, v) else v.clone()) for s, (k, v) in enumerate(ref.items())}
-    rep = {k: (v * (1 + 1e-6 * torch.randn(v.shape, generator=torch.Generator().manual_seed(100 + s)))
-               if floor_judged(k, v) else v.clone()) for s, (k, v) in enumerate(ref.items())}
+    noisy = {
+        k: (
+            v * (1 + 1e-6 * torch.randn(v.shape, generator=torch.Generator().manual_seed(s)))
+            if floor_judged(k, v)
+            else v.clone()
+        )
+        for s, (k, v) in enumerate(ref.items())
+    }
+    rep = {
+        k: (
+            v * (1 + 1e-6 * torch.randn(v.shape, generator=torch.Generator().manual_seed(100 + s)))
+            if floor_judged(k, v)
+            else v.clone()
+        )
+        for s, (k, v) in enumerate(ref.items())
+    }
     passed = judge(ref, rep, noisy, None, tier=2)
     assert passed["equivalent"] and passed["floor_l2"] > 0, passed
     # An RNG state that differs in one byte: kernels cannot do that, so no floor excuses it.
@@ -72,10 +88,21 @@ def test_components_group_every_entry_and_share_the_l2():
 
 
 def test_what_tier_2_leaves_out_is_named_with_why():
-    ref = {"model.w": torch.ones(2), "trainer_state.log_history.0.loss": torch.tensor(2.0, dtype=torch.float64),
-           "trainer_state.global_step": torch.tensor(10)}
-    rep = {**ref, "model.w": torch.tensor([1.0, 1.001]), "trainer_state.log_history.0.loss": torch.tensor(2.1)}
-    tri = {**ref, "model.w": torch.tensor([1.0, 1.0005]), "trainer_state.log_history.0.loss": torch.tensor(2.2)}
+    ref = {
+        "model.w": torch.ones(2),
+        "trainer_state.log_history.0.loss": torch.tensor(2.0, dtype=torch.float64),
+        "trainer_state.global_step": torch.tensor(10),
+    }
+    rep = {
+        **ref,
+        "model.w": torch.tensor([1.0, 1.001]),
+        "trainer_state.log_history.0.loss": torch.tensor(2.1),
+    }
+    tri = {
+        **ref,
+        "model.w": torch.tensor([1.0, 1.0005]),
+        "trainer_state.log_history.0.loss": torch.tensor(2.2),
+    }
     verdict = judge(ref, rep, tri, None, tier=2)
     assert verdict["equivalent"] and verdict["excluded"][0].startswith("trainer_state.log_history.0.loss: ")
     assert any("loss" in p for p in EXCLUDED_AT_TIER_2)
@@ -87,20 +114,28 @@ def test_tier_2_splits_by_what_an_entry_is_in_any_file():
     from training: judged against the floor, so real noise is no false failure. Its update counter, the
     scheduler's lr tensor and the RNG stay exact, so a counter or an RNG that was not restored still fails."""
     g = torch.Generator().manual_seed(5)
-    ref = {"model.w": torch.randn(32, generator=g), "other.ema.pt.shadow.w": torch.randn(32, generator=g),
-           "other.ema.pt.updates": 12, "optim_lr": torch.tensor([[1e-3, 1e-3]], dtype=torch.float64)}
+    ref = {
+        "model.w": torch.randn(32, generator=g),
+        "other.ema.pt.shadow.w": torch.randn(32, generator=g),
+        "other.ema.pt.updates": 12,
+        "optim_lr": torch.tensor([[1e-3, 1e-3]], dtype=torch.float64),
+    }
 
     def noisy(seed: int) -> dict:
         gen = torch.Generator().manual_seed(seed)
-        return {k: v * (1 + 1e-6 * torch.randn(v.shape, generator=gen)) if floor_judged(k, v) else v
-                for k, v in ref.items()}
+        return {
+            k: v * (1 + 1e-6 * torch.randn(v.shape, generator=gen)) if floor_judged(k, v) else v
+            for k, v in ref.items()
+        }
 
     assert floor_judged("other.ema.pt.shadow.w", ref["other.ema.pt.shadow.w"])
     assert not floor_judged("other.ema.pt.updates", 12) and not floor_judged("optim_lr", ref["optim_lr"])
     assert not floor_judged("other.ema.pt.updates", torch.tensor(12))
     rep, tri = noisy(1), noisy(2)
     assert judge(ref, rep, tri, None, tier=2)["equivalent"]
-    assert not judge(ref, rep, {**tri, "other.ema.pt.updates": 0}, None, tier=2)["equivalent"]  # counter restarted
+    assert not judge(ref, rep, {**tri, "other.ema.pt.updates": 0}, None, tier=2)[
+        "equivalent"
+    ]  # counter restarted
     restarted = {**tri, "other.ema.pt.shadow.w": tri["model.w"].clone()}  # the EMA restarted from the weights
     assert not judge(ref, rep, restarted, None, tier=2)["equivalent"]
     # Control: judged exactly, as the rule once had it (only model.* and optimizer moments got the floor), the

@@ -14,19 +14,34 @@ import pytest
 from tests.helpers import PY, REPO, base_env
 
 # A rank that says who it is, then ignores SIGTERM (only SIGKILL ends it).
-RANK = ("import json, os, signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
-        "print(json.dumps({'event': 'hello', 'pid': os.getpid(), 'ppid': os.getppid(), 'env': {k: os.environ.get(k) for k in "
-        "('RANK', 'LOCAL_RANK', 'WORLD_SIZE', 'LOCAL_WORLD_SIZE', 'MASTER_ADDR', 'MASTER_PORT', "
-        "'TORCHELASTIC_RUN_ID')}}), flush=True); time.sleep(120)")
+RANK = (
+    "import json, os, signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+    "print(json.dumps({'event': 'hello', 'pid': os.getpid(), 'ppid': os.getppid(), 'env': {k: os.environ.get(k) for k in "
+    "('RANK', 'LOCAL_RANK', 'WORLD_SIZE', 'LOCAL_WORLD_SIZE', 'MASTER_ADDR', 'MASTER_PORT', "
+    "'TORCHELASTIC_RUN_ID')}}), flush=True); time.sleep(120)"
+)
 
 
 @pytest.mark.parametrize("launcher", ["auto", "torchrun"])
 def test_one_rank_runs_directly_with_torchruns_environment_and_is_killed_after_the_grace(launcher, tmp_path):
     script = tmp_path / "rank.py"
     script.write_text(RANK)
-    cmd = [PY, "-m", "steps.train", "--nproc", "1", "--launcher", launcher, "--shutdown-timeout", "2",
-           "--trainer", str(script)]
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=base_env(), cwd=REPO)
+    cmd = [
+        PY,
+        "-m",
+        "steps.train",
+        "--nproc",
+        "1",
+        "--launcher",
+        launcher,
+        "--shutdown-timeout",
+        "2",
+        "--trainer",
+        str(script),
+    ]
+    p = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=base_env(), cwd=REPO
+    )
     assert p.stdout is not None
     line = p.stdout.readline()
     while line and not line.startswith("{"):
@@ -37,7 +52,12 @@ def test_one_rank_runs_directly_with_torchruns_environment_and_is_killed_after_t
     out, err = p.communicate(timeout=60)
     assert p.returncode == 75, err[-2000:]  # signalled before any step: nothing a retry would replay
     env = hello["env"]
-    assert (env["RANK"], env["LOCAL_RANK"], env["WORLD_SIZE"], env["LOCAL_WORLD_SIZE"]) == ("0", "0", "1", "1")
+    assert (env["RANK"], env["LOCAL_RANK"], env["WORLD_SIZE"], env["LOCAL_WORLD_SIZE"]) == (
+        "0",
+        "0",
+        "1",
+        "1",
+    )
     assert env["MASTER_ADDR"] and int(env["MASTER_PORT"]) > 0 and env["TORCHELASTIC_RUN_ID"]
     if launcher == "auto":
         assert hello["ppid"] == p.pid  # no torchrun in between
@@ -49,8 +69,14 @@ def test_one_rank_runs_directly_with_torchruns_environment_and_is_killed_after_t
 
 
 def test_direct_refuses_several_ranks():
-    p = subprocess.run([PY, "-m", "steps.train", "--nproc", "2", "--launcher", "direct", "--trainer", "-c pass"],
-                       capture_output=True, text=True, env=base_env(), cwd=REPO, timeout=60)
+    p = subprocess.run(
+        [PY, "-m", "steps.train", "--nproc", "2", "--launcher", "direct", "--trainer", "-c pass"],
+        capture_output=True,
+        text=True,
+        env=base_env(),
+        cwd=REPO,
+        timeout=60,
+    )
     assert p.returncode == 1 and "--launcher direct runs one rank" in p.stderr
 
 
@@ -61,18 +87,39 @@ def test_a_trainer_that_ends_before_any_record_is_named_by_its_own_error(tmp_pat
     from steps.lib.evidence import check_record
 
     script = tmp_path / "bad.py"
-    script.write_text("import sys\nprint('loading', file=sys.stderr)\n"
-                      "print(\"error: config key 'seed': must be >= 0, got -1\", file=sys.stderr)\nsys.exit(1)\n")
-    p = subprocess.run([PY, "-m", "steps.train", "--trainer", str(script)], capture_output=True, text=True,
-                       env=base_env(), cwd=REPO, timeout=120)
+    script.write_text(
+        "import sys\nprint('loading', file=sys.stderr)\n"
+        "print(\"error: config key 'seed': must be >= 0, got -1\", file=sys.stderr)\nsys.exit(1)\n"
+    )
+    p = subprocess.run(
+        [PY, "-m", "steps.train", "--trainer", str(script)],
+        capture_output=True,
+        text=True,
+        env=base_env(),
+        cwd=REPO,
+        timeout=120,
+    )
     assert p.returncode == 1 and "loading" in p.stderr
     (rec,) = [json.loads(x) for x in p.stdout.splitlines() if x.startswith("{")]
-    assert (rec["event"], rec["reason"], rec["attempt"], rec["source"]) == ("failed", "trainer_error", None, "steps.train")
+    assert (rec["event"], rec["reason"], rec["attempt"], rec["source"]) == (
+        "failed",
+        "trainer_error",
+        None,
+        "steps.train",
+    )
     assert rec["error"] == "error: config key 'seed': must be >= 0, got -1" and rec["launcher_exit"] == 1
     assert check_record(rec) is None
-    script.write_text("import json, sys\nprint(json.dumps({'event': 'resume', 'step': 0, 'attempt': 1}))\nsys.exit(1)\n")
-    p = subprocess.run([PY, "-m", "steps.train", "--trainer", str(script)], capture_output=True, text=True,
-                       env=base_env(), cwd=REPO, timeout=120)
+    script.write_text(
+        "import json, sys\nprint(json.dumps({'event': 'resume', 'step': 0, 'attempt': 1}))\nsys.exit(1)\n"
+    )
+    p = subprocess.run(
+        [PY, "-m", "steps.train", "--trainer", str(script)],
+        capture_output=True,
+        text=True,
+        env=base_env(),
+        cwd=REPO,
+        timeout=120,
+    )
     assert p.returncode == 1 and '"trainer_error"' not in p.stdout
 
 
@@ -81,16 +128,32 @@ def test_a_trainer_that_aborts_while_shutting_down_after_done_ends_the_pod_with_
     (SIGABRT, "terminate called without an active exception"). The run is complete: exit 0, and the message
     says so. Control: the same abort after a `step` record, with no `done`, is 1."""
     script = tmp_path / "abort.py"
-    body = ("import json, os, sys\nprint(json.dumps({'event': 'step', 'step': 1, 'attempt': 1}), flush=True)\n"
-            "DONE\nprint('terminate called without an active exception', file=sys.stderr, flush=True)\nos.abort()\n")
-    script.write_text(body.replace("DONE", "print(json.dumps({'event': 'done', 'step': 1, 'attempt': 1}), flush=True)"))
-    p = subprocess.run([PY, "-m", "steps.train", "--trainer", str(script)], capture_output=True, text=True,
-                       env=base_env(), cwd=REPO, timeout=120)
+    body = (
+        "import json, os, sys\nprint(json.dumps({'event': 'step', 'step': 1, 'attempt': 1}), flush=True)\n"
+        "DONE\nprint('terminate called without an active exception', file=sys.stderr, flush=True)\nos.abort()\n"
+    )
+    script.write_text(
+        body.replace("DONE", "print(json.dumps({'event': 'done', 'step': 1, 'attempt': 1}), flush=True)")
+    )
+    p = subprocess.run(
+        [PY, "-m", "steps.train", "--trainer", str(script)],
+        capture_output=True,
+        text=True,
+        env=base_env(),
+        cwd=REPO,
+        timeout=120,
+    )
     assert p.returncode == 0, p.stderr[-2000:]
     assert "wrote `done` and then exited -6 while shutting down" in p.stderr
     script.write_text(body.replace("DONE", ""))
-    p = subprocess.run([PY, "-m", "steps.train", "--trainer", str(script)], capture_output=True, text=True,
-                       env=base_env(), cwd=REPO, timeout=120)
+    p = subprocess.run(
+        [PY, "-m", "steps.train", "--trainer", str(script)],
+        capture_output=True,
+        text=True,
+        env=base_env(),
+        cwd=REPO,
+        timeout=120,
+    )
     assert p.returncode == 1 and "while shutting down" not in p.stderr, p.stderr[-2000:]
 
 
@@ -99,18 +162,32 @@ def test_a_launcher_that_lingers_after_done_is_ended_and_the_pod_ends_with_0(tmp
     record, steps.train gives the launcher --done-linger seconds, then ends it, and the pod ends with 0.
     Control: a trainer that hangs without a done record is not ended by it (SIGTERM from outside ends it)."""
     script = tmp_path / "linger.py"
-    body = ("import json, time\nprint(json.dumps({'event': 'step', 'step': 1, 'attempt': 1}), flush=True)\n"
-            "DONE\ntime.sleep(600)\n")
-    script.write_text(body.replace("DONE", "print(json.dumps({'event': 'done', 'step': 1, 'attempt': 1}), flush=True)"))
-    p = subprocess.run([PY, "-m", "steps.train", "--done-linger", "1", "--shutdown-timeout", "2",
-                        "--trainer", str(script)], capture_output=True, text=True, env=base_env(), cwd=REPO,
-                       timeout=120)
+    body = (
+        "import json, time\nprint(json.dumps({'event': 'step', 'step': 1, 'attempt': 1}), flush=True)\n"
+        "DONE\ntime.sleep(600)\n"
+    )
+    script.write_text(
+        body.replace("DONE", "print(json.dumps({'event': 'done', 'step': 1, 'attempt': 1}), flush=True)")
+    )
+    p = subprocess.run(
+        [PY, "-m", "steps.train", "--done-linger", "1", "--shutdown-timeout", "2", "--trainer", str(script)],
+        capture_output=True,
+        text=True,
+        env=base_env(),
+        cwd=REPO,
+        timeout=120,
+    )
     assert p.returncode == 0, p.stderr[-2000:]
     assert "still runs 1 s after the done record: SIGTERM" in p.stderr
     script.write_text(body.replace("DONE", ""))
-    proc = subprocess.Popen([PY, "-m", "steps.train", "--done-linger", "1", "--shutdown-timeout", "2",
-                             "--trainer", str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=base_env(), cwd=REPO)
+    proc = subprocess.Popen(
+        [PY, "-m", "steps.train", "--done-linger", "1", "--shutdown-timeout", "2", "--trainer", str(script)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=base_env(),
+        cwd=REPO,
+    )
     assert proc.stdout is not None
     while '"step"' not in proc.stdout.readline():
         pass
@@ -135,11 +212,16 @@ def test_the_version_check_agrees_with_this_torchruns_own_parser():
 
     parsed = any("--shutdown-timeout" in a.option_strings for a in get_args_parser()._actions)
     assert torchrun_has_shutdown_timeout() is parsed, importlib.metadata.version("torch")
-    probe = ("import sys, steps.train; steps.train.torchrun_has_shutdown_timeout(); "
-             "print('torch' in sys.modules)")
-    out = subprocess.run([PY, "-c", probe], cwd=REPO, env=base_env(), capture_output=True, text=True, check=True)
+    probe = (
+        "import sys, steps.train; steps.train.torchrun_has_shutdown_timeout(); print('torch' in sys.modules)"
+    )
+    out = subprocess.run(
+        [PY, "-c", probe], cwd=REPO, env=base_env(), capture_output=True, text=True, check=True
+    )
     assert out.stdout.strip() == "False", out.stdout + out.stderr[-2000:]
     # Control: the same probe sees torch once the parser itself is asked.
     probe = probe.replace("steps.train.torchrun_has_shutdown_timeout()", "import torch.distributed.run")
-    out = subprocess.run([PY, "-c", probe], cwd=REPO, env=base_env(), capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [PY, "-c", probe], cwd=REPO, env=base_env(), capture_output=True, text=True, check=True
+    )
     assert out.stdout.strip() == "True", out.stdout

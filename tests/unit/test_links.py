@@ -61,7 +61,9 @@ def test_a_step_folder_that_is_a_link_is_removed_as_a_link_and_the_save_commits(
     link.symlink_to(outside, target_is_directory=True)
     store.save(10, _state(10), {"fingerprint": FP}, attempt)
     assert (outside / "_COMMIT").read_text() == "precious" and sorted(p.name for p in outside.iterdir()) == [
-        "_COMMIT", "data.bin"]
+        "_COMMIT",
+        "data.bin",
+    ]
     assert not link.is_symlink() and (link / "_COMMIT").is_file() and store.committed_steps() == [10]
     assert "step-00000010 was a symbolic link" in capsys.readouterr().err
 
@@ -157,12 +159,16 @@ def test_an_hf_upload_into_a_link_removes_the_link_and_writes_nothing_outside(tm
     hf.commit(5, world_size=1)
     assert sorted(p.name for p in outside.iterdir()) == ["_COMMIT", "data.bin"]
     assert (outside / "_COMMIT").read_text() == "precious"
-    assert not (bucket / "checkpoint-5").is_symlink() and (bucket / "checkpoint-5" / "model.safetensors").is_file()
+    assert (
+        not (bucket / "checkpoint-5").is_symlink()
+        and (bucket / "checkpoint-5" / "model.safetensors").is_file()
+    )
     assert hf.committed_steps() == [5] and "checkpoint-5 was a symbolic link" in capsys.readouterr().err
     # Control: fsspec's put_file, what the upload used, writes through such a link.
     (bucket / "checkpoint-6").symlink_to(outside, target_is_directory=True)
-    fsspec.filesystem("file").put_file(str(local / "checkpoint-5" / "model.safetensors"),
-                                       str(bucket / "checkpoint-6" / "model.safetensors"))
+    fsspec.filesystem("file").put_file(
+        str(local / "checkpoint-5" / "model.safetensors"), str(bucket / "checkpoint-6" / "model.safetensors")
+    )
     assert (outside / "model.safetensors").is_file()
 
 

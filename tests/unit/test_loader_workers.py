@@ -69,8 +69,15 @@ next(alive)
 def test_workers_outlive_a_sigterm_that_comes_while_they_start(tmp_path, mode, survives):
     script = tmp_path / "window.py"
     script.write_text(SCRIPT)
-    p = subprocess.run([PY, str(script), mode], capture_output=True, text=True, env=base_env(), cwd=REPO,
-                       timeout=120, start_new_session=True)
+    p = subprocess.run(
+        [PY, str(script), mode],
+        capture_output=True,
+        text=True,
+        env=base_env(),
+        cwd=REPO,
+        timeout=120,
+        start_new_session=True,
+    )
     if survives:
         assert p.returncode == 0 and "served 16 signalled True" in p.stdout, p.stdout + p.stderr[-2000:]
     else:

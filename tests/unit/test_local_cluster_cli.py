@@ -1,6 +1,7 @@
 """The local control plane's tooling on bad input, without its binaries (tests/e2e runs the cluster itself):
 each case ends in one clear line and leaves nothing behind. Controls: the same commands succeed, or say
 something else, when the condition is removed."""
+
 from __future__ import annotations
 
 import os
@@ -17,7 +18,9 @@ BUILD = REPO / "infra" / "local" / "build.sh"
 
 
 def _env(tmp_path: Path, path: str | None = None) -> dict[str, str]:
-    env = dict(os.environ, BATON_CLUSTER_CACHE=str(tmp_path / "cache"), BATON_CLUSTER_STATE=str(tmp_path / "state"))
+    env = dict(
+        os.environ, BATON_CLUSTER_CACHE=str(tmp_path / "cache"), BATON_CLUSTER_STATE=str(tmp_path / "state")
+    )
     if path is not None:
         env["PATH"] = path
     return env
@@ -48,7 +51,8 @@ def test_a_build_without_go_says_so_in_one_line_and_makes_no_cache(tmp_path):
     r = _run(["bash", str(BUILD)], _env(tmp_path, str(tools)))
     assert r.returncode == 2, r.stdout + r.stderr
     assert r.stderr.strip().splitlines() == [
-        "error: no 'go' on PATH: the local control plane is built from Go modules and needs Go >= 1.26.0"]
+        "error: no 'go' on PATH: the local control plane is built from Go modules and needs Go >= 1.26.0"
+    ]
     assert not (tmp_path / "cache").exists()
 
 
@@ -86,7 +90,9 @@ def test_check_names_a_missing_and_a_stale_cache_and_accepts_a_complete_one(tmp_
 def test_down_and_status_with_nothing_running_say_so(tmp_path):
     env = _env(tmp_path)
     down = _run([sys.executable, "-m", "infra.local.cluster", "down"], env)
-    assert down.returncode == 0 and down.stdout.strip() == f"cluster: not running (state {tmp_path / 'state'})"
+    assert (
+        down.returncode == 0 and down.stdout.strip() == f"cluster: not running (state {tmp_path / 'state'})"
+    )
     status = _run([sys.executable, "-m", "infra.local.cluster", "status"], env)
     assert status.returncode == 1 and "not running" in status.stdout
     assert "Traceback" not in down.stderr + status.stderr
@@ -97,7 +103,8 @@ def test_up_without_the_binaries_names_the_build_and_starts_nothing(tmp_path):
     assert r.returncode == 1 and "Traceback" not in r.stderr
     assert r.stderr.strip().splitlines() == [
         f"error: cluster binaries in {Path(_run(['bash', str(BUILD), '--print-dir'], _env(tmp_path)).stdout.strip())}"
-        ": not built; run: bash infra/local/build.sh"]
+        ": not built; run: bash infra/local/build.sh"
+    ]
     assert not (tmp_path / "state" / "pids.json").exists()
 
 
@@ -113,10 +120,16 @@ def test_down_signals_only_the_processes_it_started_and_counts_only_those(tmp_pa
     state.mkdir()
     victim = subprocess.Popen(["sleep", "60"], start_new_session=True)
     try:
-        entry = {"pid": victim.pid, "start": "1", "log": str(tmp_path / "etcd.log")}  # another process's start
+        entry = {
+            "pid": victim.pid,
+            "start": "1",
+            "log": str(tmp_path / "etcd.log"),
+        }  # another process's start
         (state / "pids.json").write_text(json.dumps({"procs": {"etcd": entry}, "ports": {}}))
         down = _run([sys.executable, "-m", "infra.local.cluster", "down"], _env(tmp_path))
-        assert down.returncode == 0 and down.stdout.strip() == f"cluster: not running (state {state})", down.stdout
+        assert down.returncode == 0 and down.stdout.strip() == f"cluster: not running (state {state})", (
+            down.stdout
+        )
         assert victim.poll() is None  # untouched
         entry["start"] = _start_time(victim.pid)
         (state / "pids.json").write_text(json.dumps({"procs": {"etcd": entry}, "ports": {}}))

@@ -48,14 +48,18 @@ def warnings_in(err: str, needle: str) -> int:
 
 # ---- timestamps ---------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("text, expected", [
-    ("2026-11-29T23:05:00Z", NOW),
-    ("2026-11-30T00:05:00+01:00", NOW),
-    ("2026-11-29T23:05:00.250Z", NOW + 0.25),
-    ("2026-11-29t23:05:00z", NOW),
-    (f"{int(NOW)}", NOW),
-    (f"{NOW + 0.5}\n", NOW + 0.5),
-])
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("2026-11-29T23:05:00Z", NOW),
+        ("2026-11-30T00:05:00+01:00", NOW),
+        ("2026-11-29T23:05:00.250Z", NOW + 0.25),
+        ("2026-11-29t23:05:00z", NOW),
+        (f"{int(NOW)}", NOW),
+        (f"{NOW + 0.5}\n", NOW + 0.5),
+    ],
+)
 def test_rfc3339_and_unix_seconds_parse(text, expected):
     assert parse_timestamp(text) == pytest.approx(expected)
 
@@ -66,6 +70,7 @@ def test_what_is_not_a_timestamp_is_refused(text):
 
 
 # ---- podinfo annotations --------------------------------------------------------------------------------
+
 
 def test_empty_files_mean_absent_and_are_not_a_problem(tmp_path, capsys):
     w = NoticeWatcher(podinfo(tmp_path, termination_warning_at="", guaranteed_until="\n"), lead_s=1e9)
@@ -99,8 +104,9 @@ def test_unparseable_value_is_ignored_and_warned_once(tmp_path, capsys):
 @pytest.mark.parametrize("age_s", [0.0, 100.0, 600.0, -300.0])
 def test_a_warning_that_passed_recently_or_lies_ahead_is_live(tmp_path, age_s):
     d = podinfo(tmp_path, termination_warning_at=str(NOW - age_s), guaranteed_until="")
-    assert NoticeWatcher(d, stale_after_s=600).poll(NOW) == Notice(TERMINATION, NOW - age_s,
-                                                                  str(d / "termination-warning-at"))
+    assert NoticeWatcher(d, stale_after_s=600).poll(NOW) == Notice(
+        TERMINATION, NOW - age_s, str(d / "termination-warning-at")
+    )
 
 
 def test_a_stale_warning_is_ignored_and_warned_once(tmp_path, capsys):
@@ -116,12 +122,17 @@ def test_prefixed_key_in_a_subfolder(tmp_path):
     (d / "baton.dev").mkdir()
     (d / "baton.dev" / "termination-warning-at").write_text("2026-11-29T23:00:00Z")
     (d / "baton.dev" / "guaranteed-until").write_text("")
-    assert NoticeWatcher(d).poll(NOW) == Notice(TERMINATION, NOW - 300, str(d / "baton.dev/termination-warning-at"))
+    assert NoticeWatcher(d).poll(NOW) == Notice(
+        TERMINATION, NOW - 300, str(d / "baton.dev/termination-warning-at")
+    )
 
 
 def test_whole_annotations_file(tmp_path, capsys):
-    d = podinfo(tmp_path, annotations='kubectl.kubernetes.io/restartedAt="x"\n'
-                                      'baton.dev/termination-warning-at="2026-11-29T23:00:00Z"\n')
+    d = podinfo(
+        tmp_path,
+        annotations='kubectl.kubernetes.io/restartedAt="x"\n'
+        'baton.dev/termination-warning-at="2026-11-29T23:00:00Z"\n',
+    )
     assert NoticeWatcher(d).poll(NOW) == Notice(TERMINATION, NOW - 300, str(d / "annotations"))
     # guaranteed-until is absent from the map: an unset annotation, not a missing projection
     assert "missing" not in capsys.readouterr().err
@@ -156,6 +167,7 @@ def test_a_termination_warning_outranks_guaranteed_until(tmp_path):
 
 # ---- debounce ----------------------------------------------------------------------------------------
 
+
 def test_debounce_fires_once_per_episode_and_rearms_when_withdrawn():
     deb = Debounce()
     fired = [deb.update(a) for a in [False, True, True, True, False, False, True, True]]
@@ -173,6 +185,7 @@ def test_debounce_over_real_polls_two_episodes(tmp_path):
 
 
 # ---- GCP metadata, against a loopback stand-in -----------------------------------------------------------
+
 
 class _Metadata(http.server.BaseHTTPRequestHandler):
     def do_GET(self):  # noqa: N802 (the stdlib's name)
@@ -215,8 +228,9 @@ def metadata():
 
 def test_the_stand_in_refuses_a_request_without_the_header(metadata):
     with pytest.raises(urllib.error.HTTPError) as e:
-        urllib.request.build_opener(urllib.request.ProxyHandler({})).open(metadata.endpoint + GCP_PREEMPTED_PATH,
-                                                                          timeout=2)
+        urllib.request.build_opener(urllib.request.ProxyHandler({})).open(
+            metadata.endpoint + GCP_PREEMPTED_PATH, timeout=2
+        )
     assert e.value.code == 403
 
 
@@ -251,6 +265,7 @@ def test_something_that_is_not_the_metadata_server_is_no_notice(metadata, capsys
 
 
 # ---- the polling thread ------------------------------------------------------------------------------
+
 
 def wait_for(cond, timeout=5.0) -> bool:
     deadline = time.monotonic() + timeout
@@ -293,8 +308,11 @@ def test_thread_fires_again_for_a_second_episode(tmp_path):
 def test_reading_the_flag_never_waits_on_a_poll_in_flight(tmp_path, metadata):
     metadata.gate.clear()  # the server holds the request: a poll hangs in the network
     gcp = GcpMetadata(metadata.endpoint, timeout_s=5)
-    th = NoticeThread(NoticeWatcher(podinfo(tmp_path, termination_warning_at="", guaranteed_until=""), gcp=gcp),
-                      poll_s=0.01, clock=lambda: NOW).start()
+    th = NoticeThread(
+        NoticeWatcher(podinfo(tmp_path, termination_warning_at="", guaranteed_until=""), gcp=gcp),
+        poll_s=0.01,
+        clock=lambda: NOW,
+    ).start()
     try:
         assert metadata.entered.wait(5)
         t0 = time.perf_counter()
@@ -310,8 +328,11 @@ def test_reading_the_flag_never_waits_on_a_poll_in_flight(tmp_path, metadata):
 
 # ---- cadence -----------------------------------------------------------------------------------------
 
+
 def test_young_daly_on_known_numbers():
-    assert young_daly_interval_s(10, 3600) == pytest.approx(math.sqrt(72000)) == pytest.approx(268.328, abs=1e-3)
+    assert (
+        young_daly_interval_s(10, 3600) == pytest.approx(math.sqrt(72000)) == pytest.approx(268.328, abs=1e-3)
+    )
     assert young_daly_interval_s(30, 6 * 3600) == pytest.approx(1138.42, abs=1e-2)
     assert young_daly_interval_s(0, 3600) == 0
     with pytest.raises(ValueError):
@@ -340,8 +361,16 @@ def test_cadence_modes():
 
 
 def test_cadence_auto_uses_young_daly_clamped():
-    c = Cadence(CadenceConfig(mode="auto", every_s=900, mtbf_prior_s=3600, mtbf_prior_weight=1,
-                              min_interval_s=60, max_interval_s=1800))
+    c = Cadence(
+        CadenceConfig(
+            mode="auto",
+            every_s=900,
+            mtbf_prior_s=3600,
+            mtbf_prior_weight=1,
+            min_interval_s=60,
+            max_interval_s=1800,
+        )
+    )
     assert c.interval_s == 900  # no save measured yet
     c.update(save_cost_s=10)
     assert c.interval_s == pytest.approx(268.328, abs=1e-3)
@@ -371,6 +400,7 @@ def test_cadence_reports_changes_and_not_jitter():
 
 # ---- config ------------------------------------------------------------------------------------------
 
+
 def test_defaults_are_valid_and_loader_compatible():
     n, c = NoticeConfig(), CadenceConfig()
     assert (n.poll_s, n.stale_after_s, n.policy, n.gcp_metadata) == (20, 600, "continue", False)
@@ -390,20 +420,23 @@ def test_podinfo_folder_resolution(monkeypatch):
     assert str(NoticeConfig(podinfo_dir="/x").podinfo_path()) == "/x"
 
 
-@pytest.mark.parametrize("cls, field, value", [
-    (NoticeConfig, "poll_s", 0.5),
-    (NoticeConfig, "poll_s", 301),
-    (NoticeConfig, "stale_after_s", 0),
-    (NoticeConfig, "policy", "pause"),
-    (NoticeConfig, "gcp_endpoint", "metadata.google.internal"),
-    (NoticeConfig, "gcp_timeout_s", 0),
-    (CadenceConfig, "mode", "hourly"),
-    (CadenceConfig, "every_s", 0),
-    (CadenceConfig, "mtbf_prior_s", -1),
-    (CadenceConfig, "mtbf_prior_weight", -0.5),
-    (CadenceConfig, "min_interval_s", 0),
-    (CadenceConfig, "max_interval_s", 30),
-])
+@pytest.mark.parametrize(
+    "cls, field, value",
+    [
+        (NoticeConfig, "poll_s", 0.5),
+        (NoticeConfig, "poll_s", 301),
+        (NoticeConfig, "stale_after_s", 0),
+        (NoticeConfig, "policy", "pause"),
+        (NoticeConfig, "gcp_endpoint", "metadata.google.internal"),
+        (NoticeConfig, "gcp_timeout_s", 0),
+        (CadenceConfig, "mode", "hourly"),
+        (CadenceConfig, "every_s", 0),
+        (CadenceConfig, "mtbf_prior_s", -1),
+        (CadenceConfig, "mtbf_prior_weight", -0.5),
+        (CadenceConfig, "min_interval_s", 0),
+        (CadenceConfig, "max_interval_s", 30),
+    ],
+)
 def test_bad_values_name_the_key(cls, field, value):
     prefix = "notice" if cls is NoticeConfig else "cadence"
     with pytest.raises(ConfigError, match=f"'{prefix}.{field}'"):

@@ -88,11 +88,19 @@ def _edit_header(header: Path, **changes) -> None:
 ATTACKS = {
     "a flipped byte": (lambda header, body: _flip(body), "do not match their crc32c"),
     "a truncated samples file": (lambda header, body: body.write_bytes(body.read_bytes()[:-4]), "bytes"),
-    "a token id beyond the vocabulary": (lambda header, body: _forge(body, header, 10**6), "outside the model's vocabulary"),
+    "a token id beyond the vocabulary": (
+        lambda header, body: _forge(body, header, 10**6),
+        "outside the model's vocabulary",
+    ),
     "a negative token id": (lambda header, body: _forge(body, header, -1), "outside the model's vocabulary"),
     "an extra header field": (lambda header, body: _edit_header(header, extra=1), "exactly the fields"),
     "another key": (lambda header, body: _edit_header(header, key="0" * 64), "another layout, type or key"),
-    "a NaN in the header": (lambda header, body: header.write_text(header.read_text().replace('"samples": ', '"samples": NaN, "x": ')), "not JSON"),
+    "a NaN in the header": (
+        lambda header, body: header.write_text(
+            header.read_text().replace('"samples": ', '"samples": NaN, "x": ')
+        ),
+        "not JSON",
+    ),
     "a header that is a list": (lambda header, body: header.write_text("[1, 2]"), "exactly the fields"),
     "a shape that is a float": (lambda header, body: _edit_header(header, samples=1.5), "shape"),
 }

@@ -32,14 +32,24 @@ _DEPENDENCIES = tomllib.loads((REPO / "pyproject.toml").read_text())["project"][
 TORCH = next(d.split("==", 1)[1].strip() for d in _DEPENDENCIES if re.match(r"torch\s*==", d))
 """torch's pin, whose home is pyproject.toml: the Makefile reads it there; the Dockerfile's default for a bare
 `docker build` and the house rule's own check (tests/unit/test_infra.py) are checked to agree with it."""
-HOMES = {**{name: {home.relative_to(REPO).as_posix() for home in pins.HOMES} for name in pins.VERSIONS},
-         "FORWARD": {"tests/crd.py"}, "TORCH": {"pyproject.toml", "Dockerfile", "tests/unit/test_infra.py"}}
+HOMES = {
+    **{name: {home.relative_to(REPO).as_posix() for home in pins.HOMES} for name in pins.VERSIONS},
+    "FORWARD": {"tests/crd.py"},
+    "TORCH": {"pyproject.toml", "Dockerfile", "tests/unit/test_infra.py"},
+}
 SPELLINGS = {**pins.VERSIONS, "FORWARD": FORWARD, "TORCH": TORCH}
 # Not the repository's code: vendored trees and recordings keep their sources' own words, prose may name a
 # version (it says where the pin lives), and the install manifest is the release's, checked against the pin by
 # tests/unit/test_infra.py.
-NOT_CODE = ("infra/local/argo-ui/", "tests/argo/", "tests/kueue/", "tests/workflow/fixtures/", "docs/gpu/",
-            "infra/argo/install.yaml", "infra/local/etcd/main.go")
+NOT_CODE = (
+    "infra/local/argo-ui/",
+    "tests/argo/",
+    "tests/kueue/",
+    "tests/workflow/fixtures/",
+    "docs/gpu/",
+    "infra/argo/install.yaml",
+    "infra/local/etcd/main.go",
+)
 PROSE = (".md", ".txt", ".png", ".log", ".sum", ".gitignore", ".dockerignore")
 GO_MOD = {"infra/local/kube/go.mod", "infra/local/etcd/go.mod"}
 
@@ -52,8 +62,11 @@ def occurs(version: str, text: str) -> bool:
 
 def _python_strings(text: str) -> Iterator[tuple[int, str]]:
     tree = ast.parse(text)
-    docstrings = {id(node.value) for node in ast.walk(tree)
-                  if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)}  # no effect: documentation
+    docstrings = {
+        id(node.value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
+    }  # no effect: documentation
     for node in ast.walk(tree):
         if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
             yield node.lineno, node.value
@@ -107,23 +120,32 @@ def tokens(path: str, text: str) -> Iterator[tuple[int, str]]:
         parsed.pop("__comments__", None)  # python-hcl2 keeps the comments beside the body
         yield from ((0, s) for s in _scalars(parsed))
     else:
-        raise AssertionError(f"{path}: no reader for this kind of file; add one to tests/unit/test_pins.py, "
-                             "or list it as prose or not code")
+        raise AssertionError(
+            f"{path}: no reader for this kind of file; add one to tests/unit/test_pins.py, "
+            "or list it as prose or not code"
+        )
 
 
 def second_spellings(path: str, text: str) -> list[str]:
-    return [f"{path}:{line or '?'}: {token!r} spells {name} ({SPELLINGS[name]})"
-            for line, token in tokens(path, text) for name, version in SPELLINGS.items()
-            if occurs(version, token) and path not in HOMES[name]]
+    return [
+        f"{path}:{line or '?'}: {token!r} spells {name} ({SPELLINGS[name]})"
+        for line, token in tokens(path, text)
+        for name, version in SPELLINGS.items()
+        if occurs(version, token) and path not in HOMES[name]
+    ]
 
 
 def _tracked() -> list[str]:
-    out = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        ["git", "ls-files", "-z"], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout
     return [p for p in out.split("\0") if p and (REPO / p).is_file()]
 
 
 def test_each_pinned_version_is_spelled_in_its_home_only():
-    files = [p for p in _tracked() if not p.startswith(NOT_CODE) and not p.endswith(PROSE) and p not in GO_MOD]
+    files = [
+        p for p in _tracked() if not p.startswith(NOT_CODE) and not p.endswith(PROSE) and p not in GO_MOD
+    ]
     assert len(files) > 200, files  # the repository's code, not an empty listing
     found = [hit for p in files for hit in second_spellings(p, (REPO / p).read_text())]
     assert not found, "a pinned version spelled outside its home:\n" + "\n".join(found)
@@ -138,24 +160,27 @@ def test_each_home_spells_its_version():
             raise AssertionError(f"{name} {version} is in none of {HOMES[name]}")
 
 
-@pytest.mark.parametrize(("path", "text", "caught"), [
-    ("a.py", 'IMAGE = "quay.io/argoproj/argoexec:{v}"\n', True),
-    ("a.py", 'VERSION = f"{v}-baton-kubelet"\n', True),
-    ("a.py", 'def f():\n    """Built from {v}."""\n    return 1  # {v}\n', False),
-    ("a.py", 'X = "{v}0"\n', False),  # another version
-    ("a.sh", 'ARGO_VERSION="{v}"\n', True),
-    ("a.sh", 'cat <<EOF\nversion {v}\nEOF\n', True),
-    ("a.sh", '# built from {v}\necho "it\'s\n{v} here"\n', True),
-    ("a.sh", '# built from {v}\nexit 0\n', False),
-    ("Makefile", "e2e:\n\tKUEUE={v} pytest # {v}\n", True),
-    ("Makefile", "install:\n\tpip install -q torch=={t}\n", True),  # the Makefile's torch, once
-    ("Makefile", "# torch is pinned to {t}\ninstall:\n\tpip install -q '$(TORCH)'\n", False),
-    ("a.yaml", "image: quay.io/argoproj/argocli:{v}\n", True),
-    ("a.yaml", "# argocli {v}\nimage: quay.io/argoproj/argocli\n", False),
-    ("a.json", '{{"tag": "{v}"}}', True),
-    ("a.tf", 'variable "v" {{\n  default = "{v}"\n}}\n', True),
-    ("a.tf", '# {v}\nvariable "v" {{\n  default = "x"\n}}\n', False),
-])
+@pytest.mark.parametrize(
+    ("path", "text", "caught"),
+    [
+        ("a.py", 'IMAGE = "quay.io/argoproj/argoexec:{v}"\n', True),
+        ("a.py", 'VERSION = f"{v}-baton-kubelet"\n', True),
+        ("a.py", 'def f():\n    """Built from {v}."""\n    return 1  # {v}\n', False),
+        ("a.py", 'X = "{v}0"\n', False),  # another version
+        ("a.sh", 'ARGO_VERSION="{v}"\n', True),
+        ("a.sh", "cat <<EOF\nversion {v}\nEOF\n", True),
+        ("a.sh", '# built from {v}\necho "it\'s\n{v} here"\n', True),
+        ("a.sh", "# built from {v}\nexit 0\n", False),
+        ("Makefile", "e2e:\n\tKUEUE={v} pytest # {v}\n", True),
+        ("Makefile", "install:\n\tpip install -q torch=={t}\n", True),  # the Makefile's torch, once
+        ("Makefile", "# torch is pinned to {t}\ninstall:\n\tpip install -q '$(TORCH)'\n", False),
+        ("a.yaml", "image: quay.io/argoproj/argocli:{v}\n", True),
+        ("a.yaml", "# argocli {v}\nimage: quay.io/argoproj/argocli\n", False),
+        ("a.json", '{{"tag": "{v}"}}', True),
+        ("a.tf", 'variable "v" {{\n  default = "{v}"\n}}\n', True),
+        ("a.tf", '# {v}\nvariable "v" {{\n  default = "x"\n}}\n', False),
+    ],
+)
 def test_the_reader_catches_code_and_passes_prose(path, text, caught):
     """Planted spellings, one per syntax the check reads: each one in code is caught, each one in prose is not."""
     version = pins.ARGO_VERSION

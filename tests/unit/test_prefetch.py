@@ -21,18 +21,26 @@ FP = "f" * 64
 
 def state(step: int) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(step)
-    return {"model": {"w": torch.randn(64, 32, generator=g), "b": torch.randn(4096, generator=g)},
-            "half": torch.randn(9, 3, generator=g).to(torch.bfloat16), "progress": torch.tensor([step])}
+    return {
+        "model": {"w": torch.randn(64, 32, generator=g), "b": torch.randn(4096, generator=g)},
+        "half": torch.randn(9, 3, generator=g).to(torch.bfloat16),
+        "progress": torch.tensor([step]),
+    }
 
 
 def template() -> dict:
-    return {"model": {"w": torch.empty(64, 32), "b": torch.empty(4096)},
-            "half": torch.empty(9, 3, dtype=torch.bfloat16), "progress": torch.empty(1, dtype=torch.int64)}
+    return {
+        "model": {"w": torch.empty(64, 32), "b": torch.empty(4096)},
+        "half": torch.empty(9, 3, dtype=torch.bfloat16),
+        "progress": torch.empty(1, dtype=torch.int64),
+    }
 
 
 def equal(a: dict, b: dict) -> bool:
-    return a.keys() == b.keys() and all(equal(a[k], b[k]) if isinstance(a[k], dict) else
-                                        a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]) for k in a)
+    return a.keys() == b.keys() and all(
+        equal(a[k], b[k]) if isinstance(a[k], dict) else a[k].dtype == b[k].dtype and torch.equal(a[k], b[k])
+        for k in a
+    )
 
 
 @pytest.fixture
@@ -87,8 +95,14 @@ def test_control_the_unchanged_template_is_handed_over(store):
 def load(store: Store, prefetch: Prefetch | None) -> tuple[int, dict, list, LoadTimes]:
     refused: list = []
     times = LoadTimes()
-    found = resolve_and_load(store, FP, lambda step, manifest: template(), lambda s, why: refused.append((s, why)),
-                             times=times, prefetched=prefetch.take if prefetch else None)
+    found = resolve_and_load(
+        store,
+        FP,
+        lambda step, manifest: template(),
+        lambda s, why: refused.append((s, why)),
+        times=times,
+        prefetched=prefetch.take if prefetch else None,
+    )
     assert found is not None
     return found[0], found[2], refused, times
 

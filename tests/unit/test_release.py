@@ -11,26 +11,44 @@ from steps.lib.contract import POD_GROUP_LABEL, QUEUE_LABEL, RETRIABLE_IN_GROUP
 from steps.release import main, plan
 
 
-def _pod(name: str, phase: str, group: str | None = "wf-trial", queue: str | None = "baton",
-         marked: bool = False, deleting: bool = False) -> SimpleNamespace:
+def _pod(
+    name: str,
+    phase: str,
+    group: str | None = "wf-trial",
+    queue: str | None = "baton",
+    marked: bool = False,
+    deleting: bool = False,
+) -> SimpleNamespace:
     labels = {k: v for k, v in ((POD_GROUP_LABEL, group), (QUEUE_LABEL, queue)) if v is not None}
     return SimpleNamespace(
-        metadata=SimpleNamespace(name=name, labels=labels,
-                                 annotations={RETRIABLE_IN_GROUP: "false"} if marked else {},
-                                 deletion_timestamp="2026-12-04T21:00:00Z" if deleting else None),
-        status=SimpleNamespace(phase=phase))
+        metadata=SimpleNamespace(
+            name=name,
+            labels=labels,
+            annotations={RETRIABLE_IN_GROUP: "false"} if marked else {},
+            deletion_timestamp="2026-12-04T21:00:00Z" if deleting else None,
+        ),
+        status=SimpleNamespace(phase=phase),
+    )
 
 
 def test_every_queued_group_pod_is_marked_and_the_active_ones_evicted():
-    pods = [_pod("a", "Failed"), _pod("b", "Running"), _pod("c", "Pending", group="wf-reference"),
-            _pod("d", "Succeeded", group="wf-reference")]
+    pods = [
+        _pod("a", "Failed"),
+        _pod("b", "Running"),
+        _pod("c", "Pending", group="wf-reference"),
+        _pod("d", "Succeeded", group="wf-reference"),
+    ]
     assert plan(pods) == (["wf-reference", "wf-trial"], ["a", "b", "c", "d"], ["b", "c"])
 
 
 def test_what_holds_no_quota_or_is_already_done_is_left_alone():
-    pods = [_pod("unqueued", "Running", queue=None), _pod("empty-queue", "Running", queue=""),
-            _pod("no-group", "Running", group=None), _pod("marked", "Failed", marked=True),
-            _pod("going", "Running", deleting=True)]
+    pods = [
+        _pod("unqueued", "Running", queue=None),
+        _pod("empty-queue", "Running", queue=""),
+        _pod("no-group", "Running", group=None),
+        _pod("marked", "Failed", marked=True),
+        _pod("going", "Running", deleting=True),
+    ]
     groups, mark, evict = plan(pods)
     assert groups == ["wf-trial"] and mark == ["going"] and evict == []
     # Control: the same pods, queued and unmarked, are all acted on.
@@ -75,10 +93,13 @@ current-context: x
     assert capsys.readouterr().err.count("error: list pods") == 1
 
 
-@pytest.mark.parametrize("bad", [["--attempts", "0"], ["--retry-wait", "-1"], ["--retry-wait", "nan"],
-                                 ["--retry-wait", "1e300"]])
+@pytest.mark.parametrize(
+    "bad", [["--attempts", "0"], ["--retry-wait", "-1"], ["--retry-wait", "nan"], ["--retry-wait", "1e300"]]
+)
 def test_bad_retry_arguments_are_refused(bad, capsys):
     with pytest.raises(SystemExit) as e:
         main(["--workflow", "wf", *bad])
     err = capsys.readouterr().err
-    assert e.value.code == 1 and f"argument {bad[0]}: must be" in err and len(err.strip().splitlines()) == 1, err
+    assert (
+        e.value.code == 1 and f"argument {bad[0]}: must be" in err and len(err.strip().splitlines()) == 1
+    ), err

@@ -26,8 +26,16 @@ SETS = ("model.dropout=0.1", "total_steps=12", "checkpoint.every_steps=4")
 
 
 def built(tiny_model, ckpt) -> Trainer:
-    cfg = load_config(str(TINY_YAML), [f"model.path={tiny_model}", f"checkpoint.uri={ckpt}",
-                                       f"data.uri={CORPUS}", "notice.enabled=false", *SETS])
+    cfg = load_config(
+        str(TINY_YAML),
+        [
+            f"model.path={tiny_model}",
+            f"checkpoint.uri={ckpt}",
+            f"data.uri={CORPUS}",
+            "notice.enabled=false",
+            *SETS,
+        ],
+    )
     t = Trainer(cfg, Preemption())
     t.build()
     return t
@@ -55,7 +63,9 @@ def test_a_fresh_start_reads_the_pretrained_weights(tiny_model, tmp_path, proces
     assert all(torch.equal(got[k], want[k]) for k in want)
 
 
-def test_a_resume_builds_the_model_empty_and_loads_it_from_the_checkpoint(tiny_model, tmp_path, process_group):
+def test_a_resume_builds_the_model_empty_and_loads_it_from_the_checkpoint(
+    tiny_model, tmp_path, process_group
+):
     ckpt = tmp_path / "ck"
     rc, _, err = run_and_sigterm(trainer_cmd(tiny_model, ckpt, *SETS), at_step=6)
     assert rc == 75, err
@@ -108,11 +118,35 @@ def test_the_resume_record_times_each_phase(tiny_model, tmp_path):
     resume = [r for r in recs if r["event"] == "resume"][0]
     assert resume["from_step"] == 5
     phases = resume["phases"]
-    parts = {"init": ("group", "store", "claim"), "build": ("weights", "read_corpus", "corpus", "model", "optimizer")}
-    loaded = {"prefetch_read_s", "prefetch_wait_s", "prefetch_used", "items", "items_direct", "items_buffered",
-              "items_torch_load", "copies_per_item"}
-    assert set(phases) == {"startup_s", "init_s", "build_s", "listing_s", "manifest_s", "load_verify_s",
-                           "restore_s", "collector_frozen"} | {f"{p}_{part}_s" for p, ps in parts.items() for part in ps} | loaded, json.dumps(phases)
+    parts = {
+        "init": ("group", "store", "claim"),
+        "build": ("weights", "read_corpus", "corpus", "model", "optimizer"),
+    }
+    loaded = {
+        "prefetch_read_s",
+        "prefetch_wait_s",
+        "prefetch_used",
+        "items",
+        "items_direct",
+        "items_buffered",
+        "items_torch_load",
+        "copies_per_item",
+    }
+    assert (
+        set(phases)
+        == {
+            "startup_s",
+            "init_s",
+            "build_s",
+            "listing_s",
+            "manifest_s",
+            "load_verify_s",
+            "restore_s",
+            "collector_frozen",
+        }
+        | {f"{p}_{part}_s" for p, ps in parts.items() for part in ps}
+        | loaded
+    ), json.dumps(phases)
     assert all(v >= 0 for v in phases.values())
     # One rank: the checkpoint was read on a thread beside the build, each item straight into its tensor.
     assert phases["prefetch_used"] == 1 and phases["items"] == phases["items_direct"] > 0, json.dumps(phases)
@@ -120,7 +154,9 @@ def test_the_resume_record_times_each_phase(tiny_model, tmp_path):
     # The start imported with the cyclic collector paused and froze what it built (trainer/collector.py).
     assert phases["collector_frozen"] > 100_000, json.dumps(phases)
     for whole, ps in parts.items():  # the parts are inside their whole (each rounded to the millisecond)
-        assert sum(phases[f"{whole}_{p}_s"] for p in ps) <= phases[f"{whole}_s"] + 0.001 * len(ps), json.dumps(phases)
+        assert sum(phases[f"{whole}_{p}_s"] for p in ps) <= phases[f"{whole}_s"] + 0.001 * len(ps), (
+            json.dumps(phases)
+        )
     assert "built empty for the resume" in err
     # The first start tokenized the corpus and kept it packed; the restart read it back (trainer/packed.py).
     assert resume["corpus"]["packed"] == "cache"
@@ -130,12 +166,22 @@ def test_deterministic_mode_is_set_without_importing_inductor_unless_compiled():
     import subprocess
     import sys
 
-    probe = ("import sys, torch; from trainer.loop import deterministic_algorithms; "
-             "deterministic_algorithms(compiled={}); "
-             "print(torch.are_deterministic_algorithms_enabled(), 'torch._inductor' in sys.modules)")
-    for compiled, expected in ((False, "True False"), (True, "True True")):  # True: the full call, the control
-        out = subprocess.run([sys.executable, "-c", probe.format(compiled)], capture_output=True, text=True,
-                             timeout=120, cwd=Path(__file__).resolve().parents[2])
+    probe = (
+        "import sys, torch; from trainer.loop import deterministic_algorithms; "
+        "deterministic_algorithms(compiled={}); "
+        "print(torch.are_deterministic_algorithms_enabled(), 'torch._inductor' in sys.modules)"
+    )
+    for compiled, expected in (
+        (False, "True False"),
+        (True, "True True"),
+    ):  # True: the full call, the control
+        out = subprocess.run(
+            [sys.executable, "-c", probe.format(compiled)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=Path(__file__).resolve().parents[2],
+        )
         assert out.stdout.strip() == expected, out.stderr[-2000:]
 
 

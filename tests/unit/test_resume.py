@@ -85,8 +85,11 @@ def test_resume_is_bit_identical_to_the_uninterrupted_run(tiny_model, reference,
 def _records_of(steps: dict[int, dict]) -> list[dict]:
     """The reference's records, from its step records (the fixture keeps those): a fresh start, every step, done."""
     attempt = next(iter(steps.values()))["attempt"]
-    return [{"event": "resume", "step": 0, "attempt": attempt, "from_step": 0, "fresh": True}, *steps.values(),
-            {"event": "done", "step": TOTAL, "attempt": attempt}]
+    return [
+        {"event": "resume", "step": 0, "attempt": attempt, "from_step": 0, "fresh": True},
+        *steps.values(),
+        {"event": "done", "step": TOTAL, "attempt": attempt},
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -103,40 +106,61 @@ def replay(tiny_model, tmp_path_factory):
 # after the resume (14; the scheduler's lr was restored with the optimizer's param groups, so its own state
 # shows one step later); the optimizer's moments leave the trajectory equal and show in the checkpoints,
 # and at Tier 1 in the loss of the step after the first update that used them (LOSS_AT_TIER_1).
-SKIPPED_CAUSE = {"rng": "step 14: the RNG differed before this batch was drawn (RNG not restored, or consumed at start)",
-                 "data": "step 14: the data order differs with the same RNG (the data order not restored",
-                 "scheduler": "step 15: lr differs (scheduler not restored)",
-                 "optimizer": "final checkpoints differ: optimizer"}
+SKIPPED_CAUSE = {
+    "rng": "step 14: the RNG differed before this batch was drawn (RNG not restored, or consumed at start)",
+    "data": "step 14: the data order differs with the same RNG (the data order not restored",
+    "scheduler": "step 15: lr differs (scheduler not restored)",
+    "optimizer": "final checkpoints differ: optimizer",
+}
 LOSS_AT_TIER_1 = "step 15: the same batch and RNG, but the loss differs (state outside the checkpoint"
 
 
 @pytest.mark.parametrize("component", ["rng", "data", "optimizer", "scheduler"])
-def test_negative_control_skipping_one_restore_breaks_equivalence(tiny_model, reference, replay, interrupted,
-                                                                  tmp_path, component):
+def test_negative_control_skipping_one_restore_breaks_equivalence(
+    tiny_model, reference, replay, interrupted, tmp_path, component
+):
     ref_ckpt, ref_steps, ref_t = reference
     recs = _resume(tiny_model, interrupted[0], tmp_path / "trial", env=base_env(BATON_SKIP_RESTORE=component))
     trial_t = model_and_optim(tensors(tmp_path / "trial", TOTAL))
     equal, total = equal_count(model_and_optim(ref_t), trial_t)
     assert equal < total, f"skipping the {component} restore went unnoticed"
     ref_recs = _records_of(ref_steps)
-    report = judged({"reference": ref_ckpt, "replay": replay[0], "trial": tmp_path / "trial"},
-                    {"reference": ref_recs, "replay": replay[1], "trial": interrupted[1] + recs}, TOTAL, tier=1)
+    report = judged(
+        {"reference": ref_ckpt, "replay": replay[0], "trial": tmp_path / "trial"},
+        {"reference": ref_recs, "replay": replay[1], "trial": interrupted[1] + recs},
+        TOTAL,
+        tier=1,
+    )
     assert not report["passed"] and SKIPPED_CAUSE[component] in report["verdict"], report["verdict"]
     if component == "optimizer":
         assert report["verdict"].startswith(f"NOT preemption-safe: {LOSS_AT_TIER_1}"), report["verdict"]
 
 
-def test_the_correct_resume_is_certified_by_the_drills_judgment(tiny_model, reference, replay, interrupted, tmp_path):
+def test_the_correct_resume_is_certified_by_the_drills_judgment(
+    tiny_model, reference, replay, interrupted, tmp_path
+):
     """The positive control of the judgment above: the same judgment, every entry of every component
     (model, optimizer, scheduler, RNG, data position) equal, the trajectory equal step by step."""
     ref_ckpt, ref_steps, _ = reference
     recs = _resume(tiny_model, interrupted[0], tmp_path / "trial")
     ref_recs = _records_of(ref_steps)
-    report = judged({"reference": ref_ckpt, "replay": replay[0], "trial": tmp_path / "trial"},
-                    {"reference": ref_recs, "replay": replay[1], "trial": interrupted[1] + recs}, TOTAL, tier=1)
+    report = judged(
+        {"reference": ref_ckpt, "replay": replay[0], "trial": tmp_path / "trial"},
+        {"reference": ref_recs, "replay": replay[1], "trial": interrupted[1] + recs},
+        TOTAL,
+        tier=1,
+    )
     assert report["passed"], report["verdict"]
-    assert {c["component"] for c in report["components"]} == {"model", "optimizer", "scheduler", "rng", "data"}
-    assert report["equal_tensors"] == report["tensors"] > 100 and report["trajectory"]["steps_compared"] == TOTAL
+    assert {c["component"] for c in report["components"]} == {
+        "model",
+        "optimizer",
+        "scheduler",
+        "rng",
+        "data",
+    }
+    assert (
+        report["equal_tensors"] == report["tensors"] > 100 and report["trajectory"]["steps_compared"] == TOTAL
+    )
 
 
 @pytest.mark.parametrize("at_step", [20, 21], ids=["last-step-of-epoch-0", "first-step-of-epoch-1"])
@@ -197,8 +221,14 @@ def test_sigterm_during_startup_exits_75_and_restarts_exactly(tiny_model, refere
     from tests.helpers import REPO, records
 
     ckpt = tmp_path / "trial"
-    p = subprocess.Popen(trainer_cmd(tiny_model, ckpt, DROPOUT), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         text=True, env=base_env(), cwd=REPO)
+    p = subprocess.Popen(
+        trainer_cmd(tiny_model, ckpt, DROPOUT),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=base_env(),
+        cwd=REPO,
+    )
     for line in p.stderr:
         if " attempt " in line:  # logged after the model loaded, before the first step
             p.send_signal(15)
@@ -206,7 +236,12 @@ def test_sigterm_during_startup_exits_75_and_restarts_exactly(tiny_model, refere
     out, _ = p.communicate(timeout=120)
     assert p.returncode == 75
     pre = [r for r in records(out) if r["event"] == "preempt"]
-    assert pre and pre[0]["step"] == 0 and pre[0]["checkpoint"] is None and pre[0]["outcome"] == "nothing_to_save"
+    assert (
+        pre
+        and pre[0]["step"] == 0
+        and pre[0]["checkpoint"] is None
+        and pre[0]["outcome"] == "nothing_to_save"
+    )
     assert not list(ckpt.glob("runs/*/step-*")), "step 0 is recomputed from the config, not saved"
     rc, recs, err = run(trainer_cmd(tiny_model, ckpt, DROPOUT))
     assert rc == 0, err
@@ -216,7 +251,9 @@ def test_sigterm_during_startup_exits_75_and_restarts_exactly(tiny_model, refere
 
 def test_torn_and_truncated_checkpoints_are_passed_over(tiny_model, reference, tmp_path):
     ckpt = tmp_path / "trial"
-    rc, recs, err = run_and_sigterm(trainer_cmd(tiny_model, ckpt, DROPOUT, "checkpoint.keep_last=5"), at_step=25)
+    rc, recs, err = run_and_sigterm(
+        trainer_cmd(tiny_model, ckpt, DROPOUT, "checkpoint.keep_last=5"), at_step=25
+    )
     assert rc == 75, err
     (step_dir(ckpt, 25) / "_COMMIT").unlink()  # torn: the commit marker never landed
     shard = next(step_dir(ckpt, 20).glob("__0_*.distcp"))

@@ -86,9 +86,11 @@ def via(monkeypatch, srv, proxy) -> None:
 
 def is_put(srv, key_suffix: str):
     """A matcher for the proxy: an upload of an object whose key ends with `key_suffix`."""
+
     def match(method, path, body=b""):
         kind, key = srv.op(method, path, body)
         return kind == "put" and key.endswith(key_suffix)
+
     return match
 
 
@@ -108,6 +110,7 @@ def assert_complete(store: Store) -> list[int]:
 
 # ---- an object store end to end -------------------------------------------------------------------------
 
+
 def test_resume_from_the_store_is_bit_identical(store_server, tiny_model, reference, interrupted):
     srv = store_server
     root, recs = interrupted
@@ -116,7 +119,9 @@ def test_resume_from_the_store_is_bit_identical(store_server, tiny_model, refere
     assert all(r["path"].startswith(root) and r["blocking_ms"] > 0 and not r["asynchronous"] for r in ck)
     folders = srv.steps(root)
     assert sorted(folders) == [4, 8, 10]
-    assert all({"_COMMIT", "manifest.json", ".metadata", "__0_0.distcp"} <= names for names in folders.values())
+    assert all(
+        {"_COMMIT", "manifest.json", ".metadata", "__0_0.distcp"} <= names for names in folders.values()
+    )
 
     trial = srv.new_prefix("resumed")
     srv.copy(root, trial)
@@ -137,6 +142,7 @@ def test_the_manifest_records_the_metric_of_its_step(reference):
 
 
 # ---- one listing ----------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("n", [3, 12])
 def test_finding_the_newest_checkpoint_costs_one_listing(store_server, store_proxy, monkeypatch, n):
@@ -176,8 +182,11 @@ def test_a_preemption_save_hashes_while_writing_and_downloads_nothing(store_serv
     for step, read_back in ((1, False), (2, True)):
         proxy.clear()
         store.save(step, tiny_state(step), {}, attempt, read_back=read_back)
-        gets = [key for kind, key in (srv.op(*r) for r in proxy.requests())
-                if kind == "get" and f"/step-0000000{step}/" in key]
+        gets = [
+            key
+            for kind, key in (srv.op(*r) for r in proxy.requests())
+            if kind == "get" and f"/step-0000000{step}/" in key
+        ]
         files = store.read_manifest(step)["files"]
         assert len(files) >= 3, files  # .metadata and a file per writer thread
         for name, entry in files.items():
@@ -195,7 +204,10 @@ def test_a_preemption_save_hashes_while_writing_and_downloads_nothing(store_serv
 
 # ---- retention ------------------------------------------------------------------------------------------
 
-def test_retention_keeps_the_last_k_and_the_best_and_deletes_commit_first(store_server, store_proxy, monkeypatch):
+
+def test_retention_keeps_the_last_k_and_the_best_and_deletes_commit_first(
+    store_server, store_proxy, monkeypatch
+):
     srv, proxy = store_server, store_proxy
     via(monkeypatch, srv, proxy)
     root = srv.new_prefix("retention")
@@ -229,9 +241,11 @@ def test_retention_keeps_the_last_k_and_the_best_and_deletes_commit_first(store_
 
 # ---- SIGKILL during a save and during a deletion --------------------------------------------------------
 
+
 @pytest.mark.slow
-def test_sigkill_during_save_and_deletion_always_leaves_a_complete_checkpoint(store_server, store_proxy, tiny_model,
-                                                                               reference):
+def test_sigkill_during_save_and_deletion_always_leaves_a_complete_checkpoint(
+    store_server, store_proxy, tiny_model, reference
+):
     """Killed (by the proxy, at an exact request) while uploading a shard, right after deleting an old
     checkpoint's _COMMIT, and just before a _COMMIT: each time a complete checkpoint remains, the
     restart resumes from it, and the run ends bit-identical with the torn folders cleaned up."""
@@ -251,8 +265,14 @@ def test_sigkill_during_save_and_deletion_always_leaves_a_complete_checkpoint(st
             return None
 
         proxy.hook = hook
-        p = subprocess.Popen(cmd(tiny_model, root, *sets), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             text=True, env=env, cwd=REPO)
+        p = subprocess.Popen(
+            cmd(tiny_model, root, *sets),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            cwd=REPO,
+        )
         box["pid"] = p.pid
         out, err = p.communicate(timeout=240)
         proxy.hook = None
@@ -268,6 +288,7 @@ def test_sigkill_during_save_and_deletion_always_leaves_a_complete_checkpoint(st
         def match(phase, method, path, body):
             kind, what = srv.op(method, path, body)
             return phase == "after" and kind == "delete" and key in what
+
         return match
 
     # 1. during the upload of step 8's shard
@@ -281,7 +302,9 @@ def test_sigkill_during_save_and_deletion_always_leaves_a_complete_checkpoint(st
     assert rc == -signal.SIGKILL and killed, err
     assert by_event(recs, "resume")[0]["from_step"] == 4
     assert assert_complete(store) == [8]
-    assert "_COMMIT" not in srv.steps(root)[4] and "__0_0.distcp" in srv.steps(root)[4], "deletion was cut short"
+    assert "_COMMIT" not in srv.steps(root)[4] and "__0_0.distcp" in srv.steps(root)[4], (
+        "deletion was cut short"
+    )
     # 3. just before step 12's _COMMIT: everything else of it is written
     rc, recs, err, killed = run_until(put(12, "_COMMIT"))
     assert rc == -signal.SIGKILL and killed, err
@@ -298,7 +321,10 @@ def test_sigkill_during_save_and_deletion_always_leaves_a_complete_checkpoint(st
 
 # ---- asynchronous checkpoints ----------------------------------------------------------------------------
 
-def test_async_saves_overlap_training_and_resume_bit_identically(store_server, store_proxy, tiny_model, reference):
+
+def test_async_saves_overlap_training_and_resume_bit_identically(
+    store_server, store_proxy, tiny_model, reference
+):
     # Every checkpoint request is slow, so each async save is still planning and writing (after its
     # staging copy) while the next steps train and change the live tensors.
     srv, proxy = store_server, store_proxy
@@ -330,6 +356,7 @@ def test_async_saves_overlap_training_and_resume_bit_identically(store_server, s
 
 
 # ---- integrity -----------------------------------------------------------------------------------------
+
 
 def _assert_refused_and_fell_back(recs, refused_step: int, from_step: int) -> None:
     refused = by_event(recs, "checkpoint_refused")
@@ -372,12 +399,19 @@ def test_a_flipped_byte_on_file_is_refused_and_the_run_falls_back(tiny_model, re
 
 # ---- fencing --------------------------------------------------------------------------------------------
 
+
 @pytest.mark.slow
 def test_an_older_attempt_is_fenced_out_and_the_run_stays_consistent(store_server, tiny_model, reference):
     srv = store_server
     root = srv.new_prefix("fenced")
-    old = subprocess.Popen(cmd(tiny_model, root), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                           env=srv.env(BATON_PAUSE_AFTER_STEP="6"), cwd=REPO)
+    old = subprocess.Popen(
+        cmd(tiny_model, root),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=srv.env(BATON_PAUSE_AFTER_STEP="6"),
+        cwd=REPO,
+    )
     lines = []
     assert old.stdout is not None
     for line in old.stdout:
@@ -433,6 +467,7 @@ def _fenced_during_the_upload(root: str, monkeypatch) -> None:
 
 # ---- faults ----------------------------------------------------------------------------------------------
 
+
 @pytest.mark.slow
 def test_a_run_under_injected_faults_ends_bit_identical(store_server, store_proxy, tiny_model, reference):
     srv, proxy = store_server, store_proxy
@@ -441,8 +476,9 @@ def test_a_run_under_injected_faults_ends_bit_identical(store_server, store_prox
     rc, recs, err = run(cmd(tiny_model, root), env=srv.env(proxy.url, **{srv.max_attempts_var: "8"}))
     assert rc == 0, err
     assert len(faults.injected) == 30 and {k for k, *_ in faults.injected} == {"503", "reset", "500"}
-    assert any(is_put(srv, "")(m, p, b) and "/step-" in srv.op(m, p, b)[1] for _, m, p, b in faults.injected), \
-        "faults hit checkpoint uploads"
+    assert any(
+        is_put(srv, "")(m, p, b) and "/step-" in srv.op(m, p, b)[1] for _, m, p, b in faults.injected
+    ), "faults hit checkpoint uploads"
     store = Store(root, recs[0]["run_id"])
     for step in store.committed_steps():  # nothing committed is broken
         store.verify_files(step, store.read_manifest(step))
@@ -451,8 +487,12 @@ def test_a_run_under_injected_faults_ends_bit_identical(store_server, store_prox
 
 def test_a_store_that_keeps_failing_stops_the_run_cleanly(store_server, store_proxy, tiny_model):
     srv, proxy = store_server, store_proxy
-    proxy.set_faults(every=1, kinds=("503",), max_faults=10_000,
-                        match=lambda m, p, b: is_put(srv, "")(m, p, b) and "/step-" in srv.op(m, p, b)[1])
+    proxy.set_faults(
+        every=1,
+        kinds=("503",),
+        max_faults=10_000,
+        match=lambda m, p, b: is_put(srv, "")(m, p, b) and "/step-" in srv.op(m, p, b)[1],
+    )
     root = srv.new_prefix("failing")
     rc, recs, err = run(cmd(tiny_model, root), env=srv.env(proxy.url, **{srv.max_attempts_var: "2"}))
     # Each periodic save fails after its retries and training goes on; the third in a row ends the run
@@ -470,11 +510,14 @@ def test_a_failed_writer_thread_fails_the_save(store_server, store_proxy, tiny_m
     One file's upload failing for good must fail the save (clean error, nothing committed), whichever
     thread wrote it: a failure on an extra thread reaches only threading.excepthook."""
     srv, proxy = store_server, store_proxy
-    proxy.set_faults(every=1, kinds=("503",), max_faults=10_000,
-                        match=is_put(srv, "/step-00000004/__0_1.distcp"))
+    proxy.set_faults(
+        every=1, kinds=("503",), max_faults=10_000, match=is_put(srv, "/step-00000004/__0_1.distcp")
+    )
     root = srv.new_prefix("thread-fails")
-    rc, recs, err = run(cmd(tiny_model, root, "checkpoint.io_threads=4"),
-                        env=srv.env(proxy.url, **{srv.max_attempts_var: "2"}))
+    rc, recs, err = run(
+        cmd(tiny_model, root, "checkpoint.io_threads=4"),
+        env=srv.env(proxy.url, **{srv.max_attempts_var: "2"}),
+    )
     # The save of step 4 fails (nothing of it committed); training goes on and the later saves commit.
     assert rc == 0, err
     assert [r["step"] for r in by_event(recs, "checkpoint_failed")] == [4]
@@ -502,6 +545,7 @@ def test_a_save_whose_items_were_not_all_written_is_refused(tmp_path):
 
 
 # ---- bad input -------------------------------------------------------------------------------------------
+
 
 def test_bad_storage_input_is_a_clear_error_at_startup(store_server, monkeypatch, tmp_path):
     srv = store_server
@@ -542,20 +586,32 @@ def test_the_cli_exits_1_naming_the_uri_for_bad_storage(store_server, tiny_model
     secret = srv.secret
     cases = {
         "missing bucket": (f"{srv.scheme}://baton-no-such-bucket/x", srv.env(), "not found"),
-        "unreachable endpoint": (srv.new_prefix("x"), srv.env(f"http://127.0.0.1:{free_port()}",
-                                                            **{srv.max_attempts_var: "1"}), "endpoint unreachable"),
-        "no credentials": (srv.new_prefix("x"), srv.without_credentials(srv.env(), tmp_path), "no usable credentials"),
+        "unreachable endpoint": (
+            srv.new_prefix("x"),
+            srv.env(f"http://127.0.0.1:{free_port()}", **{srv.max_attempts_var: "1"}),
+            "endpoint unreachable",
+        ),
+        "no credentials": (
+            srv.new_prefix("x"),
+            srv.without_credentials(srv.env(), tmp_path),
+            "no usable credentials",
+        ),
     }
-    procs = {name: subprocess.Popen(cmd(tiny_model, uri), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                    env=env, cwd=REPO)
-             for name, (uri, env, _) in cases.items()}
+    procs = {
+        name: subprocess.Popen(
+            cmd(tiny_model, uri), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO
+        )
+        for name, (uri, env, _) in cases.items()
+    }
     for name, p in procs.items():
         uri, _, why = cases[name]
         out, err = p.communicate(timeout=120)
         assert p.returncode == 1, (name, err)
         # gcsfs resolves its credentials when the client is built, s3fs at the first request.
-        assert (f"error: listing checkpoints under {uri}/runs/" in err
-                or f"error: connecting to {uri} failed" in err) and why in err, (name, err)
+        assert (
+            f"error: listing checkpoints under {uri}/runs/" in err
+            or f"error: connecting to {uri} failed" in err
+        ) and why in err, (name, err)
         assert "Traceback" not in err and not by_event(records(out), "step"), name
         if secret:
             assert secret not in err and secret not in out, name
@@ -563,8 +619,11 @@ def test_the_cli_exits_1_naming_the_uri_for_bad_storage(store_server, tiny_model
 
 def test_error_messages_hold_no_credentials(monkeypatch):
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "s3cr3t-value-123")
-    e = storage_error("s3://someone:pa55word@bucket/x", "listing",
-                      RuntimeError("denied s3cr3t-value-123 at ?X-Amz-Signature=abcdef&X-Amz-Credential=AKIAXYZ"))
+    e = storage_error(
+        "s3://someone:pa55word@bucket/x",
+        "listing",
+        RuntimeError("denied s3cr3t-value-123 at ?X-Amz-Signature=abcdef&X-Amz-Credential=AKIAXYZ"),
+    )
     text = str(e)
     assert "s3cr3t-value-123" not in text and "pa55word" not in text and "abcdef" not in text
     assert "AKIAXYZ" not in text and "s3://***@bucket/x" in text
@@ -611,8 +670,14 @@ def test_a_stager_is_reused_only_while_it_can_stage_again():
 
     from trainer.checkpoint.async_save import _reusable
 
-    stager = DefaultStager(StagingOptions(use_pinned_memory=False, use_shared_memory=False,
-                                          use_async_staging=False, use_non_blocking_copy=False))
+    stager = DefaultStager(
+        StagingOptions(
+            use_pinned_memory=False,
+            use_shared_memory=False,
+            use_async_staging=False,
+            use_non_blocking_copy=False,
+        )
+    )
     w = torch.ones(3)
     first = stager.stage({"w": w})
     assert _reusable(stager), "this torch closes its stager after a stage: the reuse in Store would fail"

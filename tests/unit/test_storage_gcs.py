@@ -41,22 +41,33 @@ def tiny_state(step: int) -> dict[str, torch.Tensor]:
 
 # ---- the filesystem and the credentials ----------------------------------------------------------------
 
+
 def test_gs_is_the_plain_json_api_filesystem_unless_hns_is_asked_for():
     """gcsfs's default class (ExtendedGcsFileSystem) is not what gs:// gets; BATON_GCS_HNS=1 gets it.
     Checked in fresh processes (the class is chosen once per process); no request is made."""
-    probe = ("import gcsfs, gcsfs.core; from trainer.storage import url_to_fs; "
-             "fs, _ = url_to_fs('gs://b/x'); "
-             "print(gcsfs.GCSFileSystem.__name__, [c.__name__ for c in type(fs).__mro__[:2]])")
+    probe = (
+        "import gcsfs, gcsfs.core; from trainer.storage import url_to_fs; "
+        "fs, _ = url_to_fs('gs://b/x'); "
+        "print(gcsfs.GCSFileSystem.__name__, [c.__name__ for c in type(fs).__mro__[:2]])"
+    )
     env = base_env(STORAGE_EMULATOR_HOST=f"127.0.0.1:{free_port()}")
     env.pop("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", None)
     plain = subprocess.run([PY, "-c", probe], capture_output=True, text=True, env=env, cwd=REPO, timeout=120)
-    hns = subprocess.run([PY, "-c", probe], capture_output=True, text=True, env=env | {"BATON_GCS_HNS": "1"},
-                         cwd=REPO, timeout=120)
+    hns = subprocess.run(
+        [PY, "-c", probe],
+        capture_output=True,
+        text=True,
+        env=env | {"BATON_GCS_HNS": "1"},
+        cwd=REPO,
+        timeout=120,
+    )
     assert plain.returncode == 0 and hns.returncode == 0, plain.stderr + hns.stderr
     # gcsfs's own default is the extended class: the choice below is ours, not gcsfs's.
     assert plain.stdout.split()[0] == "ExtendedGcsFileSystem", plain.stdout
     assert plain.stdout.split(" ", 1)[1].strip() == "['BatonGCSFileSystem', 'GCSFileSystem']", plain.stdout
-    assert hns.stdout.split(" ", 1)[1].strip() == "['BatonGCSFileSystem', 'ExtendedGcsFileSystem']", hns.stdout
+    assert hns.stdout.split(" ", 1)[1].strip() == "['BatonGCSFileSystem', 'ExtendedGcsFileSystem']", (
+        hns.stdout
+    )
 
 
 def test_credentials_are_anonymous_only_against_an_emulator(monkeypatch):
@@ -79,6 +90,7 @@ def test_the_emulator_honours_if_generation_match_zero(gcs):
 
 
 # ---- attempt claims --------------------------------------------------------------------------------------
+
 
 def _stale_listing_race(root: str, monkeypatch) -> tuple[int, int]:
     """B lists `attempts/` before A writes, and writes after A has finished claiming: the interleaving
@@ -103,7 +115,9 @@ def test_two_claimants_cannot_both_get_one_number_on_gcs(gcs, monkeypatch):
     assert create_only_supported(Store(root, "run").fs)
     assert _stale_listing_race(root, monkeypatch) == (1, 2)
     assert sorted(k for k in gcs.keys(root) if k.startswith("runs/run/attempts/")) == [
-        "runs/run/attempts/00000001.json", "runs/run/attempts/00000002.json"]
+        "runs/run/attempts/00000001.json",
+        "runs/run/attempts/00000002.json",
+    ]
 
 
 def test_negative_control_a_list_then_write_claim_gives_one_number_twice(gcs, monkeypatch):
@@ -134,6 +148,7 @@ def test_many_simultaneous_claimants_get_distinct_numbers(gcs):
 
 
 # ---- commits ---------------------------------------------------------------------------------------------
+
 
 def _commit_raced_by_another_writer(root: str, monkeypatch) -> tuple[Store, bytes, bytes]:
     """Writer B saves step 5; after its upload, before its commit, writer A (same attempt: a check both
@@ -198,6 +213,7 @@ def test_a_lost_answer_to_our_own_create_is_recognised_as_ours(gcs, monkeypatch)
 
 # ---- retries -----------------------------------------------------------------------------------------------
 
+
 def test_gcs_retries_do_not_draw_from_the_training_rng(gcs, monkeypatch):
     """gcsfs's backoff draws from the global `random` (which the training seeds and checkpoints); the
     store's retries draw from a private generator instead. A refused connection, tried twice."""
@@ -241,6 +257,7 @@ def test_gcsfs_is_in_the_image_the_gcs_extra_and_the_dev_extra():
 
 
 # ---- GCS's own upload and listing forms -------------------------------------------------------------------
+
 
 def test_a_checkpoint_file_above_the_block_size_goes_up_resumably_and_verifies(gcs, monkeypatch):
     """gcsfs writes a file of 5 MB or more as a resumable upload in parts (smaller ones in one request):

@@ -29,9 +29,14 @@ FP = "f" * 64
 
 def state(step: int) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(step)
-    return {"w": torch.randn(64, 32, generator=g), "b": torch.randn(4096, generator=g),
-            "half": torch.randn(33, 7, generator=g).to(torch.bfloat16), "scalar": torch.tensor(float(step)),
-            "empty": torch.zeros(0, 5), "progress": torch.tensor([step])}
+    return {
+        "w": torch.randn(64, 32, generator=g),
+        "b": torch.randn(4096, generator=g),
+        "half": torch.randn(33, 7, generator=g).to(torch.bfloat16),
+        "scalar": torch.tensor(float(step)),
+        "empty": torch.zeros(0, 5),
+        "progress": torch.tensor([step]),
+    }
 
 
 ITEMS = sum(v.numel() > 0 for v in state(0).values())  # DCP reads no item for a tensor with no elements
@@ -50,8 +55,9 @@ def load(store: Store) -> tuple[int, dict[str, torch.Tensor], list, Counter]:
     live = {k: torch.zeros_like(v) for k, v in state(0).items()}
     refused: list = []
     times = LoadTimes()
-    found = resolve_and_load(store, FP, lambda step, manifest: live, lambda s, why: refused.append((s, why)),
-                             times=times)
+    found = resolve_and_load(
+        store, FP, lambda step, manifest: live, lambda s, why: refused.append((s, why)), times=times
+    )
     assert found is not None
     step, _, staged = found
     return step, staged, refused, times.copies
@@ -71,11 +77,12 @@ def archive(t: torch.Tensor, crc: bool = False) -> bytes:
 
 def place(raw: bytes, target: torch.Tensor) -> tensor_record.Record | None:
     """The in-memory path's lookup, as read.VerifyingReader._deliver makes it."""
-    central = tensor_record.read_central(lambda n: raw[len(raw) - n:], len(raw))
+    central = tensor_record.read_central(lambda n: raw[len(raw) - n :], len(raw))
     return tensor_record.locate(raw, central, target) if central is not None else None
 
 
 # ---- every path loads every tensor exactly ----------------------------------------------------------
+
 
 @pytest.mark.parametrize("path", ["direct", "buffered", "torch_load"])
 def test_each_path_loads_every_tensor_exactly(store, monkeypatch, path):
@@ -130,12 +137,16 @@ def test_control_an_intact_last_file_loads_the_newest(store):
 
 # ---- what is not the plain layout goes through torch.load --------------------------------------------
 
-@pytest.mark.parametrize("tensor, target", [
-    (torch.arange(10.0)[2:5], torch.empty(3)),                       # a view: its whole storage is saved
-    (torch.zeros(3, 4).t(), torch.empty(4, 3)),                      # strides that are not contiguous
-    (torch.arange(6.0), torch.empty(6, dtype=torch.float64)),        # another dtype: torch.load converts
-    (torch.arange(6.0), torch.empty(2, 3)),                          # another shape
-])
+
+@pytest.mark.parametrize(
+    "tensor, target",
+    [
+        (torch.arange(10.0)[2:5], torch.empty(3)),  # a view: its whole storage is saved
+        (torch.zeros(3, 4).t(), torch.empty(4, 3)),  # strides that are not contiguous
+        (torch.arange(6.0), torch.empty(6, dtype=torch.float64)),  # another dtype: torch.load converts
+        (torch.arange(6.0), torch.empty(2, 3)),  # another shape
+    ],
+)
 def test_layouts_other_than_a_whole_contiguous_tensor_are_not_placed(tensor, target):
     assert place(archive(tensor), target) is None
 
@@ -144,7 +155,7 @@ def test_control_the_plain_layout_is_placed_where_its_bytes_are():
     t = torch.randn(5, 3)
     raw = archive(t)
     found = place(raw, torch.empty(5, 3))
-    assert found is not None and raw[found.start:found.start + found.size] == t.numpy().tobytes()
+    assert found is not None and raw[found.start : found.start + found.size] == t.numpy().tobytes()
 
 
 def _rezip(raw: bytes, replace: dict[str, bytes]) -> bytes:
@@ -161,11 +172,14 @@ def test_control_a_rezipped_plain_archive_is_still_placed():
     t = torch.randn(4)
     raw = _rezip(archive(t, crc=True), {})
     found = place(raw, torch.empty(4))
-    assert found is not None and raw[found.start:found.start + found.size] == t.numpy().tobytes()
+    assert found is not None and raw[found.start : found.start + found.size] == t.numpy().tobytes()
 
 
 def test_big_endian_bytes_are_not_placed():
-    assert place(_rezip(archive(torch.randn(4), crc=True), {"archive/byteorder": b"big"}), torch.empty(4)) is None
+    assert (
+        place(_rezip(archive(torch.randn(4), crc=True), {"archive/byteorder": b"big"}), torch.empty(4))
+        is None
+    )
 
 
 def test_a_second_storage_record_is_not_placed():
@@ -237,6 +251,7 @@ def test_a_huge_central_directory_claim_is_refused_before_it_is_read():
 
 # ---- no inflation past a cap: a compressed record is refused before torch.load allocates it ---------------
 
+
 def _deflated(raw: bytes) -> bytes:
     """`raw` (torch.save's archive) written again with its storage record deflated: what a forger who wants
     the reader to allocate far more than the file's bytes writes."""
@@ -255,7 +270,9 @@ def test_a_compressed_record_is_refused_and_a_plain_archive_is_not():
     bomb = _deflated(raw)
     assert len(bomb) * 50 < len(raw)
     assert "is compressed (method 8)" in tensor_record.bytes_problem(bomb)
-    assert torch.equal(torch.load(io.BytesIO(bomb), weights_only=True), torch.zeros(1 << 16))  # torch inflates it
+    assert torch.equal(
+        torch.load(io.BytesIO(bomb), weights_only=True), torch.zeros(1 << 16)
+    )  # torch inflates it
 
 
 def test_records_declaring_more_than_the_archive_and_other_formats_are_refused():
@@ -366,8 +383,14 @@ def test_a_resume_refuses_a_compressed_item_without_inflating_it(tmp_path, mode)
     subprocess.run([PY, "-c", _BOMB, str(big)], check=True, env=base_env(), cwd=REPO, timeout=300)
     script = tmp_path / "resume.py"
     script.write_text(_RESUME_MEMORY.format(repo=str(REPO)))
-    p = subprocess.run([PY, str(script), str(tmp_path / "bucket"), mode, str(big)], capture_output=True,
-                       text=True, env=base_env(), cwd=REPO, timeout=300)
+    p = subprocess.run(
+        [PY, str(script), str(tmp_path / "bucket"), mode, str(big)],
+        capture_output=True,
+        text=True,
+        env=base_env(),
+        cwd=REPO,
+        timeout=300,
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     got = json.loads(p.stdout.strip().splitlines()[-1])
     if mode == "control":

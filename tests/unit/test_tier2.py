@@ -28,15 +28,20 @@ def _full(tiny_model, ckpt, seed: int) -> tuple[dict, Path, list[dict]]:
 
 
 def _interrupted(tiny_model, ckpt, seed: int) -> tuple[Path, list[dict]]:
-    rc, recs, err = run_and_sigterm(trainer_cmd(tiny_model, ckpt, DROPOUT), at_step=STOP_AT,
-                                    env=base_env(BATON_NOISE=f"{NOISE},{seed}"))
+    rc, recs, err = run_and_sigterm(
+        trainer_cmd(tiny_model, ckpt, DROPOUT), at_step=STOP_AT, env=base_env(BATON_NOISE=f"{NOISE},{seed}")
+    )
     assert rc == 75, err
     return ckpt, recs
 
 
-def _resumed(tiny_model, first: tuple[Path, list[dict]], ckpt, seed: int, **env: str) -> tuple[dict, Path, list[dict]]:
+def _resumed(
+    tiny_model, first: tuple[Path, list[dict]], ckpt, seed: int, **env: str
+) -> tuple[dict, Path, list[dict]]:
     shutil.copytree(first[0], ckpt)
-    rc, recs, err = run(trainer_cmd(tiny_model, ckpt, DROPOUT), env={**base_env(BATON_NOISE=f"{NOISE},{seed}"), **env})
+    rc, recs, err = run(
+        trainer_cmd(tiny_model, ckpt, DROPOUT), env={**base_env(BATON_NOISE=f"{NOISE},{seed}"), **env}
+    )
     assert rc == 0, err
     assert [r["from_step"] for r in recs if r["event"] == "resume"] == [STOP_AT]
     return tensors(ckpt, TOTAL), ckpt, first[1] + recs
@@ -52,8 +57,11 @@ def noisy_runs(tiny_model, tmp_path_factory):
     without that restore): each as (tensors, checkpoint root, records), all under the same noise scale."""
     mk = tmp_path_factory.mktemp
     first = _interrupted(tiny_model, mk("first") / "ckpt", seed=3)
-    runs = {"reference": _full(tiny_model, mk("ref"), seed=1), "replay": _full(tiny_model, mk("rep"), seed=2),
-            "trial": _resumed(tiny_model, first, mk("trial") / "ckpt", seed=3)}
+    runs = {
+        "reference": _full(tiny_model, mk("ref"), seed=1),
+        "replay": _full(tiny_model, mk("rep"), seed=2),
+        "trial": _resumed(tiny_model, first, mk("trial") / "ckpt", seed=3),
+    }
     for part in SKIPPABLE:
         runs[part] = _resumed(tiny_model, first, mk(part) / "ckpt", seed=3, BATON_SKIP_RESTORE=part)
     runs["control"] = runs["rng"]
@@ -74,8 +82,10 @@ def test_the_noise_is_real_so_tier_1_cannot_pass(noisy_runs):
 def test_a_correct_resume_passes_within_the_floor(noisy_runs):
     ref = _t(noisy_runs["reference"])
     verdict = judge(ref, _t(noisy_runs["replay"]), _t(noisy_runs["trial"]), compared_keys(ref), tier=2)
-    print(f"floor L2 {verdict['floor_l2']:.3g}, trial L2 {verdict['l2_diff']:.3g}, "
-          f"ratio {verdict['diff_over_floor']:.2f} (slack {FLOOR_SLACK})")
+    print(
+        f"floor L2 {verdict['floor_l2']:.3g}, trial L2 {verdict['l2_diff']:.3g}, "
+        f"ratio {verdict['diff_over_floor']:.2f} (slack {FLOOR_SLACK})"
+    )
     assert verdict["equivalent"], verdict
     assert verdict["max_abs_diff"] > 0  # the trial is noisy too: this is a Tier 2 pass, not Tier 1
 
@@ -83,8 +93,10 @@ def test_a_correct_resume_passes_within_the_floor(noisy_runs):
 def test_the_rng_skip_control_fails_by_a_wide_margin_under_the_same_noise(noisy_runs):
     ref = _t(noisy_runs["reference"])
     verdict = judge(ref, _t(noisy_runs["replay"]), _t(noisy_runs["control"]), compared_keys(ref), tier=2)
-    print(f"floor L2 {verdict['floor_l2']:.3g}, control L2 {verdict['l2_diff']:.3g}, "
-          f"ratio {verdict['diff_over_floor']:.1f}")
+    print(
+        f"floor L2 {verdict['floor_l2']:.3g}, control L2 {verdict['l2_diff']:.3g}, "
+        f"ratio {verdict['diff_over_floor']:.1f}"
+    )
     assert not verdict["equivalent"]
     assert verdict["diff_over_floor"] > 10 * FLOOR_SLACK, verdict  # far from the line, not near it
 
@@ -98,7 +110,9 @@ def test_a_floor_of_zero_makes_tier_2_exact(noisy_runs):
 
 def _drill_judgment(noisy_runs, trial: str, tier: int) -> dict:
     roles = {"reference": noisy_runs["reference"], "replay": noisy_runs["replay"], "trial": noisy_runs[trial]}
-    return judged({r: run[1] for r, run in roles.items()}, {r: run[2] for r, run in roles.items()}, TOTAL, tier)
+    return judged(
+        {r: run[1] for r, run in roles.items()}, {r: run[2] for r, run in roles.items()}, TOTAL, tier
+    )
 
 
 def test_the_drills_judgment_certifies_the_correct_resume_at_tier_2_only(noisy_runs):
@@ -115,7 +129,11 @@ def test_the_drills_judgment_certifies_the_correct_resume_at_tier_2_only(noisy_r
 def test_each_skipped_restore_fails_tier_2_for_the_reason_that_names_it(noisy_runs, part):
     from tests.unit.test_resume import SKIPPED_CAUSE
 
-    cause = SKIPPED_CAUSE[part].replace("step 14", f"step {STOP_AT + 1}").replace("step 15", f"step {STOP_AT + 2}")
+    cause = (
+        SKIPPED_CAUSE[part]
+        .replace("step 14", f"step {STOP_AT + 1}")
+        .replace("step 15", f"step {STOP_AT + 2}")
+    )
     report = _drill_judgment(noisy_runs, part, tier=2)
     assert not report["passed"] and cause in report["verdict"], report["verdict"]
 
@@ -133,9 +151,13 @@ def test_the_documented_noise_gives_every_role_its_own_and_a_resume_bug_still_fa
         return tensors(tmp_path / name, TOTAL)
 
     ref, rep = full("ref", env), full("rep", env)
-    rc, _, err = run_and_sigterm(trainer_cmd(tiny_model, tmp_path / "trial", DROPOUT), at_step=STOP_AT, env=env)
+    rc, _, err = run_and_sigterm(
+        trainer_cmd(tiny_model, tmp_path / "trial", DROPOUT), at_step=STOP_AT, env=env
+    )
     assert rc == 75, err[-2000:]
-    rc, _, err = run(trainer_cmd(tiny_model, tmp_path / "trial", DROPOUT), env={**env, "BATON_SKIP_RESTORE": "optimizer"})
+    rc, _, err = run(
+        trainer_cmd(tiny_model, tmp_path / "trial", DROPOUT), env={**env, "BATON_SKIP_RESTORE": "optimizer"}
+    )
     assert rc == 0, err[-2000:]
     verdict = judge(ref, rep, tensors(tmp_path / "trial", TOTAL), compared_keys(ref), tier=2)
     assert verdict["floor_l2"] > 0 and not verdict["equivalent"], verdict

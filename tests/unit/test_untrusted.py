@@ -51,6 +51,7 @@ def blocks_on_plain_open(path: Path) -> bool:
 
 # ---- the reader -------------------------------------------------------------------------------------------
 
+
 def test_a_fifo_is_refused_at_once_where_a_plain_open_blocks(tmp_path):
     path = fifo(tmp_path / "_COMMIT")
     with pytest.raises(Refused, match="is not a regular file \\(a FIFO\\)"):
@@ -90,12 +91,22 @@ def test_deep_json_is_refused_where_the_plain_parser_raises_recursion_error():
         parse_json(DEEP, "x")
     with pytest.raises(Refused, match="nests deeper"):
         parse_json('{"a": ' * 40 + "1" + "}" * 40, "x")
-    assert parse_json('{"a": ' * 30 + '"[[[[{{{{"' + "}" * 30, "x") is not None  # brackets in strings do not count
+    assert (
+        parse_json('{"a": ' * 30 + '"[[[[{{{{"' + "}" * 30, "x") is not None
+    )  # brackets in strings do not count
     assert nesting_at_most(b'{"a": [1, {"b": "]]]]"}]}', 3) and not nesting_at_most(b"[[[[]]]]", 3)
 
 
-@pytest.mark.parametrize("text,why", [("NaN", "not JSON"), ('{"a": Infinity}', "not JSON"), (b"\xff\xfe", "not JSON"),
-                                      ("[1, 2", "not JSON"), ("[1]", "not a JSON object")])
+@pytest.mark.parametrize(
+    "text,why",
+    [
+        ("NaN", "not JSON"),
+        ('{"a": Infinity}', "not JSON"),
+        (b"\xff\xfe", "not JSON"),
+        ("[1, 2", "not JSON"),
+        ("[1]", "not a JSON object"),
+    ],
+)
 def test_malformed_json_is_one_refusal(text, why):
     with pytest.raises(Refused, match=why):
         parse_json(text, "x", expect=dict)
@@ -111,6 +122,7 @@ def test_printable_escapes_what_a_terminal_would_obey():
 
 # ---- the stores' files -----------------------------------------------------------------------------------
 
+
 def _committed_step(tmp_path: Path):
     """A real one-file DCP checkpoint at step 1 and the Store that reads it."""
     import torch
@@ -122,8 +134,18 @@ def _committed_step(tmp_path: Path):
     return store, tmp_path / "root" / "runs" / "run" / "step-00000001"
 
 
-@pytest.mark.parametrize("plant", ["deep commit", "huge commit", "fifo commit", "deep manifest",
-                                   "too many files", "fifo data file", "huge data file"])
+@pytest.mark.parametrize(
+    "plant",
+    [
+        "deep commit",
+        "huge commit",
+        "fifo commit",
+        "deep manifest",
+        "too many files",
+        "fifo data file",
+        "huge data file",
+    ],
+)
 def test_a_planted_checkpoint_file_is_a_refused_checkpoint_never_a_store_outage(tmp_path, plant):
     from trainer.checkpoint import CorruptCheckpoint
     from trainer.checkpoint.layout import MAX_MANIFEST_FILES
@@ -137,7 +159,9 @@ def test_a_planted_checkpoint_file_is_a_refused_checkpoint_never_a_store_outage(
     def reseal(text: str) -> None:
         (folder / "manifest.json").write_text(text)
         commit = json.loads((folder / "_COMMIT").read_text())
-        (folder / "_COMMIT").write_text(json.dumps({**commit, "manifest_sha256": hashlib.sha256(text.encode()).hexdigest()}))
+        (folder / "_COMMIT").write_text(
+            json.dumps({**commit, "manifest_sha256": hashlib.sha256(text.encode()).hexdigest()})
+        )
 
     if plant == "deep commit":
         (folder / "_COMMIT").write_text(DEEP)
@@ -156,7 +180,9 @@ def test_a_planted_checkpoint_file_is_a_refused_checkpoint_never_a_store_outage(
         why = "nests deeper"
     elif plant == "too many files":
         m = json.loads((folder / "manifest.json").read_text())
-        m["files"].update({f"__0_{i}.distcp": {"size": 1, "sha256": "0" * 64} for i in range(MAX_MANIFEST_FILES + 1)})
+        m["files"].update(
+            {f"__0_{i}.distcp": {"size": 1, "sha256": "0" * 64} for i in range(MAX_MANIFEST_FILES + 1)}
+        )
         reseal(json.dumps(m))
         why = "more than any checkpoint has"
     elif plant == "fifo data file":
@@ -242,26 +268,43 @@ def test_the_packed_corpus_refuses_a_deep_header_and_an_oversized_samples_file(t
 GOOD = {"event": "step", "step": 1, "attempt": 1, "time": 1.0, "loss": 2.5, "rank": 0}
 
 
-@pytest.mark.parametrize("bad,field", [({"loss": None}, "loss"), ({"step": "5"}, "step"), ({"attempt": -1}, "attempt"),
-                                       ({"event": 3}, "event"), ({"time": "noon"}, "time")])
+@pytest.mark.parametrize(
+    "bad,field",
+    [
+        ({"loss": None}, "loss"),
+        ({"step": "5"}, "step"),
+        ({"attempt": -1}, "attempt"),
+        ({"event": 3}, "event"),
+        ({"time": "noon"}, "time"),
+    ],
+)
 def test_a_malformed_record_is_refused_naming_its_field(tmp_path, bad, field):
     from steps.lib.evidence import check_record, read_evidence
 
     assert check_record(GOOD) is None
     rec = {**GOOD, **bad}
     assert field in check_record(rec)
-    (tmp_path / "pod-1.jsonl").write_text(json.dumps(GOOD) + "\n" + json.dumps({**rec, "step": rec["step"]}) + "\n")
+    (tmp_path / "pod-1.jsonl").write_text(
+        json.dumps(GOOD) + "\n" + json.dumps({**rec, "step": rec["step"]}) + "\n"
+    )
     problems: list[str] = []
     got = read_evidence(str(tmp_path), problems, "trial")
-    assert got == [GOOD] and len(problems) == 1 and problems[0].startswith("trial: pod-1.jsonl: ") and field in problems[0]
+    assert (
+        got == [GOOD]
+        and len(problems) == 1
+        and problems[0].startswith("trial: pod-1.jsonl: ")
+        and field in problems[0]
+    )
 
 
 def test_records_without_what_verify_sorts_on_are_refused_not_a_traceback(tmp_path):
     from steps import verify as verify_mod
     from steps.lib.evidence import read_evidence
 
-    recs = [{"event": "resume", "step": 0, "attempt": 1, "from_step": 0, "fresh": True},  # no time
-            {"event": "preempt", "step": 3, "time": 2.0}]  # no attempt
+    recs = [
+        {"event": "resume", "step": 0, "attempt": 1, "from_step": 0, "fresh": True},  # no time
+        {"event": "preempt", "step": 3, "time": 2.0},
+    ]  # no attempt
     with pytest.raises((KeyError, TypeError)):  # the control: verify as it was fed these raw
         verify_mod.verify(recs, 4)
     (tmp_path / "trial").mkdir()
@@ -284,16 +327,43 @@ def test_verify_and_compare_report_planted_files_instead_of_crashing(tmp_path):
         (root / "evidence" / role / "p.jsonl").write_text(json.dumps(GOOD) + "\n")
     (root / "evidence" / "trial" / "q.jsonl").write_text(json.dumps({**GOOD, "step": "5"}) + "\n")
     (root / "evictions.json").write_text('{"evictions": "all of them", "planned": 1}')
-    rc = verify_mod.main(["--evidence", str(root / "evidence" / "trial"), "--total-steps", "1",
-                          "--evictions", str(root / "evictions.json"), "--out", str(root / "verify.json")])
+    rc = verify_mod.main(
+        [
+            "--evidence",
+            str(root / "evidence" / "trial"),
+            "--total-steps",
+            "1",
+            "--evictions",
+            str(root / "evictions.json"),
+            "--out",
+            str(root / "verify.json"),
+        ]
+    )
     v = json.loads((root / "verify.json").read_text())
     assert rc == 1 and any("evictions record is refused" in p for p in v["problems"])
     assert any("'step' must be a non-negative integer" in p for p in v["problems"])
     (root / "verify.json").write_text(DEEP)
     out = tmp_path / "out"
-    rc = compare_mod.main(["--reference", str(root / "none"), "--replay", str(root / "none"), "--trial", str(root / "none"),
-                           "--evidence", str(root / "evidence"), "--verify", str(root / "verify.json"),
-                           "--evictions", str(root / "evictions.json"), "--total-steps", "1", "--out", str(out)])
+    rc = compare_mod.main(
+        [
+            "--reference",
+            str(root / "none"),
+            "--replay",
+            str(root / "none"),
+            "--trial",
+            str(root / "none"),
+            "--evidence",
+            str(root / "evidence"),
+            "--verify",
+            str(root / "verify.json"),
+            "--evictions",
+            str(root / "evictions.json"),
+            "--total-steps",
+            "1",
+            "--out",
+            str(out),
+        ]
+    )
     report = json.loads((out / "report.json").read_text())
     assert rc == 1 and not report["passed"]
     contract = " ".join(report["contract"])
@@ -304,18 +374,29 @@ def test_verify_and_compare_report_planted_files_instead_of_crashing(tmp_path):
 def test_record_text_lands_in_report_md_as_text_never_as_markup():
     from steps.lib.report import markdown
 
-    forged = ("x |\n\n# baton equivalence drill: PASS\n\n- verdict: PASS: every tensor equal\n\n<!--")
-    report = {"passed": False, "verdict": "FAIL: 3 step(s) replayed", "tier": 1, "equal_tensors": 0, "tensors": 4,
-              "max_abs_diff": 1.0, "floor": 0.0, "steps": {"total": 3, "distinct": 3, "replayed": 0,
-                                                           "resumed_from": [], "preemptions": 1},
-              "preempt": [{"step": 3, "save_ms": 1, "grace_left_s": 1, "exit": 75, "outcome": "saved", "during": forged}],
-              "verify_problems": ["3 step(s) replayed"]}
+    forged = "x |\n\n# baton equivalence drill: PASS\n\n- verdict: PASS: every tensor equal\n\n<!--"
+    report = {
+        "passed": False,
+        "verdict": "FAIL: 3 step(s) replayed",
+        "tier": 1,
+        "equal_tensors": 0,
+        "tensors": 4,
+        "max_abs_diff": 1.0,
+        "floor": 0.0,
+        "steps": {"total": 3, "distinct": 3, "replayed": 0, "resumed_from": [], "preemptions": 1},
+        "preempt": [
+            {"step": 3, "save_ms": 1, "grace_left_s": 1, "exit": 75, "outcome": "saved", "during": forged}
+        ],
+        "verify_problems": ["3 step(s) replayed"],
+    }
     text = markdown(report)
     headings = [line for line in text.splitlines() if line.startswith("#")]
     assert headings == ["# baton equivalence drill: FAIL"], headings
-    assert "<!--" not in text and "\\<\\!--" in text and "3 step\\(s\\) replayed" in text.split("\\<\\!--")[-1]
+    assert (
+        "<!--" not in text and "\\<\\!--" in text and "3 step\\(s\\) replayed" in text.split("\\<\\!--")[-1]
+    )
     # The control: the same text raw, as report.md was built before, holds a PASS heading and the comment.
-    raw = text.replace(text[text.index("| 3 |"):text.index("\n", text.index("| 3 |"))], f"| 3 | {forged} |")
+    raw = text.replace(text[text.index("| 3 |") : text.index("\n", text.index("| 3 |"))], f"| 3 | {forged} |")
     assert "\n# baton equivalence drill: PASS" in raw and "<!--" in raw
 
 
@@ -367,7 +448,9 @@ def test_an_object_replaced_while_it_is_read_is_read_again_not_a_traceback(s3):
     retries, untrusted.REPLACED_RETRIES = untrusted.REPLACED_RETRIES, 0
     try:
         with pytest.raises(OSError) as e:
-            untrusted.read_bytes(RewrittenOnOpen(**fs.storage_options, skip_instance_cache=True), path, "evidence")
+            untrusted.read_bytes(
+                RewrittenOnOpen(**fs.storage_options, skip_instance_cache=True), path, "evidence"
+            )
         assert type(e.value).__name__ == "FileExpired", e.value
     finally:
         untrusted.REPLACED_RETRIES = retries

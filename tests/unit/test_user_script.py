@@ -39,7 +39,8 @@ def test_a_users_script_beside_its_own_trainer_py_runs_one_rank_without_ddp(tmp_
     not wrapped in DistributedDataParallel, under either launcher (both give it a world of one)."""
     (tmp_path / "trainer.py").write_text('raise SystemExit("the user\'s own trainer.py was imported")\n')
     script = tmp_path / "my_train.py"
-    script.write_text(textwrap.dedent('''
+    script.write_text(
+        textwrap.dedent("""
         import os, runpy, sys
         from baton.hf import baton_args
         cfg = baton_args()  # what the drill passes: --config and --set
@@ -52,13 +53,31 @@ def test_a_users_script_beside_its_own_trainer_py_runs_one_rank_without_ddp(tmp_
         transformers.Trainer.train = wrapped
         sys.argv = [sys.argv[0], *sys.argv[1:]]
         runpy.run_path(os.path.join(os.environ["BATON_REPO"], "examples/hf_trainer/train.py"), run_name="__main__")
-    '''))
-    cmd = [PY, "-m", "steps.train", "--nproc", "1", "--launcher", launcher, "--trainer", f"python {script}", "--config",
-           str(REPO / "examples/hf_trainer/config.yaml")]
-    for s in (f"model.path={tiny_model}", f"checkpoint.uri={tmp_path / 'ckpt'}", f"data.uri={CORPUS}", "total_steps=2"):
+    """)
+    )
+    cmd = [
+        PY,
+        "-m",
+        "steps.train",
+        "--nproc",
+        "1",
+        "--launcher",
+        launcher,
+        "--trainer",
+        f"python {script}",
+        "--config",
+        str(REPO / "examples/hf_trainer/config.yaml"),
+    ]
+    for s in (
+        f"model.path={tiny_model}",
+        f"checkpoint.uri={tmp_path / 'ckpt'}",
+        f"data.uri={CORPUS}",
+        "total_steps=2",
+    ):
         cmd += ["--set", s]
-    p = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, env=base_env(BATON_REPO=str(REPO)),
-                       timeout=600)
+    p = subprocess.run(
+        cmd, capture_output=True, text=True, cwd=tmp_path, env=base_env(BATON_REPO=str(REPO)), timeout=600
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     assert "wrapped as Qwen2ForCausalLM" in p.stderr, p.stderr[-2000:]
     assert [r["event"] for r in records(p.stdout)][-1] == "done"
@@ -71,7 +90,16 @@ def test_baton_args_leaves_the_scripts_own_flags_alone(tmp_path):
 
     from trainer.hf import baton_args
 
-    argv = ["--lr", "0.5", "--config", str(REPO / "trainer" / "configs" / "tiny.yaml"), "--set", "total_steps=7", "--warmup", "3"]
+    argv = [
+        "--lr",
+        "0.5",
+        "--config",
+        str(REPO / "trainer" / "configs" / "tiny.yaml"),
+        "--set",
+        "total_steps=7",
+        "--warmup",
+        "3",
+    ]
     cfg = baton_args(argv)
     ap = argparse.ArgumentParser()
     ap.add_argument("--lr", type=float)
@@ -90,7 +118,14 @@ def test_a_scripts_config_needs_only_the_keys_the_drill_sets(tmp_path):
 
     config = tmp_path / "ft.yaml"
     config.write_text("seed: 3\n")
-    drill = ["--set", "checkpoint.uri=file:///x/trial", "--set", "total_steps=5", "--set", "model.dropout=0.1"]
+    drill = [
+        "--set",
+        "checkpoint.uri=file:///x/trial",
+        "--set",
+        "total_steps=5",
+        "--set",
+        "model.dropout=0.1",
+    ]
     cfg = baton_args(["--config", str(config), *drill])
     assert (cfg.seed, cfg.total_steps, cfg.name, cfg.checkpoint.uri) == (3, 5, "hf", "file:///x/trial")
     with pytest.raises(ConfigError, match="config key 'name': is required"):
@@ -105,9 +140,13 @@ def test_without_baton_first_a_users_trainer_py_shadows_baton_s_package(tmp_path
     (tmp_path / "trainer.py").write_text('raise SystemExit("the user\'s own trainer.py was imported")\n')
     script = tmp_path / "job.py"
     script.write_text("import trainer\nprint(trainer.__file__)\n")
-    plain = subprocess.run([PY, str(script)], capture_output=True, text=True, cwd=tmp_path, env=base_env(), timeout=120)
+    plain = subprocess.run(
+        [PY, str(script)], capture_output=True, text=True, cwd=tmp_path, env=base_env(), timeout=120
+    )
     assert plain.returncode != 0 and "the user's own trainer.py was imported" in plain.stderr  # the control
     script.write_text("import baton\nimport trainer\nprint(trainer.__file__)\n")
-    first = subprocess.run([PY, str(script)], capture_output=True, text=True, cwd=tmp_path, env=base_env(), timeout=120)
+    first = subprocess.run(
+        [PY, str(script)], capture_output=True, text=True, cwd=tmp_path, env=base_env(), timeout=120
+    )
     assert first.returncode == 0, first.stderr[-2000:]
     assert first.stdout.strip() == str(REPO / "trainer" / "__init__.py")

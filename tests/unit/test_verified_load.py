@@ -21,8 +21,11 @@ FP = "f" * 64
 
 def state(step: int) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(step)
-    return {"w": torch.randn(64, 32, generator=g), "b": torch.randn(4096, generator=g),
-            "progress": torch.tensor([step])}
+    return {
+        "w": torch.randn(64, 32, generator=g),
+        "b": torch.randn(4096, generator=g),
+        "progress": torch.tensor([step]),
+    }
 
 
 def save(store: Store, step: int) -> None:
@@ -52,7 +55,9 @@ def test_an_intact_checkpoint_loads_and_every_file_is_hashed_once(store, monkeyp
     save(store, 5)
     hashed_fully: list[str] = []
     original = ckpt._file_hexdigest
-    monkeypatch.setattr(ckpt, "_file_hexdigest", lambda fs, p, a: hashed_fully.append(p) or original(fs, p, a))
+    monkeypatch.setattr(
+        ckpt, "_file_hexdigest", lambda fs, p, a: hashed_fully.append(p) or original(fs, p, a)
+    )
     seen: list[set[str]] = []
     real_load = Store.load_verified
 
@@ -82,7 +87,9 @@ def test_a_flipped_byte_is_refused_and_the_live_state_is_untouched(store):
     assert [s for s, _ in refused] == [5]
     assert name in refused[0][1] and "crc32c checksum" in refused[0][1]
     assert step == 3 and all(torch.equal(staged[k], v) for k, v in state(3).items())
-    assert all(torch.equal(live[k], before[k]) for k in live), "a refused checkpoint wrote into the live state"
+    assert all(torch.equal(live[k], before[k]) for k in live), (
+        "a refused checkpoint wrote into the live state"
+    )
 
 
 def test_control_without_staging_the_refused_checkpoint_reaches_the_live_state(store, monkeypatch):
@@ -103,8 +110,11 @@ def test_control_a_reader_that_does_not_hash_loads_the_flipped_byte(store, monke
     the refusal above comes from the hash while reading, not from anything else."""
     from trainer.checkpoint import read as ckpt_read
 
-    monkeypatch.setattr(ckpt_read.VerifyingReader, "prepare_global_plan",
-                        lambda self, plans: [p.__class__(p.items, {"hash": []}, p.planner_data) for p in plans])
+    monkeypatch.setattr(
+        ckpt_read.VerifyingReader,
+        "prepare_global_plan",
+        lambda self, plans: [p.__class__(p.items, {"hash": []}, p.planner_data) for p in plans],
+    )
     monkeypatch.setattr(resolve, "_all_hashed", lambda *a: None)
     save(store, 5)
     flip(store, 5)
@@ -120,8 +130,12 @@ def test_a_file_no_item_is_read_from_is_still_hashed(store):
     save(store, 5)
     flip(store, 5)
     refused: list = []
-    got = resolve_and_load(store, FP, lambda s, m: {"progress": torch.zeros(1, dtype=torch.int64)},
-                           lambda s, why: refused.append((s, why)))
+    got = resolve_and_load(
+        store,
+        FP,
+        lambda s, m: {"progress": torch.zeros(1, dtype=torch.int64)},
+        lambda s, why: refused.append((s, why)),
+    )
     assert got is None and [s for s, _ in refused] == [5] and "checksum" in refused[0][1]
 
 
@@ -144,6 +158,7 @@ def test_a_resume_marks_what_it_loaded_as_verified(store):
         store.save(step, state(step), {"fingerprint": FP}, attempt, read_back=False)
     fresh = Store(store.root_uri, store.run_id)
     assert fresh.verified_step is None
-    got = resolve_and_load(fresh, FP, lambda s, m: {k: torch.zeros_like(v) for k, v in state(s).items()},
-                           lambda s, why: None)
+    got = resolve_and_load(
+        fresh, FP, lambda s, m: {k: torch.zeros_like(v) for k, v in state(s).items()}, lambda s, why: None
+    )
     assert got is not None and got[0] == 2 and fresh.verified_step == 2

@@ -18,8 +18,14 @@ def test_warning_saves_early_and_the_later_sigterm_exits_at_once(tiny_model, tmp
     (podinfo / "guaranteed-until").write_text("not a time")  # garbage: ignored with a warning
     (podinfo / "termination-warning-at").write_text("")  # empty: absent
     env = base_env(BATON_PODINFO=str(podinfo), BATON_PAUSE_AFTER_STEP="12,13")
-    p = subprocess.Popen(trainer_cmd(tiny_model, tmp_path / "ck", "notice.poll_s=1", "model.dropout=0.1"),
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
+    p = subprocess.Popen(
+        trainer_cmd(tiny_model, tmp_path / "ck", "notice.poll_s=1", "model.dropout=0.1"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=REPO,
+    )
     out = []
     for line in p.stdout:
         out.append(line)

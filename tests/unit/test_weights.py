@@ -35,8 +35,14 @@ def model(tiny_model, tmp_path) -> Path:
 
 
 def _run_id(model_path: str, env: dict[str, str], tmp_path: Path) -> str:
-    p = subprocess.run([*trainer_cmd(model_path, tmp_path / "ckpt"), "--print-config"], capture_output=True,
-                       text=True, env=env, cwd=REPO, timeout=300)
+    p = subprocess.run(
+        [*trainer_cmd(model_path, tmp_path / "ckpt"), "--print-config"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        timeout=300,
+    )
     assert p.returncode == 0, p.stderr
     return json.loads(p.stdout)["run_id"]
 
@@ -91,18 +97,22 @@ def test_two_ranks_on_one_machine_make_one_copy(model, s3, tmp_path):
     uri = s3.new_prefix("weights")
     stage(model, uri)
     got: list[weights.Weights] = []
-    threads = [threading.Thread(target=lambda: got.append(materialize(uri, str(tmp_path / "cache"))))
-               for _ in range(2)]
+    threads = [
+        threading.Thread(target=lambda: got.append(materialize(uri, str(tmp_path / "cache"))))
+        for _ in range(2)
+    ]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     assert sorted(w.cached for w in got) == [False, True] and got[0].path == got[1].path
-    assert sorted(p.name for p in got[0].path.iterdir()) == sorted([*json.loads(
-        (model / MANIFEST).read_text())["files"], MANIFEST])
+    assert sorted(p.name for p in got[0].path.iterdir()) == sorted(
+        [*json.loads((model / MANIFEST).read_text())["files"], MANIFEST]
+    )
 
 
 # ---- a hostile manifest -------------------------------------------------------------------------------
+
 
 def _plant(s3, model: Path, files: dict[str, bytes], manifest: dict | bytes) -> str:
     """A bucket folder holding `files` and `manifest` as given (an attacker's)."""
@@ -110,7 +120,9 @@ def _plant(s3, model: Path, files: dict[str, bytes], manifest: dict | bytes) -> 
     fs, base = url_to_fs(uri)
     for name, body in {"config.json": (model / "config.json").read_bytes(), **files}.items():
         fs.pipe_file(f"{base}/{name}", body)
-    fs.pipe_file(f"{base}/{MANIFEST}", manifest if isinstance(manifest, bytes) else json.dumps(manifest).encode())
+    fs.pipe_file(
+        f"{base}/{MANIFEST}", manifest if isinstance(manifest, bytes) else json.dumps(manifest).encode()
+    )
     return uri
 
 
@@ -122,7 +134,10 @@ def _entry(body: bytes) -> dict:
 
 def _manifest(model: Path, files: dict[str, bytes]) -> dict:
     cfg = (model / "config.json").read_bytes()
-    return {"format": "baton-weights/1", "files": {"config.json": _entry(cfg), **{n: _entry(b) for n, b in files.items()}}}
+    return {
+        "format": "baton-weights/1",
+        "files": {"config.json": _entry(cfg), **{n: _entry(b) for n, b in files.items()}},
+    }
 
 
 def test_a_name_that_is_a_path_is_refused_and_writes_nothing_outside(model, s3, tmp_path, monkeypatch):
@@ -132,7 +147,9 @@ def test_a_name_that_is_a_path_is_refused_and_writes_nothing_outside(model, s3, 
     uri = _plant(s3, model, {"../evil.json": body}, _manifest(model, {"../evil.json": body}))
     with pytest.raises(WeightsRefused, match="not a plain file name"):
         materialize(uri, str(cache))
-    assert not escaped.exists() and not (cache.exists() and [p for p in cache.iterdir() if ".lock" not in p.name])
+    assert not escaped.exists() and not (
+        cache.exists() and [p for p in cache.iterdir() if ".lock" not in p.name]
+    )
     # Control: without the name check the copy lands outside its folder.
     monkeypatch.setattr(weights, "check_name", lambda name: name)
     weights._REMOTE_IDENTITIES.clear()
@@ -150,7 +167,9 @@ def test_a_pickle_is_never_fetched_and_code_is_never_named(model, s3, tmp_path, 
             materialize(uri, str(tmp_path / "cache"))
     # Control: the suffix list is what refuses it; with .bin allowed, the pickle would be copied for loading.
     monkeypatch.setattr(weights, "SAFE_SUFFIXES", (*weights.SAFE_SUFFIXES, ".bin"))
-    uri = _plant(s3, model, {"pytorch_model.bin": b"\x80\x04."}, _manifest(model, {"pytorch_model.bin": b"\x80\x04."}))
+    uri = _plant(
+        s3, model, {"pytorch_model.bin": b"\x80\x04."}, _manifest(model, {"pytorch_model.bin": b"\x80\x04."})
+    )
     assert (materialize(uri, str(tmp_path / "cache2")).path / "pytorch_model.bin").exists()
 
 
@@ -168,20 +187,38 @@ def test_a_file_that_does_not_match_its_manifest_is_refused_and_no_copy_is_kept(
     assert (materialize(ok, str(cache)).path / "tokenizer.json").read_bytes() == good
 
 
-@pytest.mark.parametrize("manifest, message", [
-    (b"\xff\xfe not json", "is not JSON"),
-    (b'{"format": "baton-weights/1", "files": {"config.json": {"bytes": NaN, "sha256": "0"}}}', "is not JSON"),
-    (json.dumps({"format": "other", "files": {}}).encode(), "is not a baton-weights/1 manifest"),
-    (json.dumps({"format": "baton-weights/1", "files": {"config.json": {"bytes": -1, "sha256": "0" * 64}}}).encode(),
-     "must be"),
-    (json.dumps({"format": "baton-weights/1", "files": {"model.safetensors": {"bytes": 1, "sha256": "0" * 64}}})
-     .encode(), "lists no config.json"),
-    (b" " * (weights.MAX_MANIFEST_BYTES + 1), "larger than"),
-])
+@pytest.mark.parametrize(
+    "manifest, message",
+    [
+        (b"\xff\xfe not json", "is not JSON"),
+        (
+            b'{"format": "baton-weights/1", "files": {"config.json": {"bytes": NaN, "sha256": "0"}}}',
+            "is not JSON",
+        ),
+        (json.dumps({"format": "other", "files": {}}).encode(), "is not a baton-weights/1 manifest"),
+        (
+            json.dumps(
+                {"format": "baton-weights/1", "files": {"config.json": {"bytes": -1, "sha256": "0" * 64}}}
+            ).encode(),
+            "must be",
+        ),
+        (
+            json.dumps(
+                {
+                    "format": "baton-weights/1",
+                    "files": {"model.safetensors": {"bytes": 1, "sha256": "0" * 64}},
+                }
+            ).encode(),
+            "lists no config.json",
+        ),
+        (b" " * (weights.MAX_MANIFEST_BYTES + 1), "larger than"),
+    ],
+)
 def test_a_malformed_manifest_is_one_line_from_the_trainer_and_exit_1(model, s3, tmp_path, manifest, message):
     uri = _plant(s3, model, {}, manifest)
-    code, _, err = subprocess_run(trainer_cmd(uri, tmp_path / "ckpt", f"model.weights_cache={tmp_path}/c"),
-                                  s3.env())
+    code, _, err = subprocess_run(
+        trainer_cmd(uri, tmp_path / "ckpt", f"model.weights_cache={tmp_path}/c"), s3.env()
+    )
     assert code == 1 and "Traceback" not in err
     (line,) = [ln for ln in err.splitlines() if ln.startswith("error:")]
     assert line.startswith("error: config key 'model.path': ") and message in line
@@ -200,8 +237,14 @@ def test_a_folder_with_a_pickle_or_a_changed_file_is_not_staged(model, s3, tmp_p
     (model / "pytorch_model.bin").unlink()
     write_manifest(model)
     (model / "tokenizer.json").write_text("{}")  # changed after its manifest: staging it would lie
-    p = subprocess.run([PY, "-m", "trainer.weights", "stage", str(model), s3.new_prefix("w")], capture_output=True,
-                       text=True, env=s3.env(), cwd=REPO, timeout=120)
+    p = subprocess.run(
+        [PY, "-m", "trainer.weights", "stage", str(model), s3.new_prefix("w")],
+        capture_output=True,
+        text=True,
+        env=s3.env(),
+        cwd=REPO,
+        timeout=120,
+    )
     assert p.returncode == 1 and "does not match" in p.stderr and "Traceback" not in p.stderr
 
 
@@ -212,8 +255,15 @@ def test_the_identity_of_fixed_files_is_pinned(tmp_path):
     (tmp_path / "config.json").write_text('{"model_type": "qwen2"}\n')
     (tmp_path / "model.safetensors").write_bytes(bytes(range(256)) * 40)
     files = write_manifest(tmp_path)
-    assert files["model.safetensors"]["sha256"] == "e96760a87768717bcebcfd25ddc7d46b4dbc95a4b0014def080c08539f7d90d0"
-    assert identity(str(tmp_path)) == "sha256:bb9dc3ec7d557a95e735fa3d87056879e373d5fddb998393dba60bc6fda2c212"
+    assert (
+        files["model.safetensors"]["sha256"]
+        == "e96760a87768717bcebcfd25ddc7d46b4dbc95a4b0014def080c08539f7d90d0"
+    )
+    assert (
+        identity(str(tmp_path)) == "sha256:bb9dc3ec7d557a95e735fa3d87056879e373d5fddb998393dba60bc6fda2c212"
+    )
     (tmp_path / "model.safetensors").write_bytes(bytes(range(256)) * 40 + b"\0")  # the control
     write_manifest(tmp_path)
-    assert identity(str(tmp_path)) != "sha256:bb9dc3ec7d557a95e735fa3d87056879e373d5fddb998393dba60bc6fda2c212"
+    assert (
+        identity(str(tmp_path)) != "sha256:bb9dc3ec7d557a95e735fa3d87056879e373d5fddb998393dba60bc6fda2c212"
+    )

@@ -32,8 +32,15 @@ KUBECTL = shutil.which("kubectl")
 OVERLAYS = REPO / "templates" / "overlays"
 
 
-ARGO_ENV = ("ARGO_SERVER", "ARGO_TOKEN", "ARGO_NAMESPACE", "ARGO_SECURE", "ARGO_INSECURE_SKIP_VERIFY",
-            "ARGO_HTTP1", "ARGO_BASE_HREF")
+ARGO_ENV = (
+    "ARGO_SERVER",
+    "ARGO_TOKEN",
+    "ARGO_NAMESPACE",
+    "ARGO_SECURE",
+    "ARGO_INSECURE_SKIP_VERIFY",
+    "ARGO_HTTP1",
+    "ARGO_BASE_HREF",
+)
 
 
 @functools.cache
@@ -67,14 +74,23 @@ class FakeArgo:
                 n = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(n) if n else b""
                 path = self.path.split("?")[0]
-                outer.requests.append({"method": self.command, "path": path, "body": body,
-                                       "authorization": self.headers.get("Authorization"),
-                                       "content_type": self.headers.get("Content-Type")})
-                status, payload = outer.routes.get((self.command, path),
-                                                   (404, {"code": 5, "message": f"{path} not found"}))
+                outer.requests.append(
+                    {
+                        "method": self.command,
+                        "path": path,
+                        "body": body,
+                        "authorization": self.headers.get("Authorization"),
+                        "content_type": self.headers.get("Content-Type"),
+                    }
+                )
+                status, payload = outer.routes.get(
+                    (self.command, path), (404, {"code": 5, "message": f"{path} not found"})
+                )
                 data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
                 self.send_response(status)
-                self.send_header("Content-Type", "application/json" if not isinstance(payload, bytes) else "text/html")
+                self.send_header(
+                    "Content-Type", "application/json" if not isinstance(payload, bytes) else "text/html"
+                )
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)
@@ -87,7 +103,9 @@ class FakeArgo:
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.httpd.daemon_threads = True
         self.host = f"127.0.0.1:{self.httpd.server_address[1]}"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
+        self.thread = threading.Thread(
+            target=self.httpd.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True
+        )
 
     def start(self) -> FakeArgo:
         self.thread.start()
@@ -133,6 +151,7 @@ def templates_of(obj: dict) -> dict[str, dict]:
 
 # ---- submit --------------------------------------------------------------------------------------------
 
+
 def test_submit_posts_the_drill_with_parameters_as_workflow_arguments(argo, capsys):
     argo.routes[("POST", CREATE)] = (200, fixture("created.json"))
     assert eq.main(["submit", "-p", "evictions=7"]) == 0
@@ -152,8 +171,9 @@ def test_submit_posts_the_drill_with_parameters_as_workflow_arguments(argo, caps
     assert params["evictions"] == "7" and params["retry_limit"] == "12"
     # Nothing else changed: the other parameters keep their defaults, the templates are the rendered ones.
     defaults = {k: v for k, (v, _) in eq.PARAMETERS.items()}
-    assert {k: v for k, v in params.items() if k not in ("evictions", "retry_limit")} == \
-        {k: v for k, v in defaults.items() if k not in ("evictions", "retry_limit")}
+    assert {k: v for k, v in params.items() if k not in ("evictions", "retry_limit")} == {
+        k: v for k, v in defaults.items() if k not in ("evictions", "retry_limit")
+    }
     assert wf["spec"]["templates"] == eq.rendered()[0]["spec"]["templates"]
 
     out = capsys.readouterr().out.splitlines()
@@ -163,8 +183,26 @@ def test_submit_posts_the_drill_with_parameters_as_workflow_arguments(argo, caps
 def test_flags_win_over_the_environment_and_base_href_prefixes_every_path(argo, monkeypatch, capsys):
     monkeypatch.setenv("ARGO_NAMESPACE", "elsewhere")
     argo.routes[("POST", "/argo/api/v1/workflows/drills")] = (200, fixture("created.json"))
-    assert eq.main(["submit", "--namespace", "drills", "--token", "Bearer from-flag", "--argo-base-href", "/argo/",
-                    "-p", "total_steps=50", "-p", "evictions=2", "-p", "retry_limit=3"]) == 0
+    assert (
+        eq.main(
+            [
+                "submit",
+                "--namespace",
+                "drills",
+                "--token",
+                "Bearer from-flag",
+                "--argo-base-href",
+                "/argo/",
+                "-p",
+                "total_steps=50",
+                "-p",
+                "evictions=2",
+                "-p",
+                "retry_limit=3",
+            ]
+        )
+        == 0
+    )
     req = argo.requests[0]
     assert req["path"] == "/argo/api/v1/workflows/drills" and req["authorization"] == "Bearer from-flag"
     params = params_of(json.loads(req["body"])["workflow"])
@@ -179,28 +217,35 @@ def test_no_token_sends_no_authorization_header(argo, monkeypatch):
     assert argo.requests[0]["authorization"] is None
 
 
-@pytest.mark.parametrize("env, argv, message", [
-    ({"ARGO_SERVER": None}, [], "no Argo Server: set ARGO_SERVER"),
-    ({"ARGO_SERVER": "http://127.0.0.1:2746"}, [], "without a scheme"),
-    ({"ARGO_SERVER": "127.0.0.1"}, [], "is not host:port"),
-    ({"ARGO_SERVER": "127.0.0.1:99999"}, [], "is not host:port"),
-    ({}, ["--argo-server", "argo server:2746"], "--argo-server='argo server:2746' is not host:port"),
-    ({"ARGO_TOKEN": "eyJhbGciOiJSUzI1NiJ9.no-prefix"}, [], "ARGO_TOKEN must be the whole Authorization value"),
-    ({"ARGO_TOKEN": "Bearer"}, [], "ARGO_TOKEN must be the whole Authorization value"),
-    ({}, ["--token", "bearer abc"], "--token must be the whole Authorization value"),
-    ({"ARGO_SECURE": "yes"}, [], "ARGO_SECURE must be true or false"),
-    ({"ARGO_INSECURE_SKIP_VERIFY": "maybe"}, [], "ARGO_INSECURE_SKIP_VERIFY must be true or false"),
-    ({"ARGO_HTTP1": "2"}, [], "ARGO_HTTP1 must be true or false"),
-    ({"ARGO_NAMESPACE": "Not_A_Namespace"}, [], "is not a Kubernetes namespace name"),
-    ({}, ["-p", "evictionz=3"], "unknown parameter"),
-    ({}, ["-p", "evictions"], "expected name=value"),
-    ({}, ["-p", "evictions=x"], "evictions must be an integer >= 0"),
-    ({}, ["-p", "nodes=" + "9" * 5000], "nodes must be an integer >= 1 and <= 1024"),
-    ({}, ["-p", "eviction=lost-vm"], "eviction must be one of evict on a cluster"),
-    ({}, ["-p", "evictions=5", "-p", "retry_limit=5"], "must exceed evictions"),
-    ({}, ["-p", "evictions=50", "-p", "total_steps=40"], "do not fit"),
-    ({}, ["--from-file", "/nonexistent/drill.yaml"], "--from-file /nonexistent/drill.yaml"),
-])
+@pytest.mark.parametrize(
+    "env, argv, message",
+    [
+        ({"ARGO_SERVER": None}, [], "no Argo Server: set ARGO_SERVER"),
+        ({"ARGO_SERVER": "http://127.0.0.1:2746"}, [], "without a scheme"),
+        ({"ARGO_SERVER": "127.0.0.1"}, [], "is not host:port"),
+        ({"ARGO_SERVER": "127.0.0.1:99999"}, [], "is not host:port"),
+        ({}, ["--argo-server", "argo server:2746"], "--argo-server='argo server:2746' is not host:port"),
+        (
+            {"ARGO_TOKEN": "eyJhbGciOiJSUzI1NiJ9.no-prefix"},
+            [],
+            "ARGO_TOKEN must be the whole Authorization value",
+        ),
+        ({"ARGO_TOKEN": "Bearer"}, [], "ARGO_TOKEN must be the whole Authorization value"),
+        ({}, ["--token", "bearer abc"], "--token must be the whole Authorization value"),
+        ({"ARGO_SECURE": "yes"}, [], "ARGO_SECURE must be true or false"),
+        ({"ARGO_INSECURE_SKIP_VERIFY": "maybe"}, [], "ARGO_INSECURE_SKIP_VERIFY must be true or false"),
+        ({"ARGO_HTTP1": "2"}, [], "ARGO_HTTP1 must be true or false"),
+        ({"ARGO_NAMESPACE": "Not_A_Namespace"}, [], "is not a Kubernetes namespace name"),
+        ({}, ["-p", "evictionz=3"], "unknown parameter"),
+        ({}, ["-p", "evictions"], "expected name=value"),
+        ({}, ["-p", "evictions=x"], "evictions must be an integer >= 0"),
+        ({}, ["-p", "nodes=" + "9" * 5000], "nodes must be an integer >= 1 and <= 1024"),
+        ({}, ["-p", "eviction=lost-vm"], "eviction must be one of evict on a cluster"),
+        ({}, ["-p", "evictions=5", "-p", "retry_limit=5"], "must exceed evictions"),
+        ({}, ["-p", "evictions=50", "-p", "total_steps=40"], "do not fit"),
+        ({}, ["--from-file", "/nonexistent/drill.yaml"], "--from-file /nonexistent/drill.yaml"),
+    ],
+)
 def test_bad_settings_are_refused_before_any_request(argo, monkeypatch, env, argv, message):
     argo.routes[("POST", CREATE)] = (200, fixture("created.json"))
     for k, v in env.items():
@@ -217,13 +262,23 @@ def test_a_token_is_never_echoed_in_an_error(argo, monkeypatch):
     assert "s3cr3t" not in error_of(["submit"])
 
 
-@pytest.mark.parametrize("status, payload, expected", [
-    (401, "unauthorized.json", ["HTTP 401", "token not valid", "ARGO_TOKEN"]),
-    (403, {"code": 7, "message": 'workflows.argoproj.io is forbidden: User "system:serviceaccount:baton:x" '
-                                 'cannot create resource "workflows"'}, ["HTTP 403", "cannot create resource"]),
-    (500, "internal-error.json", ["HTTP 500", "failed calling webhook"]),
-    (502, b"<html><body>502 Bad Gateway</body></html>", ["HTTP 502", "Bad Gateway"]),
-])
+@pytest.mark.parametrize(
+    "status, payload, expected",
+    [
+        (401, "unauthorized.json", ["HTTP 401", "token not valid", "ARGO_TOKEN"]),
+        (
+            403,
+            {
+                "code": 7,
+                "message": 'workflows.argoproj.io is forbidden: User "system:serviceaccount:baton:x" '
+                'cannot create resource "workflows"',
+            },
+            ["HTTP 403", "cannot create resource"],
+        ),
+        (500, "internal-error.json", ["HTTP 500", "failed calling webhook"]),
+        (502, b"<html><body>502 Bad Gateway</body></html>", ["HTTP 502", "Bad Gateway"]),
+    ],
+)
 def test_http_errors_are_one_clear_line_naming_the_server(argo, status, payload, expected):
     argo.routes[("POST", CREATE)] = (status, fixture(payload) if isinstance(payload, str) else payload)
     msg = error_of(["submit"])
@@ -257,8 +312,14 @@ def test_https_is_the_default_and_a_plain_http_server_is_a_clear_tls_error(argo,
 def test_the_cli_prints_one_line_and_exits_1_without_a_traceback(argo):
     argo.routes[("POST", CREATE)] = (401, fixture("unauthorized.json"))
     env = base_env(ARGO_SERVER=argo.host, ARGO_TOKEN=TOKEN, ARGO_SECURE="false")
-    p = subprocess.run([PY, "workflows/equivalence.py", "submit", "-p", "evictions=2"], capture_output=True,
-                       text=True, cwd=REPO, env=env, timeout=120)
+    p = subprocess.run(
+        [PY, "workflows/equivalence.py", "submit", "-p", "evictions=2"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=env,
+        timeout=120,
+    )
     assert p.returncode == 1
     assert p.stdout == ""
     assert p.stderr.count("\n") == 1 and p.stderr.startswith("error: create workflow at http://")
@@ -266,6 +327,7 @@ def test_the_cli_prints_one_line_and_exits_1_without_a_traceback(argo):
 
 
 # ---- status --------------------------------------------------------------------------------------------
+
 
 def _commit(root: Path, role: str, run: str, *steps: int, incomplete: tuple[int, ...] = ()) -> None:
     for s in steps + incomplete:
@@ -278,12 +340,38 @@ def _commit(root: Path, role: str, run: str, *steps: int, incomplete: tuple[int,
 
 def _records(path: Path, attempt: int, steps: range, t0: float, preempt: bool = False) -> None:
     run = "tiny-0123456789ab"
-    lines = [{"event": "resume", "run_id": run, "attempt": attempt, "rank": 0, "time": t0, "step": steps[0] - 1}]
-    lines += [{"event": "step", "run_id": run, "attempt": attempt, "rank": 0, "time": t0 + i + 1, "step": s,
-               "loss": 5.0 - s / 100, "lr": 1e-3, "tokens_per_s": 900.0} for i, s in enumerate(steps)]
+    lines = [
+        {"event": "resume", "run_id": run, "attempt": attempt, "rank": 0, "time": t0, "step": steps[0] - 1}
+    ]
+    lines += [
+        {
+            "event": "step",
+            "run_id": run,
+            "attempt": attempt,
+            "rank": 0,
+            "time": t0 + i + 1,
+            "step": s,
+            "loss": 5.0 - s / 100,
+            "lr": 1e-3,
+            "tokens_per_s": 900.0,
+        }
+        for i, s in enumerate(steps)
+    ]
     if preempt:
-        lines.append({"event": "preempt", "run_id": run, "attempt": attempt, "rank": 0, "time": t0 + len(steps) + 1,
-                      "step": steps[-1], "signal": "SIGTERM", "save_ms": 41.2, "grace_left_s": 29.96, "exit": 75})
+        lines.append(
+            {
+                "event": "preempt",
+                "run_id": run,
+                "attempt": attempt,
+                "rank": 0,
+                "time": t0 + len(steps) + 1,
+                "step": steps[-1],
+                "signal": "SIGTERM",
+                "save_ms": 41.2,
+                "grace_left_s": 29.96,
+                "exit": 75,
+            }
+        )
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps(rec) + "\n" for rec in lines) + '{"event": "step", "cut by a ki')
 
@@ -316,8 +404,9 @@ def _served(bucket: str) -> dict:
 def test_status_shows_each_trial_attempt_beside_the_checkpoint_store(argo, drill_store, capsys):
     argo.routes[("GET", f"/api/v1/workflows/baton/{NAME}")] = (200, _served(drill_store))
     assert eq.main(["status", NAME]) == 0
-    assert [(r["method"], r["path"], r["authorization"]) for r in argo.requests] == \
-        [("GET", f"/api/v1/workflows/baton/{NAME}", TOKEN)]
+    assert [(r["method"], r["path"], r["authorization"]) for r in argo.requests] == [
+        ("GET", f"/api/v1/workflows/baton/{NAME}", TOKEN)
+    ]
     out = capsys.readouterr().out
     lines = [" ".join(line.split()) for line in out.splitlines()]
     assert lines[0] == f"workflow {NAME} Running"
@@ -397,15 +486,19 @@ def test_status_at_two_nodes_lists_each_items_attempts(argo, tmp_path, capsys):
         "compare not started",
         "publish not started",
     ]
-    assert lines[2:2 + len(expected)] == expected, lines
+    assert lines[2 : 2 + len(expected)] == expected, lines
 
     argo.routes[("GET", f"/api/v1/workflows/baton/{NAME2}")] = (200, _served2(bucket, drop="trial(1:1)"))
     assert eq.main(["status", NAME2]) == 0
     lines = [" ".join(line.split()) for line in capsys.readouterr().out.splitlines()]
     at = lines.index("trial Running 2 nodes")
-    assert lines[at:at + 5] == ["trial Running 2 nodes", "trial(0:0) Running 2 attempts",
-                                "trial(0:0)(0) Failed exit 75 Error (exit code 75) (55 s)", "trial(0:0)(1) Running",
-                                "trial(1:1) not started"], lines
+    assert lines[at : at + 5] == [
+        "trial Running 2 nodes",
+        "trial(0:0) Running 2 attempts",
+        "trial(0:0)(0) Failed exit 75 Error (exit code 75) (55 s)",
+        "trial(0:0)(1) Running",
+        "trial(1:1) not started",
+    ], lines
     assert not any(line.startswith("trial(1:1)(") for line in lines)
 
 
@@ -454,7 +547,10 @@ def test_the_recorded_responses_are_argo_workflows():
     nodes = fixture("running-nodes2.json")["status"]["nodes"]
     group = next(n for n in nodes.values() if n["type"] == "TaskGroup" and n["displayName"] == "trial")
     assert [nodes[c]["displayName"] for c in group["children"]] == ["trial(0:0)", "trial(1:1)"]
-    assert [nodes[c]["displayName"] for c in nodes[group["children"][1]]["children"]] == ["trial(1:1)(0)", "trial(1:1)(1)"]
+    assert [nodes[c]["displayName"] for c in nodes[group["children"][1]]["children"]] == [
+        "trial(1:1)(0)",
+        "trial(1:1)(1)",
+    ]
     assert all(n["type"] == "Retry" for n in (nodes[c] for c in group["children"]))
 
 
@@ -495,7 +591,9 @@ def _env(template: dict) -> dict[str, dict]:
 @needs_kubectl
 def test_base_is_the_generated_cron_workflow_and_the_rbac_in_namespace_baton():
     docs = kustomize(REPO / "templates" / "base")
-    assert sorted(d["kind"] for d in docs) == sorted(["CronWorkflow"] + ["Role", "RoleBinding", "ServiceAccount"] * 2)
+    assert sorted(d["kind"] for d in docs) == sorted(
+        ["CronWorkflow"] + ["Role", "RoleBinding", "ServiceAccount"] * 2
+    )
     assert {d["metadata"]["namespace"] for d in docs} == {"baton"}
     cron = _one(docs, "CronWorkflow")
     validate(cron)
@@ -508,7 +606,9 @@ def test_base_is_the_generated_cron_workflow_and_the_rbac_in_namespace_baton():
 def test_overlays_use_the_base_beside_them(overlay):
     base = yaml.safe_load((REPO / "templates" / "base" / "kustomization.yaml").read_text())
     over = yaml.safe_load((OVERLAYS / overlay / "kustomization.yaml").read_text())
-    assert over["resources"][0] == "../../base"  # a base beside the overlays: no cycle, no load-restrictor flag
+    assert (
+        over["resources"][0] == "../../base"
+    )  # a base beside the overlays: no cycle, no load-restrictor flag
     assert not [r for r in over["resources"][1:] if r.startswith("..")], over["resources"]
     assert over["namespace"] == base["namespace"]
 
@@ -518,8 +618,11 @@ def test_overlays_use_the_base_beside_them(overlay):
 def test_overlays_carry_the_submitter_rbac_and_the_artifact_repository_the_workflow_names(overlay):
     docs = kustomize(overlays() / overlay)
     names = {(d["kind"], d["metadata"]["name"]) for d in docs}
-    assert {("ServiceAccount", "baton-submitter"), ("Role", "baton-submitter"),
-            ("RoleBinding", "baton-submitter")} <= names
+    assert {
+        ("ServiceAccount", "baton-submitter"),
+        ("Role", "baton-submitter"),
+        ("RoleBinding", "baton-submitter"),
+    } <= names
     cron = _one(docs, "CronWorkflow")
     ref = cron["spec"]["workflowSpec"]["artifactRepositoryRef"]
     cm = [d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == ref["configMap"]]
@@ -529,7 +632,7 @@ def test_overlays_carry_the_submitter_rbac_and_the_artifact_repository_the_workf
     assert set(repo) == {"archiveLogs", store}
     params = params_of({"spec": cron["spec"]["workflowSpec"]})
     # The artifacts land in the drill's own bucket.
-    assert params["bucket"] == f"{ {'s3': 's3', 'gcs': 'gs'}[store]}://{repo[store]['bucket']}"
+    assert params["bucket"] == f"{ {'s3': 's3', 'gcs': 'gs'}[store] }://{repo[store]['bucket']}"
 
 
 @needs_kubectl
@@ -564,20 +667,25 @@ def test_gke_overlay_uses_gcs_workload_identity_and_the_spot_gpu_pool():
     params = params_of({"spec": cron["spec"]["workflowSpec"]})
     assert params["bucket"].startswith("gs://") and params["grace"] == "15"
     sa = _one(docs, "ServiceAccount", "baton-drill")
-    assert re.fullmatch(r"baton-drill@[a-zA-Z0-9_-]+\.iam\.gserviceaccount\.com",
-                        sa["metadata"]["annotations"]["iam.gke.io/gcp-service-account"])
+    assert re.fullmatch(
+        r"baton-drill@[a-zA-Z0-9_-]+\.iam\.gserviceaccount\.com",
+        sa["metadata"]["annotations"]["iam.gke.io/gcp-service-account"],
+    )
     for name, t in templates_of(cron).items():
         if name in ("train", "trial"):
             assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in t["tolerations"]
             patch = json.loads(t["podSpecPatch"].replace("{{workflow.parameters.grace}}", "15"))
             assert patch["terminationGracePeriodSeconds"] == 15
-            assert patch["containers"] == [{"name": "main", "resources": {
-                "limits": {"nvidia.com/gpu": "{{workflow.parameters.ranks}}"}}}]
+            assert patch["containers"] == [
+                {"name": "main", "resources": {"limits": {"nvidia.com/gpu": "{{workflow.parameters.ranks}}"}}}
+            ]
             if name == "trial":  # always on Spot: the drill is about preemption
                 assert t["nodeSelector"] == {"baton.dev/pool": "gpu-spot"} and "nodeSelector" not in patch
             else:  # the baseline's pool follows baseline_pool: gpu-spot (default) or gpu-on-demand
                 assert "nodeSelector" not in t
-                assert patch["nodeSelector"] == {"baton.dev/pool": "gpu-{{workflow.parameters.baseline_pool}}"}
+                assert patch["nodeSelector"] == {
+                    "baton.dev/pool": "gpu-{{workflow.parameters.baseline_pool}}"
+                }
                 assert params["baseline_pool"] == "spot"
         else:
             assert "nodeSelector" not in t and "tolerations" not in t, name
@@ -600,8 +708,9 @@ def test_submit_from_a_kustomized_overlay_submits_its_workflow_spec(argo, tmp_pa
     # The deadline follows the drill's size: one eviction more is one attempt more.
     from workflows.params import drill_deadline_s, values_of
 
-    expected["activeDeadlineSeconds"] = drill_deadline_s(values_of(
-        {p["name"]: p["value"] for p in expected["arguments"]["parameters"]}))
+    expected["activeDeadlineSeconds"] = drill_deadline_s(
+        values_of({p["name"]: p["value"] for p in expected["arguments"]["parameters"]})
+    )
     assert expected["activeDeadlineSeconds"] > cron["spec"]["workflowSpec"]["activeDeadlineSeconds"]
     assert wf["spec"] == expected
 
@@ -615,20 +724,28 @@ def test_submit_refuses_a_file_for_another_namespace(argo, tmp_path):
     assert argo.requests == []
 
 
-
-
 def _argo_metric_scope(wf: dict, template: dict, attempt_without_outputs: bool) -> dict[str, str]:
     """What Argo binds when it evaluates a template's metrics on a node (steps.go, prepareMetricScope and
     prepareDefaultMetricScope, v4.1.2): the workflow's global parameters, `status`, `duration`, the
     node's inputs, and its outputs only where the node has them. `retries` only on a node with children
     (a retry parent, never an attempt). An emulation: the real thing is the controller."""
     spec = wf["spec"].get("workflowSpec", wf["spec"])
-    scope = {"status": "Failed", "duration": "1.0", "workflow.name": "wf", "workflow.namespace": "baton",
-             "workflow.status": "Running", "workflow.duration": "1.0"}
-    scope |= {f"workflow.parameters.{p['name']}": str(p.get("value")) for p in spec["arguments"]["parameters"]}
+    scope = {
+        "status": "Failed",
+        "duration": "1.0",
+        "workflow.name": "wf",
+        "workflow.namespace": "baton",
+        "workflow.status": "Running",
+        "workflow.duration": "1.0",
+    }
+    scope |= {
+        f"workflow.parameters.{p['name']}": str(p.get("value")) for p in spec["arguments"]["parameters"]
+    }
     scope |= {f"inputs.parameters.{p['name']}": "7" for p in template.get("inputs", {}).get("parameters", [])}
     if not attempt_without_outputs:
-        scope |= {f"outputs.parameters.{p['name']}": "7" for p in template.get("outputs", {}).get("parameters", [])}
+        scope |= {
+            f"outputs.parameters.{p['name']}": "7" for p in template.get("outputs", {}).get("parameters", [])
+        }
     return scope
 
 
@@ -648,7 +765,9 @@ def test_every_metric_resolves_on_an_attempt_that_left_no_outputs(index):
     for tname, t in ts.items():
         for m in t.get("metrics", {}).get("prometheus", []):
             assert re.fullmatch(r"[a-z_][a-z0-9_]*", m["name"]) and m["help"]
-            assert set(m) <= {"name", "help", "gauge", "when"}, m  # gauges only: re-evaluation cannot double count
+            assert set(m) <= {"name", "help", "gauge", "when"}, (
+                m
+            )  # gauges only: re-evaluation cannot double count
             helps.setdefault(m["name"], set()).add((m["help"], "gauge"))
             scope = _argo_metric_scope(wf, t, attempt_without_outputs=True)
             unresolved = {v for v in re.findall(r"\{\{\s*([^}\s]+)\s*\}\}", json.dumps(m)) if v not in scope}
@@ -657,16 +776,22 @@ def test_every_metric_resolves_on_an_attempt_that_left_no_outputs(index):
     # The control: a gauge over compare's own outputs would not resolve on its attempt without outputs.
     old = {"name": "baton_drill_max_save_ms", "gauge": {"value": "{{outputs.parameters.max_save_ms}}"}}
     scope = _argo_metric_scope(wf, ts["compare"], attempt_without_outputs=True)
-    assert "outputs.parameters.max_save_ms" not in scope and "{{outputs.parameters.max_save_ms}}" in json.dumps(old)
+    assert (
+        "outputs.parameters.max_save_ms" not in scope
+        and "{{outputs.parameters.max_save_ms}}" in json.dumps(old)
+    )
     # publish gets compare's numbers as its arguments; compare's outputs default to -1 where a file is missing.
     dag = {t["name"]: t for t in ts["drill"]["dag"]["tasks"]}
     assert dag["publish"]["dependencies"] == ["compare"]
     assert {p["name"]: p["value"] for p in dag["publish"]["arguments"]["parameters"]} == {
-        n: "{{tasks.compare.outputs.parameters." + n + "}}" for n in eq.COMPARE_METRICS}
+        n: "{{tasks.compare.outputs.parameters." + n + "}}" for n in eq.COMPARE_METRICS
+    }
     assert all(p["valueFrom"]["default"] == "-1" for p in ts["compare"]["outputs"]["parameters"])
     passed = ts["drill"]["metrics"]["prometheus"][:2]
     assert [(m["gauge"]["value"], m["when"]) for m in passed] == [
-        ("1", "{{status}} == Succeeded"), ("0", "{{status}} != Succeeded")]
+        ("1", "{{status}} == Succeeded"),
+        ("0", "{{status}} != Succeeded"),
+    ]
 
 
 def test_report_artifacts_are_not_archived_so_the_ui_shows_them():
@@ -682,7 +807,9 @@ PLACEHOLDERS = ("PROJECT_ID", "REGION-docker", "TAG-cuda", "PROJECT_ID-baton-dri
 @needs_kubectl
 @pytest.mark.parametrize("overlay", ["gke", "gke-kueue"])
 def test_the_committed_gke_overlays_do_not_build_without_make_gke_ups_values(overlay):
-    p = subprocess.run([KUBECTL, "kustomize", str(OVERLAYS / overlay)], capture_output=True, text=True, timeout=60)
+    p = subprocess.run(
+        [KUBECTL, "kustomize", str(OVERLAYS / overlay)], capture_output=True, text=True, timeout=60
+    )
     if (OVERLAYS / "gke" / cluster_overlay().FOLDER).exists():
         pytest.skip("this checkout has make gke-up's generated values (a developer's cluster)")
     assert p.returncode != 0 and "generated-by-make-gke-up" in p.stderr, p.stderr

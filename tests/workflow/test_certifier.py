@@ -38,8 +38,14 @@ SEEDS = {"reference": 1, "replay": 2, "trial": 3}
 
 def _cmd(model: Path, bucket: Path) -> list[str]:
     cmd = [PY, str(SCRIPT), "--config", str(CONFIG)]
-    for s in (f"model.path={model}", f"checkpoint.uri=file://{bucket}", f"data.uri={CORPUS}",
-              f"total_steps={TOTAL}", "checkpoint.every_steps=5", "model.dropout=0.1"):
+    for s in (
+        f"model.path={model}",
+        f"checkpoint.uri=file://{bucket}",
+        f"data.uri={CORPUS}",
+        f"total_steps={TOTAL}",
+        "checkpoint.every_steps=5",
+        "model.dropout=0.1",
+    ):
         cmd += ["--set", s]
     return cmd
 
@@ -53,34 +59,53 @@ class Runs:
 
     def env(self, variant: str, role: str) -> dict[str, str]:
         self.n += 1
-        extra = {"HF_VARIANT": variant, "HF_VARIANT_OUTPUT_DIR": str(self.root / f"scratch-{self.n}"),
-                 "HF_SAMPLES": str(SAMPLES)}
+        extra = {
+            "HF_VARIANT": variant,
+            "HF_VARIANT_OUTPUT_DIR": str(self.root / f"scratch-{self.n}"),
+            "HF_SAMPLES": str(SAMPLES),
+        }
         if self.noise:
             extra["HF_NOISE"] = f"{NOISE},{SEEDS[role]}"
         return base_env(**extra)
 
     def full(self, variant: str, role: str) -> tuple[Path, list[dict]]:
         bucket = self.root / f"{variant}-{role}"
-        p = subprocess.run(_cmd(self.model, bucket), capture_output=True, text=True, cwd=REPO,
-                           env=self.env(variant, role), timeout=600)
+        p = subprocess.run(
+            _cmd(self.model, bucket),
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+            env=self.env(variant, role),
+            timeout=600,
+        )
         assert p.returncode == 0, p.stderr[-3000:]
         return bucket, records(p.stdout)
 
     def interrupted(self, variant: str) -> tuple[Path, list[dict]]:
         bucket = self.root / f"{variant}-interrupted"
-        rc, recs, err = run_and_sigterm(_cmd(self.model, bucket), at_step=STOP, env=self.env(variant, "trial"))
+        rc, recs, err = run_and_sigterm(
+            _cmd(self.model, bucket), at_step=STOP, env=self.env(variant, "trial")
+        )
         assert rc == 75, err[-3000:]
         return bucket, recs
 
-    def resumed(self, variant: str, first: tuple[Path, list[dict]], strip: bool = False) -> tuple[Path, list[dict]]:
+    def resumed(
+        self, variant: str, first: tuple[Path, list[dict]], strip: bool = False
+    ) -> tuple[Path, list[dict]]:
         """The first attempt's bucket copied, and resumed to the end by `variant`; `strip`: from a checkpoint
         without the epoch's RNG, as one written before EpochRng (its file and manifest entry taken out)."""
         bucket = self.root / f"{variant}-trial{'-stripped' if strip else ''}"
         shutil.copytree(first[0], bucket)
         if strip:
             _without_epoch_rng(bucket / f"checkpoint-{STOP}")
-        p = subprocess.run(_cmd(self.model, bucket), capture_output=True, text=True, cwd=REPO,
-                           env=self.env(variant, "trial"), timeout=600)
+        p = subprocess.run(
+            _cmd(self.model, bucket),
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+            env=self.env(variant, "trial"),
+            timeout=600,
+        )
         assert p.returncode == 0, p.stderr[-3000:]
         return bucket, first[1] + records(p.stdout)
 
@@ -97,9 +122,13 @@ def _without_epoch_rng(folder: Path) -> None:
 def _noise_free(runs: Runs) -> dict[str, dict[str, tuple[Path, list[dict]]]]:
     """variant -> {reference, replay, trial}: (checkpoint root, records), every script, no noise. Two at a
     time (two cores)."""
+
     def correct_family() -> dict:
         first = runs.interrupted("correct")
-        out = {"trial": runs.resumed("correct", first), "epoch_rng_control": runs.resumed("correct", first, strip=True)}
+        out = {
+            "trial": runs.resumed("correct", first),
+            "epoch_rng_control": runs.resumed("correct", first, strip=True),
+        }
         # Broken only at the resume: the correct script's first attempt, resumed by the broken script.
         for broken in ("reseed_after_resume", "train_not_run", "callback_counter"):
             out[broken] = runs.resumed(broken, first)
@@ -107,8 +136,10 @@ def _noise_free(runs: Runs) -> dict[str, dict[str, tuple[Path, list[dict]]]]:
 
     def random_family() -> dict:
         first = runs.interrupted("random_collator")
-        return {"trial": runs.resumed("random_collator", first),
-                "consume_at_start": runs.resumed("consume_at_start", first)}
+        return {
+            "trial": runs.resumed("random_collator", first),
+            "consume_at_start": runs.resumed("consume_at_start", first),
+        }
 
     def own_family(variant: str) -> dict:
         first = runs.interrupted(variant)
@@ -118,13 +149,24 @@ def _noise_free(runs: Runs) -> dict[str, dict[str, tuple[Path, list[dict]]]]:
         return out
 
     with ThreadPoolExecutor(2) as pool:
-        pairs = {v: (pool.submit(runs.full, v, "reference"), pool.submit(runs.full, v, "replay"))
-                 for v in ("correct", "random_collator", "private_rng", "unseeded_shuffle", "unseeded_init",
-                           "group_by_length")}
-        trials = {"correct": pool.submit(correct_family), "random_collator": pool.submit(random_family),
-                  "private_rng": pool.submit(own_family, "private_rng"),
-                  "group_by_length": pool.submit(own_family, "group_by_length"),
-                  "no_callback": pool.submit(runs.full, "no_callback", "trial")}
+        pairs = {
+            v: (pool.submit(runs.full, v, "reference"), pool.submit(runs.full, v, "replay"))
+            for v in (
+                "correct",
+                "random_collator",
+                "private_rng",
+                "unseeded_shuffle",
+                "unseeded_init",
+                "group_by_length",
+            )
+        }
+        trials = {
+            "correct": pool.submit(correct_family),
+            "random_collator": pool.submit(random_family),
+            "private_rng": pool.submit(own_family, "private_rng"),
+            "group_by_length": pool.submit(own_family, "group_by_length"),
+            "no_callback": pool.submit(runs.full, "no_callback", "trial"),
+        }
         pairs = {v: (a.result(), b.result()) for v, (a, b) in pairs.items()}
         trials = {v: f.result() for v, f in trials.items()}
     correct = pairs["correct"]
@@ -145,7 +187,9 @@ def _noise_free(runs: Runs) -> dict[str, dict[str, tuple[Path, list[dict]]]]:
         "no_callback": family("correct", trials["no_callback"]),
         # Resumed from a checkpoint without the epoch's RNG (EpochRng's file taken out): the controls.
         "correct_without_epoch_rng": family("correct", trials["correct"]["epoch_rng_control"]),
-        "group_by_length_without_epoch_rng": family("group_by_length", trials["group_by_length"]["epoch_rng_control"]),
+        "group_by_length_without_epoch_rng": family(
+            "group_by_length", trials["group_by_length"]["epoch_rng_control"]
+        ),
     }
     for v in ("reseed_after_resume", "train_not_run", "callback_counter"):
         fam[v] = {"reference": correct[0], "replay": correct[1], "trial": trials["correct"][v]}
@@ -167,19 +211,30 @@ def _noisy(runs: Runs) -> dict[str, dict[str, tuple[Path, list[dict]]]]:
         return runs.resumed("unseeded_init", runs.interrupted("unseeded_init"))
 
     with ThreadPoolExecutor(2) as pool:
-        pairs = {v: (pool.submit(runs.full, v, "reference"), pool.submit(runs.full, v, "replay"))
-                 for v in ("correct", "unseeded_init")}
+        pairs = {
+            v: (pool.submit(runs.full, v, "reference"), pool.submit(runs.full, v, "replay"))
+            for v in ("correct", "unseeded_init")
+        }
         trials, unseeded = pool.submit(correct_family), pool.submit(unseeded_trial)
         pairs = {v: (a.result(), b.result()) for v, (a, b) in pairs.items()}
         resumed = {**trials.result(), "unseeded_init": unseeded.result()}
-    return {v: {"reference": pairs["unseeded_init" if v == "unseeded_init" else "correct"][0],
-                "replay": pairs["unseeded_init" if v == "unseeded_init" else "correct"][1],
-                "trial": resumed[v]} for v in NOISY}
+    return {
+        v: {
+            "reference": pairs["unseeded_init" if v == "unseeded_init" else "correct"][0],
+            "replay": pairs["unseeded_init" if v == "unseeded_init" else "correct"][1],
+            "trial": resumed[v],
+        }
+        for v in NOISY
+    }
 
 
 def judged(family: dict[str, tuple[Path, list[dict]]], tier: int) -> dict:
-    return helpers.judged({role: bucket for role, (bucket, _) in family.items()},
-                          {role: recs for role, (_, recs) in family.items()}, TOTAL, tier)
+    return helpers.judged(
+        {role: bucket for role, (bucket, _) in family.items()},
+        {role: recs for role, (_, recs) in family.items()},
+        TOTAL,
+        tier,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -204,19 +259,22 @@ EXPECTED = {  # variant -> what the verdict names, at both tiers or {tier: ...}
     "correct": "preemption-safe in this drill",
     "random_collator": "preemption-safe in this drill",
     "private_rng": "NOT preemption-safe: step 8: the data order differs with the same RNG (the data order not "
-                   "restored, or state of the data pipeline outside the checkpoint: a generator or counter of its own)",
+    "restored, or state of the data pipeline outside the checkpoint: a generator or counter of its own)",
     "unseeded_shuffle": "NOT certifiable: the reference and its replay, two uninterrupted starts, already differ "
-                        "at step 1: batch differs: the data order changes at every start",
+    "at step 1: batch differs: the data order changes at every start",
     "unseeded_init": "NOT certifiable: the initial model differs at every start",
     # Re-seeded (or drawn from) by the script's own callback at the first step_begin after the resume, after that
     # step's batches were drawn: baton's callback runs last (trainer/hf.py), so the RNG the step starts from is
     # read after the draw, and the first step after the resume is named.
     "reseed_after_resume": "NOT preemption-safe: step 8: the RNG at the step's start differs (RNG not restored, or "
-                           "consumed at start)",
+    "consumed at start)",
     "consume_at_start": "NOT preemption-safe: step 8: the RNG at the step's start differs (RNG not restored, or "
-                        "consumed at start)",
-    "callback_counter": {1: "NOT preemption-safe: step 9: the same batch and RNG, but the loss differs (state outside "
-                            "the checkpoint", 2: "NOT preemption-safe: final checkpoints differ: "},
+    "consumed at start)",
+    "callback_counter": {
+        1: "NOT preemption-safe: step 9: the same batch and RNG, but the loss differs (state outside "
+        "the checkpoint",
+        2: "NOT preemption-safe: final checkpoints differ: ",
+    },
     "group_by_length": "preemption-safe in this drill",
     "train_not_run": "trained without a resume record",
     "no_callback": "the trial wrote no step records",
@@ -255,15 +313,23 @@ def test_the_epochs_rng_is_what_makes_group_by_length_exact(noise_free):
     default sampler is re-seeded per epoch by accelerate and passes without it (so a change there shows)."""
     control = judged(noise_free["group_by_length_without_epoch_rng"], 1)
     assert not control["passed"]
-    assert f"step {STOP + 1}: the data order differs with the same RNG" in control["verdict"], control["verdict"]
+    assert f"step {STOP + 1}: the data order differs with the same RNG" in control["verdict"], control[
+        "verdict"
+    ]
     default = judged(noise_free["correct_without_epoch_rng"], 1)
     assert default["passed"], default["verdict"]
 
 
 def test_a_sampler_with_a_generator_of_its_own_is_refused_at_the_start_by_name(tiny_model, tmp_path):
     runs = Runs(Path(tiny_model), tmp_path, noise=False)
-    p = subprocess.run(_cmd(runs.model, tmp_path / "bucket"), capture_output=True, text=True, cwd=REPO,
-                       env=runs.env("private_sampler", "trial"), timeout=600)
+    p = subprocess.run(
+        _cmd(runs.model, tmp_path / "bucket"),
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=runs.env("private_sampler", "trial"),
+        timeout=600,
+    )
     assert p.returncode == 1, p.stderr[-2000:]
     recs = records(p.stdout)
     assert not [r for r in recs if r["event"] == "step"], "refused before its first step"

@@ -39,8 +39,14 @@ NOISE = "1e-4"
 
 def _cmd(model: Path, bucket: Path) -> list[str]:
     cmd = [PY, str(SCRIPT), "--config", str(CONFIG)]
-    for s in (f"model.path={model}", f"checkpoint.uri=file://{bucket}", f"data.uri={CORPUS}",
-              f"total_steps={TOTAL}", "checkpoint.every_steps=5", "model.dropout=0.1"):
+    for s in (
+        f"model.path={model}",
+        f"checkpoint.uri=file://{bucket}",
+        f"data.uri={CORPUS}",
+        f"total_steps={TOTAL}",
+        "checkpoint.every_steps=5",
+        "model.dropout=0.1",
+    ):
         cmd += ["--set", s]
     return cmd
 
@@ -51,37 +57,59 @@ class Runs:
 
     def env(self, variant: str, role: str, **extra: str) -> dict[str, str]:
         self.n += 1
-        env = {"OWN_VARIANT": variant, "HF_VARIANT_OUTPUT_DIR": str(self.root / f"scratch-{self.n}"),
-               "OWN_SAMPLES": str(SAMPLES), **extra}
+        env = {
+            "OWN_VARIANT": variant,
+            "HF_VARIANT_OUTPUT_DIR": str(self.root / f"scratch-{self.n}"),
+            "OWN_SAMPLES": str(SAMPLES),
+            **extra,
+        }
         if self.noise:
             env["HF_NOISE"] = f"{NOISE},{SEEDS[role]}"
         return base_env(**env)
 
     def full(self, variant: str, role: str) -> tuple[Path, list[dict]]:
         bucket = self.root / f"{variant}-{role}"
-        p = subprocess.run(_cmd(self.model, bucket), capture_output=True, text=True, cwd=REPO,
-                           env=self.env(variant, role), timeout=600)
+        p = subprocess.run(
+            _cmd(self.model, bucket),
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+            env=self.env(variant, role),
+            timeout=600,
+        )
         assert p.returncode == 0, p.stderr[-3000:]
         return bucket, records(p.stdout)
 
     def interrupted(self, variant: str) -> tuple[Path, list[dict]]:
         bucket = self.root / f"{variant}-interrupted"
-        rc, recs, err = run_and_sigterm(_cmd(self.model, bucket), at_step=STOP, env=self.env(variant, "trial"))
+        rc, recs, err = run_and_sigterm(
+            _cmd(self.model, bucket), at_step=STOP, env=self.env(variant, "trial")
+        )
         assert rc == 75, err[-3000:]
         return bucket, recs
 
     def resumed(self, variant: str, first: tuple[Path, list[dict]]) -> tuple[Path, list[dict]]:
         bucket = self.root / f"{variant}-trial"
         shutil.copytree(first[0], bucket)
-        p = subprocess.run(_cmd(self.model, bucket), capture_output=True, text=True, cwd=REPO,
-                           env=self.env(variant, "trial"), timeout=600)
+        p = subprocess.run(
+            _cmd(self.model, bucket),
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+            env=self.env(variant, "trial"),
+            timeout=600,
+        )
         assert p.returncode == 0, p.stderr[-3000:]
         return bucket, first[1] + records(p.stdout)
 
 
 def judged(family: dict[str, tuple[Path, list[dict]]], tier: int) -> dict:
-    return helpers.judged({role: bucket for role, (bucket, _) in family.items()},
-                          {role: recs for role, (_, recs) in family.items()}, TOTAL, tier)
+    return helpers.judged(
+        {role: bucket for role, (bucket, _) in family.items()},
+        {role: recs for role, (_, recs) in family.items()},
+        TOTAL,
+        tier,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -98,14 +126,20 @@ def families(tiny_model, tmp_path_factory):
         return runs.resumed(variant, runs.interrupted(variant))
 
     with ThreadPoolExecutor(2) as pool:
-        pairs = {v: (pool.submit(runs.full, v, "reference"), pool.submit(runs.full, v, "replay"))
-                 for v in ("correct", "numpy_global", "main_collate")}
-        trials = {"correct": pool.submit(correct_family),
-                  **{v: pool.submit(own, v) for v in ("ema_after", "ema_late", "numpy_global", "main_collate")}}
+        pairs = {
+            v: (pool.submit(runs.full, v, "reference"), pool.submit(runs.full, v, "replay"))
+            for v in ("correct", "numpy_global", "main_collate")
+        }
+        trials = {
+            "correct": pool.submit(correct_family),
+            **{v: pool.submit(own, v) for v in ("ema_after", "ema_late", "numpy_global", "main_collate")},
+        }
         pairs = {v: (a.result(), b.result()) for v, (a, b) in pairs.items()}
         trials = {v: f.result() for v, f in trials.items()}
-    out = {v: {"reference": pairs["correct"][0], "replay": pairs["correct"][1], "trial": trial}
-           for v, trial in trials.pop("correct").items()}
+    out = {
+        v: {"reference": pairs["correct"][0], "replay": pairs["correct"][1], "trial": trial}
+        for v, trial in trials.pop("correct").items()
+    }
     for v in ("ema_after", "ema_late"):
         out[v] = {"reference": pairs["correct"][0], "replay": pairs["correct"][1], "trial": trials[v]}
     for v in ("numpy_global", "main_collate"):
@@ -119,7 +153,10 @@ def noisy(tiny_model, tmp_path_factory):
     with ThreadPoolExecutor(2) as pool:
         ref, rep = pool.submit(runs.full, "correct", "reference"), pool.submit(runs.full, "correct", "replay")
         first = runs.interrupted("correct")
-        trials = {v: pool.submit(runs.resumed, v, first) for v in ("correct", "ema_not_restored", "counter_not_restored")}
+        trials = {
+            v: pool.submit(runs.resumed, v, first)
+            for v in ("correct", "ema_not_restored", "counter_not_restored")
+        }
         ref, rep = ref.result(), rep.result()
         return {v: {"reference": ref, "replay": rep, "trial": f.result()} for v, f in trials.items()}
 
@@ -157,7 +194,9 @@ def test_the_ema_is_committed_whatever_the_order_of_the_callbacks(families):
         for commit in sorted(bucket.glob("checkpoint-*/_COMMIT")):
             assert "ema.pt" in json.loads(commit.read_text())["files"], (variant, commit)
     late = families["ema_late"]["trial"]
-    assert all("ema.pt" not in json.loads(c.read_text())["files"] for c in late[0].glob("checkpoint-*/_COMMIT"))
+    assert all(
+        "ema.pt" not in json.loads(c.read_text())["files"] for c in late[0].glob("checkpoint-*/_COMMIT")
+    )
     named = {(r["step"], r["file"]) for r in late[1] if r["event"] == "uncommitted_file"}
     assert (5, "ema.pt") in named, named
 
@@ -168,8 +207,9 @@ def test_tier_2_judges_the_ema_against_the_floor_and_its_bugs_still_fail(variant
     assert report["floor_l2"] > 0, report
     if variant == "correct":
         assert report["passed"] and "NOT certifiable" not in report["verdict"], report["verdict"]
-        assert any(c["component"] == "bookkeeping" and c["l2_share"] > 0 for c in report["components"]), \
-            report["components"]  # the EMA's shadow weights were judged against the floor
+        assert any(c["component"] == "bookkeeping" and c["l2_share"] > 0 for c in report["components"]), (
+            report["components"]
+        )  # the EMA's shadow weights were judged against the floor
     else:
         assert not report["passed"] and "NOT preemption-safe" in report["verdict"], report["verdict"]
 
@@ -189,8 +229,9 @@ def test_loader_workers_outlive_a_sigterm_to_the_pods_process_group(tiny_model, 
     SIGTERM back loses its workers in the middle of a step, and the run says so (exit 1, `failed`
     loader_workers_killed) instead of dying without a word."""
     runs = Runs(Path(tiny_model), tmp_path)
-    rc, recs, err = run_and_sigterm(_cmd(runs.model, tmp_path / "bucket"), at_step=STOP,
-                                    env=runs.env(variant, "trial"), group=True)
+    rc, recs, err = run_and_sigterm(
+        _cmd(runs.model, tmp_path / "bucket"), at_step=STOP, env=runs.env(variant, "trial"), group=True
+    )
     if variant == "correct":
         assert rc == 75 and [r["step"] for r in recs if r["event"] == "preempt"] == [STOP], err[-3000:]
         assert "DataLoader worker" not in err

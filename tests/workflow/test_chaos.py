@@ -81,16 +81,32 @@ def test_a_deletion_waits_for_its_moment_moves_when_its_task_is_done_and_is_miss
     ch.unavailable("a", [])
     rec = ch.record()
     assert (rec["seed"], rec["planned"], rec["deleted"]) == (0, 2, 1)
-    assert rec["deletions"][0]["ended"] == {"status": "Failed", "exit_code": 75, "message": "main: Error (exit code 75)"}
+    assert rec["deletions"][0]["ended"] == {
+        "status": "Failed",
+        "exit_code": 75,
+        "message": "main: Error (exit code 75)",
+    }
     assert (rec["deletions"][0]["attempt"], rec["deletions"][1]["outcome"]) == (0, "missed")
 
 
 def test_run_refuses_a_chaos_value_that_is_not_a_count(tmp_path):
-    p = subprocess.run([PY, "workflows/equivalence.py", "run", "--out", str(tmp_path / "d"), "-p", "chaos=x"],
-                       capture_output=True, text=True, cwd=REPO, env=base_env(), timeout=120)
+    p = subprocess.run(
+        [PY, "workflows/equivalence.py", "run", "--out", str(tmp_path / "d"), "-p", "chaos=x"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=base_env(),
+        timeout=120,
+    )
     assert p.returncode != 0 and "chaos must be an integer >= 0 and <= 1000, got 'x'" in p.stderr
-    p = subprocess.run([PY, "workflows/equivalence.py", "render", "-p", "chaos=1"],
-                       capture_output=True, text=True, cwd=REPO, env=base_env(), timeout=120)
+    p = subprocess.run(
+        [PY, "workflows/equivalence.py", "render", "-p", "chaos=1"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=base_env(),
+        timeout=120,
+    )
     assert p.returncode != 0 and "unknown parameter" in p.stderr  # the runner's option, not the workflow's
 
 
@@ -115,12 +131,28 @@ class FakePods:
         return name not in self.run
 
     def ended(self, name):
-        return {"phase": "Failed", "status": "Failed", "exit_code": 75, "message": "main: Error (exit code 75)"}
+        return {
+            "phase": "Failed",
+            "status": "Failed",
+            "exit_code": 75,
+            "message": "main: Error (exit code 75)",
+        }
 
 
 def _args(tmp_path, out):
-    return type("A", (), dict(evidence=str(tmp_path / "ev"), timeout=30.0, poll=0.01, every_steps=0, how="evict", task="trial",
-                              out=out))()
+    return type(
+        "A",
+        (),
+        dict(
+            evidence=str(tmp_path / "ev"),
+            timeout=30.0,
+            poll=0.01,
+            every_steps=0,
+            how="evict",
+            task="trial",
+            out=out,
+        ),
+    )()
 
 
 def _write_steps(folder: Path, attempt: int, steps: range) -> None:
@@ -131,13 +163,22 @@ def _write_steps(folder: Path, attempt: int, steps: range) -> None:
 
 
 @pytest.mark.parametrize("pod_still_running", [True, False])
-def test_a_restarted_evict_finishes_a_pending_eviction_on_the_same_pod_and_never_evicts_twice(tmp_path,
-                                                                                              pod_still_running):
+def test_a_restarted_evict_finishes_a_pending_eviction_on_the_same_pod_and_never_evicts_twice(
+    tmp_path, pod_still_running
+):
     # An earlier evict wrote its intent for point 5 (pod trial-1) and was deleted before it saw the pod end.
     out = str(tmp_path / "evictions.json")
     points = [5, 10]
-    pending = {"event": "evict", "point": 5, "observed_step": 5, "attempt": 1, "pod": "trial-1", "how": "evict",
-               "time": 0.0, "ended": None}
+    pending = {
+        "event": "evict",
+        "point": 5,
+        "observed_step": 5,
+        "attempt": 1,
+        "pod": "trial-1",
+        "how": "evict",
+        "time": 0.0,
+        "ended": None,
+    }
     Path(out).write_text(json.dumps({"points": points, "evictions": [pending]}))
     _write_steps(tmp_path / "ev", 1, range(1, 7))
     pods = FakePods({"trial-1"} if pod_still_running else set())
@@ -173,9 +214,17 @@ def test_evict_writes_its_intent_before_it_asks(tmp_path, monkeypatch):
 
 # --------------------------------------------------------------------------------------------------- report
 def _report() -> dict:
-    return {"passed": True, "tier": 1, "equal_tensors": 3, "tensors": 3, "max_abs_diff": 0.0, "floor": 0.0,
-            "steps": {"total": 2, "distinct": 2, "replayed": 0, "resumed_from": [], "preemptions": 0},
-            "preempt": [], "differing": []}
+    return {
+        "passed": True,
+        "tier": 1,
+        "equal_tensors": 3,
+        "tensors": 3,
+        "max_abs_diff": 0.0,
+        "floor": 0.0,
+        "steps": {"total": 2, "distinct": 2, "replayed": 0, "resumed_from": [], "preemptions": 0},
+        "preempt": [],
+        "differing": [],
+    }
 
 
 def test_a_compare_killed_while_writing_leaves_no_report_json_here_or_in_the_bucket(tmp_path, monkeypatch):
@@ -193,7 +242,9 @@ def test_a_compare_killed_while_writing_leaves_no_report_json_here_or_in_the_buc
         report_mod.write_report(out, _report(), [], [], f"file://{bucket}")
     assert not (out / "report.json").exists()
     monkeypatch.undo()
-    report_mod.write_report(out, _report(), [{"event": "step", "step": 1, "loss": 1.0}], [], f"file://{bucket}")
+    report_mod.write_report(
+        out, _report(), [{"event": "step", "step": 1, "loss": 1.0}], [], f"file://{bucket}"
+    )
     for folder in (out, bucket):
         assert json.loads((folder / "report.json").read_text())["passed"] is True
         assert "PASS" in (folder / "report.md").read_text()
@@ -222,14 +273,40 @@ def test_steps_train_deleted_before_any_step_exits_75_and_the_retry_resumes_bit_
     from tests.helpers import CORPUS, TINY_YAML
 
     def train(root: str) -> list[str]:
-        return [PY, "-m", "steps.train", "--nproc", "1", "--config", str(TINY_YAML),
-                "--set", f"model.path={tmp_path / 'model'}", "--set", "model.create_if_missing=tiny-qwen2",
-                "--set", f"data.uri={CORPUS}", "--set", f"checkpoint.uri=file://{tmp_path / root}",
-                "--set", "total_steps=6", "--set", "checkpoint.every_steps=3", "--set", "model.dropout=0.1"]
+        return [
+            PY,
+            "-m",
+            "steps.train",
+            "--nproc",
+            "1",
+            "--config",
+            str(TINY_YAML),
+            "--set",
+            f"model.path={tmp_path / 'model'}",
+            "--set",
+            "model.create_if_missing=tiny-qwen2",
+            "--set",
+            f"data.uri={CORPUS}",
+            "--set",
+            f"checkpoint.uri=file://{tmp_path / root}",
+            "--set",
+            "total_steps=6",
+            "--set",
+            "checkpoint.every_steps=3",
+            "--set",
+            "model.dropout=0.1",
+        ]
 
     cmd = train("ckpt")
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
-                         env=base_env(BATON_GRACE="20"), start_new_session=True)
+    p = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+        env=base_env(BATON_GRACE="20"),
+        start_new_session=True,
+    )
     time.sleep(1.0)  # steps.train's handler is installed; torchrun and the worker are starting
     os.killpg(p.pid, signal.SIGTERM)  # as pod_init forwards it: to the whole group
     out, err = p.communicate(timeout=120)
@@ -251,8 +328,21 @@ def test_a_chaos_drill_passes_with_nothing_replayed_and_records_every_deletion(t
     out = tmp_path / "drill"
     # Seed 5 plans: verify 0.5 s after its start, the trial at step 54, compare 1.3 s after its start
     # (a deletion whose task ends first moves to another task: what happened is in report.json).
-    cmd = [PY, "workflows/equivalence.py", "run", "--out", str(out), "-p", "total_steps=60", "-p", "evictions=3",
-           "-p", "chaos=3", "-p", "chaos_seed=5"]
+    cmd = [
+        PY,
+        "workflows/equivalence.py",
+        "run",
+        "--out",
+        str(out),
+        "-p",
+        "total_steps=60",
+        "-p",
+        "evictions=3",
+        "-p",
+        "chaos=3",
+        "-p",
+        "chaos_seed=5",
+    ]
     p = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env=base_env(), timeout=900)
     assert p.returncode == 0, p.stdout + p.stderr[-4000:]
     report = json.loads((out / "report.json").read_text())
@@ -277,10 +367,14 @@ def test_a_chaos_drill_passes_with_nothing_replayed_and_records_every_deletion(t
     # Every training run's evidence has each step once, and the trial's final tensors equal the reference's.
     bucket = next((out / "bucket" / "drills").iterdir())
     for role in ("reference", "replay", "trial"):
-        steps = [r["step"] for r in read_evidence(f"file://{bucket}/evidence/{role}") if r.get("event") == "step"]
+        steps = [
+            r["step"] for r in read_evidence(f"file://{bucket}/evidence/{role}") if r.get("event") == "step"
+        ]
         assert sorted(steps) == list(range(1, 61)), role
-    finals = {role: load_flat(f"file://{next((bucket / role).rglob('step-00000060'))}")
-              for role in ("reference", "replay", "trial")}
+    finals = {
+        role: load_flat(f"file://{next((bucket / role).rglob('step-00000060'))}")
+        for role in ("reference", "replay", "trial")
+    }
     ref = finals["reference"]
     for role in ("replay", "trial"):
         assert finals[role].keys() == ref.keys() and all(torch.equal(finals[role][k], ref[k]) for k in ref)
@@ -304,7 +398,11 @@ def test_evict_does_not_give_up_on_a_trial_whose_preemption_save_outlasts_the_go
             return name not in self.run
 
         def _retry_comes(self):
-            if not self.run and not self.asked[1:] and time.monotonic() >= getattr(self, "retry_at", float("inf")):
+            if (
+                not self.run
+                and not self.asked[1:]
+                and time.monotonic() >= getattr(self, "retry_at", float("inf"))
+            ):
                 self.run.add("trial-1")
                 _write_steps(tmp_path / "ev", 1, range(7, 12))
 

@@ -62,7 +62,9 @@ def module_objects(script: Path, args: list[str], tmp: Path) -> list[str]:
     out = tmp / "modules"
     env = base_env(SCRIPT_ONCE_FILE=str(script), SCRIPT_ONCE_OUT=str(out))
     env["PYTHONPATH"] = os.pathsep.join([str(hook), env["PYTHONPATH"]])
-    p = subprocess.run([PY, str(script), *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    p = subprocess.run(
+        [PY, str(script), *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
+    )
     assert p.returncode == 0, p.stderr
     return out.read_text().split(",")
 
@@ -81,6 +83,9 @@ def test_control_an_entry_point_that_its_command_line_imports_runs_twice(tmp_pat
     (pkg / "__init__.py").write_text("")
     (pkg / "entry.py").write_text(
         "import sys\nfrom pathlib import Path\n\nsys.path.insert(0, str(Path(__file__).resolve().parent.parent))\n"
-        "BUILT = 'the workflow'\n\nif __name__ == '__main__':\n    from pkg.cli import main\n\n    sys.exit(main())\n")
-    (pkg / "cli.py").write_text("from pkg.entry import BUILT\n\n\ndef main():\n    return 0 if BUILT else 1\n")
+        "BUILT = 'the workflow'\n\nif __name__ == '__main__':\n    from pkg.cli import main\n\n    sys.exit(main())\n"
+    )
+    (pkg / "cli.py").write_text(
+        "from pkg.entry import BUILT\n\n\ndef main():\n    return 0 if BUILT else 1\n"
+    )
     assert module_objects(pkg / "entry.py", [], tmp_path) == ["__main__", "pkg.entry"]

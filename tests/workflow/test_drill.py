@@ -38,8 +38,11 @@ def test_drill_passes_and_writes_the_report_contract(tmp_path):
     assert (out / "bucket" / NASTY).is_dir()
     # The numbers behind the Prometheus gauges reached the compare node's output parameters.
     nodes = json.loads((out / "argo" / "nodes.json").read_text())["nodes"]
-    params = [n["parameters"] for n in (nodes["nodes"] if isinstance(nodes, dict) else nodes)
-              if n["task"] == "compare"][0]
+    params = [
+        n["parameters"]
+        for n in (nodes["nodes"] if isinstance(nodes, dict) else nodes)
+        if n["task"] == "compare"
+    ][0]
     assert params["replayed_steps"] == "0" and float(params["max_save_ms"]) > 0
     assert params["trial_retries"] == "2" and params["preemptions"] == "2"
     assert 0 < float(params["min_grace_left_s"]) <= 30
@@ -86,11 +89,15 @@ def test_a_drill_whose_trial_kueue_preempts_passes_with_nothing_replayed(tmp_pat
     assert [e["how"] for e in report["evictions"]["evictions"]] == ["kueue", "kueue"]
     pods = [json.loads(f.read_text()) for f in sorted((out / "argo" / "pods").glob("*-trial-*.json"))]
     preempted = [pod for pod in pods if pod.get("conditions")]
-    assert len(preempted) == 2 and all(c["reason"] == "WorkloadEvictedDueToPreempted"
-                                       for pod in preempted for c in pod["conditions"])
+    assert len(preempted) == 2 and all(
+        c["reason"] == "WorkloadEvictedDueToPreempted" for pod in preempted for c in pod["conditions"]
+    )
     nodes = json.loads((out / "argo" / "nodes.json").read_text())["nodes"]
     assert [(n["status"], n["message"]) for n in nodes if n["task"] == "trial"] == [
-        ("Error", "pod deleted"), ("Error", "pod deleted"), ("Succeeded", "")]
+        ("Error", "pod deleted"),
+        ("Error", "pod deleted"),
+        ("Succeeded", ""),
+    ]
     assert [c["exit_code"] for c in report["comebacks"]] == [75, 75]  # the container's own, from the registry
 
 
@@ -100,14 +107,17 @@ def test_a_drill_that_can_never_schedule_fails_by_its_deadline(tmp_path):
     next nightly drill (concurrencyPolicy Forbid). Control: the same drill without a deadline would wait:
     the rendered spec carries one derived from its size."""
     out = tmp_path / "drill"
-    p = drill(out, "total_steps=10", "evictions=1", "deadline=6",
-              "unschedulable=reference,reference-replay,trial")
+    p = drill(
+        out, "total_steps=10", "evictions=1", "deadline=6", "unschedulable=reference,reference-replay,trial"
+    )
     assert p.returncode == 1, p.stdout + p.stderr[-2000:]
     assert "workflow Failed" in p.stdout and "activeDeadlineSeconds (6 s) passed" in p.stderr
     nodes = json.loads((out / "argo" / "nodes.json").read_text())["nodes"]
     by_task = {n["task"]: n for n in nodes}
     for task in ("reference", "reference-replay", "trial"):
-        assert by_task[task]["status"] == "Failed" and by_task[task]["message"] == "Step exceeded its deadline", task
+        assert (
+            by_task[task]["status"] == "Failed" and by_task[task]["message"] == "Step exceeded its deadline"
+        ), task
     assert "compare" not in by_task  # nothing after the deadline
     from workflows.params import drill_deadline_s, values_of
 
@@ -155,11 +165,16 @@ def test_the_negative_control_across_two_nodes_fails_for_its_cause_without_a_ren
     assert p.returncode == 1, p.stdout + p.stderr[-3000:]
     report = json.loads((out / "report.json").read_text())
     assert report["passed"] is False and report["evictions_met"]["lost"] == 1, report["verdict"]
-    assert report["verdict"].startswith("NOT preemption-safe: 1 of 1 evictions ended without a preempt record"), \
-        report["verdict"]
+    assert report["verdict"].startswith(
+        "NOT preemption-safe: 1 of 1 evictions ended without a preempt record"
+    ), report["verdict"]
     assert report["steps"]["replayed"] > 0 and report["steps"]["preemptions"] == 0
-    trial = [json.loads(line) for f in sorted(out.glob("bucket/*/*/evidence/trial/*.jsonl"))
-             for line in f.read_text().splitlines() if line.startswith("{")]
+    trial = [
+        json.loads(line)
+        for f in sorted(out.glob("bucket/*/*/evidence/trial/*.jsonl"))
+        for line in f.read_text().splitlines()
+        if line.startswith("{")
+    ]
     assert [r["reason"] for r in trial if r["event"] == "retry_later"] == ["peer_lost"], trial
 
 
@@ -174,10 +189,14 @@ def test_a_drill_with_loader_workers_and_unseeded_noise_measures_a_floor_and_pas
     cmd = [PY, "workflows/equivalence.py", "run", "--out", str(out)]
     for param in ("total_steps=80", "evictions=2", "tier=2", f"config={config}"):
         cmd += ["-p", param]
-    p = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env=base_env(BATON_NOISE="1e-4"), timeout=600)
+    p = subprocess.run(
+        cmd, capture_output=True, text=True, cwd=REPO, env=base_env(BATON_NOISE="1e-4"), timeout=600
+    )
     report = json.loads((out / "report.json").read_text())
-    seeds = {f.name: [line for line in f.read_text().splitlines() if "BATON_NOISE seed" in line]
-             for f in sorted((out / "argo" / "logs").glob("*.log"))}
+    seeds = {
+        f.name: [line for line in f.read_text().splitlines() if "BATON_NOISE seed" in line]
+        for f in sorted((out / "argo" / "logs").glob("*.log"))
+    }
     figures = {k: report.get(k) for k in ("floor_l2", "l2_diff", "diff_over_floor", "floor_slack")}
     assert p.returncode == 0, f"{report['verdict']}\n{figures}\nseeds: {seeds}\n{p.stderr[-3000:]}"
     assert report["tier"] == 2 and report["floor_l2"] > 0 and report["passed"], report

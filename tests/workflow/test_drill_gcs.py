@@ -28,10 +28,28 @@ def test_the_drill_passes_on_a_gs_bucket(gcs, tmp_path):
         # On an object store the evidence that evict watches is rewritten every BATON_EVIDENCE_FLUSH_S
         # (default 2 s): at that lag, and the tiny model's 10-25 steps/s, a resumed trial twice finished
         # before evict saw its second point (at 80 and at 160 steps). Flushed every 0.2 s here.
-        p = subprocess.run([PY, "workflows/equivalence.py", "run", "--out", str(out), "-p", f"bucket={bucket}",
-                            "-p", "prefix=gcs-drills", "-p", "total_steps=120", "-p", "evictions=2"],
-                           capture_output=True, text=True, cwd=REPO,
-                           env=gcs.env(proxy.url, BATON_EVIDENCE_FLUSH_S="0.2"), timeout=900)
+        p = subprocess.run(
+            [
+                PY,
+                "workflows/equivalence.py",
+                "run",
+                "--out",
+                str(out),
+                "-p",
+                f"bucket={bucket}",
+                "-p",
+                "prefix=gcs-drills",
+                "-p",
+                "total_steps=120",
+                "-p",
+                "evictions=2",
+            ],
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+            env=gcs.env(proxy.url, BATON_EVIDENCE_FLUSH_S="0.2"),
+            timeout=900,
+        )
         requests = proxy.requests()
     finally:
         proxy.stop()
@@ -55,4 +73,5 @@ def test_the_drill_passes_on_a_gs_bucket(gcs, tmp_path):
     needed, _ = permissions_needed(requests)
     assert needed == granted_permissions(), (
         f"missing from the role: {sorted(needed - granted_permissions())}; "
-        f"granted but unused: {sorted(granted_permissions() - needed)}")
+        f"granted but unused: {sorted(granted_permissions() - needed)}"
+    )

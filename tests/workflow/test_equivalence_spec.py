@@ -65,8 +65,14 @@ def test_templates_folder_matches_a_fresh_render(tmp_path):
 
 
 def test_render_prints_every_object_as_a_yaml_stream():
-    p = subprocess.run([PY, "workflows/equivalence.py", "render"], capture_output=True, text=True, cwd=REPO,
-                       env=base_env(), timeout=120)
+    p = subprocess.run(
+        [PY, "workflows/equivalence.py", "render"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=base_env(),
+        timeout=120,
+    )
     assert p.returncode == 0, p.stderr
     docs = list(yaml.safe_load_all(p.stdout))
     assert [d["kind"] for d in docs] == ["Workflow", "CronWorkflow"]
@@ -91,13 +97,17 @@ def test_every_step_that_can_meet_an_eviction_has_a_retry_strategy():
         t = _templates(obj)
         for name in ("train", "trial"):  # reference, reference-replay and trial: all on the Spot pool on GKE
             rs = t[name]["retryStrategy"]
-            assert rs == {"retryPolicy": "Always", "limit": "{{workflow.parameters.retry_limit}}",
-                          "expression": eq.RETRY_EXPRESSION}
+            assert rs == {
+                "retryPolicy": "Always",
+                "limit": "{{workflow.parameters.retry_limit}}",
+                "expression": eq.RETRY_EXPRESSION,
+            }
         assert eq.RETRY_EXPRESSION == (
             "asInt(lastRetry.exitCode) == 75 || asInt(lastRetry.exitCode) == 143 || "
             "(asInt(lastRetry.exitCode) == 137 && !(lastRetry.message matches 'OOMKilled')) || "
             "lastRetry.message matches 'imminent node shutdown|pod deleted|"
-            "neither main nor wait container completed successfully|The node was low on resource'")
+            "neither main nor wait container completed successfully|The node was low on resource'"
+        )
         for name in ("evict", "verify", "compare"):  # idempotent helpers (evict resumes from its own record)
             assert t[name]["retryStrategy"]["expression"] == eq.HELPER_RETRY_EXPRESSION
         # No retried template carries metrics (Argo evaluates them on every attempt, outputs or not): compare's
@@ -124,9 +134,15 @@ def test_cron_workflow_is_scheduled_and_never_overlaps():
 def test_dag_shape():
     dag = _templates(eq.rendered()[0])["drill"]["dag"]["tasks"]
     deps = {t["name"]: set(t.get("dependencies", [])) for t in dag}
-    assert deps == {"reference": set(), "reference-replay": set(), "trial": set(), "evict": set(),
-                    "verify": {"trial", "evict"}, "compare": {"reference", "reference-replay", "verify"},
-                    "publish": {"compare"}}
+    assert deps == {
+        "reference": set(),
+        "reference-replay": set(),
+        "trial": set(),
+        "evict": set(),
+        "verify": {"trial", "evict"},
+        "compare": {"reference", "reference-replay", "verify"},
+        "publish": {"compare"},
+    }
 
 
 @pytest.mark.parametrize("nodes", [1, 2])
@@ -148,32 +164,35 @@ def test_no_step_runs_a_shell():
             assert "-c" not in t["container"]["args"]
 
 
-@pytest.mark.parametrize("params, message", [
-    ({"evictions": "x"}, "evictions must be an integer >= 0 and <= 10000, got 'x'"),
-    ({"eviction": "drain"}, "eviction must be one of evict, delete"),
-    ({"evictions": "5", "retry_limit": "5"}, "must exceed evictions"),
-    ({"evictions": "50", "total_steps": "40"}, "do not fit"),
-    ({"ranks": "0"}, "ranks must be an integer >= 1 and <= 1024"),
-    ({"grace": "0"}, "grace must be an integer >= 1 and <= 86400"),
-    ({"grace": "1e300"}, "grace must be an integer >= 1 and <= 86400"),
-    ({"grace": "99999999999"}, "grace must be an integer >= 1 and <= 86400"),
-    ({"total_steps": "9" * 5000}, "total_steps must be an integer >= 2 and <= 10000000, got '9999"),
-    ({"seed": "9" * 5000}, "seed must be an integer >= 0 and <= 9223372036854775807"),
-    ({"store_port": "70000"}, "store_port must be an integer >= 0 and <= 65535"),
-    ({"deadline": "1" + "0" * 30}, "deadline must be an integer >= 0 and <= 315360000"),
-    ({"dropout": "abc"}, r"dropout must be a finite number >= 0 and < 1"),
-    ({"dropout": "1.5"}, r"dropout must be a finite number >= 0 and < 1"),
-    ({"dropout": "nan"}, r"dropout must be a finite number >= 0 and < 1"),
-    ({"dropout": "1"}, r"dropout must be a finite number >= 0 and < 1"),
-    ({"disable_sigterm_handler": "yes"}, "must be true, false, 1 or 0"),
-    ({"nodes": "0"}, "nodes must be an integer >= 1 and <= 1024"),
-    ({"nodes": "²"}, "nodes must be an integer >= 1"),
-    ({"nodes": "2", "evict_node": "2"}, r"evict_node must be an integer >= 0 and <= 1"),
-    ({"nodes": "2", "evict_node": "¹"}, "evict_node must be an integer >= 0 and <= 1"),
-    ({"nodes": "2", "rendezvous_timeout": "0"}, "rendezvous_timeout must be an integer >= 1"),
-    ({"nodes": "2", "rendezvous_timeout": "10m"}, "rendezvous_timeout must be an integer >= 1"),
-    ({"nodes": "2", "rendezvous_timeout": "-5"}, "rendezvous_timeout must be an integer >= 1"),
-])
+@pytest.mark.parametrize(
+    "params, message",
+    [
+        ({"evictions": "x"}, "evictions must be an integer >= 0 and <= 10000, got 'x'"),
+        ({"eviction": "drain"}, "eviction must be one of evict, delete"),
+        ({"evictions": "5", "retry_limit": "5"}, "must exceed evictions"),
+        ({"evictions": "50", "total_steps": "40"}, "do not fit"),
+        ({"ranks": "0"}, "ranks must be an integer >= 1 and <= 1024"),
+        ({"grace": "0"}, "grace must be an integer >= 1 and <= 86400"),
+        ({"grace": "1e300"}, "grace must be an integer >= 1 and <= 86400"),
+        ({"grace": "99999999999"}, "grace must be an integer >= 1 and <= 86400"),
+        ({"total_steps": "9" * 5000}, "total_steps must be an integer >= 2 and <= 10000000, got '9999"),
+        ({"seed": "9" * 5000}, "seed must be an integer >= 0 and <= 9223372036854775807"),
+        ({"store_port": "70000"}, "store_port must be an integer >= 0 and <= 65535"),
+        ({"deadline": "1" + "0" * 30}, "deadline must be an integer >= 0 and <= 315360000"),
+        ({"dropout": "abc"}, r"dropout must be a finite number >= 0 and < 1"),
+        ({"dropout": "1.5"}, r"dropout must be a finite number >= 0 and < 1"),
+        ({"dropout": "nan"}, r"dropout must be a finite number >= 0 and < 1"),
+        ({"dropout": "1"}, r"dropout must be a finite number >= 0 and < 1"),
+        ({"disable_sigterm_handler": "yes"}, "must be true, false, 1 or 0"),
+        ({"nodes": "0"}, "nodes must be an integer >= 1 and <= 1024"),
+        ({"nodes": "²"}, "nodes must be an integer >= 1"),
+        ({"nodes": "2", "evict_node": "2"}, r"evict_node must be an integer >= 0 and <= 1"),
+        ({"nodes": "2", "evict_node": "¹"}, "evict_node must be an integer >= 0 and <= 1"),
+        ({"nodes": "2", "rendezvous_timeout": "0"}, "rendezvous_timeout must be an integer >= 1"),
+        ({"nodes": "2", "rendezvous_timeout": "10m"}, "rendezvous_timeout must be an integer >= 1"),
+        ({"nodes": "2", "rendezvous_timeout": "-5"}, "rendezvous_timeout must be an integer >= 1"),
+    ],
+)
 def test_bad_parameters_are_refused_before_anything_runs(params, message):
     with pytest.raises(SystemExit, match=message):
         eq.resolve_params(params)
@@ -191,14 +210,18 @@ def test_retry_limit_follows_evictions():
         eq.parse_params(["evictionz=3"])
 
 
-@pytest.mark.parametrize("given, pod_reads", [("true", "1"), ("TRUE", "1"), ("1", "1"), ("false", "0"), ("0", "0")])
+@pytest.mark.parametrize(
+    "given, pod_reads", [("true", "1"), ("TRUE", "1"), ("1", "1"), ("false", "0"), ("0", "0")]
+)
 def test_a_negative_control_asked_for_is_what_the_pod_reads(given, pod_reads):
     """`true` used to reach the pod as `true`, which only `1` switched on: the control ran as a normal
     trial and passed. The value is normalised before render, run and submit."""
     params = eq.resolve_params({"disable_sigterm_handler": given})
     assert params["disable_sigterm_handler"] == pod_reads
     rendered = eq.with_params(eq.rendered()[0], params)
-    (prm,) = [p for p in rendered["spec"]["arguments"]["parameters"] if p["name"] == "disable_sigterm_handler"]
+    (prm,) = [
+        p for p in rendered["spec"]["arguments"]["parameters"] if p["name"] == "disable_sigterm_handler"
+    ]
     assert prm["value"] == pod_reads
 
 
@@ -234,15 +257,18 @@ def test_one_parameter_sets_every_training_pods_rendezvous_timeout(nodes):
     wanted = ["--rendezvous-timeout", "{{workflow.parameters.rendezvous_timeout}}"]
     for name in ("train", "trial"):
         args = templates[name]["container"]["args"]
-        pairs = [args[i:i + 2] for i in range(len(args) - 1)]
+        pairs = [args[i : i + 2] for i in range(len(args) - 1)]
         assert (wanted in pairs) == (nodes > 1), (name, args)
     for name in ("evict", "verify", "compare"):
         assert "--rendezvous-timeout" not in templates[name]["container"]["args"]
     (prm,) = [p for p in wf["spec"]["arguments"]["parameters"] if p["name"] == "rendezvous_timeout"]
     assert prm["value"] == eq.PARAMETERS["rendezvous_timeout"][0] == "1200"
     params = eq.resolve_params({"nodes": str(nodes), "rendezvous_timeout": "1500"})
-    (prm,) = [p for p in eq.with_params(wf, params)["spec"]["arguments"]["parameters"]
-              if p["name"] == "rendezvous_timeout"]
+    (prm,) = [
+        p
+        for p in eq.with_params(wf, params)["spec"]["arguments"]["parameters"]
+        if p["name"] == "rendezvous_timeout"
+    ]
     assert prm["value"] == "1500"
 
 

@@ -79,7 +79,9 @@ def test_hf_negative_control_without_the_callback_fails_and_says_why(tmp_path):
     # Where the signal landed depends on how fast evict saw its step (the stock script trains on meanwhile,
     # and may have just finished a save): the verdict must name the step reached, the last save on the
     # 10-step cadence, and the steps between them as lost.
-    m = re.search(r"attempt 1 reached step (\d+), its last save was step (\d+) .*\((\d+) step\(s\) lost\)", verdict)
+    m = re.search(
+        r"attempt 1 reached step (\d+), its last save was step (\d+) .*\((\d+) step\(s\) lost\)", verdict
+    )
     assert m, verdict
     reached, saved, lost = map(int, m.groups())
     assert reached >= 20 and saved % 10 == 0 and 10 <= saved <= reached and lost == reached - saved, verdict
@@ -122,4 +124,6 @@ def test_an_hf_drill_across_two_nodes_passes_with_each_node_evicted_once(tmp_pat
     s = report["steps"]
     assert (s["total"], s["distinct"], s["replayed"], s["preemptions"]) == (48, 48, 0, 2)
     assert sorted(c["node"] for c in report["comebacks"]) == [0, 1]
-    assert all(c["exit_code"] == 75 and c["back_s"] is not None and c["back_s"] >= 0 for c in report["comebacks"])
+    assert all(
+        c["exit_code"] == 75 and c["back_s"] is not None and c["back_s"] >= 0 for c in report["comebacks"]
+    )

@@ -104,8 +104,11 @@ def _requests(template: dict, values: dict[str, str]) -> dict[str, float]:
     """What Kueue counts for one pod of `template`: its main container's requests, the executor's allowance,
     and the GPUs of the gke overlay's podSpecPatch (an extended resource's limit is its request)."""
     req = template.get("container", {}).get("resources", {}).get("requests", {})
-    out = {"cpu": _quantity(req.get("cpu", "0")) + EXECUTOR["cpu"],
-           "memory": _quantity(req.get("memory", "0")) + EXECUTOR["memory"], "nvidia.com/gpu": 0.0}
+    out = {
+        "cpu": _quantity(req.get("cpu", "0")) + EXECUTOR["cpu"],
+        "memory": _quantity(req.get("memory", "0")) + EXECUTOR["memory"],
+        "nvidia.com/gpu": 0.0,
+    }
     for c in _patch(template, values).get("containers", []):
         out["nvidia.com/gpu"] += float(c.get("resources", {}).get("limits", {}).get("nvidia.com/gpu", 0))
     return out
@@ -127,10 +130,15 @@ def _flavor_for(template: dict, flavors: dict[str, dict], values: dict[str, str]
         labels = f["spec"].get("nodeLabels", {})
         if any(labels.get(k) != v for k, v in selector.items()):
             continue
-        tolerated = all(any(t.get("key") == taint["key"] and t.get("effect") in (None, taint["effect"])
-                            and (t.get("operator") == "Exists" or t.get("value") == taint.get("value"))
-                            for t in template.get("tolerations", []))
-                        for taint in f["spec"].get("nodeTaints", []))
+        tolerated = all(
+            any(
+                t.get("key") == taint["key"]
+                and t.get("effect") in (None, taint["effect"])
+                and (t.get("operator") == "Exists" or t.get("value") == taint.get("value"))
+                for t in template.get("tolerations", [])
+            )
+            for taint in f["spec"].get("nodeTaints", [])
+        )
         if tolerated:
             fits.append(name)
     assert len(fits) == 1, (template["name"], fits)
@@ -145,15 +153,18 @@ def test_the_kueue_overlay_builds_and_its_objects_reference_each_other_and_cover
     assert sorted(d["kind"] for d in kueue) == ["ClusterQueue", "LocalQueue"] + ["ResourceFlavor"] * 3
     for d in kueue:  # strictly, against Kueue v0.19.2's own CRDs (tests/kueue/), at v1beta2
         validate_kueue(d)
-    assert sorted((d["kind"], d["metadata"]["name"]) for d in docs if d["apiVersion"] != KUEUE) == \
-        sorted((d["kind"], d["metadata"]["name"]) for d in gke)  # the gke overlay, nothing lost
+    assert sorted((d["kind"], d["metadata"]["name"]) for d in docs if d["apiVersion"] != KUEUE) == sorted(
+        (d["kind"], d["metadata"]["name"]) for d in gke
+    )  # the gke overlay, nothing lost
     for d in kueue:  # cluster-scoped ones carry no namespace; the LocalQueue is in the drill's
         assert d["metadata"].get("namespace") == ("baton" if d["kind"] == "LocalQueue" else None), d["kind"]
     flavors = {d["metadata"]["name"]: d for d in kueue if d["kind"] == "ResourceFlavor"}
     cq = _one(kueue, "ClusterQueue")
     lq = _one(kueue, "LocalQueue")
     assert lq["spec"]["clusterQueue"] == cq["metadata"]["name"]
-    assert cq["spec"]["namespaceSelector"] == {"matchLabels": {"kubernetes.io/metadata.name": lq["metadata"]["namespace"]}}
+    assert cq["spec"]["namespaceSelector"] == {
+        "matchLabels": {"kubernetes.io/metadata.name": lq["metadata"]["namespace"]}
+    }
     [group] = cq["spec"]["resourceGroups"]
     assert set(group["coveredResources"]) == {"cpu", "memory", "nvidia.com/gpu"}
     quota: dict[str, dict[str, float]] = {}
@@ -167,19 +178,26 @@ def test_the_kueue_overlay_builds_and_its_objects_reference_each_other_and_cover
     from tests.unit.test_infra import _resources, _tf
 
     tf = _tf(REPO / "infra" / "gke" / "main.tf")
-    pools: set[str] = set()  # each pool's baton.dev/pool label: a literal, or (for_each) a key of local.gpu_pools
+    pools: set[str] = (
+        set()
+    )  # each pool's baton.dev/pool label: a literal, or (for_each) a key of local.gpu_pools
     for body in _resources(tf, "google_container_node_pool").values():
         label = re.search(r'"baton.dev/pool" = ("([\w-]+)"|each\.key)', body["node_config"][0]["labels"])
         assert label, body["node_config"][0]["labels"]
-        keys = ([label.group(2)] if label.group(2) else
-                [k for entry in tf["locals"] for n, v in entry.items() if n == "gpu_pools" for k in v])
+        keys = (
+            [label.group(2)]
+            if label.group(2)
+            else [k for entry in tf["locals"] for n, v in entry.items() if n == "gpu_pools" for k in v]
+        )
         pools.update(keys)
     assert len(pools) == 3, pools  # system, gpu-spot, gpu-on-demand
     for f in flavors.values():
         assert f["spec"]["nodeLabels"] == {"baton.dev/pool": f["spec"]["nodeLabels"].get("baton.dev/pool")}
         assert f["spec"]["nodeLabels"]["baton.dev/pool"] in pools, (f["spec"]["nodeLabels"], pools)
     for gpu in ("baton-spot-gpu", "baton-on-demand-gpu"):
-        assert flavors[gpu]["spec"]["nodeTaints"] == [{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}]
+        assert flavors[gpu]["spec"]["nodeTaints"] == [
+            {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
+        ]
 
     # The CronWorkflow: the queue parameter names the LocalQueue, and every pod carries its label.
     cron = _one(docs, "CronWorkflow")
@@ -190,7 +208,10 @@ def test_the_kueue_overlay_builds_and_its_objects_reference_each_other_and_cover
     # baseline on Spot (the default) and on demand (-p baseline_pool=on-demand).
     ts = templates_of(cron)
     ranks = int(values["ranks"])
-    for pool, expected in (("spot", {"baton-spot-gpu": 3}), ("on-demand", {"baton-spot-gpu": 1, "baton-on-demand-gpu": 2})):
+    for pool, expected in (
+        ("spot", {"baton-spot-gpu": 3}),
+        ("on-demand", {"baton-spot-gpu": 1, "baton-on-demand-gpu": 2}),
+    ):
         at = {**values, "grace": "15", "baseline_pool": pool}
         used: dict[str, dict[str, float]] = {f: dict.fromkeys(group["coveredResources"], 0.0) for f in quota}
         for t in [ts["train"], ts["train"], ts["trial"], ts["evict"]]:
@@ -199,9 +220,12 @@ def test_the_kueue_overlay_builds_and_its_objects_reference_each_other_and_cover
                 used[flavor][r] += v
         for flavor, res in used.items():
             for r, v in res.items():
-                assert v <= quota[flavor][r], f"{pool}: {flavor} {r}: a drill needs {v}, the quota is {quota[flavor][r]}"
-        assert {f: int(u["nvidia.com/gpu"]) for f, u in used.items() if u["nvidia.com/gpu"]} == \
-            {f: n * ranks for f, n in expected.items()}, pool  # one GPU per rank of each training pod
+                assert v <= quota[flavor][r], (
+                    f"{pool}: {flavor} {r}: a drill needs {v}, the quota is {quota[flavor][r]}"
+                )
+        assert {f: int(u["nvidia.com/gpu"]) for f, u in used.items() if u["nvidia.com/gpu"]} == {
+            f: n * ranks for f, n in expected.items()
+        }, pool  # one GPU per rank of each training pod
     for name in ("verify", "compare"):  # run after trial and evict end: admitted into the same quota
         assert _flavor_for(ts[name], flavors, values) == "baton-system"
         assert all(v > 0 for k, v in _requests(ts[name], values).items() if k != "nvidia.com/gpu")
@@ -231,22 +255,33 @@ def _overlays_for(tmp_path, drill_nodes: int):
     raw = json.loads(TERRAFORM_OUTPUT.read_text())
     raw["drill_nodes"] = {"sensitive": False, "type": "number", "value": drill_nodes}
     (tmp_path / "tf.json").write_text(json.dumps(raw))
-    gen.write(tmp_path / "templates" / "overlays" / "gke" / gen.FOLDER, gen.outputs(tmp_path / "tf.json"), CLUSTER_IMAGE)
+    gen.write(
+        tmp_path / "templates" / "overlays" / "gke" / gen.FOLDER,
+        gen.outputs(tmp_path / "tf.json"),
+        CLUSTER_IMAGE,
+    )
     return tmp_path / "templates" / "overlays"
 
 
 @needs_kubectl
-def test_a_cluster_for_two_node_drills_has_quota_for_three_groups_of_two_and_one_node_quota_does_not(tmp_path):
+def test_a_cluster_for_two_node_drills_has_quota_for_three_groups_of_two_and_one_node_quota_does_not(
+    tmp_path,
+):
     built: dict[int, list[dict]] = {}
 
     def quota_and_use(drill_nodes: int, nodes: int) -> list[str]:
         if drill_nodes not in built:
-            built[drill_nodes] = kustomize(_overlays_for(tmp_path / f"tf{drill_nodes}", drill_nodes) / "gke-kueue")
+            built[drill_nodes] = kustomize(
+                _overlays_for(tmp_path / f"tf{drill_nodes}", drill_nodes) / "gke-kueue"
+            )
         docs = built[drill_nodes]
         kueue = [d for d in docs if d["apiVersion"] == KUEUE]
         flavors = {d["metadata"]["name"]: d for d in kueue if d["kind"] == "ResourceFlavor"}
         [group] = _one(kueue, "ClusterQueue")["spec"]["resourceGroups"]
-        quota = {f["name"]: {r["name"]: _quantity(r["nominalQuota"]) for r in f["resources"]} for f in group["flavors"]}
+        quota = {
+            f["name"]: {r["name"]: _quantity(r["nominalQuota"]) for r in f["resources"]}
+            for f in group["flavors"]
+        }
         cron = _one(docs, "CronWorkflow")
         values = {p["name"]: p["value"] for p in cron["spec"]["workflowSpec"]["arguments"]["parameters"]}
         ts = templates_of(cron)
@@ -257,8 +292,12 @@ def test_a_cluster_for_two_node_drills_has_quota_for_three_groups_of_two_and_one
             for t in [ts["train"], ts["train"], ts["trial"]] * nodes + [ts["evict"]]:
                 for r, v in _requests(t, at).items():
                     used[_flavor_for(t, flavors, at)][r] += v
-            over += [f"{pool}: {f} {r} {v:g} > {quota[f][r]:g}" for f, res in used.items() for r, v in res.items()
-                     if v > quota[f][r]]
+            over += [
+                f"{pool}: {f} {r} {v:g} > {quota[f][r]:g}"
+                for f, res in used.items()
+                for r, v in res.items()
+                if v > quota[f][r]
+            ]
         return over
 
     assert quota_and_use(2, 2) == []
@@ -274,7 +313,9 @@ def test_at_two_nodes_each_role_is_one_kueue_pod_group_whose_size_is_the_nodes_p
     spec = wf["spec"]
     assert {x["name"]: x["value"] for x in spec["arguments"]["parameters"]}["nodes"] == "2"
     ts = templates_of(wf)
-    assert ts["trial"]["metadata"]["labels"][LABEL] == "baton"  # per template here: the release handler's pod has none
+    assert (
+        ts["trial"]["metadata"]["labels"][LABEL] == "baton"
+    )  # per template here: the release handler's pod has none
     tasks = {t["name"]: t for t in ts["drill"]["dag"]["tasks"]}
     groups = {}
     for task in ("reference", "reference-replay", "trial"):
@@ -285,12 +326,19 @@ def test_at_two_nodes_each_role_is_one_kueue_pod_group_whose_size_is_the_nodes_p
         meta = ts[t["template"]]["metadata"]
         # Kueue v0.19.2 (pkg/controller/jobs/pod/constants/constants.go): the group's name and its size.
         assert meta["annotations"]["kueue.x-k8s.io/pod-group-total-count"] == "{{workflow.parameters.nodes}}"
-        name = meta["labels"]["kueue.x-k8s.io/pod-group-name"].replace("{{inputs.parameters.role}}", args.get("role", ""))
+        name = meta["labels"]["kueue.x-k8s.io/pod-group-name"].replace(
+            "{{inputs.parameters.role}}", args.get("role", "")
+        )
         assert "retries" not in name and "pod.name" not in name  # one group per role, across every retry
         groups[task] = name
-    assert groups == {"reference": "{{workflow.name}}-reference", "reference-replay": "{{workflow.name}}-replay",
-                      "trial": "{{workflow.name}}-trial"}
-    assert "withSequence" not in tasks["evict"] and ts["evict"]["metadata"] == {"labels": {LABEL: "baton"}}  # no group
+    assert groups == {
+        "reference": "{{workflow.name}}-reference",
+        "reference-replay": "{{workflow.name}}-replay",
+        "trial": "{{workflow.name}}-trial",
+    }
+    assert "withSequence" not in tasks["evict"] and ts["evict"]["metadata"] == {
+        "labels": {LABEL: "baton"}
+    }  # no group
     # At one node the DAG is what it always was: no group, no expansion.
     one = eq.rendered(1)[0]
     assert all("withSequence" not in t for t in templates_of(one)["drill"]["dag"]["tasks"])
@@ -298,6 +346,7 @@ def test_at_two_nodes_each_role_is_one_kueue_pod_group_whose_size_is_the_nodes_p
 
 
 # ---- the release exit handler of a grouped drill (issue 36: no quota held after a drill that fails) ----------
+
 
 def _handler(spec: dict) -> tuple[str | None, list[dict]]:
     return spec.get("onExit"), [t for t in spec["templates"] if t["name"] == RELEASE_TEMPLATE]

@@ -97,14 +97,24 @@ def test_pod_names_are_argos():
     def task(name: str, template: str, retry: object = True) -> Task:
         return Task(name, template, "", {}, [], {}, retry, None)  # type: ignore[arg-type]
 
-    assert task("trial", "trial").pod_name("baton-cron-e2e-1796396940", 0) == \
-        "baton-cron-e2e-1796396940-trial-3213994693"
-    assert task("evict", "evict").pod_name("baton-equivalence-nightly-4qhx8", 0) == \
-        "baton-equivalence-nightly-4qhx8-evict-3309522342"
-    assert pod_name("baton-equivalence-nightly-4qhx8", "trial", "trial", 0) == \
-        "baton-equivalence-nightly-4qhx8-trial-1562839561"
-    assert task("x", "t", None).pod_name("wf", 3) == task("x", "t", None).pod_name("wf", 0)  # one node, no attempts
-    assert "baton-cron-e2e-1796396940-trial-0" != task("trial", "trial").pod_name("baton-cron-e2e-1796396940", 0)
+    assert (
+        task("trial", "trial").pod_name("baton-cron-e2e-1796396940", 0)
+        == "baton-cron-e2e-1796396940-trial-3213994693"
+    )
+    assert (
+        task("evict", "evict").pod_name("baton-equivalence-nightly-4qhx8", 0)
+        == "baton-equivalence-nightly-4qhx8-evict-3309522342"
+    )
+    assert (
+        pod_name("baton-equivalence-nightly-4qhx8", "trial", "trial", 0)
+        == "baton-equivalence-nightly-4qhx8-trial-1562839561"
+    )
+    assert task("x", "t", None).pod_name("wf", 3) == task("x", "t", None).pod_name(
+        "wf", 0
+    )  # one node, no attempts
+    assert "baton-cron-e2e-1796396940-trial-0" != task("trial", "trial").pod_name(
+        "baton-cron-e2e-1796396940", 0
+    )
 
 
 def statuses(res, task: str) -> list[tuple[str, int, str]]:
@@ -212,7 +222,9 @@ def test_retry_on_exit_75_with_the_drill_expression(tmp_path):
     )
     res, out, progress = run(spec, tmp_path)
     assert res.phase == "Succeeded"
-    assert statuses(res, "trial") == [("Failed", 75, "main: Error (exit code 75)")] * 2 + [("Succeeded", 0, "")]
+    assert statuses(res, "trial") == [("Failed", 75, "main: Error (exit code 75)")] * 2 + [
+        ("Succeeded", 0, "")
+    ]
     assert [n.pod_name for n in res.nodes] == [pod_name(res.name, "trial", "trial", i) for i in range(3)]
     for i, n in enumerate(res.nodes):  # every attempt keeps its own log
         assert n.log_path == out / "logs" / f"trial-{i}.log"
@@ -318,7 +330,11 @@ def test_deleted_pod_that_exits_75_in_its_grace_is_recorded_pod_deleted_and_is_r
     assert statuses(res, "evict") == [("Succeeded", 0, "")]
     first = json.loads((out / "pods" / f"{pod_name(res.name, 'trial', 'trial', 0)}.json").read_text())
     assert first["phase"] == "Failed" and first["grace_s"] == 5 and first["pgid"] == first["pid"]
-    assert (first["exit_code"], first["status"], first["message"]) == (75, "Error", "pod deleted")  # the pod's own
+    assert (first["exit_code"], first["status"], first["message"]) == (
+        75,
+        "Error",
+        "pod deleted",
+    )  # the pod's own
     assert (out / "pods" / f"{pod_name(res.name, 'trial', 'trial', 0)}.delete").exists()
     assert (tmp_path / "child-got-term").exists()  # SIGTERM went to the pod's process group, not one pid
     assert_no_pods_alive(out)
@@ -332,7 +348,12 @@ def test_deleted_pod_that_ignores_sigterm_is_killed_after_its_grace(tmp_path):
     assert res.phase == "Succeeded", progress
     # Still running at SIGKILL: the pod object is gone before its status is seen, no exit code is known.
     assert statuses(res, "trial") == [("Error", -1, "pod deleted"), ("Succeeded", 0, "")]
-    assert json.loads((out / "pods" / f"{pod_name(res.name, 'trial', 'trial', 0)}.json").read_text())["exit_code"] == 137
+    assert (
+        json.loads((out / "pods" / f"{pod_name(res.name, 'trial', 'trial', 0)}.json").read_text())[
+            "exit_code"
+        ]
+        == 137
+    )
     deleted = res.attempts("trial")[0]
     assert deleted.finished - deleted.started >= 1.0  # it outlived SIGTERM for the whole grace
     assert "SIGKILL" in progress
@@ -347,19 +368,22 @@ def test_on_failure_policy_does_not_retry_a_deleted_pod_and_on_error_does(tmp_pa
     for sub in "abc":
         (tmp_path / sub).mkdir()
     res, out, progress = run(
-        deletion_spec(tmp_path / "a", "ignore-term", 1, {"limit": 3, "retryPolicy": "OnFailure"}), tmp_path / "a"
+        deletion_spec(tmp_path / "a", "ignore-term", 1, {"limit": 3, "retryPolicy": "OnFailure"}),
+        tmp_path / "a",
     )
     assert res.phase == "Failed"
     assert statuses(res, "trial") == [("Error", -1, "pod deleted")]
     assert "retryPolicy OnFailure does not retry Error" in progress
     assert_no_pods_alive(out)
     res, out, progress = run(
-        deletion_spec(tmp_path / "b", "ignore-term", 1, {"limit": 1, "retryPolicy": "OnError"}), tmp_path / "b"
+        deletion_spec(tmp_path / "b", "ignore-term", 1, {"limit": 1, "retryPolicy": "OnError"}),
+        tmp_path / "b",
     )
     assert statuses(res, "trial")[0] == ("Error", -1, "pod deleted") and len(res.attempts("trial")) == 2
     res, out, progress = run(
         deletion_spec(tmp_path / "c", "ignore-term", 1, {"limit": 3, "retryPolicy": "OnError"}, "kueue"),
-        tmp_path / "c")
+        tmp_path / "c",
+    )
     assert statuses(res, "trial")[0] == ("Error", -1, "pod deleted") and len(res.attempts("trial")) == 2
     assert_no_pods_alive(out)
 
@@ -368,47 +392,61 @@ NODE_SHUTDOWN = "Pod was terminated in response to imminent node shutdown."
 LOST_VM = "pod failed: neither main nor wait container completed successfully"
 
 
-@pytest.mark.parametrize("how, mode, recorded", [
-    # An eviction (the Eviction API): the object is gone before Argo reads its status (the real controller).
-    ("evict", "term75", ("Error", -1, "pod deleted")),
-    ("evict", "ignore-term", ("Error", -1, "pod deleted")),
-    # A Kueue preemption: a Delete under the pod's own grace; Kueue's finalizer goes as soon as the pod has
-    # terminated, and the object is gone before Argo reads its status (the real Kueue and Argo).
-    ("kueue", "term75", ("Error", -1, "pod deleted")),
-    ("kueue", "ignore-term", ("Error", -1, "pod deleted")),
-    # A GKE Spot node's graceful shutdown: the kubelet's message, the process's own exit code.
-    ("node-shutdown", "term75", ("Failed", 75, NODE_SHUTDOWN)),
-    ("node-shutdown", "ignore-term", ("Failed", 137, NODE_SHUTDOWN)),
-    # A VM lost at once: SIGKILL, no container terminated, Argo's exit -1 and message.
-    ("lost-vm", "term75", ("Failed", -1, LOST_VM)),
-])
-def test_every_way_a_cluster_ends_a_pod_is_recorded_as_argo_does_and_the_drill_retries_it(tmp_path, how, mode,
-                                                                                           recorded):
-    spec = deletion_spec(tmp_path, mode, 1, {"limit": 3, "retryPolicy": "Always", "expression": DRILL_EXPR}, how)
+@pytest.mark.parametrize(
+    "how, mode, recorded",
+    [
+        # An eviction (the Eviction API): the object is gone before Argo reads its status (the real controller).
+        ("evict", "term75", ("Error", -1, "pod deleted")),
+        ("evict", "ignore-term", ("Error", -1, "pod deleted")),
+        # A Kueue preemption: a Delete under the pod's own grace; Kueue's finalizer goes as soon as the pod has
+        # terminated, and the object is gone before Argo reads its status (the real Kueue and Argo).
+        ("kueue", "term75", ("Error", -1, "pod deleted")),
+        ("kueue", "ignore-term", ("Error", -1, "pod deleted")),
+        # A GKE Spot node's graceful shutdown: the kubelet's message, the process's own exit code.
+        ("node-shutdown", "term75", ("Failed", 75, NODE_SHUTDOWN)),
+        ("node-shutdown", "ignore-term", ("Failed", 137, NODE_SHUTDOWN)),
+        # A VM lost at once: SIGKILL, no container terminated, Argo's exit -1 and message.
+        ("lost-vm", "term75", ("Failed", -1, LOST_VM)),
+    ],
+)
+def test_every_way_a_cluster_ends_a_pod_is_recorded_as_argo_does_and_the_drill_retries_it(
+    tmp_path, how, mode, recorded
+):
+    spec = deletion_spec(
+        tmp_path, mode, 1, {"limit": 3, "retryPolicy": "Always", "expression": DRILL_EXPR}, how
+    )
     res, out, progress = run(spec, tmp_path)
     assert res.phase == "Succeeded", progress
     assert statuses(res, "trial") == [recorded, ("Succeeded", 0, "")]
     first = json.loads((out / "pods" / f"{pod_name(res.name, 'trial', 'trial', 0)}.json").read_text())
     assert first["phase"] == "Failed"
     if how == "kueue":  # set before the Delete, as Kueue does
-        assert {"type": "TerminationTarget", "status": "True", "reason": "WorkloadEvictedDueToPreempted"} \
-            in first["conditions"]
+        assert {
+            "type": "TerminationTarget",
+            "status": "True",
+            "reason": "WorkloadEvictedDueToPreempted",
+        } in first["conditions"]
     # A lost VM sends no SIGTERM: the pod's child never heard of one.
     assert (tmp_path / "child-got-term").exists() == (how != "lost-vm" and mode == "term75")
     assert_no_pods_alive(out)
 
 
-@pytest.mark.parametrize("labels, recorded", [
-    # A pod of a queued Kueue pod group: Kueue keeps its finalizer until the group finishes, so Argo reads the
-    # container's exit code (the real Kueue v0.19.2 and Argo v3.7.18: tests/e2e/test_kueue_groups.py).
-    ({POD_GROUP_LABEL: "wf-trial", QUEUE_LABEL: "q"}, ("Failed", 75, "main: Error (exit code 75)")),
-    # Controls: a group without a queue is not Kueue's, and neither is a queued pod without a group's finalizer
-    # rule (a single queued pod's finalizer goes once it terminated): both gone before Argo reads them.
-    ({POD_GROUP_LABEL: "wf-trial"}, ("Error", -1, "pod deleted")),
-    ({QUEUE_LABEL: "q"}, ("Error", -1, "pod deleted")),
-])
+@pytest.mark.parametrize(
+    "labels, recorded",
+    [
+        # A pod of a queued Kueue pod group: Kueue keeps its finalizer until the group finishes, so Argo reads the
+        # container's exit code (the real Kueue v0.19.2 and Argo v3.7.18: tests/e2e/test_kueue_groups.py).
+        ({POD_GROUP_LABEL: "wf-trial", QUEUE_LABEL: "q"}, ("Failed", 75, "main: Error (exit code 75)")),
+        # Controls: a group without a queue is not Kueue's, and neither is a queued pod without a group's finalizer
+        # rule (a single queued pod's finalizer goes once it terminated): both gone before Argo reads them.
+        ({POD_GROUP_LABEL: "wf-trial"}, ("Error", -1, "pod deleted")),
+        ({QUEUE_LABEL: "q"}, ("Error", -1, "pod deleted")),
+    ],
+)
 def test_an_evicted_pod_of_a_queued_kueue_group_keeps_its_exit_code(tmp_path, labels, recorded):
-    spec = deletion_spec(tmp_path, "term75", 1, {"limit": 3, "retryPolicy": "Always", "expression": DRILL_EXPR}, "evict")
+    spec = deletion_spec(
+        tmp_path, "term75", 1, {"limit": 3, "retryPolicy": "Always", "expression": DRILL_EXPR}, "evict"
+    )
     trial = next(t for t in spec["spec"]["templates"] if t["name"] == "trial")
     trial["metadata"] = {"labels": labels}
     res, out, progress = run(spec, tmp_path)
@@ -419,8 +457,16 @@ def test_an_evicted_pod_of_a_queued_kueue_group_keeps_its_exit_code(tmp_path, la
 
 def test_a_pod_deleted_that_then_crashes_is_not_retried_and_the_limit_says_no_more_retries(tmp_path):
     # The negative control's trial: SIGTERM ends it with exit 1 inside its grace; nothing retries a crash.
-    spec = wf([{"name": "trial", "template": "trial"}],
-              ctr("trial", "seq", "{{retries}}", "1", retry={"limit": 3, "retryPolicy": "Always", "expression": DRILL_EXPR}))
+    spec = wf(
+        [{"name": "trial", "template": "trial"}],
+        ctr(
+            "trial",
+            "seq",
+            "{{retries}}",
+            "1",
+            retry={"limit": 3, "retryPolicy": "Always", "expression": DRILL_EXPR},
+        ),
+    )
     res, out, progress = run(spec, tmp_path)
     assert res.phase == "Failed"
     assert statuses(res, "trial") == [("Failed", 1, "main: Error (exit code 1)")]
@@ -460,7 +506,9 @@ def test_workflow_deadline_kills_everything_and_fails(tmp_path):
     # As the real controller recorded a drill's deadline (docs/cluster-local.md): the running pod ends as the
     # kubelet ends one past its activeDeadlineSeconds, and its retry does not start.
     assert res.phase == "Failed" and "activeDeadlineSeconds (1 s) passed" in res.message
-    assert statuses(res, "slow") == [("Failed", 143, "Pod was active on the node longer than the specified deadline")]
+    assert statuses(res, "slow") == [
+        ("Failed", 143, "Pod was active on the node longer than the specified deadline")
+    ]
     assert "retry exceeded workflow deadline" in progress
     assert_no_pods_alive(out)
 
@@ -674,8 +722,12 @@ def test_the_kueue_release_handler_is_accepted_and_runs_nothing(tmp_path):
     runs as without it (control: any other onExit is refused, in REFUSALS)."""
     spec = copy.deepcopy(_base(tmp_path))
     spec["spec"]["onExit"] = RELEASE_TEMPLATE
-    spec["spec"]["templates"].append({"name": RELEASE_TEMPLATE, "container": {
-        "image": "x", "command": ["sh", "-c", f"touch {tmp_path / 'released'}"]}})
+    spec["spec"]["templates"].append(
+        {
+            "name": RELEASE_TEMPLATE,
+            "container": {"image": "x", "command": ["sh", "-c", f"touch {tmp_path / 'released'}"]},
+        }
+    )
     run(spec, tmp_path / "ok")
     assert (tmp_path / "ran-a").exists() and (tmp_path / "ran-b").exists()
     assert not (tmp_path / "released").exists()
@@ -732,22 +784,38 @@ def test_signal_to_the_runner_stops_every_pod(tmp_path, sig, code):
     "env,expected",
     [
         # Each message Argo records for an attempt a cluster ended (ARGO-FACTS), word for word:
-        ({"lastRetry.exitCode": "75", "lastRetry.message": "main: Error (exit code 75)"}, True),  # deleted, evicted,
-        ({"lastRetry.exitCode": "75", "lastRetry.message": "Error (exit code 75)"}, True),  # Kueue; v3.6's words
+        (
+            {"lastRetry.exitCode": "75", "lastRetry.message": "main: Error (exit code 75)"},
+            True,
+        ),  # deleted, evicted,
+        (
+            {"lastRetry.exitCode": "75", "lastRetry.message": "Error (exit code 75)"},
+            True,
+        ),  # Kueue; v3.6's words
         ({"lastRetry.exitCode": "-1", "lastRetry.message": "pod deleted"}, True),  # the object went first
         ({"lastRetry.exitCode": "75", "lastRetry.message": NODE_SHUTDOWN}, True),  # GKE Spot, saved in time
         ({"lastRetry.exitCode": "137", "lastRetry.message": NODE_SHUTDOWN}, True),  # GKE Spot, killed
         # SIGKILLed after the grace by an eviction or a Kueue preemption: only the exit code says so.
         ({"lastRetry.exitCode": "137", "lastRetry.message": "main: Error (exit code 137)"}, True),
         ({"lastRetry.exitCode": "-1", "lastRetry.message": LOST_VM}, True),  # a VM lost at once
-        ({"lastRetry.exitCode": "137", "lastRetry.message":
-          "The node was low on resource: memory. Threshold quantity: 100Mi, available: 50Mi."}, True),
+        (
+            {
+                "lastRetry.exitCode": "137",
+                "lastRetry.message": "The node was low on resource: memory. Threshold quantity: 100Mi, available: 50Mi.",
+            },
+            True,
+        ),
         # A crash is never retried, whatever its code; neither is an OOM kill or a deadline.
         ({"lastRetry.exitCode": "1", "lastRetry.message": "main: Error (exit code 1)"}, False),
         ({"lastRetry.exitCode": "137", "lastRetry.message": "OOMKilled (exit code 137)"}, False),
         ({"lastRetry.exitCode": "137", "lastRetry.message": "main: OOMKilled (exit code 137)"}, False),
-        ({"lastRetry.exitCode": "-1", "lastRetry.message":
-          "Pod was active on the node longer than the specified deadline"}, False),
+        (
+            {
+                "lastRetry.exitCode": "-1",
+                "lastRetry.message": "Pod was active on the node longer than the specified deadline",
+            },
+            False,
+        ),
     ],
 )
 def test_drill_expression(env, expected):
@@ -793,23 +861,40 @@ def test_expression_semantics():
 
 def test_with_sequence_expands_into_items_named_as_argo_names_them_each_retried_on_its_own(tmp_path):
     spec = wf(
-        [{"name": "grp", "template": "node", "withSequence": {"count": "{{workflow.parameters.n}}"},
-          "arguments": {"parameters": [{"name": "code", "value": "7{{item}}"}]}},
-         {"name": "after", "template": "dump", "dependencies": ["grp"]}],
-        ctr("node", "seq", "{{retries}}", "{{inputs.parameters.code}}", "0", inputs={"parameters": [{"name": "code"}]},
-            retry={"limit": 2, "retryPolicy": "OnFailure"}),
+        [
+            {
+                "name": "grp",
+                "template": "node",
+                "withSequence": {"count": "{{workflow.parameters.n}}"},
+                "arguments": {"parameters": [{"name": "code", "value": "7{{item}}"}]},
+            },
+            {"name": "after", "template": "dump", "dependencies": ["grp"]},
+        ],
+        ctr(
+            "node",
+            "seq",
+            "{{retries}}",
+            "{{inputs.parameters.code}}",
+            "0",
+            inputs={"parameters": [{"name": "code"}]},
+            retry={"limit": 2, "retryPolicy": "OnFailure"},
+        ),
         ctr("dump", "argv", str(tmp_path / "after.json"), "x"),
         params={"n": "2"},
     )
     spec["spec"]["templates"][2]["container"]["env"] = [
-        {"name": "T_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}]
+        {"name": "T_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}
+    ]
     res, out, _ = run(spec, tmp_path)
     assert res.phase == "Succeeded", res.nodes
     for item in (0, 1):
-        assert statuses(res, f"grp({item}:{item})") == [("Failed", 70 + item, f"main: Error (exit code {70 + item})"),
-                                                        ("Succeeded", 0, "")]
+        assert statuses(res, f"grp({item}:{item})") == [
+            ("Failed", 70 + item, f"main: Error (exit code {70 + item})"),
+            ("Succeeded", 0, ""),
+        ]
         assert [n.pod_name for n in res.attempts(f"grp({item}:{item})")] == [
-            pod_name(res.name, f"grp({item}:{item})", "node", a) for a in (0, 1)]
+            pod_name(res.name, f"grp({item}:{item})", "node", a) for a in (0, 1)
+        ]
     registry = {p["name"]: p for p in list_pods(out / "pods")}
     first = registry[pod_name(res.name, "grp(1:1)", "node", 0)]
     assert (first["task"], first["item"]) == ("grp", "1")
@@ -820,7 +905,9 @@ def test_with_sequence_expands_into_items_named_as_argo_names_them_each_retried_
 
 
 def test_item_is_substituted_only_in_a_tasks_arguments(tmp_path):
-    spec = wf([{"name": "grp", "template": "t", "withSequence": {"count": "2"}}], ctr("t", "argv", "{{item}}"))
+    spec = wf(
+        [{"name": "grp", "template": "t", "withSequence": {"count": "2"}}], ctr("t", "argv", "{{item}}")
+    )
     with pytest.raises(UnsupportedSpec, match=r"cannot resolve \{\{item\}\}"):
         run(spec, tmp_path)
     assert not (tmp_path / "out" / "pods").exists()
@@ -830,10 +917,22 @@ def test_chaos_deletes_a_pod_of_a_group_and_only_that_item_is_retried(tmp_path):
     from workflows.local import Chaos
 
     spec = wf(
-        [{"name": "grp", "template": "node", "withSequence": {"count": "2"},
-          "arguments": {"parameters": [{"name": "out", "value": str(tmp_path / "pid-{{item}}")}]}}],
-        ctr("node", "sleep", "{{inputs.parameters.out}}", "3", inputs={"parameters": [{"name": "out"}]},
-            retry={"limit": 2, "retryPolicy": "Always"}),
+        [
+            {
+                "name": "grp",
+                "template": "node",
+                "withSequence": {"count": "2"},
+                "arguments": {"parameters": [{"name": "out", "value": str(tmp_path / "pid-{{item}}")}]},
+            }
+        ],
+        ctr(
+            "node",
+            "sleep",
+            "{{inputs.parameters.out}}",
+            "3",
+            inputs={"parameters": [{"name": "out"}]},
+            retry={"limit": 2, "retryPolicy": "Always"},
+        ),
     )
     res, out, _ = run(spec, tmp_path, chaos=Chaos(1, 0, ["grp"], delay_s=0.3))
     assert res.phase == "Succeeded", res.nodes

@@ -41,25 +41,54 @@ def _alive(pid: int) -> bool:
 def _spec(tmp_path: Path) -> dict:
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                str(script), str(tmp_path)]
-    evict = [sys.executable, "-c",
-             "import os, sys, time\n"
-             "from pathlib import Path\n"
-             "from steps.lib.local_pods import list_pods, request_deletion\n"
-             "d = Path(sys.argv[1])\n"
-             "while len(list(d.glob('worker-*'))) < 2: time.sleep(0.05)\n"
-             "pods = os.environ['BATON_LOCAL_PODS']\n"
-             "pod = [p for p in list_pods(pods) if p['task'] == 'train' and p['phase'] == 'Running'][0]\n"
-             "request_deletion(pods, pod['name'])\n",
-             str(tmp_path)]
-    return {"apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow", "metadata": {"name": "tree"},
-            "spec": {"entrypoint": "main", "templates": [
-                {"name": "main", "dag": {"tasks": [{"name": "train", "template": "train"},
-                                                   {"name": "evict", "template": "evict"}]}},
-                {"name": "train", "container": {"image": "x", "command": torchrun[:1], "args": torchrun[1:]},
-                 "podSpecPatch": '{"terminationGracePeriodSeconds": 2}'},
-                {"name": "evict", "container": {"image": "x", "command": evict[:1], "args": evict[1:]}}]}}
+    torchrun = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        str(script),
+        str(tmp_path),
+    ]
+    evict = [
+        sys.executable,
+        "-c",
+        "import os, sys, time\n"
+        "from pathlib import Path\n"
+        "from steps.lib.local_pods import list_pods, request_deletion\n"
+        "d = Path(sys.argv[1])\n"
+        "while len(list(d.glob('worker-*'))) < 2: time.sleep(0.05)\n"
+        "pods = os.environ['BATON_LOCAL_PODS']\n"
+        "pod = [p for p in list_pods(pods) if p['task'] == 'train' and p['phase'] == 'Running'][0]\n"
+        "request_deletion(pods, pod['name'])\n",
+        str(tmp_path),
+    ]
+    return {
+        "apiVersion": "argoproj.io/v1alpha1",
+        "kind": "Workflow",
+        "metadata": {"name": "tree"},
+        "spec": {
+            "entrypoint": "main",
+            "templates": [
+                {
+                    "name": "main",
+                    "dag": {
+                        "tasks": [
+                            {"name": "train", "template": "train"},
+                            {"name": "evict", "template": "evict"},
+                        ]
+                    },
+                },
+                {
+                    "name": "train",
+                    "container": {"image": "x", "command": torchrun[:1], "args": torchrun[1:]},
+                    "podSpecPatch": '{"terminationGracePeriodSeconds": 2}',
+                },
+                {"name": "evict", "container": {"image": "x", "command": evict[:1], "args": evict[1:]}},
+            ],
+        },
+    }
 
 
 def _workers(tmp_path: Path) -> list[tuple[int, int, int]]:
@@ -67,8 +96,9 @@ def _workers(tmp_path: Path) -> list[tuple[int, int, int]]:
 
 
 def _run(tmp_path: Path):
-    return run_workflow(_spec(tmp_path), tmp_path / "out", progress=io.StringIO(), cwd=REPO,
-                        env={"PYTHONPATH": str(REPO)})
+    return run_workflow(
+        _spec(tmp_path), tmp_path / "out", progress=io.StringIO(), cwd=REPO, env={"PYTHONPATH": str(REPO)}
+    )
 
 
 def test_a_deleted_pods_sigkill_reaches_torchruns_setsid_workers(tmp_path):

@@ -34,13 +34,21 @@ def test_render_for_the_local_target_gives_every_step_the_bucket(capsys, monkeyp
     local = _render(capsys, "--target", "local", "-p", f"nodes={nodes}")
     assert [d["kind"] for d in local] == ["Workflow", "CronWorkflow"]
     wf, cron = local
-    assert wf["spec"] == cron["spec"]["workflowSpec"] and wf["metadata"]["generateName"] == "baton-equivalence-"
+    assert (
+        wf["spec"] == cron["spec"]["workflowSpec"] and wf["metadata"]["generateName"] == "baton-equivalence-"
+    )
     for name, t in templates_of(wf).items():
         if "container" in t:
             assert S3_ENV <= _env_names(t), name
-    assert (params_of(wf)["bucket"], params_of(wf)["image"], params_of(wf)["store_port"]) == ("s3://baton", "baton:local", "0")
+    assert (params_of(wf)["bucket"], params_of(wf)["image"], params_of(wf)["store_port"]) == (
+        "s3://baton",
+        "baton:local",
+        "0",
+    )
     # The drill's shape is the one -p nodes asks for, as the base has it.
-    assert [t["name"] for t in templates_of(wf).values()] == [t["name"] for t in templates_of(base[0]).values()]
+    assert [t["name"] for t in templates_of(wf).values()] == [
+        t["name"] for t in templates_of(base[0]).values()
+    ]
     assert params_of(wf)["nodes"] == str(nodes)
     # The control: the base gives no step the bucket's credentials.
     assert not any(S3_ENV & _env_names(t) for t in templates_of(base[0]).values() if "container" in t)
@@ -54,16 +62,21 @@ def test_the_environment_names_the_target_as_the_flag_does(capsys, monkeypatch):
     assert by_env != _render(capsys)
 
 
-@pytest.mark.parametrize(("env", "argv", "message"), [
-    ("nope", [], "BATON_TARGET 'nope' is not a target"),
-    ("", ["--target", "../../etc"], "--target '../../etc' is not a target"),
-    ("", ["--target", "base"], "--target 'base' is not a target"),
-])
+@pytest.mark.parametrize(
+    ("env", "argv", "message"),
+    [
+        ("nope", [], "BATON_TARGET 'nope' is not a target"),
+        ("", ["--target", "../../etc"], "--target '../../etc' is not a target"),
+        ("", ["--target", "base"], "--target 'base' is not a target"),
+    ],
+)
 def test_a_name_that_is_no_overlay_is_one_line_naming_where_it_came_from(monkeypatch, env, argv, message):
     monkeypatch.setenv(targets.TARGET_ENV, env)
     with pytest.raises(SystemExit) as ei:
         eq.main(["render", *argv])
-    assert str(ei.value.code).startswith(f"error: {message}") and "gke, gke-kueue, kind, local, local-kueue" in str(ei.value.code)
+    assert str(ei.value.code).startswith(
+        f"error: {message}"
+    ) and "gke, gke-kueue, kind, local, local-kueue" in str(ei.value.code)
 
 
 def test_a_gke_target_without_make_gke_ups_values_says_what_writes_them(monkeypatch, tmp_path):
@@ -76,7 +89,9 @@ def test_a_gke_target_without_make_gke_ups_values_says_what_writes_them(monkeypa
     monkeypatch.setattr(targets, "OVERLAYS", copy / "overlays")
     monkeypatch.setattr(targets, "REPO", tmp_path)
     for target in ("gke", "gke-kueue"):
-        with pytest.raises(SystemExit, match=r"templates/overlays/gke/generated-by-make-gke-up is missing .*make gke-up"):
+        with pytest.raises(
+            SystemExit, match=r"templates/overlays/gke/generated-by-make-gke-up is missing .*make gke-up"
+        ):
             eq.rendered_for(target)
 
 

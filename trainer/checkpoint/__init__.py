@@ -36,17 +36,34 @@ from typing import Any
 
 _EXPORTS = {
     # the two implementations and what a trainer hands them
-    "Checkpoints": "interface", "Checkpointer": "checkpointer", "HFCheckpointer": "hf_checkpointer",
-    "Boundary": "checkpointer", "Parts": "checkpointer", "RestorePolicy": "checkpointer", "SaveResult": "write",
+    "Checkpoints": "interface",
+    "Checkpointer": "checkpointer",
+    "HFCheckpointer": "hf_checkpointer",
+    "Boundary": "checkpointer",
+    "Parts": "checkpointer",
+    "RestorePolicy": "checkpointer",
+    "SaveResult": "write",
     # the three refusals
-    "CorruptCheckpoint": "layout", "CheckpointRefused": "store", "FencedOut": "store",
+    "CorruptCheckpoint": "layout",
+    "CheckpointRefused": "store",
+    "FencedOut": "store",
     # names and reading, for the drill's steps, the bench and the trainer's other rooms
-    "corpus_path": "layout", "hf_step_name": "layout", "load_flat": "read", "open_root": "roots",
-    "wrapped_failures": "read", "file_problem": "tensor_record", "committed_checkpoints": "hf_read",
-    "final_hf_checkpoint": "hf_read", "is_hf_root": "hf_read", "load_hf_checkpoint": "hf_read",
+    "corpus_path": "layout",
+    "hf_step_name": "layout",
+    "load_flat": "read",
+    "open_root": "roots",
+    "wrapped_failures": "read",
+    "file_problem": "tensor_record",
+    "committed_checkpoints": "hf_read",
+    "final_hf_checkpoint": "hf_read",
+    "is_hf_root": "hf_read",
+    "load_hf_checkpoint": "hf_read",
     "numpy_safe_globals": "hf_read",
     # what the bench measures itself: the store, a restart's load, a save's archive, and checksums
-    "Store": "store", "resolve_and_load": "resolve", "ArchiveFileSystem": "write", "digest": None,
+    "Store": "store",
+    "resolve_and_load": "resolve",
+    "ArchiveFileSystem": "write",
+    "digest": None,
 }
 """Exported name -> the submodule that defines it (None: the name is a submodule)."""
 

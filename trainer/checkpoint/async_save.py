@@ -27,8 +27,15 @@ from trainer.storage import StorageError
 class Committer(Protocol):
     """What an asynchronous save needs of its store: to start writing, to commit, to record a verified step."""
 
-    def start_save(self, step: int, state: dict[str, Any], manifest: dict[str, Any], attempt: int,
-                   asynchronous: bool, read_back: bool = True) -> PendingSave: ...
+    def start_save(
+        self,
+        step: int,
+        state: dict[str, Any],
+        manifest: dict[str, Any],
+        attempt: int,
+        asynchronous: bool,
+        read_back: bool = True,
+    ) -> PendingSave: ...
 
     def commit_save(self, p: PendingSave) -> SaveResult: ...
 
@@ -52,8 +59,14 @@ class AsyncSaves:
         self._stager: Any = None
         self._group: Any = None
 
-    def save_async(self, step: int, state: dict[str, Any], manifest: dict[str, Any], attempt: int,
-                   on_commit: Callable[[SaveResult], None]) -> float:
+    def save_async(
+        self,
+        step: int,
+        state: dict[str, Any],
+        manifest: dict[str, Any],
+        attempt: int,
+        on_commit: Callable[[SaveResult], None],
+    ) -> float:
         """Stage the state, write it in the background (dcp.async_save on a dedicated gloo group),
         and commit at a later step boundary (`step_boundary`) once every rank's files are written and
         read back. At most one save is in flight: an older one is committed first. Returns the ms
@@ -135,9 +148,14 @@ class AsyncSaves:
             # backward passes (before_update waits for it); into pinned memory where a GPU is (the
             # device-to-host copy goes by DMA). Blocking copies: they queue behind the work already
             # on the stream, so a copy cannot read a parameter that an update still has to write.
-            self._stager = DefaultStager(StagingOptions(use_pinned_memory=torch.cuda.is_available(),
-                                                        use_shared_memory=False, use_async_staging=True,
-                                                        use_non_blocking_copy=False))
+            self._stager = DefaultStager(
+                StagingOptions(
+                    use_pinned_memory=torch.cuda.is_available(),
+                    use_shared_memory=False,
+                    use_async_staging=True,
+                    use_non_blocking_copy=False,
+                )
+            )
         return self._stager
 
     def gloo_group(self) -> Any:
@@ -145,6 +163,9 @@ class AsyncSaves:
         # or mismatches while training uses it; its own gloo group does not.
         if self._group is None:
             # The same bound on a peer as every other collective (trainer/faults.py), not torch's 30 min.
-            self._group = (dist.new_group(backend="gloo", timeout=collective_timeout()) if dist.is_initialized()
-                           else False)
+            self._group = (
+                dist.new_group(backend="gloo", timeout=collective_timeout())
+                if dist.is_initialized()
+                else False
+            )
         return self._group or None

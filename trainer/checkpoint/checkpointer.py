@@ -178,10 +178,18 @@ class Checkpointer(Checkpoints):
     reason)` is told of each commit, on every rank; `saving()` is entered around each save that happens (the loop marks its phase).
     """
 
-    def __init__(self, cfg: CheckpointConfig, run_id: str, fingerprint: str, emit: Emit,
-                 manifest: Callable[[Boundary], dict[str, Any]], on_commit: Callable[[SaveResult, str], None],
-                 policy: RestorePolicy = RestorePolicy(), max_failed_saves: int = 3,
-                 saving: Callable[[], AbstractContextManager[Any]] = nullcontext) -> None:
+    def __init__(
+        self,
+        cfg: CheckpointConfig,
+        run_id: str,
+        fingerprint: str,
+        emit: Emit,
+        manifest: Callable[[Boundary], dict[str, Any]],
+        on_commit: Callable[[SaveResult, str], None],
+        policy: RestorePolicy = RestorePolicy(),
+        max_failed_saves: int = 3,
+        saving: Callable[[], AbstractContextManager[Any]] = nullcontext,
+    ) -> None:
         super().__init__(max_failed_saves)
         self.cfg, self.fingerprint, self.policy = cfg, fingerprint, policy
         self.emit, self.manifest, self.on_commit, self.saving = emit, manifest, on_commit, saving
@@ -205,8 +213,13 @@ class Checkpointer(Checkpoints):
         times["listing_s"] = round(time.perf_counter() - t, 3)
         if committed and world() == 1:
             self._prefetch = Prefetch(self.store, committed[0])
-        return Opened(self.attempt, committed, self.url(committed[0]) if committed else None,
-                      self._prefetch is not None, self.store.attempt_start_times() if history else None)
+        return Opened(
+            self.attempt,
+            committed,
+            self.url(committed[0]) if committed else None,
+            self._prefetch is not None,
+            self.store.attempt_start_times() if history else None,
+        )
 
     # -- the store's --
     def committed_steps(self) -> list[int]:
@@ -239,13 +252,22 @@ class Checkpointer(Checkpoints):
         return {
             "model": model_sd,
             "optim": {"state": optim_sd["state"]},
-            "optim_lr": torch.tensor([[g["lr"], g["initial_lr"]] for g in p.optim.param_groups], dtype=torch.float64),
+            "optim_lr": torch.tensor(
+                [[g["lr"], g["initial_lr"]] for g in p.optim.param_groups], dtype=torch.float64
+            ),
             "sched": torch.tensor([p.sched.last_epoch, p.sched._step_count], dtype=torch.int64),
             "progress": torch.tensor([b.step, b.epoch, b.start, b.yielded], dtype=torch.int64),
             f"rng.rank{p.rank}": b.rng,
-            f"loader.rank{p.rank}": tensor_from_json({"rank": p.rank, "epoch": b.epoch, "start": b.start,
-                                                      "yielded": b.yielded, "state": b.loader,
-                                                      "num_workers": p.num_workers}),
+            f"loader.rank{p.rank}": tensor_from_json(
+                {
+                    "rank": p.rank,
+                    "epoch": b.epoch,
+                    "start": b.start,
+                    "yielded": b.yielded,
+                    "state": b.loader,
+                    "num_workers": p.num_workers,
+                }
+            ),
         }
 
     # -- save --
@@ -321,12 +343,18 @@ class Checkpointer(Checkpoints):
             # final save. Preemption and warning saves never read back: the grace is short (GKE Spot: 15 s),
             # and a resume hashes every file while loading it.
             st = self.store
-            read_back = reason == "final" or (reason == "periodic" and (
-                st.verified_step is None or st.unverified_commits + 1 >= self.cfg.keep_last))
-            return st.save(b.step, self.state(b), manifest, self.attempt, committed, read_back=read_back).save_ms
+            read_back = reason == "final" or (
+                reason == "periodic"
+                and (st.verified_step is None or st.unverified_commits + 1 >= self.cfg.keep_last)
+            )
+            return st.save(
+                b.step, self.state(b), manifest, self.attempt, committed, read_back=read_back
+            ).save_ms
 
     # -- resume --
-    def resume(self, parts: Parts, read_retry_s: float, times: dict[str, float] | None = None) -> Resumed | None:
+    def resume(
+        self, parts: Parts, read_retry_s: float, times: dict[str, float] | None = None
+    ) -> Resumed | None:
         """Load the newest intact checkpoint of those `begin` listed and restore it into `parts` (kept for the
         saves); None when none is usable (every one refused, or none committed). Each refused one is
         announced (`refused`: a log line and a `checkpoint_refused` record). A store that fails while being
@@ -337,11 +365,21 @@ class Checkpointer(Checkpoints):
         load_times = LoadTimes(listing=(times or {}).pop("listing_s", 0.0))
         try:
             loaded = retry_reads(
-                lambda: resolve_and_load(self.store, self.fingerprint, self._template,
-                                         lambda step, why: self.refused(step, why, self.emit), times=load_times,
-                                         steps=self._committed, check_staged=_progress_matches,
-                                         prefetched=self._prefetch.take if self._prefetch else None),
-                read_retry_s, StorageError, log, several_ranks=p.world > 1)
+                lambda: resolve_and_load(
+                    self.store,
+                    self.fingerprint,
+                    self._template,
+                    lambda step, why: self.refused(step, why, self.emit),
+                    times=load_times,
+                    steps=self._committed,
+                    check_staged=_progress_matches,
+                    prefetched=self._prefetch.take if self._prefetch else None,
+                ),
+                read_retry_s,
+                StorageError,
+                log,
+                several_ranks=p.world > 1,
+            )
         finally:
             if self._prefetch is not None:
                 if self._prefetch.used:  # its items were loaded on its thread
@@ -388,7 +426,9 @@ class Checkpointer(Checkpoints):
         if moments:  # the control keeps the optimizer's own (zeroed) state: it is never loaded
             empty_adam_state(p.optim)
         template = self.state(p.capture(0))
-        if not moments:  # DCP loads in place, into the optimizer's own tensors: the control must not ask for them
+        if (
+            not moments
+        ):  # DCP loads in place, into the optimizer's own tensors: the control must not ask for them
             template.pop("optim")
         template.pop(f"rng.rank{p.rank}")
         template.pop(f"loader.rank{p.rank}")
@@ -402,11 +442,16 @@ class Checkpointer(Checkpoints):
                 if shape is None:
                     raise CorruptCheckpoint(f"the checkpoint holds no {key}")
                 if math.prod(shape) * dtype.itemsize > stored:  # a shape no file could hold
-                    raise CorruptCheckpoint(f".metadata gives {key} the shape {shape}, larger than the checkpoint")
+                    raise CorruptCheckpoint(
+                        f".metadata gives {key} the shape {shape}, larger than the checkpoint"
+                    )
                 return torch.empty(shape, dtype=dtype)
 
-            template[f"rng.rank{src}"] = {k: empty(f"rng.rank{src}.{k}", v.dtype)
-                                          for k, v in rng.capture().items() if f"rng.rank{src}.{k}" in shapes}
+            template[f"rng.rank{src}"] = {
+                k: empty(f"rng.rank{src}.{k}", v.dtype)
+                for k, v in rng.capture().items()
+                if f"rng.rank{src}.{k}" in shapes
+            }
             template[f"loader.rank{src}"] = empty(f"loader.rank{src}", torch.uint8)
         return template
 
@@ -422,8 +467,11 @@ class Checkpointer(Checkpoints):
         """The staged checkpoint into the live parts (every file of it has matched its checksum by now): the
         model always, then each part the policy restores, in one place."""
         self._restore_model(st, moments=self.policy.restores("optimizer"))
-        for part, restore in (("scheduler", self._restore_scheduler), ("data", self._restore_data),
-                              ("rng", self._restore_rng)):
+        for part, restore in (
+            ("scheduler", self._restore_scheduler),
+            ("data", self._restore_data),
+            ("rng", self._restore_rng),
+        ):
             if self.policy.restores(part):
                 restore(st, manifest, same_world)
 
@@ -431,9 +479,15 @@ class Checkpointer(Checkpoints):
         """The model, the learning rates, and the optimizer's moments unless the control drops them."""
         p = self._p()
         if moments:
-            set_state_dict(p.model, p.optim, model_state_dict=st["model"],
-                           optim_state_dict={"state": st["optim"]["state"],
-                                             "param_groups": self._param_groups(st["optim_lr"])})
+            set_state_dict(
+                p.model,
+                p.optim,
+                model_state_dict=st["model"],
+                optim_state_dict={
+                    "state": st["optim"]["state"],
+                    "param_groups": self._param_groups(st["optim_lr"]),
+                },
+            )
         else:
             set_model_state_dict(p.model, st["model"])
             for g, (lr, initial) in zip(p.optim.param_groups, st["optim_lr"].tolist(), strict=True):
@@ -506,8 +560,12 @@ def empty_adam_state(optim: torch.optim.Optimizer) -> bool:
                 step = torch.zeros((), dtype=_get_scalar_dtype(is_fused=group["fused"]), device=param.device)
             else:
                 step = torch.tensor(0.0, dtype=_get_scalar_dtype(), device="cpu")
-            names = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq") if group["amsgrad"] else ("exp_avg", "exp_avg_sq")
+            names = (
+                ("exp_avg", "exp_avg_sq", "max_exp_avg_sq") if group["amsgrad"] else ("exp_avg", "exp_avg_sq")
+            )
             with unfilled():
-                optim.state[param] = {"step": step, **{n: torch.empty_like(param, memory_format=torch.preserve_format)
-                                                       for n in names}}
+                optim.state[param] = {
+                    "step": step,
+                    **{n: torch.empty_like(param, memory_format=torch.preserve_format) for n in names},
+                }
     return True

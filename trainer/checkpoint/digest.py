@@ -96,11 +96,14 @@ def expected(meta: dict[str, Any], what: str) -> tuple[str, str]:
     named = [k for k in meta if k not in _NOT_ALGORITHMS]
     unknown = [k for k in named if k not in ALGORITHMS]
     if unknown:
-        raise BadChecksum(f"{what} names an unknown checksum algorithm {str(unknown[0])[:40]!r} "
-                                f"(known: {', '.join(ALGORITHMS)})")
+        raise BadChecksum(
+            f"{what} names an unknown checksum algorithm {str(unknown[0])[:40]!r} "
+            f"(known: {', '.join(ALGORITHMS)})"
+        )
     if len(named) != 1:
-        raise BadChecksum(f"{what} must have exactly one checksum ({', '.join(ALGORITHMS)}), has "
-                                f"{len(named)}")
+        raise BadChecksum(
+            f"{what} must have exactly one checksum ({', '.join(ALGORITHMS)}), has {len(named)}"
+        )
     algorithm = named[0]
     value = meta[algorithm]
     if not isinstance(value, str) or not _HEX[algorithm].fullmatch(value):
@@ -115,7 +118,7 @@ def file_hexdigest(fs: Any, path: str, algorithm: str, max_bytes: int | None = N
     longer file then fails its checksum without being read whole."""
     h = new(algorithm)
     left = max_bytes + 1 if max_bytes is not None else None
-    with (open_regular(fs, path) if fs is not None else open(path, "rb")) as f:
+    with open_regular(fs, path) if fs is not None else open(path, "rb") as f:
         while left is None or left > 0:
             chunk = f.read(CHUNK if left is None else min(CHUNK, left))
             if not chunk:

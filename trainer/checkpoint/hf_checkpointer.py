@@ -67,8 +67,13 @@ class HFCheckpointer(Checkpoints):
         """Another node's files of `step`, hashed and copied to the root before rank 0 commits."""
         return self.store.upload(step, names)
 
-    def commit(self, step: int, world_size: int, device: str = "cpu",
-               other_nodes: dict[str, dict[str, Any]] | None = None) -> tuple[str, int]:
+    def commit(
+        self,
+        step: int,
+        world_size: int,
+        device: str = "cpu",
+        other_nodes: dict[str, dict[str, Any]] | None = None,
+    ) -> tuple[str, int]:
         """Rank 0: mirror `step`'s folder and write `_COMMIT` last. Returns (url, bytes). The caller then
         tells every rank (`committed`) and retention follows (`after_commit`)."""
         return self.store.commit(step, world_size, device=device, other_nodes=other_nodes)
@@ -97,8 +102,11 @@ class HFCheckpointer(Checkpoints):
         chosen: list[Any] = [None, None]  # the step, why the store could not be read
         if collectives.rank() == 0:
             try:
-                found = newest_intact(self.committed_steps(), lambda step: self.fetch(step, read_retry_s),
-                                      lambda step, why: self.refused(step, why, emit))
+                found = newest_intact(
+                    self.committed_steps(),
+                    lambda step: self.fetch(step, read_retry_s),
+                    lambda step, why: self.refused(step, why, emit),
+                )
                 chosen = [found[0] if found else None, None]
             except StoreUnreachable as e:
                 chosen = [None, str(e)]

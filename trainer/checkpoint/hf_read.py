@@ -47,9 +47,21 @@ def committed_checkpoints(root: str) -> list[tuple[int, str]]:
         entries = fs.ls(base, detail=True)
     except FileNotFoundError:
         return []
-    steps = sorted((step for e in entries if e.get("type") == "directory" and not e.get("islink")
-                    and (step := hf_step_of(e["name"].rstrip("/").rsplit("/", 1)[-1])) is not None), reverse=True)
-    return [(s, full_url(fs, f"{base}/{hf_step_name(s)}")) for s in steps if fs.exists(f"{base}/{hf_step_name(s)}/{COMMIT}")]
+    steps = sorted(
+        (
+            step
+            for e in entries
+            if e.get("type") == "directory"
+            and not e.get("islink")
+            and (step := hf_step_of(e["name"].rstrip("/").rsplit("/", 1)[-1])) is not None
+        ),
+        reverse=True,
+    )
+    return [
+        (s, full_url(fs, f"{base}/{hf_step_name(s)}"))
+        for s in steps
+        if fs.exists(f"{base}/{hf_step_name(s)}/{COMMIT}")
+    ]
 
 
 def is_hf_root(root: str) -> bool:
@@ -129,8 +141,10 @@ def load_hf_checkpoint(url: str) -> tuple[dict[str, Any], dict[str, int]]:
     fs, path = url_to_fs(url)
     path = path.rstrip("/")
     try:
-        files = parse_hf_commit(read_bytes(fs, f"{path}/{COMMIT}", "manifest", f"{url}/{COMMIT}"),
-                                hf_step_of(path.rsplit("/", 1)[-1]) or 0)["files"]
+        files = parse_hf_commit(
+            read_bytes(fs, f"{path}/{COMMIT}", "manifest", f"{url}/{COMMIT}"),
+            hf_step_of(path.rsplit("/", 1)[-1]) or 0,
+        )["files"]
     except OSError as e:
         raise CorruptCheckpoint(f"{url}: unreadable {COMMIT}: {e}") from None
     except (CorruptCheckpoint, Refused) as e:
@@ -174,7 +188,15 @@ def load_hf_checkpoint(url: str) -> tuple[dict[str, Any], dict[str, int]]:
             else:
                 flat[f"file.{name}"] = of_bytes("sha256", data)
                 part = "file"
-        except (pickle.UnpicklingError, RuntimeError, ValueError, TypeError, EOFError) as e:  # weights_only refusals
-            raise CorruptCheckpoint(f"{url}/{name} cannot be loaded safely: {str(e).splitlines()[0][:300]}") from None
+        except (
+            pickle.UnpicklingError,
+            RuntimeError,
+            ValueError,
+            TypeError,
+            EOFError,
+        ) as e:  # weights_only refusals
+            raise CorruptCheckpoint(
+                f"{url}/{name} cannot be loaded safely: {str(e).splitlines()[0][:300]}"
+            ) from None
         parts[part] = parts.get(part, 0) + len(flat) - before
     return flat, parts

@@ -58,35 +58,62 @@ class HFStore:
             entries = self.fs.ls(self.base, detail=True)
         except FileNotFoundError:
             return []
-        steps = sorted((step for e in entries if e.get("type") == "directory" and not e.get("islink")
-                        and (step := hf_step_of(e["name"].rstrip("/").rsplit("/", 1)[-1])) is not None), reverse=True)
+        steps = sorted(
+            (
+                step
+                for e in entries
+                if e.get("type") == "directory"
+                and not e.get("islink")
+                and (step := hf_step_of(e["name"].rstrip("/").rsplit("/", 1)[-1])) is not None
+            ),
+            reverse=True,
+        )
         return [s for s in steps if self.fs.exists(f"{self.base}/{hf_step_name(s)}/{COMMIT}")]
 
     # -- commit --
     def local_names(self, step: int) -> list[str]:
         """The files of `local_dir/checkpoint-<step>` that a commit lists."""
         src = os.path.join(self.local_dir, hf_step_name(step))
-        return sorted(n for n in os.listdir(src) if n != COMMIT and n not in SKIPPED_FILES
-                      and os.path.isfile(os.path.join(src, n)))
+        return sorted(
+            n
+            for n in os.listdir(src)
+            if n != COMMIT and n not in SKIPPED_FILES and os.path.isfile(os.path.join(src, n))
+        )
 
     def upload(self, step: int, names: list[str]) -> dict[str, dict[str, Any]]:
         """Hash `names` of `local_dir/checkpoint-<step>` and copy them to the root (not in place); returns
         their manifest entries. Another node's first rank calls it for its node's files, before the commit."""
         src = os.path.join(self.local_dir, hf_step_name(step))
-        files = {n: {"size": os.path.getsize(os.path.join(src, n)), "sha256": file_hexdigest(None, os.path.join(src, n), "sha256")}
-                 for n in names}
+        files = {
+            n: {
+                "size": os.path.getsize(os.path.join(src, n)),
+                "sha256": file_hexdigest(None, os.path.join(src, n), "sha256"),
+            }
+            for n in names
+        }
         dst = f"{self.base}/{hf_step_name(step)}"
         if not self.in_place:
-            if is_local(self.fs) and os.path.islink(dst):  # a link in the folder's place is foreign: only it goes
+            if is_local(self.fs) and os.path.islink(
+                dst
+            ):  # a link in the folder's place is foreign: only it goes
                 remove(self.fs, dst)
-                log(f"{hf_step_name(step)} was a symbolic link in the store, not a checkpoint: removed the link "
-                    "itself (nothing it points to) before the upload")
+                log(
+                    f"{hf_step_name(step)} was a symbolic link in the store, not a checkpoint: removed the link "
+                    "itself (nothing it points to) before the upload"
+                )
             for n in names:
-                retrying(lambda n=n: _put(self.fs, os.path.join(src, n), f"{dst}/{n}"), self.url(step), "upload")
+                retrying(
+                    lambda n=n: _put(self.fs, os.path.join(src, n), f"{dst}/{n}"), self.url(step), "upload"
+                )
         return files
 
-    def commit(self, step: int, world_size: int, device: str = "cpu",
-               other_nodes: dict[str, dict[str, Any]] | None = None) -> tuple[str, int]:
+    def commit(
+        self,
+        step: int,
+        world_size: int,
+        device: str = "cpu",
+        other_nodes: dict[str, dict[str, Any]] | None = None,
+    ) -> tuple[str, int]:
         """Mirror `local_dir/checkpoint-<step>` (unless in place), then write `_COMMIT` last, listing these
         files and `other_nodes` (entries of files the other nodes uploaded already). Returns (url, bytes)."""
         src = os.path.join(self.local_dir, hf_step_name(step))
@@ -97,8 +124,14 @@ class HFStore:
                 raise ValueError(f"checkpoint-{step}: {n} was written on node 0 and on another node")
             files[n] = entry
         files = dict(sorted(files.items()))
-        manifest = {"format": "hf-checkpoint", "step": step, "world_size": world_size, "device": device, "files": files,
-                    "time": round(time.time(), 3)}
+        manifest = {
+            "format": "hf-checkpoint",
+            "step": step,
+            "world_size": world_size,
+            "device": device,
+            "files": files,
+            "time": round(time.time(), 3),
+        }
         dst = f"{self.base}/{hf_step_name(step)}"
         body = json.dumps(manifest, sort_keys=True)
         if self.in_place:  # durable before it claims anything: fsync the files, then the marker
@@ -111,9 +144,11 @@ class HFStore:
                 f.flush()
                 os.fsync(f.fileno())
         else:
+
             def write() -> None:
                 with open_write(self.fs, f"{dst}/{COMMIT}", "w") as f:
                     f.write(body)
+
             retrying(write, self.url(step), "commit")
         return self.url(step), sum(v["size"] for v in files.values())
 
@@ -135,7 +170,9 @@ class HFStore:
         that are not plain file names included)."""
         path = f"{self.base}/{hf_step_name(step)}/{COMMIT}"
         try:
-            return parse_hf_commit(read_bytes(self.fs, path, "manifest", f"{hf_step_name(step)}/{COMMIT}"), step)
+            return parse_hf_commit(
+                read_bytes(self.fs, path, "manifest", f"{hf_step_name(step)}/{COMMIT}"), step
+            )
         except Refused as e:  # too large, or not a regular file
             raise CorruptCheckpoint(str(e)) from None
 
@@ -166,7 +203,9 @@ class HFStore:
             os.makedirs(local)
             for n, meta in files.items():
                 try:
-                    _copy_capped(self.fs, f"{self.base}/{hf_step_name(step)}/{n}", os.path.join(local, n), meta["size"])
+                    _copy_capped(
+                        self.fs, f"{self.base}/{hf_step_name(step)}/{n}", os.path.join(local, n), meta["size"]
+                    )
                 except FileNotFoundError:
                     raise CorruptCheckpoint(f"{n} is missing") from None
                 except Refused as e:
@@ -178,7 +217,10 @@ class HFStore:
             if not os.path.isfile(path):
                 raise CorruptCheckpoint(f"{n} is missing")
             try:
-                matches = os.path.getsize(path) == meta["size"] and file_hexdigest(None, path, "sha256") == meta["sha256"]
+                matches = (
+                    os.path.getsize(path) == meta["size"]
+                    and file_hexdigest(None, path, "sha256") == meta["sha256"]
+                )
             except OSError as e:
                 raise storage_error(self.url(step), f"reading {n} of", e) from None
             if not matches:
@@ -186,7 +228,9 @@ class HFStore:
         for n in files:
             if n.endswith((".pt", ".pth", ".bin")):
                 _loads_safely(os.path.join(local, n))
-            elif n.endswith(".json"):  # the Trainer json.loads these (trainer_state.json): strict and depth-capped here
+            elif n.endswith(
+                ".json"
+            ):  # the Trainer json.loads these (trainer_state.json): strict and depth-capped here
                 try:
                     with open(os.path.join(local, n), "rb") as f:
                         parse_json(f.read(), n)
@@ -248,5 +292,7 @@ def _loads_safely(path: str) -> None:
         with safe_globals():
             torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception as e:  # noqa: BLE001 - every refusal of the safe unpickler, and torn archives
-        raise CorruptCheckpoint(f"{os.path.basename(path)} cannot be loaded safely: "
-                             f"{str(e).splitlines()[0][:200] if str(e) else type(e).__name__}") from None
+        raise CorruptCheckpoint(
+            f"{os.path.basename(path)} cannot be loaded safely: "
+            f"{str(e).splitlines()[0][:200] if str(e) else type(e).__name__}"
+        ) from None

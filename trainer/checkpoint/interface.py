@@ -32,8 +32,9 @@ Emit = Callable[..., None]
 """A trainer's record writer: `emit(event, step, **fields)` (it decides which ranks write)."""
 
 
-def newest_intact(steps: list[int], load: Callable[[int], T],
-                  on_refused: Callable[[int, str], None]) -> tuple[int, T] | None:
+def newest_intact(
+    steps: list[int], load: Callable[[int], T], on_refused: Callable[[int, str], None]
+) -> tuple[int, T] | None:
     """(step, what `load(step)` returned) for the first of `steps` (newest first) that loads; each one
     whose `load` raises CorruptCheckpoint is passed to `on_refused` and passed over. None when none loads.
     Any other exception (a foreign checkpoint, a failing store) is raised: it is no reason to fall back."""
@@ -94,13 +95,28 @@ class Checkpoints(ABC):
         failed in a row, when SavesFailing is raised (the last commit stands: a retry resumes from it)."""
         n, limit = self.save_failures.in_a_row + 1, self.save_failures.limit
         ends = self.save_failures.failed()
-        log(f"periodic checkpoint of step {step} failed ({n} in a row, limit {limit}): {error}; "
-            + ("ending the run (75)" if ends else f"training on; the last committed step is {self.last_committed}"))
-        emit("checkpoint_failed", step, reason="periodic", error=error[:500], in_a_row=n, limit=limit,
-             checkpoint=self.last_url)
+        log(
+            f"periodic checkpoint of step {step} failed ({n} in a row, limit {limit}): {error}; "
+            + (
+                "ending the run (75)"
+                if ends
+                else f"training on; the last committed step is {self.last_committed}"
+            )
+        )
+        emit(
+            "checkpoint_failed",
+            step,
+            reason="periodic",
+            error=error[:500],
+            in_a_row=n,
+            limit=limit,
+            checkpoint=self.last_url,
+        )
         if ends:
-            raise SavesFailing(f"{n} periodic checkpoints failed in a row (faults.max_failed_saves "
-                               f"{limit}); the last committed step is {self.last_committed}")
+            raise SavesFailing(
+                f"{n} periodic checkpoints failed in a row (faults.max_failed_saves "
+                f"{limit}); the last committed step is {self.last_committed}"
+            )
 
     @abstractmethod
     def resume(self, *args: Any, **kwargs: Any) -> Any:

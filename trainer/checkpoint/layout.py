@@ -74,8 +74,16 @@ def plain_name(name: Any, where: str = "the manifest") -> str:
     """`name` if it is a plain file name: a printable ASCII string of at most MAX_NAME_LEN characters,
     with no `/` or `\\`, not `.` or `..`. Raises CorruptCheckpoint otherwise (a name from a bucket
     that could walk out of its folder, or into an absolute path)."""
-    if (not isinstance(name, str) or not name or len(name) > MAX_NAME_LEN or name in (".", "..")
-            or "/" in name or "\\" in name or not name.isascii() or not name.isprintable()):
+    if (
+        not isinstance(name, str)
+        or not name
+        or len(name) > MAX_NAME_LEN
+        or name in (".", "..")
+        or "/" in name
+        or "\\" in name
+        or not name.isascii()
+        or not name.isprintable()
+    ):
         shown = repr(name)[:80]
         raise CorruptCheckpoint(f"{where} names a file {shown}, which is not a plain file name")
     return name
@@ -93,7 +101,9 @@ def _object(text: str | bytes, what: str) -> dict[str, Any]:
 def _count(obj: dict[str, Any], key: str, what: str) -> int:
     value = obj.get(key)
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise CorruptCheckpoint(f"{what} field {key!r} must be a non-negative integer, got {repr(value)[:60]}")
+        raise CorruptCheckpoint(
+            f"{what} field {key!r} must be a non-negative integer, got {repr(value)[:60]}"
+        )
     return value
 
 
@@ -110,8 +120,9 @@ def _files(obj: dict[str, Any], what: str, algorithms: tuple[str, ...]) -> dict[
     if not isinstance(files, dict) or not files:
         raise CorruptCheckpoint(f"{what} field 'files' must be a non-empty object")
     if len(files) > MAX_MANIFEST_FILES:
-        raise CorruptCheckpoint(f"{what} lists {len(files)} files, more than any checkpoint has "
-                                f"(at most {MAX_MANIFEST_FILES})")
+        raise CorruptCheckpoint(
+            f"{what} lists {len(files)} files, more than any checkpoint has (at most {MAX_MANIFEST_FILES})"
+        )
     for name, meta in files.items():
         plain_name(name, what)
         if not isinstance(meta, dict):
@@ -120,8 +131,9 @@ def _files(obj: dict[str, Any], what: str, algorithms: tuple[str, ...]) -> dict[
         algorithm, _ = checksum(meta, f"{what} entry {name!r}")
         allowed = digest.CRYPTOGRAPHIC if name == ".metadata" else algorithms
         if algorithm not in allowed:  # .metadata is unpickled: a forger must not be able to match its check
-            raise CorruptCheckpoint(f"{what} entry {name!r}: {algorithm} is not accepted here "
-                                    f"(only {', '.join(allowed)})")
+            raise CorruptCheckpoint(
+                f"{what} entry {name!r}: {algorithm} is not accepted here (only {', '.join(allowed)})"
+            )
     return files
 
 

@@ -50,8 +50,12 @@ class Prefetch:
             manifest = self.store.read_manifest(self.step)
             # One reading thread: the main thread, importing, needs the other core (two cores measured:
             # with four readers the import took 1.0 s longer, with one 0.3 s; docs/results.md).
-            self.flat = load_flat(self.store.url(self.store.step_path(self.step)), manifest["files"],
-                                  threads=1, copies=self.copies)
+            self.flat = load_flat(
+                self.store.url(self.store.step_path(self.step)),
+                manifest["files"],
+                threads=1,
+                copies=self.copies,
+            )
             self.manifest = manifest
         except BaseException as e:  # noqa: BLE001 - the load reads it again and gives its own verdict
             self.failure = f"{type(e).__name__}: {e}".splitlines()[0][:300]
@@ -81,8 +85,13 @@ class Prefetch:
                     out[k] = sub
                     continue
                 got = flat.get(key)
-                if (type(v) is not torch.Tensor or type(got) is not torch.Tensor or got.shape != v.shape
-                        or got.dtype != v.dtype or got.device != v.device):
+                if (
+                    type(v) is not torch.Tensor
+                    or type(got) is not torch.Tensor
+                    or got.shape != v.shape
+                    or got.dtype != v.dtype
+                    or got.device != v.device
+                ):
                     return None
                 out[k] = got
             return out
@@ -93,5 +102,8 @@ class Prefetch:
 
     def phases(self) -> dict[str, float]:
         """For the `resume` record: the read on its thread, and how long the load waited for it."""
-        return {"prefetch_read_s": round(self.read_s, 3), "prefetch_wait_s": round(self.wait_s, 3),
-                "prefetch_used": float(self.used)}
+        return {
+            "prefetch_read_s": round(self.read_s, 3),
+            "prefetch_wait_s": round(self.wait_s, 3),
+            "prefetch_used": float(self.used),
+        }

@@ -53,16 +53,43 @@ _HASH_CHUNK = digest.CHUNK
 # No callable that reaches attributes or modules (getattr, pathlib's classes): with those, a chain of
 # allowed names gets from a class to its module's globals and on to os.system. `builtins.getattr` stands only
 # for _enum_member, which names a member of an allowed enum (Python 3.11.0-3.11.2 pickle enums through it).
-_ALLOWED_GLOBALS = {
-    ("torch.distributed.checkpoint.metadata", n) for n in (
-        "Metadata", "TensorStorageMetadata", "ChunkStorageMetadata", "TensorProperties", "MetadataIndex",
-        "StorageMeta", "_MEM_FORMAT_ENCODING", "BytesStorageMetadata")
-} | {
-    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
-    ("torch.serialization", "_get_layout"),
-    ("torch", "Size"),
-} | {("torch", n) for n in ("float32", "float64", "float16", "bfloat16", "int64", "int32", "int16",
-                            "int8", "uint8", "bool", "complex64", "complex128")}
+_ALLOWED_GLOBALS = (
+    {
+        ("torch.distributed.checkpoint.metadata", n)
+        for n in (
+            "Metadata",
+            "TensorStorageMetadata",
+            "ChunkStorageMetadata",
+            "TensorProperties",
+            "MetadataIndex",
+            "StorageMeta",
+            "_MEM_FORMAT_ENCODING",
+            "BytesStorageMetadata",
+        )
+    }
+    | {
+        ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+        ("torch.serialization", "_get_layout"),
+        ("torch", "Size"),
+    }
+    | {
+        ("torch", n)
+        for n in (
+            "float32",
+            "float64",
+            "float16",
+            "bfloat16",
+            "int64",
+            "int32",
+            "int16",
+            "int8",
+            "uint8",
+            "bool",
+            "complex64",
+            "complex128",
+        )
+    }
+)
 
 
 def _allowed_enums() -> frozenset[Any]:
@@ -70,8 +97,13 @@ def _allowed_enums() -> frozenset[Any]:
 
     from torch.distributed.checkpoint import metadata
 
-    return frozenset(getattr(metadata, n) for m, n in _ALLOWED_GLOBALS if m == metadata.__name__
-                     and isinstance(getattr(metadata, n), type) and issubclass(getattr(metadata, n), Enum))
+    return frozenset(
+        getattr(metadata, n)
+        for m, n in _ALLOWED_GLOBALS
+        if m == metadata.__name__
+        and isinstance(getattr(metadata, n), type)
+        and issubclass(getattr(metadata, n), Enum)
+    )
 
 
 _ALLOWED_ENUMS = _allowed_enums()
@@ -84,8 +116,10 @@ def _enum_member(cls: Any, name: Any) -> Any:
     getattr(cls, name), where other versions write cls(value); the real getattr would reach any attribute."""
     allowed = cls in _ALLOWED_ENUMS and isinstance(name, str) and name in cls.__members__
     if not allowed:
-        raise CorruptCheckpoint(f".metadata uses getattr on {getattr(cls, '__qualname__', type(cls).__name__)}"
-                                f".{str(name)[:60]}, which is no member of an enum a DCP checkpoint holds")
+        raise CorruptCheckpoint(
+            f".metadata uses getattr on {getattr(cls, '__qualname__', type(cls).__name__)}"
+            f".{str(name)[:60]}, which is no member of an enum a DCP checkpoint holds"
+        )
     return cls.__members__[name]
 
 
@@ -94,7 +128,9 @@ class _MetadataUnpickler(pickle.Unpickler):
         if (module, name) == ("builtins", "getattr"):
             return _enum_member
         if (module, name) not in _ALLOWED_GLOBALS:
-            raise CorruptCheckpoint(f".metadata references {module}.{name}, which a DCP checkpoint never needs")
+            raise CorruptCheckpoint(
+                f".metadata references {module}.{name}, which a DCP checkpoint never needs"
+            )
         return super().find_class(module, name)
 
 
@@ -123,8 +159,13 @@ class SafeReader(FsspecReader):
         from torch.distributed.checkpoint.metadata import StorageMeta
 
         try:
-            raw = read_bytes(self.fs.fs, str(self._get_metadata_path(kwargs.get("rank"))), "metadata", ".metadata",
-                             cap=self._metadata_cap())
+            raw = read_bytes(
+                self.fs.fs,
+                str(self._get_metadata_path(kwargs.get("rank"))),
+                "metadata",
+                ".metadata",
+                cap=self._metadata_cap(),
+            )
         except Refused as e:
             raise CorruptCheckpoint(str(e)) from None
         self._check_metadata(raw)
@@ -157,14 +198,17 @@ def _check_shape(md: Any) -> None:
             raise CorruptCheckpoint(".metadata's storage_data holds something other than file locations")
         plain_name(info.relative_path, ".metadata")
         if info.transform_descriptors:  # DCP's stream extensions (zstd): inflation to no declared limit
-            raise CorruptCheckpoint(f".metadata declares transforms {list(info.transform_descriptors)[:4]!r} on "
-                                    f"{info.relative_path}; baton writes none")
+            raise CorruptCheckpoint(
+                f".metadata declares transforms {list(info.transform_descriptors)[:4]!r} on "
+                f"{info.relative_path}; baton writes none"
+            )
         for n in (info.offset, info.length):
             if isinstance(n, bool) or not isinstance(n, int) or n < 0:
                 raise CorruptCheckpoint(".metadata holds a file offset or length that is not a count")
 
 
 # ---- hashing while loading ------------------------------------------------------------------------------
+
 
 class VerifyingReader(SafeReader):
     """A SafeReader that checks every file of the checkpoint against `files` (the manifest's
@@ -195,8 +239,10 @@ class VerifyingReader(SafeReader):
             raise CorruptCheckpoint("manifest lists no .metadata")
         algorithm, hexdigest = checksum(want, "manifest entry '.metadata'")
         if algorithm not in digest.CRYPTOGRAPHIC:  # it is unpickled next: a forger must not match its check
-            raise CorruptCheckpoint(f"manifest entry '.metadata': {algorithm} is not accepted (only "
-                                    f"{', '.join(digest.CRYPTOGRAPHIC)})")
+            raise CorruptCheckpoint(
+                f"manifest entry '.metadata': {algorithm} is not accepted (only "
+                f"{', '.join(digest.CRYPTOGRAPHIC)})"
+            )
         if len(raw) != want.get("size") or digest.of_bytes(algorithm, raw) != hexdigest:
             raise CorruptCheckpoint(f".metadata fails its {algorithm} checksum")
         self.hashed.add(".metadata")
@@ -209,7 +255,9 @@ class VerifyingReader(SafeReader):
             for item in plan.items:
                 info = self.storage_data[item.storage_index]
                 if info.relative_path not in read:
-                    raise CorruptCheckpoint(f"{info.relative_path} is listed in .metadata but not in the manifest")
+                    raise CorruptCheckpoint(
+                        f"{info.relative_path} is listed in .metadata but not in the manifest"
+                    )
                 read[info.relative_path][r] += info.length
         owner: dict[int, list[str]] = {r: [] for r in range(len(plans))}
         for name, per_rank in sorted(read.items()):
@@ -231,7 +279,9 @@ class VerifyingReader(SafeReader):
                 self._read_items(name, reqs, planner)
 
         if self.threads > 1 and len(jobs) > 1:
-            with ThreadPoolExecutor(min(self.threads, len(jobs)), thread_name_prefix="baton-ckpt-read") as pool:
+            with ThreadPoolExecutor(
+                min(self.threads, len(jobs)), thread_name_prefix="baton-ckpt-read"
+            ) as pool:
                 list(pool.map(one, jobs))
         else:
             for job in jobs:
@@ -273,10 +323,10 @@ class VerifyingReader(SafeReader):
                 nonlocal pos
                 done = 0
                 while done < len(view):
-                    got = stream.readinto(view[done:done + _HASH_CHUNK])
+                    got = stream.readinto(view[done : done + _HASH_CHUNK])
                     if not got:
                         raise CorruptCheckpoint(f"{name} ends at byte {pos}, before the items it should hold")
-                    sha.update(view[done:done + got])
+                    sha.update(view[done : done + got])
                     pos += got
                     done += got
 
@@ -299,8 +349,16 @@ class VerifyingReader(SafeReader):
             raise CorruptCheckpoint(f"{name} fails its {algorithm} checksum")
         self.hashed.add(name)
 
-    def _direct(self, fd: int, name: str, info: Any, group: list[ReadItem], planner: LoadPlanner,
-                take: Callable[[int, bool], bytes], take_into: Callable[[memoryview], None]) -> bool:
+    def _direct(
+        self,
+        fd: int,
+        name: str,
+        info: Any,
+        group: list[ReadItem],
+        planner: LoadPlanner,
+        take: Callable[[int, bool], bytes],
+        take_into: Callable[[memoryview], None],
+    ) -> bool:
         """One item read from the hashed stream (at its first byte) straight into its target: its
         central directory is read first without moving the stream (pread), then everything up to the
         storage record is read and kept, and the record itself lands in the target. False (nothing
@@ -366,11 +424,11 @@ class VerifyingReader(SafeReader):
         tensor the record's bytes are copied from `data` into the target, without torch.load."""
         target = self._whole_target(info, [req], planner)
         if target is not None:
-            central = tensor_record.read_central(lambda n: data[len(data) - n:], len(data))
+            central = tensor_record.read_central(lambda n: data[len(data) - n :], len(data))
             record = tensor_record.locate(data, central, target) if central is not None else None
             if record is not None:
                 if record.size:
-                    _byte_view(target)[:] = memoryview(data)[record.start:record.start + record.size]
+                    _byte_view(target)[:] = memoryview(data)[record.start : record.start + record.size]
                 planner.commit_tensor(req, target)
                 self._count("buffered")
                 return
@@ -385,8 +443,9 @@ class VerifyingReader(SafeReader):
         tensor = narrow_tensor_by_index(tensor, req.storage_offsets, req.lengths)
         target = planner.resolve_tensor(req).detach()
         if target.size() != tensor.size():
-            raise CorruptCheckpoint(f"{req.storage_index.fqn}: stored {tuple(tensor.size())}, "
-                                    f"expected {tuple(target.size())}")
+            raise CorruptCheckpoint(
+                f"{req.storage_index.fqn}: stored {tuple(tensor.size())}, expected {tuple(target.size())}"
+            )
         target.copy_(tensor)
         planner.commit_tensor(req, target)
         self._count("torch_load")
@@ -415,11 +474,14 @@ def _byte_view(target: torch.Tensor) -> Any:
 
 # ---- a whole checkpoint, without a process group (compare) ----------------------------------------------
 
+
 def wrapped_failures(e: BaseException) -> list[BaseException]:
     """The ranks' exceptions that DCP's CheckpointException wraps (its `failures`: rank -> (exception,
     traceback), or an object with `exc`), in rank order; [] for any other exception."""
-    inners = [w[0] if isinstance(w, tuple) else getattr(w, "exc", None)
-              for w in (getattr(e, "failures", None) or {}).values()]
+    inners = [
+        w[0] if isinstance(w, tuple) else getattr(w, "exc", None)
+        for w in (getattr(e, "failures", None) or {}).values()
+    ]
     return [x for x in inners if isinstance(x, BaseException)]
 
 
@@ -430,8 +492,12 @@ def corrupt_reason(e: BaseException) -> str | None:
     return next((str(x) for x in wrapped_failures(e) if isinstance(x, CorruptCheckpoint)), None)
 
 
-def load_flat(url: str, files: dict[str, dict[str, Any]] | None = None, threads: int = 1,
-              copies: Counter[str] | None = None) -> dict[str, torch.Tensor]:
+def load_flat(
+    url: str,
+    files: dict[str, dict[str, Any]] | None = None,
+    threads: int = 1,
+    copies: Counter[str] | None = None,
+) -> dict[str, torch.Tensor]:
     """Every tensor of a checkpoint, full (unsharded), by flattened key. No process group needed.
 
     With `files` (its manifest's), `.metadata` is checked against its checksum before it is unpickled and
@@ -443,8 +509,11 @@ def load_flat(url: str, files: dict[str, dict[str, Any]] | None = None, threads:
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
     state: dict[str, Any] = {}
-    reader = VerifyingReader(url, files, threads=threads, **storage_options(url)) if files is not None else \
-        SafeReader(url, **storage_options(url))
+    reader = (
+        VerifyingReader(url, files, threads=threads, **storage_options(url))
+        if files is not None
+        else SafeReader(url, **storage_options(url))
+    )
     # Checked (its checksum first, then the allowlist) here, where its refusal is a CorruptCheckpoint: DCP reports a
     # failure to read .metadata only as text inside an AssertionError.
     reader.read_metadata()
@@ -462,7 +531,10 @@ def load_flat(url: str, files: dict[str, dict[str, Any]] | None = None, threads:
         fs, path = url_to_fs(url)
         for name in unread:  # a file no item was read from still has to be what the manifest says
             algorithm, hexdigest = checksum(files[name], f"manifest entry {name!r}")
-            if digest.file_hexdigest(fs, f"{path.rstrip('/')}/{name}", algorithm, files[name]["size"]) != hexdigest:
+            if (
+                digest.file_hexdigest(fs, f"{path.rstrip('/')}/{name}", algorithm, files[name]["size"])
+                != hexdigest
+            ):
                 raise CorruptCheckpoint(f"{name} fails its {algorithm} checksum")
     flat: dict[str, torch.Tensor] = {}
 

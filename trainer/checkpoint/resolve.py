@@ -46,7 +46,9 @@ def _load_failure(e: BaseException) -> str:
     # this checkpoint. "storage:" makes the caller raise a StorageError, which the resume retries
     # (trainer/faults.py). A missing file is the checkpoint's fault (its sizes were checked just before).
     for err in (e, *inners):
-        if world() > 1 and err is not None and is_peer_failure(err):  # a rank died mid-restore: not the file's fault
+        if (
+            world() > 1 and err is not None and is_peer_failure(err)
+        ):  # a rank died mid-restore: not the file's fault
             return f"storage:a peer rank is gone: {type(err).__name__}: {err}".splitlines()[0][:500]
         if isinstance(err, (OSError, StorageError)) and not isinstance(err, FileNotFoundError):
             return f"storage:reading a checkpoint failed: {describe(err)}"
@@ -83,20 +85,34 @@ class LoadTimes:
 
     def as_dict(self) -> dict[str, float]:
         items = sum(self.copies.values())
-        copies = (self.copies["direct"] + 2 * self.copies["buffered"] + 3 * self.copies["torch_load"]
-                  + 2 * self.copies["bytes"])
-        return {"listing_s": round(self.listing, 3), "manifest_s": round(self.manifest, 3),
-                "load_verify_s": round(self.load, 3), "items": items,
-                "items_direct": self.copies["direct"], "items_buffered": self.copies["buffered"],
-                "items_torch_load": self.copies["torch_load"],
-                "copies_per_item": round(copies / items, 2) if items else 0.0}
+        copies = (
+            self.copies["direct"]
+            + 2 * self.copies["buffered"]
+            + 3 * self.copies["torch_load"]
+            + 2 * self.copies["bytes"]
+        )
+        return {
+            "listing_s": round(self.listing, 3),
+            "manifest_s": round(self.manifest, 3),
+            "load_verify_s": round(self.load, 3),
+            "items": items,
+            "items_direct": self.copies["direct"],
+            "items_buffered": self.copies["buffered"],
+            "items_torch_load": self.copies["torch_load"],
+            "copies_per_item": round(copies / items, 2) if items else 0.0,
+        }
 
 
-def resolve_and_load(store: Store, fingerprint: str, build_state: Callable[[int, dict], dict],
-                     on_refused: Callable[[int, str], None], times: LoadTimes | None = None,
-                     steps: list[int] | None = None,
-                     check_staged: Callable[[int, dict], str | None] | None = None,
-                     prefetched: Callable[[int, dict, dict], dict | None] | None = None) -> tuple[int, dict, dict] | None:
+def resolve_and_load(
+    store: Store,
+    fingerprint: str,
+    build_state: Callable[[int, dict], dict],
+    on_refused: Callable[[int, str], None],
+    times: LoadTimes | None = None,
+    steps: list[int] | None = None,
+    check_staged: Callable[[int, dict], str | None] | None = None,
+    prefetched: Callable[[int, dict, dict], dict | None] | None = None,
+) -> tuple[int, dict, dict] | None:
     """Load the newest complete, intact checkpoint; fall back past torn or corrupt ones.
 
     `steps`: the committed steps, newest first, when the caller has listed them (same on every rank).
@@ -129,8 +145,10 @@ def resolve_and_load(store: Store, fingerprint: str, build_state: Callable[[int,
                 if "fingerprint" not in manifest:
                     verdict = "manifest.json has no fingerprint"
                 elif manifest["fingerprint"] != fingerprint:
-                    verdict = (f"foreign:{store.url(store.step_path(step))} has fingerprint "
-                               f"{str(manifest.get('fingerprint'))[:12]}, this run has {fingerprint[:12]}")
+                    verdict = (
+                        f"foreign:{store.url(store.step_path(step))} has fingerprint "
+                        f"{str(manifest.get('fingerprint'))[:12]}, this run has {fingerprint[:12]}"
+                    )
                 else:
                     store.verify_files(step, manifest, hash_files=False)  # sizes: a stat each
             except CorruptCheckpoint as e:
@@ -140,8 +158,9 @@ def resolve_and_load(store: Store, fingerprint: str, build_state: Callable[[int,
         verdict, manifest = broadcast((verdict, manifest))
         times.manifest += time.perf_counter() - t
         if verdict and verdict.startswith("foreign:"):
-            raise CheckpointRefused(f"refusing checkpoint {verdict.removeprefix('foreign:')}; "
-                                    "it belongs to another run")
+            raise CheckpointRefused(
+                f"refusing checkpoint {verdict.removeprefix('foreign:')}; it belongs to another run"
+            )
         if verdict and verdict.startswith("storage:"):
             raise StorageError(verdict.removeprefix("storage:"))
         if verdict is None:

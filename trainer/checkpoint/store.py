@@ -115,8 +115,14 @@ class Store:
     credentials or an unreachable endpoint stop the run at start-up with a StorageError naming the URI.
     """
 
-    def __init__(self, root_uri: str, run_id: str, check: bool = True, io_threads: int = 4,
-                 digest_algorithm: str = digest.DATA_DEFAULT) -> None:
+    def __init__(
+        self,
+        root_uri: str,
+        run_id: str,
+        check: bool = True,
+        io_threads: int = 4,
+        digest_algorithm: str = digest.DATA_DEFAULT,
+    ) -> None:
         self.root_uri = root_uri
         self.io_threads = io_threads
         self.digest = digest_algorithm  # the data files' checksum (digest.py); .metadata's is always sha256
@@ -258,8 +264,10 @@ class Store:
     def _fence(self, attempt: int, step: int) -> None:
         newest = self.newest_attempt()
         if newest > attempt:
-            raise FencedOut(f"attempt {attempt} may not commit step {step}: attempt {newest} of "
-                            f"{self.run_id} has started since (another process now owns this run)")
+            raise FencedOut(
+                f"attempt {attempt} may not commit step {step}: attempt {newest} of "
+                f"{self.run_id} has started since (another process now owns this run)"
+            )
 
     def _write(self, path: str, text: str) -> None:
         """A small file of the run (an attempt's claim, manifest.json, _COMMIT): never through a link."""
@@ -276,12 +284,21 @@ class Store:
             retrying(lambda: self._write(path, commit), self.url(p.path), "committing")
             return
         if not retrying(lambda: create_only(self.fs, path, commit.encode()), self.url(p.path), "committing"):
-            raise FencedOut(f"attempt {p.attempt} may not commit step {p.step}: another writer committed it "
-                            f"first ({self.url(path)} exists)")
+            raise FencedOut(
+                f"attempt {p.attempt} may not commit step {p.step}: another writer committed it "
+                f"first ({self.url(path)} exists)"
+            )
 
     # -- save and commit (collective) --
-    def save(self, step: int, state: dict[str, Any], manifest: dict[str, Any], attempt: int,
-             on_commit: Callable[[SaveResult], None] | None = None, read_back: bool = True) -> SaveResult:
+    def save(
+        self,
+        step: int,
+        state: dict[str, Any],
+        manifest: dict[str, Any],
+        attempt: int,
+        on_commit: Callable[[SaveResult], None] | None = None,
+        read_back: bool = True,
+    ) -> SaveResult:
         """Write, verify and commit a checkpoint now (a save in flight commits first).
 
         `read_back=False` (preemption saves, inside the grace): the files are hashed as they are written
@@ -289,7 +306,9 @@ class Store:
         changed the bytes is then caught when a resume verifies the checkpoint, which falls back to an
         older one: retention deletes nothing after a preemption save, so that one still exists."""
         self.asyncs.drain()
-        res = self.commit_save(self.start_save(step, state, manifest, attempt, asynchronous=False, read_back=read_back))
+        res = self.commit_save(
+            self.start_save(step, state, manifest, attempt, asynchronous=False, read_back=read_back)
+        )
         self.mark_verified(step, read_back)
         if on_commit:
             on_commit(res)
@@ -301,8 +320,15 @@ class Store:
         else:
             self.unverified_commits += 1
 
-    def start_save(self, step: int, state: dict[str, Any], manifest: dict[str, Any], attempt: int,
-               asynchronous: bool, read_back: bool = True) -> PendingSave:
+    def start_save(
+        self,
+        step: int,
+        state: dict[str, Any],
+        manifest: dict[str, Any],
+        attempt: int,
+        asynchronous: bool,
+        read_back: bool = True,
+    ) -> PendingSave:
         assert_tensors_only(state)
         rank = collectives.rank()
         path = self.step_path(step)
@@ -319,8 +345,10 @@ class Store:
             except Exception as e:
                 error = _agreed(e)
         _raise_agreed(collectives.broadcast(error))
-        writer = sharing(self.fs, FsspecWriter(self.url(path), thread_count=self.io_threads,
-                                                **storage_options(self.root_uri)))
+        writer = sharing(
+            self.fs,
+            FsspecWriter(self.url(path), thread_count=self.io_threads, **storage_options(self.root_uri)),
+        )
         written = None
         if not read_back and not asynchronous:
             writer.fs = HashingFileSystem(self.fs, self.digest)
@@ -339,10 +367,17 @@ class Store:
                 files.set_exception(e)
             return PendingSave(step, path, manifest, attempt, t0, files, blocking_s=time.perf_counter() - t0)
         with self._io(what, path):
-            resp = dcp.async_save(state, storage_writer=writer, process_group=self.asyncs.gloo_group(),
-                                  async_stager=self.asyncs.staging_buffers())
-        staging, upload = ((resp.staging_completion, resp.upload_completion)
-                           if isinstance(resp, AsyncSaveResponse) else (None, resp))
+            resp = dcp.async_save(
+                state,
+                storage_writer=writer,
+                process_group=self.asyncs.gloo_group(),
+                async_stager=self.asyncs.staging_buffers(),
+            )
+        staging, upload = (
+            (resp.staging_completion, resp.upload_completion)
+            if isinstance(resp, AsyncSaveResponse)
+            else (None, resp)
+        )
         if self._hasher is None:
             self._hasher = ThreadPoolExecutor(1, thread_name_prefix="baton-ckpt-hash")
 
@@ -352,10 +387,20 @@ class Store:
                 require_written(md)
             return self._hash_own(path, md)
 
-        return PendingSave(step, path, manifest, attempt, t0, self._hasher.submit(written_then_hashed),
-                           staging=staging, asynchronous=True)
+        return PendingSave(
+            step,
+            path,
+            manifest,
+            attempt,
+            t0,
+            self._hasher.submit(written_then_hashed),
+            staging=staging,
+            asynchronous=True,
+        )
 
-    def _hash_own(self, path: str, md: Any, written: dict[str, tuple[int, str, str]] | None = None) -> dict[str, Any]:
+    def _hash_own(
+        self, path: str, md: Any, written: dict[str, tuple[int, str, str]] | None = None
+    ) -> dict[str, Any]:
         """Size and checksum of the files this rank wrote (rank 0 also owns .metadata), read back from
         the store: the manifest describes what is stored, not what was meant to be. With `written`
         (hashed while writing), a file whose stored size matches is not read back."""
@@ -403,13 +448,29 @@ class Store:
         save_ms = (time.perf_counter() - p.t0) * 1000
         if rank == 0 and error is None:
             try:
-                body = {**p.manifest, "step": p.step, "attempt": p.attempt, "world_size": world,
-                        "files": all_files, "save_ms": round(save_ms, 1), "async": p.asynchronous}
+                body = {
+                    **p.manifest,
+                    "step": p.step,
+                    "attempt": p.attempt,
+                    "world_size": world,
+                    "files": all_files,
+                    "save_ms": round(save_ms, 1),
+                    "async": p.asynchronous,
+                }
                 text = json.dumps(body, indent=1, sort_keys=True)
-                commit = json.dumps({"step": p.step, "attempt": p.attempt,
-                                     "manifest_sha256": digest.of_bytes("sha256", text.encode())})
+                commit = json.dumps(
+                    {
+                        "step": p.step,
+                        "attempt": p.attempt,
+                        "manifest_sha256": digest.of_bytes("sha256", text.encode()),
+                    }
+                )
                 self._fence(p.attempt, p.step)
-                retrying(lambda: self._write(f"{p.path}/{MANIFEST}", text), self.url(p.path), "writing the manifest of")
+                retrying(
+                    lambda: self._write(f"{p.path}/{MANIFEST}", text),
+                    self.url(p.path),
+                    "writing the manifest of",
+                )
                 self._fence(p.attempt, p.step)  # the last look before the marker that makes it count
                 self._write_commit(p, commit)
                 self._manifests[p.step] = body
@@ -417,8 +478,14 @@ class Store:
                 error = _agreed(e)
         _raise_agreed(collectives.broadcast(error))
         p.blocking_s += time.perf_counter() - t
-        return SaveResult(p.step, self.url(p.path), (time.perf_counter() - p.t0) * 1000,
-                          sum(f["size"] for f in all_files.values()), p.blocking_s * 1000, p.asynchronous)
+        return SaveResult(
+            p.step,
+            self.url(p.path),
+            (time.perf_counter() - p.t0) * 1000,
+            sum(f["size"] for f in all_files.values()),
+            p.blocking_s * 1000,
+            p.asynchronous,
+        )
 
     # -- verify and load --
     def read_manifest(self, step: int) -> dict[str, Any]:
@@ -440,8 +507,9 @@ class Store:
             raise CorruptCheckpoint("manifest.json does not match the checksum in _COMMIT")
         return parse_manifest(text, step)
 
-    def verify_files(self, step: int, manifest: dict[str, Any], hash_files: bool = True,
-                     names: list[str] | None = None) -> None:
+    def verify_files(
+        self, step: int, manifest: dict[str, Any], hash_files: bool = True, names: list[str] | None = None
+    ) -> None:
         """Check the stored files of `step` against its manifest: each present with its size and, with
         `hash_files`, its checksum (a full read). A resume checks sizes only here (a stat each) and the
         hashes while it loads (`load_verified`); `names` limits the check to those files."""
@@ -473,16 +541,24 @@ class Store:
         md = self._reader(step, manifest).read_metadata()
         return {k: tuple(v.size) for k, v in md.state_dict_metadata.items() if hasattr(v, "size")}
 
-    def load_verified(self, step: int, manifest: dict[str, Any], state: dict[str, Any],
-                      copies: Counter[str] | None = None) -> set[str]:
+    def load_verified(
+        self, step: int, manifest: dict[str, Any], state: dict[str, Any], copies: Counter[str] | None = None
+    ) -> set[str]:
         """dcp.load into `state`, hashing each file once while it is read (read.VerifyingReader).
         Collective. A file that fails its checksum raises on every rank, after some of its items may have
         been copied into `state`: pass a staging state, never the live tensors. Returns the files this
         rank hashed (the caller checks that the ranks together hashed every file); `copies` gets how
         many items each path loaded (VerifyingReader.copies)."""
         assert_tensors_only(state)
-        reader = sharing(self.fs, VerifyingReader(self.url(self.step_path(step)), manifest["files"],
-                                                   threads=self.io_threads, **storage_options(self.root_uri)))
+        reader = sharing(
+            self.fs,
+            VerifyingReader(
+                self.url(self.step_path(step)),
+                manifest["files"],
+                threads=self.io_threads,
+                **storage_options(self.root_uri),
+            ),
+        )
         try:
             dcp.load(state, storage_reader=reader)
         finally:
@@ -491,8 +567,12 @@ class Store:
         return reader.hashed
 
     def _reader(self, step: int, manifest: dict[str, Any]) -> SafeReader:
-        return sharing(self.fs, VerifyingReader(self.url(self.step_path(step)), manifest["files"],
-                                                 **storage_options(self.root_uri)))
+        return sharing(
+            self.fs,
+            VerifyingReader(
+                self.url(self.step_path(step)), manifest["files"], **storage_options(self.root_uri)
+            ),
+        )
 
     # -- retention --
     def delete_step(self, step: int) -> None:
@@ -505,8 +585,10 @@ class Store:
         check_below(self.fs, self.root, self.run_path)
         was = retrying(lambda: remove(self.fs, path, first=COMMIT), self.url(path), "deleting")
         if was in ("link", "file"):
-            log(f"{name_of(path)} was a {'symbolic link' if was == 'link' else 'file'}, not a checkpoint of this "
-                f"run: removed it{' (the link itself, nothing it points to)' if was == 'link' else ''}")
+            log(
+                f"{name_of(path)} was a {'symbolic link' if was == 'link' else 'file'}, not a checkpoint of this "
+                f"run: removed it{' (the link itself, nothing it points to)' if was == 'link' else ''}"
+            )
 
     def metric(self, step: int, name: str) -> float | None:
         """The value of metric `name` that the manifest of committed `step` records (None if absent)."""

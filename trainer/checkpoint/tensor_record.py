@@ -27,20 +27,20 @@ from dataclasses import dataclass
 
 import torch
 
-EOCD = struct.Struct("<IHHHHIIH")                # end of central directory: 22 bytes
-CENTRAL = struct.Struct("<IHHHHHHIIIHHHHHII")    # a central directory entry: 46 bytes, then its name
-LOCAL = struct.Struct("<IHHHHHIIIHH")            # a local file header: 30 bytes, then name and extra
+EOCD = struct.Struct("<IHHHHIIH")  # end of central directory: 22 bytes
+CENTRAL = struct.Struct("<IHHHHHHIIIHHHHHII")  # a central directory entry: 46 bytes, then its name
+LOCAL = struct.Struct("<IHHHHHIIIHH")  # a local file header: 30 bytes, then name and extra
 EOCD_SIG, CENTRAL_SIG, LOCAL_SIG = 0x06054B50, 0x02014B50, 0x04034B50
-MAX_ENTRIES = 32         # torch.save of one tensor writes 7 records
-MAX_CENTRAL = 64 << 10   # its central directory: about 500 bytes
-MAX_PICKLE = 64 << 10    # its data.pkl: about 150 bytes
-MAX_HEAD = 1 << 20       # the bytes before its storage record: about 600
-MAX_TRAILER = 4 << 10    # the bytes from its central directory to its end: the directory, then 98
-_ZIP64 = 0xFFFFFFFF      # a 32-bit field that defers to a zip64 extra field: not handled here
-ZIP64_LOCATOR = struct.Struct("<IIQI")           # zip64 end of central directory locator: 20 bytes
-ZIP64_END = struct.Struct("<IQHHIIQQQQ")         # zip64 end of central directory record: 56 bytes
+MAX_ENTRIES = 32  # torch.save of one tensor writes 7 records
+MAX_CENTRAL = 64 << 10  # its central directory: about 500 bytes
+MAX_PICKLE = 64 << 10  # its data.pkl: about 150 bytes
+MAX_HEAD = 1 << 20  # the bytes before its storage record: about 600
+MAX_TRAILER = 4 << 10  # the bytes from its central directory to its end: the directory, then 98
+_ZIP64 = 0xFFFFFFFF  # a 32-bit field that defers to a zip64 extra field: not handled here
+ZIP64_LOCATOR = struct.Struct("<IIQI")  # zip64 end of central directory locator: 20 bytes
+ZIP64_END = struct.Struct("<IQHHIIQQQQ")  # zip64 end of central directory record: 56 bytes
 ZIP64_LOCATOR_SIG, ZIP64_END_SIG = 0x07064B50, 0x06064B50
-MAX_ARCHIVE_ENTRIES = 1 << 16   # an optimizer.pt of a large model: a record per state tensor
+MAX_ARCHIVE_ENTRIES = 1 << 16  # an optimizer.pt of a large model: a record per state tensor
 MAX_ARCHIVE_CENTRAL = 64 << 20
 
 
@@ -79,11 +79,28 @@ def central_directory(tail: bytes, item_size: int) -> tuple[int, dict[bytes, Ent
     for _ in range(n):
         if pos + CENTRAL.size > len(tail):
             return None
-        (sig, _made, _need, flags, method, _t, _d, _crc, csize, usize, name_len, extra_len, comment_len,
-         _disk, _iattr, _eattr, header) = CENTRAL.unpack_from(tail, pos)
+        (
+            sig,
+            _made,
+            _need,
+            flags,
+            method,
+            _t,
+            _d,
+            _crc,
+            csize,
+            usize,
+            name_len,
+            extra_len,
+            comment_len,
+            _disk,
+            _iattr,
+            _eattr,
+            header,
+        ) = CENTRAL.unpack_from(tail, pos)
         if sig != CENTRAL_SIG or method != 0 or flags & 1 or csize != usize or _ZIP64 in (csize, header):
             return None
-        name = bytes(tail[pos + CENTRAL.size:pos + CENTRAL.size + name_len])
+        name = bytes(tail[pos + CENTRAL.size : pos + CENTRAL.size + name_len])
         pos += CENTRAL.size + name_len + extra_len + comment_len
         if len(name) != name_len or pos > len(tail) or name in entries:
             return None
@@ -105,7 +122,9 @@ def central_span(last_22: bytes, item_size: int) -> int | None:
     return span if span <= cd_size + MAX_TRAILER else None
 
 
-def read_central(last: Callable[[int], bytes | memoryview], item_size: int) -> tuple[int, dict[bytes, Entry]] | None:
+def read_central(
+    last: Callable[[int], bytes | memoryview], item_size: int
+) -> tuple[int, dict[bytes, Entry]] | None:
     """`central_directory` of an item of `item_size` bytes, where `last(n)` returns its last `n` bytes
     (a slice in memory, a pread on a file): the end record first, then the directory it points at."""
     if item_size < EOCD.size:
@@ -146,9 +165,11 @@ def data_start(head: bytes | memoryview, entry: Entry, name: bytes) -> int | Non
     unless that header is whole in `head` and names the same record."""
     if entry.header + LOCAL.size > len(head):
         return None
-    sig, _need, flags, method, _t, _d, _crc, _cs, _us, name_len, extra_len = LOCAL.unpack_from(head, entry.header)
+    sig, _need, flags, method, _t, _d, _crc, _cs, _us, name_len, extra_len = LOCAL.unpack_from(
+        head, entry.header
+    )
     at = entry.header + LOCAL.size
-    if sig != LOCAL_SIG or method != 0 or flags & 1 or bytes(head[at:at + name_len]) != name:
+    if sig != LOCAL_SIG or method != 0 or flags & 1 or bytes(head[at : at + name_len]) != name:
         return None
     return at + name_len + extra_len
 
@@ -173,36 +194,63 @@ def archive_problem(read_at: Callable[[int, int], bytes | memoryview], size: int
     if size < EOCD.size or bytes(read_at(0, 4)) != struct.pack("<I", LOCAL_SIG):
         return "not a zip archive (torch.save's format)"
     eocd_at = size - EOCD.size
-    sig, disk, cd_disk, n_disk, n, cd_size, cd_offset, comment = EOCD.unpack(bytes(read_at(eocd_at, EOCD.size)))
+    sig, disk, cd_disk, n_disk, n, cd_size, cd_offset, comment = EOCD.unpack(
+        bytes(read_at(eocd_at, EOCD.size))
+    )
     if sig != EOCD_SIG or comment:
         return "no end record at the archive's end"
     if eocd_at >= ZIP64_LOCATOR.size + ZIP64_END.size:
-        lsig, _ldisk, z64_at, _disks = ZIP64_LOCATOR.unpack(bytes(read_at(eocd_at - ZIP64_LOCATOR.size,
-                                                                           ZIP64_LOCATOR.size)))
+        lsig, _ldisk, z64_at, _disks = ZIP64_LOCATOR.unpack(
+            bytes(read_at(eocd_at - ZIP64_LOCATOR.size, ZIP64_LOCATOR.size))
+        )
         if lsig == ZIP64_LOCATOR_SIG:
             if z64_at > size - ZIP64_END.size:
                 return "a zip64 end record outside the archive"
             z64 = ZIP64_END.unpack(bytes(read_at(z64_at, ZIP64_END.size)))
             if z64[0] == ZIP64_END_SIG:  # else miniz keeps the end record's 32-bit fields
                 disk, cd_disk, n_disk, n, cd_size, cd_offset = z64[4:]
-    if n != n_disk or disk or cd_disk or not 0 < n <= MAX_ARCHIVE_ENTRIES or cd_size > MAX_ARCHIVE_CENTRAL \
-            or cd_size < n * CENTRAL.size or cd_offset + cd_size > size:
+    if (
+        n != n_disk
+        or disk
+        or cd_disk
+        or not 0 < n <= MAX_ARCHIVE_ENTRIES
+        or cd_size > MAX_ARCHIVE_CENTRAL
+        or cd_size < n * CENTRAL.size
+        or cd_offset + cd_size > size
+    ):
         return f"a central directory of {n} records and {cd_size} bytes at {cd_offset} does not fit"
     central = bytes(read_at(cd_offset, cd_size))
     pos, declared = 0, 0
     for _ in range(n):
         if pos + CENTRAL.size > len(central):
             return "the central directory ends inside a record"
-        (sig, _made, _need, flags, method, _t, _d, _crc, csize, usize, name_len, extra_len, comment_len,
-         _disk, _iattr, _eattr, _header) = CENTRAL.unpack_from(central, pos)
-        name = central[pos + CENTRAL.size:pos + CENTRAL.size + name_len].decode("utf-8", "replace")[:80]
+        (
+            sig,
+            _made,
+            _need,
+            flags,
+            method,
+            _t,
+            _d,
+            _crc,
+            csize,
+            usize,
+            name_len,
+            extra_len,
+            comment_len,
+            _disk,
+            _iattr,
+            _eattr,
+            _header,
+        ) = CENTRAL.unpack_from(central, pos)
+        name = central[pos + CENTRAL.size : pos + CENTRAL.size + name_len].decode("utf-8", "replace")[:80]
         if sig != CENTRAL_SIG:
             return "a central directory record without its signature"
         if method != 0:
             return f"record {name!r} is compressed (method {method}); torch.save stores every record as is"
         if flags & 1:
             return f"record {name!r} is encrypted"
-        extra = central[pos + CENTRAL.size + name_len:pos + CENTRAL.size + name_len + extra_len]
+        extra = central[pos + CENTRAL.size + name_len : pos + CENTRAL.size + name_len + extra_len]
         sizes = _zip64_sizes(extra, usize, csize)
         if sizes is None:
             return f"record {name!r} has a malformed zip64 field"
@@ -218,7 +266,7 @@ def archive_problem(read_at: Callable[[int, int], bytes | memoryview], size: int
 
 def bytes_problem(data: bytes | memoryview) -> str | None:
     """`archive_problem` of an archive in memory."""
-    return archive_problem(lambda offset, n: data[offset:offset + n], len(data))
+    return archive_problem(lambda offset, n: data[offset : offset + n], len(data))
 
 
 def file_problem(path: str) -> str | None:
@@ -236,11 +284,11 @@ def _zip64_sizes(extra: bytes, usize: int, csize: int) -> tuple[int, int] | None
     at = 0
     while at + 4 <= len(extra):
         field, length = struct.unpack_from("<HH", extra, at)
-        body = extra[at + 4:at + 4 + length]
+        body = extra[at + 4 : at + 4 + length]
         if len(body) != length:
             return None
         if field == 1:
-            values = [int.from_bytes(body[i:i + 8], "little") for i in range(0, len(body) - 7, 8)]
+            values = [int.from_bytes(body[i : i + 8], "little") for i in range(0, len(body) - 7, 8)]
             if usize == _ZIP64:
                 if not values:
                     return None
@@ -264,7 +312,9 @@ class _MetaUnpickler(torch._weights_only_unpickler.Unpickler):  # type: ignore[n
         _kind, storage_type, key, _location, numel = pid
         if key != "0" or isinstance(numel, bool) or not isinstance(numel, int) or not 0 <= numel < 1 << 50:
             raise ValueError("not storage 0")
-        dtype = storage_type if isinstance(storage_type, torch.dtype) else getattr(storage_type, "dtype", None)
+        dtype = (
+            storage_type if isinstance(storage_type, torch.dtype) else getattr(storage_type, "dtype", None)
+        )
         if not isinstance(dtype, torch.dtype):
             raise ValueError("no dtype")
         untyped = torch.UntypedStorage(numel * torch._utils._element_size(dtype), device="meta")
@@ -280,12 +330,20 @@ def describes(pickle_bytes: bytes | memoryview, target: torch.Tensor, size: int)
         t = _MetaUnpickler(io.BytesIO(bytes(pickle_bytes)), encoding="utf-8").load()
     except Exception:  # noqa: BLE001 - any refusal of the unpickler: the caller's torch.load decides
         return False
-    return (type(t) is torch.Tensor and t.is_meta and t.dtype == target.dtype and t.size() == target.size()
-            and t.storage_offset() == 0 and t.is_contiguous()
-            and t.untyped_storage().nbytes() == size == target.numel() * target.element_size())
+    return (
+        type(t) is torch.Tensor
+        and t.is_meta
+        and t.dtype == target.dtype
+        and t.size() == target.size()
+        and t.storage_offset() == 0
+        and t.is_contiguous()
+        and t.untyped_storage().nbytes() == size == target.numel() * target.element_size()
+    )
 
 
-def locate(head: bytes | memoryview, central: tuple[int, dict[bytes, Entry]], target: torch.Tensor) -> Record | None:
+def locate(
+    head: bytes | memoryview, central: tuple[int, dict[bytes, Entry]], target: torch.Tensor
+) -> Record | None:
     """The storage record of `target`'s whole tensor, or None (the caller loads the item through
     torch.load). `head` holds the item's first bytes, at least up to the storage record's first byte."""
     if sys.byteorder != "little" or not target.is_contiguous() or target.device.type != "cpu":
@@ -304,7 +362,7 @@ def locate(head: bytes | memoryview, central: tuple[int, dict[bytes, Entry]], ta
         at = data_start(head, entries[name], name)
         if at is None or at + entries[name].size > storage.header:
             return None
-        record[name] = bytes(head[at:at + entries[name].size])
+        record[name] = bytes(head[at : at + entries[name].size])
     if record[order_name] != b"little" or not describes(record[pkl_name], target, storage.size):
         return None
     return Record(start, storage.size)

@@ -169,12 +169,17 @@ def require_written(md: Any) -> None:
         return
     missing = []
     for fqn, m in items.items():
-        keys = [MetadataIndex(fqn, c.offsets) for c in m.chunks] if isinstance(m, TensorStorageMetadata) \
+        keys = (
+            [MetadataIndex(fqn, c.offsets) for c in m.chunks]
+            if isinstance(m, TensorStorageMetadata)
             else [MetadataIndex(fqn)]
+        )
         missing += [fqn for k in keys if k not in have]
     if missing:
-        raise OSError(f"{len(missing)} saved item(s) were not written, such as {missing[0]!r} "
-                      "(a checkpoint writer thread failed)")
+        raise OSError(
+            f"{len(missing)} saved item(s) were not written, such as {missing[0]!r} "
+            "(a checkpoint writer thread failed)"
+        )
 
 
 _previous_thread_hook = threading.excepthook

@@ -51,9 +51,17 @@ class Deletion:
 class Chaos:
     """The deletions of one run; the runner asks ``due`` for each running pod at every poll."""
 
-    def __init__(self, n: int, seed: int, tasks: list[str], step_tasks: set[str] | frozenset[str] = frozenset(),
-                 total_steps: int | None = None, startup_s: float = 4.0, delay_s: float = 2.0,
-                 long_tasks: dict[str, float] | None = None) -> None:
+    def __init__(
+        self,
+        n: int,
+        seed: int,
+        tasks: list[str],
+        step_tasks: set[str] | frozenset[str] = frozenset(),
+        total_steps: int | None = None,
+        startup_s: float = 4.0,
+        delay_s: float = 2.0,
+        long_tasks: dict[str, float] | None = None,
+    ) -> None:
         if n < 0:
             raise ValueError(f"chaos must be >= 0, got {n}")
         if n and not tasks:
@@ -65,7 +73,11 @@ class Chaos:
         self.deletions = [self._draw(i, self.rng.choice(self.tasks)) for i in range(n)]
 
     def _draw(self, index: int, task: str) -> Deletion:
-        r = self.rng.random() if task in self.step_tasks and self.total_steps and self.total_steps > 1 else None
+        r = (
+            self.rng.random()
+            if task in self.step_tasks and self.total_steps and self.total_steps > 1
+            else None
+        )
         if r is not None and r >= STARTUP_FRACTION:
             return Deletion(index, task, "step", self.rng.randint(1, self.total_steps - 1))
         bound = self.startup_s if task in self.step_tasks else self.long_tasks.get(task, self.delay_s)
@@ -120,6 +132,9 @@ class Chaos:
 
     def record(self) -> dict[str, Any]:
         """What report.json holds under ``chaos``."""
-        return {"seed": self.seed, "planned": len(self.deletions),
-                "deleted": sum(d.outcome == "deleted" for d in self.deletions),
-                "deletions": [asdict(d) for d in self.deletions]}
+        return {
+            "seed": self.seed,
+            "planned": len(self.deletions),
+            "deleted": sum(d.outcome == "deleted" for d in self.deletions),
+            "deletions": [asdict(d) for d in self.deletions],
+        }

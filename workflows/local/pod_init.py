@@ -83,7 +83,10 @@ def main(argv: list[str]) -> int:
         return 2
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
-        print(f"pod_init: prctl(PR_SET_CHILD_SUBREAPER) failed: {os.strerror(ctypes.get_errno())}", file=sys.stderr)
+        print(
+            f"pod_init: prctl(PR_SET_CHILD_SUBREAPER) failed: {os.strerror(ctypes.get_errno())}",
+            file=sys.stderr,
+        )
         return 1
     child: subprocess.Popen | None = None
     pending: list[int] = []  # signals that came before the command started

@@ -186,8 +186,16 @@ class _Pod:
 
 
 class _Runner:
-    def __init__(self, plan: Plan, out_dir: Path, progress: TextIO | None, cwd: Path, env: dict[str, str],
-                 chaos: Chaos | None = None, unschedulable: frozenset[str] = frozenset()):
+    def __init__(
+        self,
+        plan: Plan,
+        out_dir: Path,
+        progress: TextIO | None,
+        cwd: Path,
+        env: dict[str, str],
+        chaos: Chaos | None = None,
+        unschedulable: frozenset[str] = frozenset(),
+    ):
         self.plan, self.out, self.progress, self.cwd = plan, out_dir, progress, cwd
         self.chaos = chaos
         self.unschedulable = unschedulable  # tasks whose pods stay Pending: no node will take them
@@ -198,7 +206,9 @@ class _Runner:
         self.state = dict.fromkeys(plan.tasks, "pending")
         self.next_attempt = dict.fromkeys(plan.tasks, 0)
         self.running: dict[str, _Pod] = {}
-        self.why: dict[str, str] = {}  # why a failed task was not retried (Argo's "No more retries left", ...)
+        self.why: dict[
+            str, str
+        ] = {}  # why a failed task was not retried (Argo's "No more retries left", ...)
         self.nodes: list[NodeResult] = []
         self.t0 = time.monotonic()
         self.aborting = False  # signal or deadline: no new tasks, no retries
@@ -248,25 +258,42 @@ class _Runner:
         for name, st in self.state.items():
             if st == "pending":
                 self.say(f"{name} not run")
-        phase = "Succeeded" if all(st in ("succeeded", "continued") for st in self.state.values()) else "Failed"
+        phase = (
+            "Succeeded" if all(st in ("succeeded", "continued") for st in self.state.values()) else "Failed"
+        )
         if phase == "Failed" and not self.message:
-            self.message = "failed: " + ", ".join(n + (f" ({self.why[n]})" if self.why.get(n) else "")
-                                                  for n, st in self.state.items() if st == "failed")
+            self.message = "failed: " + ", ".join(
+                n + (f" ({self.why[n]})" if self.why.get(n) else "")
+                for n, st in self.state.items()
+                if st == "failed"
+            )
         self.say(f"workflow {self.plan.name} {phase}" + (f": {self.message}" if phase == "Failed" else ""))
         if self.signalled == signal.SIGINT:
             raise KeyboardInterrupt
         if self.signalled is not None:
             raise SystemExit(SIGNAL_EXIT_BASE + self.signalled)
-        return RunResult(phase, self.nodes, self.plan.name, self.message if phase == "Failed" else "",
-                         self.chaos.record() if self.chaos is not None else None)
+        return RunResult(
+            phase,
+            self.nodes,
+            self.plan.name,
+            self.message if phase == "Failed" else "",
+            self.chaos.record() if self.chaos is not None else None,
+        )
 
     def _startable(self, ignore_abort: bool = False) -> list[Task]:
         """Tasks to start now. `ignore_abort`: those whose dependencies are met even though the workflow is
         stopping (after its deadline, real Argo still created and failed verify's node)."""
         if self.aborting and not ignore_abort:
             return []
-        return [t for n, t in self.plan.tasks.items() if self.state[n] == "retry"
-                or (self.state[n] == "pending" and all(self.state[d] in ("succeeded", "continued") for d in t.deps))]
+        return [
+            t
+            for n, t in self.plan.tasks.items()
+            if self.state[n] == "retry"
+            or (
+                self.state[n] == "pending"
+                and all(self.state[d] in ("succeeded", "continued") for d in t.deps)
+            )
+        ]
 
     def _install_signals(self) -> dict[int, Any]:
         if threading.current_thread() is not threading.main_thread():
@@ -282,8 +309,11 @@ class _Runner:
         if self.signalled is not None and not self.interrupted:
             self.interrupted = True
             self._abort(f"runner interrupted ({signal.Signals(self.signalled).name})", INTERRUPT_GRACE_S)
-        elif (self.plan.deadline_s is not None and not self.deadline_hit
-              and time.monotonic() - self.t0 > self.plan.deadline_s):
+        elif (
+            self.plan.deadline_s is not None
+            and not self.deadline_hit
+            and time.monotonic() - self.t0 > self.plan.deadline_s
+        ):
             # As Argo v3.7 records it (docs/cluster-local.md, "The workflow's deadline"): running pods end as
             # the kubelet ends a pod past its activeDeadlineSeconds, Pending ones and whatever becomes ready
             # now fail with STEP_DEADLINE, retries do not start, and the workflow itself gets no message (the
@@ -300,7 +330,9 @@ class _Runner:
             if st == "retry":  # its retry will not start now
                 self.state[name] = "failed"
                 self.why[name] = RETRY_DEADLINE if self.deadline_hit else "workflow stopping"
-            elif st == "unscheduled":  # a Pending pod: Argo fails its node when the workflow's deadline passes
+            elif (
+                st == "unscheduled"
+            ):  # a Pending pod: Argo fails its node when the workflow's deadline passes
                 self._fail_unstarted(self.plan.tasks[name], pending_why or why, pending=True)
         for pod in self.running.values():
             self._terminate(pod, "Failed", why, grace)
@@ -315,12 +347,37 @@ class _Runner:
         attempt = self.next_attempt[task.name]
         pod = task.pod_name(self.plan.name, attempt)
         now = time.time()
-        self.nodes.append(NodeResult(task.name, task.template, attempt, pod, -1, "Failed", why,
-                                     self.out / "logs" / f"{task.slug}-{attempt}.log", now, now))
+        self.nodes.append(
+            NodeResult(
+                task.name,
+                task.template,
+                attempt,
+                pod,
+                -1,
+                "Failed",
+                why,
+                self.out / "logs" / f"{task.slug}-{attempt}.log",
+                now,
+                now,
+            )
+        )
         if pending:
-            _write_atomic(self.pods_dir / f"{pod}.json", json.dumps({
-                "name": pod, "workflow": self.plan.name, **_task_fields(task), "template": task.template,
-                "attempt": attempt, "phase": "Failed", "status": "Failed", "exit_code": None, "message": why}))
+            _write_atomic(
+                self.pods_dir / f"{pod}.json",
+                json.dumps(
+                    {
+                        "name": pod,
+                        "workflow": self.plan.name,
+                        **_task_fields(task),
+                        "template": task.template,
+                        "attempt": attempt,
+                        "phase": "Failed",
+                        "status": "Failed",
+                        "exit_code": None,
+                        "message": why,
+                    }
+                ),
+            )
         self.why[task.name] = why
         self.say(f"{task.name} attempt {attempt} Failed: {why}")
 
@@ -337,15 +394,38 @@ class _Runner:
             task = dataclasses.replace(task, inputs=resolve_late_inputs(task, self._outputs()))
         if task.suspend:  # no pod: the node succeeds as it starts (Argo's suspend of duration 0)
             now = time.time()
-            node = NodeResult(task.name, task.template, attempt, name, 0, "Succeeded", "",
-                              self.out / "logs" / f"{task.slug}-{attempt}.log", now, now, inputs=dict(task.inputs))
+            node = NodeResult(
+                task.name,
+                task.template,
+                attempt,
+                name,
+                0,
+                "Succeeded",
+                "",
+                self.out / "logs" / f"{task.slug}-{attempt}.log",
+                now,
+                now,
+                inputs=dict(task.inputs),
+            )
             self._after(task, node, f"{task.name} Succeeded (suspend, no pod)")
             return
-        if task.group in self.unschedulable:  # Pending until the workflow's deadline ends it, as on a full cluster
+        if (
+            task.group in self.unschedulable
+        ):  # Pending until the workflow's deadline ends it, as on a full cluster
             self.state[task.name] = "unscheduled"
-            _write_atomic(self.pods_dir / f"{name}.json", json.dumps({
-                "name": name, "workflow": self.plan.name, **_task_fields(task), "template": task.template,
-                "attempt": attempt, "phase": "Pending"}))
+            _write_atomic(
+                self.pods_dir / f"{name}.json",
+                json.dumps(
+                    {
+                        "name": name,
+                        "workflow": self.plan.name,
+                        **_task_fields(task),
+                        "template": task.template,
+                        "attempt": attempt,
+                        "phase": "Pending",
+                    }
+                ),
+            )
             self.say(f"{task.name} attempt {attempt} Pending (pod {name}): unschedulable")
             return
         ctx = pod_ctx(self.plan, task, name, attempt)
@@ -357,12 +437,28 @@ class _Runner:
         started = time.time()
         try:
             with open(log_path, "wb") as log:
-                proc = subprocess.Popen([sys.executable, POD_INIT, *argv], stdin=subprocess.DEVNULL, stdout=log,
-                                        stderr=subprocess.STDOUT, cwd=self.cwd, env={**self.base_env, **cenv},
-                                        start_new_session=True)
+                proc = subprocess.Popen(
+                    [sys.executable, POD_INIT, *argv],
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    cwd=self.cwd,
+                    env={**self.base_env, **cenv},
+                    start_new_session=True,
+                )
         except OSError as exc:  # like a container that cannot start: an Error, subject to the retry policy
-            node = NodeResult(task.name, task.template, attempt, name, -1, "Error", f"failed to start: {exc}",
-                              log_path, started, time.time())
+            node = NodeResult(
+                task.name,
+                task.template,
+                attempt,
+                name,
+                -1,
+                "Error",
+                f"failed to start: {exc}",
+                log_path,
+                started,
+                time.time(),
+            )
             self._after(task, node, f"{task.name} attempt {attempt} Error: {node.message}")
             return
         reader = open(log_path, "rb")  # closed when the pod ends
@@ -374,11 +470,24 @@ class _Runner:
             self.chaos.unavailable(task.group, self._chaos_open())
 
     def _record(self, pod: _Pod, phase: str, **extra: Any) -> None:
-        _write_atomic(self.pods_dir / f"{pod.name}.json", json.dumps({
-            "name": pod.name, "workflow": self.plan.name, **_task_fields(pod.task),
-            "template": pod.task.template, "attempt": pod.attempt,
-            "pid": pod.proc.pid, "pgid": pod.proc.pid, "grace_s": pod.grace,
-            "phase": phase, **({"conditions": [KUEUE_CONDITION]} if pod.how == "kueue" else {}), **extra}))
+        _write_atomic(
+            self.pods_dir / f"{pod.name}.json",
+            json.dumps(
+                {
+                    "name": pod.name,
+                    "workflow": self.plan.name,
+                    **_task_fields(pod.task),
+                    "template": pod.task.template,
+                    "attempt": pod.attempt,
+                    "pid": pod.proc.pid,
+                    "pgid": pod.proc.pid,
+                    "grace_s": pod.grace,
+                    "phase": phase,
+                    **({"conditions": [KUEUE_CONDITION]} if pod.how == "kueue" else {}),
+                    **extra,
+                }
+            ),
+        )
 
     def _terminate(self, pod: _Pod, status: str, message: str, grace: float | None) -> None:
         """What the kubelet does to a pod being deleted: SIGTERM to the group now, SIGKILL after grace."""
@@ -397,8 +506,9 @@ class _Runner:
             self._kill(pod)
             return
         grace = min(pod.grace, NODE_SHUTDOWN_GRACE_S) if how == "node-shutdown" else pod.grace
-        what = {"node-shutdown": "node shutdown", "kueue": "preempted by Kueue", "evict": "evicted"}.get(how,
-                                                                                                          "pod deleted")
+        what = {"node-shutdown": "node shutdown", "kueue": "preempted by Kueue", "evict": "evicted"}.get(
+            how, "pod deleted"
+        )
         self.say(f"{pod.task.name} attempt {pod.attempt}: {what}, SIGTERM (grace {grace:g}s)")
         pod.kill_at = time.monotonic() + grace
         _killpg(pod.proc.pid, signal.SIGTERM)
@@ -421,10 +531,17 @@ class _Runner:
                     d = self.chaos.due(pod.task.group, now - pod.t0, pod.step, pod.restoring)
                     if d is not None:
                         self.chaos.landed(d, pod.name, pod.attempt, now - self.t0, pod.step)
-                        at = (f" at step {pod.step}" if pod.step is not None else " as it restores a checkpoint"
-                              if d.trigger == "restore" else f" {now - pod.t0:.2f}s after its start")
-                        self.say(f"chaos {d.index + 1}/{len(self.chaos.deletions)}: deleting {pod.task.name} "
-                                 f"attempt {pod.attempt}{at}")
+                        at = (
+                            f" at step {pod.step}"
+                            if pod.step is not None
+                            else " as it restores a checkpoint"
+                            if d.trigger == "restore"
+                            else f" {now - pod.t0:.2f}s after its start"
+                        )
+                        self.say(
+                            f"chaos {d.index + 1}/{len(self.chaos.deletions)}: deleting {pod.task.name} "
+                            f"attempt {pod.attempt}{at}"
+                        )
                         self._end(pod, "delete")
             if pod.kill_at is not None and (now >= pod.kill_at or self.hurry):
                 why = "second signal" if self.hurry else "grace over"
@@ -445,7 +562,9 @@ class _Runner:
             # its finalizer until the whole group finishes, so Argo reads the exit code (the real controllers,
             # docs/cluster-local.md).
             container = EXIT_SIGKILL if pod.sigkilled else code
-            self._finish(pod, "Error", POD_DELETED, may_retry=not self.aborting, code=-1, container_code=container)
+            self._finish(
+                pod, "Error", POD_DELETED, may_retry=not self.aborting, code=-1, container_code=container
+            )
             return
         elif pod.how is not None and pod.sigkilled:  # SIGKILLed after its grace: the emissary's 128 + 9
             status, message, code = "Failed", SIGKILLED, EXIT_SIGKILL
@@ -455,15 +574,32 @@ class _Runner:
             status, message = "Failed", container_error(code)
         self._finish(pod, status, message, may_retry=not self.aborting, code=code)
 
-    def _finish(self, pod: _Pod, status: str, message: str, may_retry: bool, code: int | None = None,
-                container_code: int | None = None) -> None:
+    def _finish(
+        self,
+        pod: _Pod,
+        status: str,
+        message: str,
+        may_retry: bool,
+        code: int | None = None,
+        container_code: int | None = None,
+    ) -> None:
         """Record the attempt as Argo's node (`code`: its exit code, -1 if Argo knows none) and the pod as the
         registry shows it (`container_code`: the container's own, what the kubelet wrote; default `code`)."""
         del self.running[pod.task.name]
         pod.reader.close()
         code = signal_exit(pod.proc.returncode) if code is None else code
-        node = NodeResult(pod.task.name, pod.task.template, pod.attempt, pod.name, code, status, message,
-                          pod.log_path, pod.started, time.time())
+        node = NodeResult(
+            pod.task.name,
+            pod.task.template,
+            pod.attempt,
+            pod.name,
+            code,
+            status,
+            message,
+            pod.log_path,
+            pod.started,
+            time.time(),
+        )
         node.parameters = self._read_params(pod)
         if status == "Succeeded":
             try:
@@ -471,10 +607,17 @@ class _Runner:
             except OSError as exc:
                 node.status, node.message = "Error", f"failed to save outputs: {exc}"
         phase = "Succeeded" if node.status == "Succeeded" or container_code == 0 else "Failed"  # a pod phase
-        self._record(pod, phase, exit_code=code if container_code is None else container_code, status=node.status,
-                     message=node.message)
+        self._record(
+            pod,
+            phase,
+            exit_code=code if container_code is None else container_code,
+            status=node.status,
+            message=node.message,
+        )
         if self.chaos is not None:
-            self.chaos.ended(pod.name, node.status, code if container_code is None else container_code, node.message)
+            self.chaos.ended(
+                pod.name, node.status, code if container_code is None else container_code, node.message
+            )
         at = f" at step {pod.step}" if pod.step is not None else ""
         detail = at
         if node.status != "Succeeded":
@@ -484,9 +627,15 @@ class _Runner:
     def _after(self, task: Task, node: NodeResult, line: str, may_retry: bool = True) -> None:
         self.nodes.append(node)
         self._after_state(task, node, line, may_retry)
-        if self.chaos is not None and self.state[task.name] != "retry" and all(  # done for good, the group too
-                self.state[n] not in ("pending", "running", "retry") for n, t in self.plan.tasks.items()
-                if t.group == task.group):
+        if (
+            self.chaos is not None
+            and self.state[task.name] != "retry"
+            and all(  # done for good, the group too
+                self.state[n] not in ("pending", "running", "retry")
+                for n, t in self.plan.tasks.items()
+                if t.group == task.group
+            )
+        ):
             self.chaos.unavailable(task.group, self._chaos_open())
 
     def _chaos_may(self, task: Task, attempt: int) -> bool:
@@ -501,8 +650,12 @@ class _Runner:
         for name, st in self.state.items():
             task = self.plan.tasks[name]
             attempt = self.running[name].attempt if name in self.running else self.next_attempt[name]
-            if (st in ("pending", "running", "retry") and self._chaos_may(task, attempt) and not self.aborting
-                    and task.group not in out):
+            if (
+                st in ("pending", "running", "retry")
+                and self._chaos_may(task, attempt)
+                and not self.aborting
+                and task.group not in out
+            ):
                 out.append(task.group)
         return out
 
@@ -511,15 +664,20 @@ class _Runner:
             self.state[task.name] = "succeeded"
             self.say(line)
             return
-        retry, why = self._should_retry(task, node) if may_retry else (
-            False, RETRY_DEADLINE if self.deadline_hit else "workflow stopping")
+        retry, why = (
+            self._should_retry(task, node)
+            if may_retry
+            else (False, RETRY_DEADLINE if self.deadline_hit else "workflow stopping")
+        )
         if retry:
             limit = "unlimited" if task.retry.limit is None else task.retry.limit
             self.say(f"{line} -> retrying ({node.attempt + 1}/{limit})")
             # no backoff: the main loop starts it on its next pass
             self.state[task.name], self.next_attempt[task.name] = "retry", node.attempt + 1
         elif node.status in task.continue_on:
-            self.say(f"{line} -> task failed" + (f" ({why})" if why else "") + "; continueOn: its dependents run")
+            self.say(
+                f"{line} -> task failed" + (f" ({why})" if why else "") + "; continueOn: its dependents run"
+            )
             self.state[task.name] = "continued"
         else:
             self.say(f"{line} -> task failed" + (f" ({why})" if why else ""))
@@ -536,9 +694,12 @@ class _Runner:
             return False, f"retryPolicy {r.policy} does not retry {node.status}"
         if r.expr is not None:
             dur = node.finished - node.started
-            env = {"lastRetry.exitCode": str(node.exit_code), "lastRetry.status": node.status,
-                   "lastRetry.message": node.message,
-                   "lastRetry.duration": str(int(dur)) if dur.is_integer() else repr(dur)}
+            env = {
+                "lastRetry.exitCode": str(node.exit_code),
+                "lastRetry.status": node.status,
+                "lastRetry.message": node.message,
+                "lastRetry.duration": str(int(dur)) if dur.is_integer() else repr(dur),
+            }
             try:
                 if not r.expr.evaluate(env):
                     return False, "retryStrategy.expression evaluated to false"
@@ -608,8 +769,15 @@ class _Runner:
             self.say(f"{pod.task.name} attempt {pod.attempt} step {pod.step}{total}")
 
     def _write_nodes(self) -> None:
-        rows = [{**asdict(n), "log_path": str(n.log_path),
-                 "artifacts": {k: str(v) for k, v in n.artifacts.items()}, "parameters": n.parameters} for n in self.nodes]
+        rows = [
+            {
+                **asdict(n),
+                "log_path": str(n.log_path),
+                "artifacts": {k: str(v) for k, v in n.artifacts.items()},
+                "parameters": n.parameters,
+            }
+            for n in self.nodes
+        ]
         doc = {"workflow": self.plan.name, "nodes": rows}
         _write_atomic(self.out / "nodes.json", json.dumps(doc, indent=1))
 
@@ -636,10 +804,17 @@ def _killpg(pgid: int, sig: int) -> None:
         pass  # the whole group has already exited
 
 
-def run_workflow(spec: dict, out_dir: Path, params: dict[str, str] | None = None, *,
-                 progress: TextIO | None = sys.stderr, cwd: Path | None = None,
-                 env: dict[str, str] | None = None, chaos: Chaos | None = None,
-                 unschedulable: frozenset[str] = frozenset()) -> RunResult:
+def run_workflow(
+    spec: dict,
+    out_dir: Path,
+    params: dict[str, str] | None = None,
+    *,
+    progress: TextIO | None = sys.stderr,
+    cwd: Path | None = None,
+    env: dict[str, str] | None = None,
+    chaos: Chaos | None = None,
+    unschedulable: frozenset[str] = frozenset(),
+) -> RunResult:
     """Validate ``spec`` (raising ``UnsupportedSpec`` before anything runs), then run it to the end,
     deleting pods as ``chaos`` plans (its tasks must be the spec's). The pods of the tasks named in
     ``unschedulable`` stay Pending (a cluster with no room for them) until the workflow's deadline."""
@@ -652,5 +827,12 @@ def run_workflow(spec: dict, out_dir: Path, params: dict[str, str] | None = None
     unknown = sorted(set(unschedulable) - groups)
     if unknown:
         raise UnsupportedSpec(f"unschedulable: no task named {', '.join(unknown)}")
-    return _Runner(plan, Path(out_dir), progress, Path(cwd) if cwd else Path.cwd(), dict(env or {}), chaos,
-                   frozenset(unschedulable)).run()
+    return _Runner(
+        plan,
+        Path(out_dir),
+        progress,
+        Path(cwd) if cwd else Path.cwd(),
+        dict(env or {}),
+        chaos,
+        frozenset(unschedulable),
+    ).run()

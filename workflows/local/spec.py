@@ -21,8 +21,17 @@ from steps.lib.contract import POD_GROUP_LABEL, QUEUE_LABEL, RELEASE_TEMPLATE
 # Fields that the runner accepts and ignores because they have no meaning on one machine.
 ACCEPTED_WITHOUT_EFFECT: dict[str, frozenset[str]] = {
     "metadata": frozenset({"labels", "annotations", "namespace"}),
-    "spec": frozenset({"serviceAccountName", "podGC", "ttlStrategy", "artifactRepositoryRef",
-                       "workflowMetadata", "podMetadata", "metrics"}),
+    "spec": frozenset(
+        {
+            "serviceAccountName",
+            "podGC",
+            "ttlStrategy",
+            "artifactRepositoryRef",
+            "workflowMetadata",
+            "podMetadata",
+            "metrics",
+        }
+    ),
     "template": frozenset({"metrics", "metadata"}),
     "container": frozenset({"image", "imagePullPolicy", "resources"}),
     "artifact": frozenset({"archive", "s3", "gcs"}),
@@ -33,11 +42,24 @@ _SUPPORTED: dict[str, frozenset[str]] = {
     "spec": frozenset({"entrypoint", "arguments", "templates", "activeDeadlineSeconds", "onExit"}),
     "arguments": frozenset({"parameters"}),
     "wf_param": frozenset({"name", "value", "description", "enum"}),
-    "template": frozenset({"name", "dag", "container", "suspend", "inputs", "outputs", "retryStrategy",
-                           "podSpecPatch", "activeDeadlineSeconds"}),
+    "template": frozenset(
+        {
+            "name",
+            "dag",
+            "container",
+            "suspend",
+            "inputs",
+            "outputs",
+            "retryStrategy",
+            "podSpecPatch",
+            "activeDeadlineSeconds",
+        }
+    ),
     "suspend": frozenset({"duration"}),
     "dag": frozenset({"tasks"}),
-    "task": frozenset({"name", "template", "dependencies", "depends", "arguments", "continueOn", "withSequence"}),
+    "task": frozenset(
+        {"name", "template", "dependencies", "depends", "arguments", "continueOn", "withSequence"}
+    ),
     "withSequence": frozenset({"count"}),
     "continueOn": frozenset({"failed", "error"}),
     "task_param": frozenset({"name", "value"}),
@@ -52,8 +74,12 @@ _SUPPORTED: dict[str, frozenset[str]] = {
     "retryStrategy": frozenset({"limit", "retryPolicy", "expression"}),
     "podSpecPatch": frozenset({"terminationGracePeriodSeconds"}),
 }
-POLICY_RETRIES = {"Always": {"Failed", "Error"}, "OnFailure": {"Failed"}, "OnError": {"Error"},
-                   "OnTransientError": {"Error"}}
+POLICY_RETRIES = {
+    "Always": {"Failed", "Error"},
+    "OnFailure": {"Failed"},
+    "OnError": {"Error"},
+    "OnTransientError": {"Error"},
+}
 _REF = re.compile(r"\{\{\s*([^{}]*?)\s*\}\}")
 _TASK_OUTPUT = re.compile(r"tasks\.([A-Za-z0-9][A-Za-z0-9_.-]*?)\.outputs\.parameters\.([A-Za-z0-9_-]+)")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")  # also used as file names
@@ -61,7 +87,6 @@ DEFAULT_GRACE_S = 30.0
 # Every local pod shares this host's network: its address is loopback.
 POD_IP = "127.0.0.1"
 FIELD_REFS = ("metadata.name", "status.podIP")
-
 
 
 class UnsupportedSpec(ValueError):
@@ -90,7 +115,9 @@ class Task:
     retry: _Retry | None
     deadline_s: float | None
     continue_on: frozenset[str] = frozenset()  # node statuses (Failed, Error) its dependents accept
-    late_inputs: dict[str, str] = field(default_factory=dict)  # inputs naming a dependency's outputs: at start
+    late_inputs: dict[str, str] = field(
+        default_factory=dict
+    )  # inputs naming a dependency's outputs: at start
     group: str = ""  # the DAG task as written: a withSequence item's name is `<group>(<i>:<i>)`, as Argo's
     item: str | None = None  # the withSequence item ({{item}})
     root: bool = False  # the entrypoint itself is this container: Argo's root node, named as the workflow
@@ -110,7 +137,8 @@ class Task:
         task without a retryStrategy is the node `<workflow>.<task>` itself (a container entrypoint's node is
         the workflow's own). Pinned in a test to names the real controller gave."""
         node = (workflow if self.root else f"{workflow}.{self.name}") + (
-            f"({attempt})" if self.retry is not None else "")
+            f"({attempt})" if self.retry is not None else ""
+        )
         if node == workflow:  # pod_name.go: the root node's pod is named as the workflow
             return workflow
         h = 2166136261
@@ -182,8 +210,10 @@ def _subst(text: Any, ctx: dict[str, str], path: str) -> str:
 
     def one(m: re.Match) -> str:
         if m.group(1) not in ctx:
-            raise UnsupportedSpec(f"{path}: cannot resolve {m.group(0)} (the local runner knows: "
-                                  f"{', '.join('{{' + k + '}}' for k in sorted(ctx))})")
+            raise UnsupportedSpec(
+                f"{path}: cannot resolve {m.group(0)} (the local runner knows: "
+                f"{', '.join('{{' + k + '}}' for k in sorted(ctx))})"
+            )
         return ctx[m.group(1)]
 
     return _REF.sub(one, text)  # one pass: substituted values are data, never re-expanded
@@ -193,7 +223,10 @@ def resolve_late_inputs(task: Task, outputs: dict[str, dict[str, str]]) -> dict[
     """The task's inputs, with references to its dependencies' output parameters substituted from
     `outputs` (task -> {parameter: value}, of each dependency's last attempt)."""
     ctx = {f"tasks.{t}.outputs.parameters.{k}": v for t, ps in outputs.items() for k, v in ps.items()}
-    return {**task.inputs, **{k: _subst(v, ctx, f"{task.path}: input {k}") for k, v in task.late_inputs.items()}}
+    return {
+        **task.inputs,
+        **{k: _subst(v, ctx, f"{task.path}: input {k}") for k, v in task.late_inputs.items()},
+    }
 
 
 def pod_ctx(plan: Plan, task: Task, pod_name: str, retries: int) -> dict[str, str]:
@@ -220,18 +253,27 @@ def pod_grace(task: Task, ctx: dict[str, str]) -> float:
 
 def argv_env(plan: Plan, task: Task, ctx: dict[str, str]) -> tuple[list[str], dict[str, str]]:
     c, path = task.tmpl["container"], f"{task.path}.container"
-    argv = [_subst(a, ctx, f"{path}.{k}[{i}]")
-            for k in ("command", "args") for i, a in enumerate(_list(c.get(k), f"{path}.{k}"))]
+    argv = [
+        _subst(a, ctx, f"{path}.{k}[{i}]")
+        for k in ("command", "args")
+        for i, a in enumerate(_list(c.get(k), f"{path}.{k}"))
+    ]
     env: dict[str, str] = {}
     for i, e in enumerate(_list(c.get("env"), f"{path}.env")):
         epath = f"{path}.env[{i}]"
         _check(e, epath, "env")
         if "valueFrom" in e:
             ref = e["valueFrom"].get("fieldRef") if isinstance(e["valueFrom"], dict) else None
-            if (e["valueFrom"] != {"fieldRef": ref} or not isinstance(ref, dict)
-                    or ref.get("fieldPath") not in FIELD_REFS or ref.keys() - {"fieldPath", "apiVersion"}):
-                raise UnsupportedSpec(f"{epath}.valueFrom: only fieldRef.fieldPath metadata.name and "
-                                      "status.podIP are supported by the local runner")
+            if (
+                e["valueFrom"] != {"fieldRef": ref}
+                or not isinstance(ref, dict)
+                or ref.get("fieldPath") not in FIELD_REFS
+                or ref.keys() - {"fieldPath", "apiVersion"}
+            ):
+                raise UnsupportedSpec(
+                    f"{epath}.valueFrom: only fieldRef.fieldPath metadata.name and "
+                    "status.podIP are supported by the local runner"
+                )
             env[_name(e, epath)] = ctx["pod.name"] if ref["fieldPath"] == "metadata.name" else POD_IP
         else:
             env[_name(e, epath)] = _subst(e.get("value", ""), ctx, f"{epath}.value")
@@ -241,8 +283,9 @@ def argv_env(plan: Plan, task: Task, ctx: dict[str, str]) -> tuple[list[str], di
 def artifact_paths(task: Task, ctx: dict[str, str]) -> dict[str, str]:
     path = f"{task.path}.outputs"
     out: dict[str, str] = {}
-    for i, a in enumerate(_list(_check(task.tmpl.get("outputs", {}), path, "outputs").get("artifacts"),
-                                f"{path}.artifacts")):
+    for i, a in enumerate(
+        _list(_check(task.tmpl.get("outputs", {}), path, "outputs").get("artifacts"), f"{path}.artifacts")
+    ):
         apath = f"{path}.artifacts[{i}]"
         _check(a, apath, "artifact")
         out[_name(a, apath)] = _subst(a.get("path"), ctx, f"{apath}.path")
@@ -253,16 +296,19 @@ def out_params(task: Task, ctx: dict[str, str]) -> dict[str, tuple[str, str | No
     """Output parameters: name -> (file path, default). Read after the attempt, like Argo's executor."""
     path = f"{task.path}.outputs"
     out: dict[str, tuple[str, str | None]] = {}
-    for i, prm in enumerate(_list(_check(task.tmpl.get("outputs", {}), path, "outputs").get("parameters"),
-                                  f"{path}.parameters")):
+    for i, prm in enumerate(
+        _list(_check(task.tmpl.get("outputs", {}), path, "outputs").get("parameters"), f"{path}.parameters")
+    ):
         ppath = f"{path}.parameters[{i}]"
         _check(prm, ppath, "output_param")
         vf = _check(prm.get("valueFrom"), f"{ppath}.valueFrom", "valueFrom")
         if "path" not in vf:
             raise _refuse(f"{ppath}.valueFrom: only valueFrom.path is supported by the local runner")
         default = vf.get("default")
-        out[_name(prm, ppath)] = (_subst(vf["path"], ctx, f"{ppath}.valueFrom.path"),
-                                  None if default is None else _scalar(default, f"{ppath}.valueFrom.default"))
+        out[_name(prm, ppath)] = (
+            _subst(vf["path"], ctx, f"{ppath}.valueFrom.path"),
+            None if default is None else _scalar(default, f"{ppath}.valueFrom.default"),
+        )
     return out
 
 
@@ -332,12 +378,17 @@ def build_plan(spec: dict, params: dict[str, str] | None) -> Plan:
         if "enum" in p and value not in [str(x) for x in _list(p["enum"], f"{ppath}.enum")]:
             raise UnsupportedSpec(f"{ppath}: value {value!r} is not in enum {p['enum']!r}")
     # workflow.uid: new at each run, as the API server's is; the drill signs its round files with it.
-    wf_ctx = {"workflow.name": name, "workflow.uid": str(uuid.uuid4()),
-              **{f"workflow.parameters.{k}": v for k, v in wf_params.items()}}
+    wf_ctx = {
+        "workflow.name": name,
+        "workflow.uid": str(uuid.uuid4()),
+        **{f"workflow.parameters.{k}": v for k, v in wf_params.items()},
+    }
     deadline = s.get("activeDeadlineSeconds")
     deadline = None if deadline is None else _seconds(deadline, "spec.activeDeadlineSeconds")
     pod_meta = s.get("podMetadata") or {}
-    plan = Plan(name, wf_ctx, {}, deadline, dict(pod_meta.get("labels") or {}) if isinstance(pod_meta, dict) else {})
+    plan = Plan(
+        name, wf_ctx, {}, deadline, dict(pod_meta.get("labels") or {}) if isinstance(pod_meta, dict) else {}
+    )
 
     templates: dict[str, tuple[str, dict]] = {}
     for i, t in enumerate(_list(s.get("templates"), "spec.templates")):
@@ -346,11 +397,15 @@ def build_plan(spec: dict, params: dict[str, str] | None) -> Plan:
         if tname in templates:
             raise UnsupportedSpec(f"{path}.name: duplicate template {tname!r}")
         if sum(k in t for k in ("dag", "container", "suspend")) != 1:
-            raise UnsupportedSpec(f"{path}: needs exactly one of dag, container or suspend (the local runner's kinds)")
+            raise UnsupportedSpec(
+                f"{path}: needs exactly one of dag, container or suspend (the local runner's kinds)"
+            )
         if "suspend" in t:
             _check(t["suspend"], f"{path}.suspend", "suspend")
             if str(t["suspend"].get("duration", "")) != "0" or "retryStrategy" in t:
-                raise _refuse(f"{path}.suspend", "a suspend template other than duration \"0\" without retries is")
+                raise _refuse(
+                    f"{path}.suspend", 'a suspend template other than duration "0" without retries is'
+                )
         elif "dag" in t:
             extra = sorted(t.keys() - {"name", "dag"} - ACCEPTED_WITHOUT_EFFECT["template"])
             if extra:
@@ -359,8 +414,10 @@ def build_plan(spec: dict, params: dict[str, str] | None) -> Plan:
         else:
             _check(t["container"], f"{path}.container", "container")
             if not _list(t["container"].get("command"), f"{path}.container.command"):
-                raise UnsupportedSpec(f"{path}.container.command: required by the local runner "
-                                      "(it cannot use an image's entrypoint)")
+                raise UnsupportedSpec(
+                    f"{path}.container.command: required by the local runner "
+                    "(it cannot use an image's entrypoint)"
+                )
             _retry(t, path, None)
         templates[tname] = (path, t)
 
@@ -383,8 +440,18 @@ def build_plan(spec: dict, params: dict[str, str] | None) -> Plan:
             seq = _check(rt["withSequence"], f"{path}.withSequence", "withSequence")
             if "count" not in seq:
                 raise _refuse(f"{path}.withSequence", "anything but count is")
-            items = [str(k) for k in range(int(_seconds(_scalar(seq["count"], f"{path}.withSequence.count"),
-                                                        f"{path}.withSequence.count", wf_ctx)))]
+            items = [
+                str(k)
+                for k in range(
+                    int(
+                        _seconds(
+                            _scalar(seq["count"], f"{path}.withSequence.count"),
+                            f"{path}.withSequence.count",
+                            wf_ctx,
+                        )
+                    )
+                )
+            ]
         groups[group] = []
         for item in items:
             task_name = group if item is None else f"{group}({item}:{item})"  # Argo's generateNodeName
@@ -400,8 +467,15 @@ def build_plan(spec: dict, params: dict[str, str] | None) -> Plan:
     return plan
 
 
-def _plan_task(plan: Plan, templates: dict[str, tuple[str, dict]], rt: dict, path: str, group: str,
-               task_name: str, item: str | None) -> None:
+def _plan_task(
+    plan: Plan,
+    templates: dict[str, tuple[str, dict]],
+    rt: dict,
+    path: str,
+    group: str,
+    task_name: str,
+    item: str | None,
+) -> None:
     """One task (or one withSequence item of it) into `plan`."""
     name, wf_ctx = plan.name, plan.wf_ctx
     ref = rt.get("template")
@@ -428,8 +502,9 @@ def _plan_task(plan: Plan, templates: dict[str, tuple[str, dict]], rt: dict, pat
             late[pname] = value
             given[pname] = value
         else:  # `{{item}}` only in a task's arguments, as in Argo (validate.go)
-            given[pname] = _subst(value, {**wf_ctx, **({"item": item} if item is not None else {})},
-                                  f"{ppath}.value")
+            given[pname] = _subst(
+                value, {**wf_ctx, **({"item": item} if item is not None else {})}, f"{ppath}.value"
+            )
     inputs: dict[str, str] = {}
     ins = _check(tmpl.get("inputs", {}), f"{tmpl_path}.inputs", "inputs")
     for j, p in enumerate(_list(ins.get("parameters"), f"{tmpl_path}.inputs.parameters")):
@@ -449,10 +524,21 @@ def _plan_task(plan: Plan, templates: dict[str, tuple[str, dict]], rt: dict, pat
     for k, v in con.items():
         if not isinstance(v, bool):
             raise UnsupportedSpec(f"{path}.continueOn.{k}: expected true or false, got {v!r}")
-    task = Task(task_name, ref, tmpl_path, tmpl, deps, inputs, _retry(tmpl, tmpl_path, ictx),
-                 None if tdl is None else _seconds(tdl, f"{tmpl_path}.activeDeadlineSeconds", ictx),
-                 frozenset(st for k, st in (("failed", "Failed"), ("error", "Error")) if con.get(k)),
-                 {k: v for k, v in late.items() if k in inputs}, group, item, root=path.startswith("spec.entrypoint["))
+    task = Task(
+        task_name,
+        ref,
+        tmpl_path,
+        tmpl,
+        deps,
+        inputs,
+        _retry(tmpl, tmpl_path, ictx),
+        None if tdl is None else _seconds(tdl, f"{tmpl_path}.activeDeadlineSeconds", ictx),
+        frozenset(st for k, st in (("failed", "Failed"), ("error", "Error")) if con.get(k)),
+        {k: v for k, v in late.items() if k in inputs},
+        group,
+        item,
+        root=path.startswith("spec.entrypoint["),
+    )
     labels = {**plan.pod_labels, **((tmpl.get("metadata") or {}).get("labels") or {})}  # Argo's merge order
     task.kueue_group = bool(labels.get(POD_GROUP_LABEL)) and bool(labels.get(QUEUE_LABEL))
     if task.suspend:
@@ -474,7 +560,7 @@ def _check_acyclic(tasks: dict[str, Task]) -> None:
         if state.get(n) == 2:
             return
         if state.get(n) == 1:
-            raise UnsupportedSpec(f"dependency cycle: {' -> '.join(trail[trail.index(n):] + [n])}")
+            raise UnsupportedSpec(f"dependency cycle: {' -> '.join(trail[trail.index(n) :] + [n])}")
         state[n] = 1
         for d in tasks[n].deps:
             visit(d, trail + [n])
