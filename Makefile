@@ -1,5 +1,5 @@
 # Every target sets up .venv by itself (idempotent). torch is pinned in pyproject.toml, PyPI's CUDA build (several
-# GB of CUDA libraries, which run on a CPU too): a fresh install takes about 3 minutes here (docs/results.md).
+# GB of CUDA libraries, which run on a CPU too): a fresh install's time and size are in docs/results.md.
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PYTEST := $(PY) -m pytest
@@ -81,13 +81,13 @@ cluster-build:
 	bash infra/local/packages.sh
 	bash infra/local/build.sh
 
-# Kueue's controller manager and JobSet's (infra/local/kueue.env), a cache entry of their own (about 18 min
-# cold on 2 cores: infra/local/README.md); `python -m infra.local.cluster up --kueue` and
+# Kueue's controller manager and JobSet's (infra/local/kueue.env), a cache entry of their own (its cold build
+# time: docs/results.md); `python -m infra.local.cluster up --kueue` and
 # tests/e2e/test_kueue_real.py use it, and skip or say so when it is not built.
 cluster-build-kueue:
 	nice bash infra/local/build-kueue.sh
 
-# Builds first on a cold cache (about 25 min, with progress); a warm one costs nothing.
+# Builds first on a cold cache (with progress; its time is in docs/results.md); a warm one costs nothing.
 cluster-up: install image
 	$(PY) -m infra.local.cluster up
 
