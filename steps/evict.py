@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import sys
 import time
@@ -301,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 1
     targets = eviction_nodes(len(points), args.nodes, args.seed, pinned)
-    pods_dir = os.environ.get(LOCAL_PODS_ENV)
+    pods_dir = baton_env.text(LOCAL_PODS_ENV) or None  # the local runner sets it; a cluster does not
     pods = (
         LocalPods(pods_dir, args.workflow, args.task) if pods_dir else ClusterPods(args.workflow, args.task)
     )

@@ -10,7 +10,6 @@ in one line. `--from-file` takes the Workflow from a file instead, and then no t
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import tempfile
@@ -19,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from trainer import env
 
 REPO = Path(__file__).resolve().parent.parent
 TEMPLATES = REPO / "templates"
@@ -41,7 +42,7 @@ def targets() -> list[str]:
 
 def chosen(flag: str | None) -> str | None:
     """`--target`, else BATON_TARGET, else None; a name that is no overlay is refused, naming where it came from."""
-    where, value = ("--target", flag) if flag else (TARGET_ENV, os.environ.get(TARGET_ENV, "").strip())
+    where, value = ("--target", flag) if flag else (TARGET_ENV, env.text(TARGET_ENV))
     if not value:
         return None
     if value not in targets():

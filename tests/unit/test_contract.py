@@ -121,3 +121,46 @@ def test_a_planted_role_literal_in_the_drill_definition_is_found():
     assert (
         role_and_task_literals('Container(name="train", args=["--role", role])') == []
     )  # a template, not a task
+
+
+def tiny_shapes(source: str) -> list[int]:
+    """Lines of `source` that spell the tiny network's shape again: a call or dict with trainer/tiny.py's hidden
+    size and layer count together (read on the syntax)."""
+    from trainer.tiny import TINY_ARCH
+
+    want = {"hidden_size": TINY_ARCH["hidden_size"], "num_hidden_layers": TINY_ARCH["num_hidden_layers"]}
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        pairs: dict[str, object] = {}
+        if isinstance(node, ast.Call):
+            pairs = {
+                k.arg: k.value.value for k in node.keywords if k.arg and isinstance(k.value, ast.Constant)
+            }
+        elif isinstance(node, ast.Dict):
+            pairs = {
+                k.value: v.value
+                for k, v in zip(node.keys, node.values, strict=True)
+                if isinstance(k, ast.Constant) and isinstance(v, ast.Constant)
+            }
+        if all(pairs.get(k) == v for k, v in want.items()):
+            found.append(node.lineno)
+    return found
+
+
+def test_the_tiny_networks_shape_has_one_home():
+    offenders = {
+        str(p.relative_to(REPO)): lines
+        for pkg in PRODUCT
+        for p in (REPO / pkg).rglob("*.py")
+        if p != REPO / "trainer" / "tiny.py" and (lines := tiny_shapes(p.read_text()))
+    }
+    assert offenders == {}
+    assert tiny_shapes((REPO / "trainer" / "tiny.py").read_text())  # its home spells it
+
+
+def test_a_second_spelling_of_the_tiny_shape_is_found():
+    """Control: gpu/model.py's TINY_SHAPE as it was (a dict of its own, vocab 1024)."""
+    planted = "T = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, vocab_size=1024)\n"
+    assert tiny_shapes(planted) == [1]
+    assert tiny_shapes('T = {"hidden_size": 64, "num_hidden_layers": 2}\n') == [1]
+    assert tiny_shapes("T = dict(hidden_size=896, num_hidden_layers=24)\n") == []

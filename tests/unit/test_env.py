@@ -4,7 +4,7 @@ once read as off (only "1" was), so a control asked for that way ran as a normal
 
 from __future__ import annotations
 
-import re
+import ast
 import subprocess
 from pathlib import Path
 
@@ -82,18 +82,87 @@ def test_the_pods_pid_1_refuses_a_bad_variable_in_one_line(tmp_path):
     assert "ran" in good.stdout, good.stderr[-1000:]
 
 
+def _key_value(node: ast.expr, names: dict[str, str]) -> str | None:
+    """The string a key expression stands for: a constant, or a name bound to one (in the module, or imported)."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if isinstance(node, ast.Name):
+        return names.get(node.id)
+    return None
+
+
+def _string_names(tree: ast.Module) -> dict[str, str]:
+    """Module-level names bound to a string: `X = "..."`, and `from M import Y [as X]` where M.Y is a string."""
+    import importlib
+
+    names: dict[str, str] = {}
+    for node in tree.body:
+        if (
+            isinstance(node, ast.Assign)
+            and isinstance(node.value, ast.Constant)
+            and isinstance(node.value.value, str)
+        ):
+            names.update({t.id: node.value.value for t in node.targets if isinstance(t, ast.Name)})
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            for a in node.names:
+                try:
+                    value = getattr(importlib.import_module(node.module), a.name, None)
+                except ImportError:
+                    continue
+                if isinstance(value, str):
+                    names[a.asname or a.name] = value
+    return names
+
+
+def baton_reads(source: str) -> list[int]:
+    """Lines where `source` reads a BATON_ variable from os.environ or os.getenv itself, by literal or by a
+    name bound to one (read on the syntax: `os.environ.get(K)`, `os.environ[K]`, `os.getenv(K)`)."""
+    tree = ast.parse(source)
+    names = _string_names(tree)
+
+    def is_environ(n: ast.expr) -> bool:
+        return (
+            isinstance(n, ast.Attribute)
+            and n.attr == "environ"
+            and isinstance(n.value, ast.Name)
+            and n.value.id == "os"
+        )
+
+    lines = []
+    for node in ast.walk(tree):
+        key = None
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.args:
+            f = node.func
+            if (f.attr == "get" and is_environ(f.value)) or (
+                f.attr == "getenv" and isinstance(f.value, ast.Name) and f.value.id == "os"
+            ):
+                key = node.args[0]
+        elif isinstance(node, ast.Subscript) and is_environ(node.value):
+            key = node.slice
+        value = _key_value(key, names) if key is not None else None
+        if value is not None and value.startswith("BATON_"):
+            lines.append(node.lineno)
+    return lines
+
+
 def test_baton_variables_are_read_in_trainer_env_only():
-    """One home for the rule: no other module of the product reads a BATON_ variable from os.environ itself
-    (tests/faultfs, the test seams, are outside the product and read their own)."""
-    pattern = re.compile(r"""(os\.environ(\.get)?\s*[\(\[]\s*|os\.getenv\(\s*)["']BATON_""")
+    """One home for the rule: no other module of the product reads a BATON_ variable from os.environ itself,
+    by literal or through a name (tests/faultfs, the test seams, are outside the product and read their own)."""
     offenders = [
-        f"{p.relative_to(REPO)}:{i}"
-        for folder in ("trainer", "steps", "baton", "workflows")
+        f"{p.relative_to(REPO)}:{line}"
+        for folder in ("trainer", "steps", "baton", "workflows", "gpu")
         for p in sorted((REPO / folder).rglob("*.py"))
         if p != REPO / "trainer" / "env.py"
-        for i, line in enumerate(p.read_text().splitlines(), 1)
-        if pattern.search(line)
+        for line in baton_reads(p.read_text())
     ]
     assert offenders == [], offenders
-    assert pattern.search('x = os.environ.get("BATON_GRACE")')  # control: the pattern sees the old form
     assert Path(env.__file__).name == "env.py"
+
+
+def test_a_baton_read_past_trainer_env_is_found_however_it_is_spelled():
+    """Controls: the old literal form, and the two that the regular expression before this check missed
+    (steps/evict.py's and workflows/targets.py's: a constant, an imported name)."""
+    assert baton_reads('import os\nx = os.environ.get("BATON_GRACE")\n') == [2]
+    assert baton_reads('import os\nK = "BATON_TARGET"\nv = os.environ.get(K, "")\n') == [3]
+    assert baton_reads("import os\nfrom steps.lib.local_pods import ENV as P\nd = os.environ[P]\n") == [3]
+    assert baton_reads('import os\nv = os.getenv("BATON_X")\nw = os.environ.get("LOCAL_RANK")\n') == [2]
