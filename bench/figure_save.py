@@ -163,7 +163,7 @@ def async_figure(local: dict[str, Any]) -> Figure:
     sync, blk = local["store_s"], local["async_s"]
     f = Figure(
         "2",
-        f"async: blocking time of `{local.get('async_path', 'Store.save_async')}` vs `Store.save`",
+        f"async: blocking time of `{local.get('async_path', 'Store.asyncs.save_async')}` vs `Store.save`",
         fmt_s(blk),
         fmt_s(sync),
         fmt_x(blk / sync),
@@ -181,7 +181,7 @@ def async_figure(local: dict[str, Any]) -> Figure:
         f.rows.insert(
             0,
             (
-                "async: blocking time of `Store.save_async` with one forward+backward before the update vs "
+                "async: blocking time of `Store.asyncs.save_async` with one forward+backward before the update vs "
                 "`Store.save`",
                 fmt_s(stp),
                 fmt_s(sync),

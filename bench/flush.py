@@ -13,7 +13,7 @@ raw, dcp and store sides then get `reps` more interleaved rounds, because the sh
 - store_1thread (local): the same with io_threads=1, one file per rank written and hashed in turn;
 - store_preempt: `Store.save(read_back=False)`, what a preemption save now does: hashed while written,
   sizes checked in the store, nothing read back;
-- async (local): `Store.save_async` (or `dcp.async_save` on a gloo group of its own when the store
+- async (local): `Store.asyncs.save_async` (or `dcp.async_save` on a gloo group of its own when the store
   has no async path): the time it blocks the caller when the next optimizer update follows at once
   (the call, the step boundary, and `before_update`'s wait for the staging copy: the worst case),
   and the time until it has committed;

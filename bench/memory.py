@@ -2,7 +2,7 @@
 
 One process per mode, so that each peak is its own:
 - sync: `Store.save` (what periodic saves do by default, and what a preemption save does);
-- async: `Store.save_async`, then the next step boundary, then `drain` (the staging copy lives
+- async: `Store.asyncs.save_async`, then the next step boundary, then `drain` (the staging copy lives
   until the upload has finished).
 A thread samples this process's RSS every 5 ms from /proc/self/statm; the peak is taken over the saves
 only (loading the model has a peak of its own). Older checkpoints are deleted as the saves go.
