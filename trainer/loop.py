@@ -130,7 +130,7 @@ class Trainer:
             self.times,
             history=cfg.cadence.mode == "auto",
         )
-        self.attempt, self.committed, self.opened = opened.attempt, opened.committed, opened
+        self.attempt, self.opened = opened.attempt, opened
         if opened.prefetching:
             self.preempt.phase = "restore"
         self.last_committed: int | None = None  # the checkpoints' own: set by the resume and by every commit
@@ -184,7 +184,7 @@ class Trainer:
         # With a committed checkpoint to resume from, every parameter is about to be overwritten: build
         # the structure without reading the pretrained weights. Should every checkpoint be refused,
         # resume() reads them after all (pretrained_fallback).
-        self.empty_model = bool(self.committed)
+        self.empty_model = bool(self.opened.committed)
         # The last of the start's imports, then the collector back on with what the start made frozen,
         # before the build allocates the model (trainer/collector.py).
         import_model_class(path)
@@ -245,10 +245,9 @@ class Trainer:
         return self.parts.capture(self.step)
 
     def resume(self) -> None:
-        if self.committed:  # what it is about to load: lets a watcher (the drill's chaos) act mid-restore
-            self.emit(
-                "restore", self.committed[0], committed=len(self.committed), path=self.opened.newest_url
-            )
+        committed = self.opened.committed
+        if committed:  # what it is about to load: lets a watcher (the drill's chaos) act mid-restore
+            self.emit("restore", committed[0], committed=len(committed), path=self.opened.newest_url)
         resumed = self.ckpt.resume(self.parts, self.cfg.faults.read_retry_s, self.times)
         t = time.perf_counter()
         if resumed is None:

@@ -60,6 +60,14 @@ class Record:
     size: int
 
 
+def _central_record(buf: bytes | memoryview, pos: int) -> tuple[int, ...]:
+    """The fields of the central directory record at `pos` that the readers below use: signature, flags,
+    method, compressed and uncompressed sizes, the name's, extra field's and comment's lengths, and the local
+    header's offset."""
+    f = CENTRAL.unpack_from(buf, pos)
+    return f[0], f[3], f[4], f[8], f[9], f[10], f[11], f[12], f[16]
+
+
 def central_directory(tail: bytes, item_size: int) -> tuple[int, dict[bytes, Entry]] | None:
     """(offset of the central directory, its entries by name) from `tail`: the item's last bytes, at
     least the whole central directory and end records (`central_span` says how many). None unless the
@@ -79,25 +87,9 @@ def central_directory(tail: bytes, item_size: int) -> tuple[int, dict[bytes, Ent
     for _ in range(n):
         if pos + CENTRAL.size > len(tail):
             return None
-        (
-            sig,
-            _made,
-            _need,
-            flags,
-            method,
-            _t,
-            _d,
-            _crc,
-            csize,
-            usize,
-            name_len,
-            extra_len,
-            comment_len,
-            _disk,
-            _iattr,
-            _eattr,
-            header,
-        ) = CENTRAL.unpack_from(tail, pos)
+        sig, flags, method, csize, usize, name_len, extra_len, comment_len, header = _central_record(
+            tail, pos
+        )
         if sig != CENTRAL_SIG or method != 0 or flags & 1 or csize != usize or _ZIP64 in (csize, header):
             return None
         name = bytes(tail[pos + CENTRAL.size : pos + CENTRAL.size + name_len])
@@ -224,25 +216,9 @@ def archive_problem(read_at: Callable[[int, int], bytes | memoryview], size: int
     for _ in range(n):
         if pos + CENTRAL.size > len(central):
             return "the central directory ends inside a record"
-        (
-            sig,
-            _made,
-            _need,
-            flags,
-            method,
-            _t,
-            _d,
-            _crc,
-            csize,
-            usize,
-            name_len,
-            extra_len,
-            comment_len,
-            _disk,
-            _iattr,
-            _eattr,
-            _header,
-        ) = CENTRAL.unpack_from(central, pos)
+        sig, flags, method, csize, usize, name_len, extra_len, comment_len, _header = _central_record(
+            central, pos
+        )
         name = central[pos + CENTRAL.size : pos + CENTRAL.size + name_len].decode("utf-8", "replace")[:80]
         if sig != CENTRAL_SIG:
             return "a central directory record without its signature"
