@@ -64,6 +64,8 @@ class Evidence:
         self.lines: list[str] = []
         self.path = None
         self.last_flush = 0.0
+        # add and flush hold it; a flush at SIGTERM runs on a thread of its own (flush_in_background)
+        self._lock = threading.Lock()
         # On an object store each flush rewrites the whole file: throttled (BATON_EVIDENCE_FLUSH_S,
         # default 2 s). What the drill's evict step sees of the trial lags by about this much.
         self.flush_every_s = baton_env.number("BATON_EVIDENCE_FLUSH_S")
@@ -80,21 +82,42 @@ class Evidence:
     def add(self, line: str) -> None:
         if self.path is None:
             return
-        self.lines.append(line)
-        if self.local:
-            with open(self.path, "a") as f:
-                f.write(line + "\n")
-                f.flush()
-                os.fsync(f.fileno())
-        elif time.monotonic() - self.last_flush > self.flush_every_s:
-            self.flush()
+        with self._lock:
+            self.lines.append(line)
+            if self.local:
+                with open(self.path, "a") as f:
+                    f.write(line + "\n")
+                    f.flush()
+                    os.fsync(f.fileno())
+            elif time.monotonic() - self.last_flush > self.flush_every_s:
+                self._write()
 
     def flush(self) -> None:
+        with self._lock:
+            self._write()
+
+    def _write(self) -> None:
         if self.path is None or self.local:
             return
         with self.fs.open(self.path, "w") as f:
             f.write("".join(line + "\n" for line in self.lines))
         self.last_flush = time.monotonic()
+
+    def flush_in_background(self) -> None:
+        """At SIGTERM: copy every line so far now, on a thread of its own (the signal handler may have
+        interrupted add or flush, which hold the lock). A pod SIGKILLed at its grace loses only what its
+        trainer wrote after the signal; without this, the throttle's last 2 s of step records were lost with
+        it, and the drill placed the kill and counted the replayed steps from a stale copy."""
+        if self.path is None or self.local:
+            return
+
+        def run() -> None:
+            try:
+                self.flush()
+            except Exception as e:  # noqa: BLE001 - evidence is a copy
+                print(f"[steps.train] could not write the evidence at SIGTERM: {e}", file=sys.stderr)
+
+        threading.Thread(target=run, name="evidence-at-sigterm", daemon=True).start()
 
 
 def grace() -> float:
@@ -609,11 +632,14 @@ def main(argv: list[str] | None = None) -> int:
 
     signalled = threading.Event()
     child: subprocess.Popen | None = None
+    evidence: Evidence | None = None
     g = args.shutdown_timeout if args.shutdown_timeout is not None else grace()
 
     def forward(signum: int, _frame) -> None:
         first = not signalled.is_set()
         signalled.set()
+        if first and evidence is not None:
+            evidence.flush_in_background()
         if child is not None and child.poll() is None:
             child.send_signal(signum)
             if direct and first:

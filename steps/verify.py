@@ -88,6 +88,12 @@ def trial_outcome(records: list[dict[str, Any]], eviction_list: list[dict[str, A
     return "failed", "the trial ended without finishing and without an eviction to blame"
 
 
+def _where(eviction: dict[str, Any]) -> str:
+    """The step an eviction found its attempt at: from the attempt's own records, else what evict saw."""
+    reached = eviction.get("reached_step")
+    return str(reached if reached is not None else eviction.get("observed_step"))
+
+
 def classify_evictions(
     records: list[dict[str, Any]], eviction_list: list[dict[str, Any]]
 ) -> list[dict[str, Any]]:
@@ -96,9 +102,16 @@ def classify_evictions(
     ranks or nodes the survivors write it when the evicted one died without saving), `missed` (the signal reached a trainer that had already
     finished: the attempt wrote `done`, or its pod ended with exit 0; it says nothing about the
     trainer), `killed` (SIGKILLed after its grace, exit 137: its preemption save did not finish in time),
-    or `lost` (none of these: the attempt died without committing the step it reached)."""
+    or `lost` (none of these: the attempt died without committing the step it reached).
+
+    Each also gets `reached_step`: the last step the evicted attempt's own records show (None without any),
+    where the signal found it. `observed_step` is what evict saw in the evidence, which lags, and evict may
+    fire ahead of its point at a fast trainer: the two can be tens of steps apart."""
     by_attempt: dict[int, set[str]] = {}
+    reached: dict[Any, int] = {}
     for r in records:
+        if r.get("event") == "step":
+            reached[r.get("attempt")] = max(reached.get(r.get("attempt"), 0), r["step"])
         if r.get("event") == "retry_later" and r.get("reason") == PEER_LOST:
             continue
         by_attempt.setdefault(r.get("attempt"), set()).add(str(r.get("event")))
@@ -114,7 +127,7 @@ def classify_evictions(
             met = "killed"
         else:
             met = "lost"
-        out.append({**ev, "met": met})
+        out.append({**ev, "met": met, "reached_step": reached.get(ev.get("attempt"))})
     return out
 
 
@@ -170,14 +183,14 @@ def verify(
     if killed:
         problems.append(
             f"{len(killed)} eviction(s) ended in SIGKILL after the grace (exit {EXIT_SIGKILL}, at step "
-            f"{', '.join(str(e.get('observed_step')) for e in killed)}): the preemption save did not "
+            f"{', '.join(_where(e) for e in killed)}): the preemption save did not "
             "finish in time (a faster save, async saves, or a longer grace)"
         )
     lost = [e for e in met if e["met"] == "lost"] if met is not None else None
     if lost is not None and lost and outcome != "died_on_sigterm":
         problems.append(
             f"{len(lost)} eviction(s) ended an attempt without a preempt record (at step "
-            f"{', '.join(str(e.get('observed_step')) for e in lost)}): an evicted attempt died without "
+            f"{', '.join(_where(e) for e in lost)}): an evicted attempt died without "
             "committing its step"
         )
     elif lost is None and evictions is not None and len(preempts) < evictions:

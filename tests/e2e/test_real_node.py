@@ -10,6 +10,7 @@ The cluster is conftest.py's, shared with the other modules. Skipped where the n
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -19,7 +20,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.e2e.localcluster import REPO, SMALL, Local, watch, why_skip
+from tests.e2e.localcluster import REPO, SMALL, SMALL_STEPS, Local, watch, why_skip
 
 _SKIP = why_skip()
 pytestmark = [pytest.mark.skipif(bool(_SKIP), reason=_SKIP), pytest.mark.slow, pytest.mark.e2e]
@@ -202,3 +203,150 @@ def test_exit_codes_and_the_termination_message_are_what_argo_reads(cluster: Loc
     assert _main_status(pods["says"])["state"]["terminated"].get("message") == "baton: saved at step 7", (
         _main_status(pods["says"])["state"]["terminated"]
     )
+
+
+# The pod's grace in the test below: the kubelet's own floor is 2 s (minimumGracePeriodInSeconds,
+# pkg/kubelet/kuberuntime/kuberuntime_container.go); the trainer is told it has the parameter's 30 s.
+SHORT_GRACE_S = 3
+# klog's header, "I1207 12:00:01.123456", and the fields of the kubelet's lines this test reads (--v 2).
+_KLOG_TIME = re.compile(r"^[IWE](\d{4}) (\d\d):(\d\d):(\d\d\.\d+)")
+
+
+def _klog_seconds(line: str) -> float:
+    m = _KLOG_TIME.match(line)
+    assert m, line
+    return int(m.group(2)) * 3600 + int(m.group(3)) * 60 + float(m.group(4))
+
+
+def _klog_field(line: str, name: str) -> str:
+    m = re.search(rf'\b{name}="?([^" ]+)"?', line)
+    assert m, f"no {name} in {line}"
+    return m.group(1)
+
+
+def _kill_and_exit(kubelet_log: str, pod: str) -> tuple[int, int, float]:
+    """For `pod`'s main container, from the kubelet's log: the grace it killed it with, the exit code the PLEG
+    then saw, and the seconds between the two lines."""
+    lines = kubelet_log.splitlines()
+    kills = [
+        line
+        for line in lines
+        if '"Killing container with a grace period"' in line
+        and f'pod="baton/{pod}"' in line
+        and 'containerName="main"' in line
+    ]
+    assert len(kills) == 1, kills or f"the kubelet never killed {pod}'s main container"
+    container = _klog_field(kills[0], "containerID").rsplit("//", 1)[-1]
+    finished = [line for line in lines if "container finished" in line and container in line]
+    assert len(finished) == 1, (
+        finished or f"the kubelet never saw {pod}'s main container ({container}) finish"
+    )
+    return (
+        int(_klog_field(kills[0], "gracePeriod")),
+        int(_klog_field(finished[0], "exitCode")),
+        _klog_seconds(finished[0]) - _klog_seconds(kills[0]),
+    )
+
+
+def _records(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def test_an_eviction_with_a_grace_shorter_than_the_save_is_sigkilled_and_the_retry_falls_back(cluster: Local):
+    """The trial's pod grace cut to SHORT_GRACE_S while its save is slowed far past it (tests/faultfs: every
+    write of a save from the step after the last checkpoint before the eviction waits 60 s, in the first
+    attempt only): the kubelet SIGKILLs the main container at the grace (its log: the grace, exit 137), the
+    save never commits, Argo retries the 137, and the next attempt resumes from the last committed checkpoint
+    and replays the steps since, which the drill reports. The bucket is a host folder that every step mounts
+    (faulty://, so the slow writes meet DCP's real writer); the other steps only see the protocol.
+    Control: the session's drill, with the pod's full grace, saved at the eviction and replayed nothing."""
+    from steps.evict import eviction_points
+
+    env = cluster.user_env()
+    store = cluster.state / "slow-store"
+    store.mkdir()
+    store.chmod(0o777)  # the image's user 1000 writes the bucket
+    every = 10
+    (point,) = eviction_points(int(SMALL_STEPS), 1)
+    last_before = (point - 1) // every * every
+    marker = "/slow-store/save-started"
+    faults = {
+        "slow_writes": {str(k): 60 for k in range(last_before + 1, int(SMALL_STEPS) + 1)},
+        "marker": marker,
+        "once": True,
+    }
+    cron = _local_cron()
+    spec = cron["spec"]["workflowSpec"]
+    spec.setdefault("volumes", []).extend(
+        [
+            {"name": "faultfs", "hostPath": {"path": str(REPO / "tests" / "faultfs"), "type": "Directory"}},
+            {"name": "slow-store", "hostPath": {"path": str(store), "type": "Directory"}},
+        ]
+    )
+    for t in spec["templates"]:
+        if "container" not in t:
+            continue
+        t["container"].setdefault("volumeMounts", []).extend(
+            [
+                {"name": "faultfs", "mountPath": "/faultfs", "readOnly": True},
+                {"name": "slow-store", "mountPath": "/slow-store"},
+            ]
+        )
+        t["container"]["env"].append({"name": "PYTHONPATH", "value": "/faultfs"})
+        if t["name"] == "trial":
+            t["container"]["env"].append({"name": "BATON_TEST_FAULTS", "value": json.dumps(faults)})
+            # The pod's grace only: BATON_GRACE and steps.train's --shutdown-timeout keep the parameter's 30 s,
+            # so that it is the kubelet, not the wrapper, that ends the save.
+            t["podSpecPatch"] = json.dumps({"terminationGracePeriodSeconds": SHORT_GRACE_S})
+    name = _submit_file(
+        env, cron, *SMALL, "-p", f"every_steps={every}", "-p", "bucket=faulty:///slow-store/bucket"
+    )
+    phase, status = watch(env, name, timeout=900)
+    wf = cluster.get("workflow", name)
+    attempts = _attempts(wf, "trial")
+    described = [(a["phase"], a.get("message")) for a in attempts]
+    print(
+        f"\n[e2e] drill {name} with a {SHORT_GRACE_S} s pod grace: {phase}; trial {described}\n{status.stdout}"
+    )
+    first_pod = f"{name}-trial-{attempts[0]['id'].rsplit('-', 1)[1]}"
+    grace, code, took = _kill_and_exit((cluster.state / "logs" / "kubelet.log").read_text(), first_pod)
+    print(f"[e2e] the kubelet killed {first_pod} with a {grace} s grace; exit {code} {took:.1f} s later")
+    assert (grace, code) == (SHORT_GRACE_S, 137), (grace, code)
+    # The container was still in its save when the grace ran out: it did not end before it (the PLEG sees an exit
+    # up to its 1 s relist late, never early).
+    assert took >= SHORT_GRACE_S - 0.1, took
+    assert (store / "save-started").exists(), "the slowed save never started: nothing was cut"
+    assert described[0] in (("Failed", "main: Error (exit code 137)"), ("Error", "pod deleted")), described
+    assert len(attempts) == 2 and described[1][0] == "Succeeded", described
+    # The bucket: the first attempt committed nothing after last_before; the second resumed there. Its
+    # evidence was copied at the SIGTERM (steps/train.py), so the kill lost none of its step records.
+    root = store / "bucket" / "drills" / name
+    trial = [r for f in sorted((root / "evidence" / "trial").glob("*.jsonl")) for r in _records(f)]
+    resumes = sorted((r["attempt"], r["from_step"]) for r in trial if r["event"] == "resume")
+    first_steps = sorted(r["step"] for r in trial if r["event"] == "step" and r["attempt"] == resumes[0][0])
+    stopped_at = first_steps[-1]
+    print(f"[e2e] trial resumes (attempt, from step): {resumes}; the first attempt's last step: {stopped_at}")
+    assert [f for _, f in resumes] == [0, last_before], resumes
+    assert first_steps == list(range(1, stopped_at + 1)), first_steps
+    assert stopped_at > last_before and not [r for r in trial if r["event"] == "preempt"], stopped_at
+    assert not [
+        d
+        for d in (root / "trial").rglob("step-*")
+        if last_before < int(d.name[5:]) <= stopped_at and (d / "_COMMIT").exists()
+    ]
+    # ...and the drill says so: the kill, where it came, and the steps since the last commit trained twice.
+    verify = json.loads((root / "verify.json").read_text())
+    print(f"[e2e] verify: {verify['problems']}")
+    assert (verify["evictions_met"]["killed"], verify["replayed"], verify["missing"]) == (
+        1,
+        stopped_at - last_before,
+        [],
+    ), verify
+    assert any(f"exit 137, at step {stopped_at}" in p for p in verify["problems"]), verify["problems"]
+    report = json.loads((root / "report" / "report.json").read_text())
+    print(f"[e2e] the drill's verdict: {report['verdict']}")
+    assert phase == "Failed" and report["passed"] is False, status.stdout
+    assert report["verdict"].startswith(
+        "NOT preemption-safe: 1 of 1 evictions ended in SIGKILL after the grace"
+    )
+    assert report["steps"]["replayed"] == stopped_at - last_before, report["steps"]

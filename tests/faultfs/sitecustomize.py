@@ -10,6 +10,9 @@ trainer's real code path (DCP's fsspec writer, the manifest, _COMMIT) with nothi
                                  save that fails once, and the next save of that step succeeds
     {"slow_writes": {"8": 0.5}, "marker": PATH}  every write under step-00000008/ first waits 0.5 s; the first
                                  such write creates the file PATH, if given (a test lands a kill mid-save)
+    {"slow_writes": {...}, "marker": PATH, "once": true}  as that, but a process that starts when PATH already
+                                 exists is not slowed: the attempt that retries one killed mid-save saves at
+                                 full speed (tests/e2e/test_real_node.py, a grace shorter than the save)
     {"slow_reads": {"6": 1.0}, "marker": PATH}   every read under step-00000006/ first waits 1 s; the first
                                  such read creates the file PATH (a test lands a kill mid-restore)
     {"read_errors": 3, "read_match": ".distcp"}   only paths holding read_match count (here DCP's data files)
@@ -50,6 +53,15 @@ def _step_of(path: str, inside: bool = False) -> int | None:
     return int(m.group(1) or m.group(2))
 
 
+def _slowed_at_start() -> bool:
+    """Whether this process gets the slow writes: always, unless "once" and the marker existed when it started."""
+    faults = _faults()
+    return not (faults.get("once") and faults.get("marker") and os.path.exists(faults["marker"]))
+
+
+_SLOWED = _slowed_at_start()
+
+
 class FaultyFileSystem(LocalFileSystem):
     protocol = ("faulty",)
     root_marker = "/"
@@ -72,7 +84,7 @@ class FaultyFileSystem(LocalFileSystem):
         step = _step_of(path)
         if step is None:
             return
-        delay = float((faults.get("slow_writes") or {}).get(str(step), 0))
+        delay = float((faults.get("slow_writes") or {}).get(str(step), 0)) if _SLOWED else 0.0
         if delay:
             import time
 

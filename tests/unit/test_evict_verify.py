@@ -454,9 +454,16 @@ def test_an_eviction_sigkilled_after_its_grace_is_a_save_that_did_not_finish_in_
 
     recs = _clean_run(total=10, stops=(3,))
     recs = [r for r in recs if not (r["event"] == "preempt")]  # attempt 1 wrote no preempt record
-    killed = [_evicted(1, 3, 137, "main: Error (exit code 137)")]
+    # evict fired early, having seen step 1 in the lagging evidence; the attempt's own records reached step 3,
+    # and that is where the problem places the kill (the real-node test: evict saw 111, the kill came at 160).
+    killed = [{**_evicted(1, 3, 137, "main: Error (exit code 137)"), "observed_step": 1}]
     v = verify(recs, 10, evictions=1, planned=1, eviction_list=killed)
     assert v["evictions_met"]["killed"] == 1 and any("did not finish in time" in p for p in v["problems"])
+    assert any("(exit 137, at step 3)" in p for p in v["problems"]), v["problems"]
+    # Control: an attempt with no step records of its own is placed where evict saw it.
+    bare = [r for r in recs if not (r["event"] == "step" and r["attempt"] == 1)]
+    problems = verify(bare, 10, evictions=1, planned=1, eviction_list=killed)["problems"]
+    assert any("(exit 137, at step 1)" in p for p in problems), problems
     report = {
         "equivalent": True,
         "passed": False,

@@ -267,3 +267,25 @@ def test_sigterms_inside_a_restore_and_inside_a_save_lose_nothing_and_the_record
     rc, recs, err = run(cmd, env=fault_env())
     assert rc == 0 and [r["from_step"] for r in recs if r["event"] == "resume"] == [8], err[-3000:]
     assert final_equal(root, reference, 10)
+
+
+def test_faultfs_slow_writes_once_spare_a_process_started_after_the_marker(tmp_path):
+    """The seam the real-node test uses for a save slower than the pod's grace: "once" slows only a process that
+    started before the marker existed, so the retried attempt saves at full speed. Control: without "once",
+    or before the marker exists, the process is slowed."""
+    import subprocess
+
+    marker = tmp_path / "save-started"
+
+    def slowed(**faults) -> str:
+        code = "import sitecustomize; print(sitecustomize._SLOWED)"
+        r = subprocess.run(
+            [PY, "-c", code], env=fault_env(**faults), capture_output=True, text=True, check=True
+        )
+        return r.stdout.strip()
+
+    faults = {"slow_writes": {"8": 60}, "marker": str(marker)}
+    assert slowed(**faults, once=True) == "True"  # before the marker: the attempt that will be killed
+    marker.touch()
+    assert slowed(**faults, once=True) == "False"  # after it: the retry
+    assert slowed(**faults) == "True"  # control: without "once", every process is slowed

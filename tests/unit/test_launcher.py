@@ -225,3 +225,62 @@ def test_the_version_check_agrees_with_this_torchruns_own_parser():
         [PY, "-c", probe], cwd=REPO, env=base_env(), capture_output=True, text=True, check=True
     )
     assert out.stdout.strip() == "True", out.stdout
+
+
+# A rank that writes step records 1..STEPS, then ignores SIGTERM (only SIGKILL ends it).
+STEPS = 20
+RECORDS_THEN_HANG = (
+    "import json, signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+    f"for s in range(1, {STEPS} + 1): print(json.dumps({{'event': 'step', 'step': s, 'attempt': 0}}), flush=True)\n"
+    "time.sleep(120)\n"
+)
+
+
+def test_the_evidence_is_copied_at_sigterm_so_a_kill_at_the_grace_loses_none_of_it(tmp_path):
+    """On an object store the evidence is rewritten at most every BATON_EVIDENCE_FLUSH_S (here an hour), so a
+    pod SIGKILLed at its grace lost the records since the last copy, and the drill placed the kill and counted
+    the replayed steps from a stale copy (tests/e2e/test_real_node.py). At SIGTERM the wrapper copies every
+    line it has at once: the copy holds the last step while the rank still runs, and the SIGKILL loses
+    nothing. Control: before the SIGTERM, the throttled copy does not hold it."""
+    import time
+
+    script = tmp_path / "rank.py"
+    script.write_text(RECORDS_THEN_HANG)
+    copy = tmp_path / "evidence" / "attempt.jsonl"
+    cmd = [PY, "-m", "steps.train", "--nproc", "1", "--shutdown-timeout", "600"]
+    cmd += ["--evidence", f"faulty://{tmp_path}/evidence", "--name", "attempt"]
+    cmd += ["--trainer", str(script)]
+    env = {**base_env(), "BATON_EVIDENCE_FLUSH_S": "3600"}
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
+
+    def steps_in_copy() -> list[int]:
+        text = copy.read_text() if copy.exists() else ""
+        return [json.loads(line)["step"] for line in text.splitlines() if '"step"' in line]
+
+    try:
+        assert p.stdout is not None
+        seen = 0
+        while seen < STEPS:  # the wrapper has passed on (and so read) every record
+            line = p.stdout.readline()
+            assert line, p.communicate(timeout=60)[1][-2000:]
+            seen += line.startswith("{")
+        assert STEPS not in steps_in_copy(), steps_in_copy()  # the control: throttled, the tail is not copied
+        p.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 60
+        while STEPS not in steps_in_copy():
+            assert time.monotonic() < deadline, f"the copy never got step {STEPS}: {steps_in_copy()}"
+            time.sleep(0.05)
+    finally:
+        for pid in _children(p.pid):
+            os.kill(pid, signal.SIGKILL)
+        p.kill()
+        p.communicate(timeout=60)
+    assert steps_in_copy() == list(range(1, STEPS + 1))
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(x) for x in f.read().split()]
+    except OSError:
+        return []
