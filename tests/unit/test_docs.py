@@ -452,6 +452,119 @@ def env_problems(text: str) -> list[str]:
     ]
 
 
+# ---- versions and figures stated twice ---------------------------------------------------------------------
+
+
+def _env_file(path: Path) -> dict[str, str]:
+    """`NAME=value` lines of a sourced env file (infra/local/pins.py reads them the same way)."""
+    out = {}
+    for line in path.read_text().splitlines():
+        name, sep, value = line.strip().partition("=")
+        if sep and not name.startswith("#"):
+            out[name] = value
+    return out
+
+
+def _pyproject_pins() -> dict[str, str]:
+    """`name==version` requirements of pyproject.toml, by lowercase name."""
+    text = (REPO / "pyproject.toml").read_text()
+    return {m.group(1).lower(): m.group(2) for m in re.finditer(r'"([A-Za-z0-9_.-]+)==([0-9][\w.*]*)', text)}
+
+
+def _module_constant(path: Path, name: str) -> str:
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == name for t in node.targets):
+            return ast.literal_eval(node.value)
+    raise AssertionError(f"{path}: no constant {name}")
+
+
+@cache
+def version_homes() -> dict[str, tuple[str, ...]]:
+    """Each pinned component, as the docs name it (a regular expression), and the versions its homes hold: the
+    env files of the local cluster, pyproject.toml's pins, and the Argo release the CRDs are also checked
+    against (tests/crd.py FORWARD)."""
+    env = {**_env_file(REPO / "infra/local/versions.env"), **_env_file(REPO / "infra/local/kueue.env")}
+    pins = _pyproject_pins()
+    return {
+        r"argo(?: workflows)?": (env["ARGO_VERSION"], _module_constant(REPO / "tests/crd.py", "FORWARD")),
+        r"kubernetes|kubelet|kube-apiserver|k8s": (env["K8S_VERSION"],),
+        r"etcd": (env["ETCD_VERSION"],),
+        r"kueue": (env["KUEUE_VERSION"],),
+        r"jobset": (env["JOBSET_VERSION"],),
+        r"torch|pytorch": (pins["torch"],),
+        r"transformers": (pins["transformers"],),
+        r"hera": (pins["hera"],),
+        r"ruff": (pins["ruff"],),
+        r"playwright": (pins["playwright"],),
+    }
+
+
+# A version that the docs state of a pinned component and that is not its pin, on purpose: (doc, mention).
+OTHER_VERSIONS = {
+    (
+        "docs/results.md",
+        "torch 2.11.0",
+    ),  # the GPU machine's own torch in figure 11's run, said to be not the pin
+}
+
+
+def _same_version(stated: str, pinned: str) -> bool:
+    stated, pinned = stated.lstrip("v"), pinned.lstrip("v").rstrip("*").rstrip(".")
+    return pinned == stated or pinned.startswith(stated + ".") or stated.startswith(pinned + ".")
+
+
+def version_problems(text: str, doc: Path) -> list[str]:
+    """A pinned component named with a version (`Argo v3.7.18`, `torch 2.13`, `Kueue v0.19`): the version is
+    its pin, or a prefix of it."""
+    problems = []
+    for pattern, pinned in version_homes().items():
+        for m in re.finditer(rf"\b({pattern})[ -]v?(\d+\.\d+(?:\.\d+)?)\b", text, re.I):
+            mention = m.group(0)
+            if any(_same_version(m.group(2), v) for v in pinned):
+                continue
+            if (doc.relative_to(REPO).as_posix(), mention) in OTHER_VERSIONS:
+                continue
+            problems.append(f"{mention}: the pin is {' or '.join(pinned)}")
+    return problems
+
+
+RESULTS = REPO / "docs" / "results.md"
+_DURATION = re.compile(r"\b\d+ min \d+ s\b")
+
+
+def _subject(row: str) -> str | None:
+    """A figures table's row's subject: the command its first cell begins with in backticks (`make test`,
+    `cluster up`), or None (a row described in words is not compared)."""
+    m = re.match(r"\s*`([^`]+)`", row.split("|")[1])
+    return m.group(1) if m else None
+
+
+def figure_problems(text: str, doc: Path) -> list[str]:
+    """docs/results.md is the figures' home: a duration stated elsewhere (`N min N s`) is one that it states,
+    and it states each subject once in a table (the newest figure; older ones are in git history)."""
+    results = text if doc == RESULTS else RESULTS.read_text()
+    if doc != RESULTS:
+        return [
+            f"{d}: not in docs/results.md" for d in dict.fromkeys(_DURATION.findall(text)) if d not in results
+        ]
+    problems, seen, figures = [], set(), False
+    for line in text.split("\n"):
+        if not line.startswith("|"):
+            seen, figures = set(), False  # a new table
+            continue
+        if re.fullmatch(r"\|[\s|:-]*", line):
+            continue
+        if not seen and not figures:
+            figures = line.split("|")[1].strip() == "what"  # the hand-written tables: what | figure | when
+            seen.add(None)
+            continue
+        subject = _subject(line) if figures else None
+        if subject is not None and subject in seen:
+            problems.append(f"two rows for `{subject}` in one table")
+        seen.add(subject)
+    return problems
+
+
 # ---- the docs as they are ---------------------------------------------------------------------------------
 
 CHECKS = {
@@ -460,6 +573,8 @@ CHECKS = {
     "config keys": lambda text, doc: config_problems(text, reference=doc.name == "config.md"),
     "programs, flags and -p parameters": lambda text, doc: command_problems(text),
     "BATON_ variables": lambda text, doc: env_problems(text),
+    "versions": version_problems,
+    "figures": figure_problems,
 }
 
 
@@ -585,3 +700,28 @@ def test_a_missing_environment_variable_is_reported():
     assert env_problems("`BATON_GRACE` and BATON_NO_SUCH_VARIABLE, every `BATON_` variable") == [
         "no such environment variable: BATON_NO_SUCH_VARIABLE"
     ]
+
+
+def test_a_version_other_than_the_pin_is_reported():
+    argo = version_homes()[r"argo(?: workflows)?"][0]
+    text = f"Argo {argo}, Argo v4.1.2, argo-v3.7, torch 2.13, torch 2.12.0, Kueue v0.18.1, kubelet v1.37, etcd v3.6.0"
+    assert sorted(version_problems(text, DOC)) == [
+        f"Kueue v0.18.1: the pin is {version_homes()['kueue'][0]}",
+        f"etcd v3.6.0: the pin is {version_homes()['etcd'][0]}",
+        f"torch 2.12.0: the pin is {_pyproject_pins()['torch']}",
+    ]
+    # OTHER_VERSIONS holds a mention for its own doc only
+    assert version_problems("torch 2.11.0", RESULTS) == []
+    assert version_problems("torch 2.11.0", DOC) == [f"torch 2.11.0: the pin is {_pyproject_pins()['torch']}"]
+
+
+def test_a_figure_not_in_results_or_stated_twice_there_is_reported():
+    stated = _DURATION.findall(RESULTS.read_text())[0]
+    assert figure_problems(f"took {stated}, then 99 min 59 s", DOC) == ["99 min 59 s: not in docs/results.md"]
+    table = "| what | figure |\n|---|---|\n| `make test` in a fresh clone | 1 min 2 s |\n| `make test`, again | 3 min 4 s |\n"
+    assert figure_problems(table, RESULTS) == ["two rows for `make test` in one table"]
+    # Controls: one row each in two tables; a row in words; a table that is not a figures table.
+    one = "| what | figure |\n|---|---|\n| `make test` in a fresh clone | 1 min 2 s |\n"
+    assert figure_problems(one + "\n" + one, RESULTS) == []
+    assert figure_problems(one + "| the same, again | 3 min 4 s |\n", RESULTS) == []
+    assert figure_problems(table.replace("| what |", "| # |"), RESULTS) == []
