@@ -52,7 +52,7 @@ def main() -> None:
             dist.all_reduce(lengths)
             width = int(lengths.max())
             mine = torch.zeros(width, dtype=torch.uint8)
-            mine[:len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+            mine[: len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
             dist.all_gather([torch.empty(width, dtype=torch.uint8) for _ in range(2)], mine)
         else:
             try:

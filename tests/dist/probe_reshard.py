@@ -1,6 +1,6 @@
 """Run under torchrun: resume a run, then report whether the loaded state equals the checkpoint's.
 
-    torchrun --nproc-per-node N tests/dist/probe_reshard.py CONFIG OUT_JSON [--set k=v ...]
+torchrun --nproc-per-node N tests/dist/probe_reshard.py CONFIG OUT_JSON [--set k=v ...]
 """
 
 from __future__ import annotations
@@ -34,11 +34,23 @@ def main() -> None:
             for name, v in st.items():
                 checks[f"optim.state.{fqn}.{name}"] = torch.equal(v, saved[f"optim.state.{fqn}.{name}"])
         progress = saved["progress"].tolist()
-        manifest_world = json.load(open(t.last_checkpoint.removeprefix("file://") + "/manifest.json"))["world_size"]
-        json.dump({"equal": sum(checks.values()), "total": len(checks), "world": t.world,
-                   "saved_world": manifest_world, "saved_progress": progress,
-                   "epoch": t.data.epoch, "position": t.data.position, "step": t.step,
-                   "batch_size": t.cfg.data.batch_size}, open(out, "w"))
+        manifest_world = json.load(open(t.last_checkpoint.removeprefix("file://") + "/manifest.json"))[
+            "world_size"
+        ]
+        json.dump(
+            {
+                "equal": sum(checks.values()),
+                "total": len(checks),
+                "world": t.world,
+                "saved_world": manifest_world,
+                "saved_progress": progress,
+                "epoch": t.data.epoch,
+                "position": t.data.position,
+                "step": t.step,
+                "batch_size": t.cfg.data.batch_size,
+            },
+            open(out, "w"),
+        )
     dist.destroy_process_group()
 
 

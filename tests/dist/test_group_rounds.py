@@ -29,8 +29,19 @@ def base_env(**extra: str) -> dict[str, str]:
 
 
 def rdzv_cmd(model, root, rdzv, node: int, attempt: int = 0) -> list[str]:
-    return [*entry_cmd(model, root, *SETS, nproc=1), "--nnodes", "2", "--node-rank", str(node),
-            "--rendezvous", str(rdzv), "--master-port", "0", "--name", f"node-{node}-{attempt}"]
+    return [
+        *entry_cmd(model, root, *SETS, nproc=1),
+        "--nnodes",
+        "2",
+        "--node-rank",
+        str(node),
+        "--rendezvous",
+        str(rdzv),
+        "--master-port",
+        "0",
+        "--name",
+        f"node-{node}-{attempt}",
+    ]
 
 
 @pytest.fixture
@@ -44,7 +55,9 @@ def pods():
             pod.wait()
 
 
-def test_a_lost_nodes_retry_waits_for_node_0s_next_round_and_the_run_is_exact(tiny_model, reference, tmp_path, pods):
+def test_a_lost_nodes_retry_waits_for_node_0s_next_round_and_the_run_is_exact(
+    tiny_model, reference, tmp_path, pods
+):
     root, rdzv = tmp_path / "ckpt", tmp_path / "rounds"
     env = base_env(BATON_GRACE="5", BATON_PAUSE_AFTER_STEP="6")
 
@@ -63,7 +76,11 @@ def test_a_lost_nodes_retry_waits_for_node_0s_next_round_and_the_run_is_exact(ti
     # All that time node 1's retry waited: it joined no round and trained nothing.
     assert retry1.p.poll() is None and not retry1.records, retry1.err[-2000:]
     waiting = json.loads((rdzv / "node-1.json").read_text())
-    assert (waiting["joined"], waiting["pod"], len(waiting["waiting"])) == (old_round, "node-1-1", group.NONCE_LEN)
+    assert (waiting["joined"], waiting["pod"], len(waiting["waiting"])) == (
+        old_round,
+        "node-1-1",
+        group.NONCE_LEN,
+    )
     assert committed(root) == [4]
     retry0 = start(0, 1, base_env(BATON_GRACE="20"))
     rcs = finish([retry0, retry1])
@@ -79,8 +96,10 @@ def joined(folder: str, rnd: group.Round, pod: str, timeout_s: float = 5, stop=l
     """group.join of node 1, with node 0 (round `rnd`, as steps.train's RoundWatch does) acknowledging the
     nonce it waits with."""
     result: list = []
-    thread = threading.Thread(target=lambda: result.append(
-        group.join(folder, 1, pod, BKEY, timeout_s, stop, poll_s=0.05)), daemon=True)
+    thread = threading.Thread(
+        target=lambda: result.append(group.join(folder, 1, pod, BKEY, timeout_s, stop, poll_s=0.05)),
+        daemon=True,
+    )
     thread.start()
     while thread.is_alive():
         group.acknowledge(folder, rnd, "node-0", 2, BKEY)
@@ -100,7 +119,9 @@ def test_join_takes_only_a_round_newer_than_the_last_one_joined(tmp_path):
     assert joined(folder, new, "pod-c") == new
     group.end(folder, new, "pod-d", "done", BKEY)
     assert joined(folder, new, "pod-e") == "done"
-    group.end(folder, new, "pod-d", "failed", BKEY)  # node 0 ended with 1: nothing to wait for, and the retry says so
+    group.end(
+        folder, new, "pod-d", "failed", BKEY
+    )  # node 0 ended with 1: nothing to wait for, and the retry says so
     assert joined(folder, new, "pod-e") == "failed"
     # The control: a node that forgot which round it joined (no node-1.json) takes the old one back.
     (tmp_path / "node-1.json").unlink()
@@ -120,8 +141,10 @@ def test_a_round_that_does_not_acknowledge_this_attempts_nonce_is_not_joined(tmp
     assert group.join(folder, 1, "pod-b", BKEY, 0.3, lambda: False, poll_s=0.05) == "timeout"
     assert joined(folder, rnd, "pod-b") == rnd
     result: list = []
-    thread = threading.Thread(target=lambda: result.append(group.join(folder, 1, "pod-c", BKEY, 5, lambda: False,
-                                                                      poll_s=0.05)), daemon=True)
+    thread = threading.Thread(
+        target=lambda: result.append(group.join(folder, 1, "pod-c", BKEY, 5, lambda: False, poll_s=0.05)),
+        daemon=True,
+    )
     thread.start()
     while "waiting" not in json.loads((tmp_path / "node-1.json").read_text()):
         thread.join(0.02)
@@ -130,9 +153,18 @@ def test_a_round_that_does_not_acknowledge_this_attempts_nonce_is_not_joined(tmp
     assert result == [fresh]
 
 
-@pytest.mark.parametrize("doc", ['{"round": 1, "addr": "h", "port": 5}', '{"round": "r", "addr": "", "port": 5}',
-                                 '{"round": "r", "addr": "h", "port": 70000}', '{"round": "r", "addr": "h", "port": true}',
-                                 "[1, 2]", "not json", '{"round": "r", "addr": "h"}'])
+@pytest.mark.parametrize(
+    "doc",
+    [
+        '{"round": 1, "addr": "h", "port": 5}',
+        '{"round": "r", "addr": "", "port": 5}',
+        '{"round": "r", "addr": "h", "port": 70000}',
+        '{"round": "r", "addr": "h", "port": true}',
+        "[1, 2]",
+        "not json",
+        '{"round": "r", "addr": "h"}',
+    ],
+)
 def test_a_malformed_round_file_counts_as_absent(tmp_path, doc):
     (tmp_path / "node-0.json").write_text(doc)
     assert group.join(str(tmp_path), 1, "pod", BKEY, 0.2, lambda: False, poll_s=0.05) == "timeout"

@@ -14,7 +14,7 @@ import signal
 
 import pytest
 
-from tests.dist.test_hf_multirank import HF_YAML, TOTAL, equal_to_reference, entry_cmd
+from tests.dist.test_hf_multirank import HF_YAML, TOTAL, entry_cmd, equal_to_reference
 from tests.dist.test_hf_multirank import reference as reference  # noqa: F401 - the 2-rank fixture
 from tests.dist.test_multinode import finish, start_group
 from tests.helpers import CORPUS, PY, base_env
@@ -24,18 +24,44 @@ assert entry_cmd  # the one-pod command the reference ran
 
 
 def hf_node_cmd(model, bucket: str, node: int, port: int) -> list[str]:
-    cmd = [PY, "-m", "steps.train", "--nproc", "1", "--trainer", "hf", "--config", str(HF_YAML),
-           "--nnodes", "2", "--node-rank", str(node), "--master-addr", "127.0.0.1", "--master-port", str(port)]
-    for s in (f"model.path={model}", f"checkpoint.uri={bucket}", f"data.uri={CORPUS}", f"total_steps={TOTAL}",
-              "checkpoint.every_steps=5", "model.dropout=0.1"):
+    cmd = [
+        PY,
+        "-m",
+        "steps.train",
+        "--nproc",
+        "1",
+        "--trainer",
+        "hf",
+        "--config",
+        str(HF_YAML),
+        "--nnodes",
+        "2",
+        "--node-rank",
+        str(node),
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(port),
+    ]
+    for s in (
+        f"model.path={model}",
+        f"checkpoint.uri={bucket}",
+        f"data.uri={CORPUS}",
+        f"total_steps={TOTAL}",
+        "checkpoint.every_steps=5",
+        "model.dropout=0.1",
+    ):
         cmd += ["--set", s]
     return cmd
 
 
 def hf_group(model, bucket: str, disks, first: int = 0, **env: str):
     """The two HF pods; node I's output_dir is disks/node-I (its local disk)."""
-    return start_group(lambda node, port: hf_node_cmd(model, bucket, node, port),
-                       lambda node: base_env(BATON_HF_OUTPUT_DIR=str(disks / f"node-{node}"), **env), first)
+    return start_group(
+        lambda node, port: hf_node_cmd(model, bucket, node, port),
+        lambda node: base_env(BATON_HF_OUTPUT_DIR=str(disks / f"node-{node}"), **env),
+        first,
+    )
 
 
 def stopped_at_6(model, bucket: str, disks, signalled: int) -> None:
@@ -44,17 +70,22 @@ def stopped_at_6(model, bucket: str, disks, signalled: int) -> None:
     os.kill(pods[signalled].p.pid, signal.SIGTERM)
     rcs = finish(pods)
     assert rcs == [75, 75], [p.err[-3000:] for p in pods]
-    stops = [[(r["rank"], r["step"], r["outcome"]) for r in p.records if r["event"] == "preempt"] for p in pods]
+    stops = [
+        [(r["rank"], r["step"], r["outcome"]) for r in p.records if r["event"] == "preempt"] for p in pods
+    ]
     assert stops == [[(0, 6, "saved")], [(1, 6, "saved")]]
 
 
 @pytest.mark.parametrize("signalled", [0, 1])
 def test_hf_on_two_nodes_a_sigterm_to_either_stops_both_and_the_retry_is_bit_identical(
-        tiny_model, reference, tmp_path, signalled):  # noqa: F811
+    tiny_model, reference, tmp_path, signalled
+):  # noqa: F811
     bucket = f"file://{tmp_path}/bucket"
     stopped_at_6(tiny_model, bucket, tmp_path / "disk", signalled)
     manifest = json.loads((tmp_path / "bucket" / "checkpoint-6" / "_COMMIT").read_text())
-    assert {"rng_state_0.pth", "rng_state_1.pth", "model.safetensors", "optimizer.pt"} <= set(manifest["files"])
+    assert {"rng_state_0.pth", "rng_state_1.pth", "model.safetensors", "optimizer.pt"} <= set(
+        manifest["files"]
+    )
     # rng_state_1.pth was written on node 1's disk only: it reached the bucket through node 1's upload.
     assert not (tmp_path / "disk" / "node-0" / "checkpoint-6" / "rng_state_1.pth").exists()
 

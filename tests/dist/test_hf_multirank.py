@@ -25,8 +25,14 @@ TOTAL = 14  # 10 steps per epoch on 2 ranks: the resume from step 6 crosses an e
 
 def entry_cmd(model, bucket):
     cmd = [PY, "-m", "steps.train", "--nproc", "2", "--trainer", "hf", "--config", str(HF_YAML)]
-    for s in (f"model.path={model}", f"checkpoint.uri={bucket}", f"data.uri={CORPUS}", f"total_steps={TOTAL}",
-              "checkpoint.every_steps=5", "model.dropout=0.1"):
+    for s in (
+        f"model.path={model}",
+        f"checkpoint.uri={bucket}",
+        f"data.uri={CORPUS}",
+        f"total_steps={TOTAL}",
+        "checkpoint.every_steps=5",
+        "model.dropout=0.1",
+    ):
         cmd += ["--set", s]
     return cmd
 
@@ -34,6 +40,7 @@ def entry_cmd(model, bucket):
 def watchdog(p: subprocess.Popen, timeout: float) -> threading.Timer:
     """SIGKILL the whole process group (steps.train, torchrun, the workers) if it outlives `timeout`:
     ranks that disagree on where to stop hang in a collective, and that must fail, not block."""
+
     def kill() -> None:
         if p.poll() is not None:
             return
@@ -50,8 +57,15 @@ def watchdog(p: subprocess.Popen, timeout: float) -> threading.Timer:
 
 
 def run_entry(cmd, env, timeout=300):
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO,
-                         start_new_session=True)
+    p = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=REPO,
+        start_new_session=True,
+    )
     t = watchdog(p, timeout)
     out, err = p.communicate()
     t.cancel()
@@ -60,8 +74,15 @@ def run_entry(cmd, env, timeout=300):
 
 def sigterm_one_worker(cmd, at_step, rank, timeout=300):
     env = base_env(BATON_GRACE="20", BATON_PAUSE_AFTER_STEP=str(at_step))
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO,
-                         start_new_session=True)
+    p = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=REPO,
+        start_new_session=True,
+    )
     t = watchdog(p, timeout)
     out = []
     assert p.stdout is not None
@@ -98,8 +119,9 @@ def equal_to_reference(reference: str, bucket: str) -> None:
     assert differing == [] and worst == 0.0
 
 
-def test_two_ranks_sigterm_to_one_worker_stop_together_exit_75_and_resume_bit_identical(tmp_path, tiny_model,
-                                                                                       reference):
+def test_two_ranks_sigterm_to_one_worker_stop_together_exit_75_and_resume_bit_identical(
+    tmp_path, tiny_model, reference
+):
     from steps.lib.hf_checkpoint import final_hf_checkpoint
 
     trial_bucket = f"file://{tmp_path}/trial"
@@ -107,13 +129,17 @@ def test_two_ranks_sigterm_to_one_worker_stop_together_exit_75_and_resume_bit_id
     rc, recs, err = sigterm_one_worker(entry_cmd(tiny_model, trial_bucket), at_step=6, rank=1)
     assert rc == 75, err[-3000:]
     (pre,) = [r for r in recs if r["event"] == "preempt"]
-    assert pre["step"] == 6 and pre["signal"] == "peer" and pre["outcome"] == "saved"  # rank 0 was not signalled
+    assert (
+        pre["step"] == 6 and pre["signal"] == "peer" and pre["outcome"] == "saved"
+    )  # rank 0 was not signalled
     assert max(r["step"] for r in recs if r["event"] == "step") == 6
     # Both ranks decided at step 6: the signalled one and its peer.
     assert "preempted (SIGTERM) at step 6" in err and "preempted (peer) at step 6" in err
     url, manifest = final_hf_checkpoint(trial_bucket)
     assert manifest["step"] == 6 and manifest["world_size"] == 2
-    assert {"rng_state_0.pth", "rng_state_1.pth", "optimizer.pt", "model.safetensors"} <= set(manifest["files"])
+    assert {"rng_state_0.pth", "rng_state_1.pth", "optimizer.pt", "model.safetensors"} <= set(
+        manifest["files"]
+    )
 
     rc, recs, err = run_entry(entry_cmd(tiny_model, trial_bucket), env)
     assert rc == 0, err[-3000:]
@@ -123,15 +149,23 @@ def test_two_ranks_sigterm_to_one_worker_stop_together_exit_75_and_resume_bit_id
     equal_to_reference(reference, trial_bucket)
 
 
-def test_a_worker_sigkilled_mid_run_ends_the_pod_with_75_and_the_retry_is_bit_identical(tmp_path, tiny_model,
-                                                                                      reference):
+def test_a_worker_sigkilled_mid_run_ends_the_pod_with_75_and_the_retry_is_bit_identical(
+    tmp_path, tiny_model, reference
+):
     root = tmp_path / "trial"
     cmd = entry_cmd(tiny_model, f"file://{root}")
     # Both ranks hold after step 7 (the periodic save of 5 committed); rank 1 dies there, as an OOM kill
     # would take it. ddp_timeout is half the grace (faults.collective_timeout()): 5 s, not HF's 30 min.
     env = base_env(BATON_GRACE="10", BATON_PAUSE_AFTER_STEP="7")
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO,
-                         start_new_session=True)
+    p = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=REPO,
+        start_new_session=True,
+    )
     t = watchdog(p, 300)
     out = []
     assert p.stdout is not None

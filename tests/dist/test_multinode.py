@@ -38,21 +38,40 @@ def free_port() -> int:
 
 def node_cmd(model, root, node: int, port: int) -> list[str]:
     cmd = entry_cmd(model, root, *SETS, nproc=1)
-    return [*cmd, "--nnodes", "2", "--node-rank", str(node), "--master-addr", "127.0.0.1", "--master-port", str(port)]
+    return [
+        *cmd,
+        "--nnodes",
+        "2",
+        "--node-rank",
+        str(node),
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(port),
+    ]
 
 
 class Pod:
     """One node's PID 1, its stdout and stderr read as they come; `wait_for` waits for a record."""
 
     def __init__(self, cmd: list[str], env: dict[str, str]) -> None:
-        self.p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                                  cwd=REPO, start_new_session=True)
+        self.p = subprocess.Popen(
+            cmd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            cwd=REPO,
+            start_new_session=True,
+        )
         self.lines: list[str] = []
         self.err = ""
         self.eof = False
         self.seen = threading.Condition()
-        self.readers = [threading.Thread(target=self._read, daemon=True),
-                        threading.Thread(target=self._read_err, daemon=True)]
+        self.readers = [
+            threading.Thread(target=self._read, daemon=True),
+            threading.Thread(target=self._read_err, daemon=True),
+        ]
         for t in self.readers:
             t.start()
 
@@ -127,7 +146,9 @@ def retry_is_exact(model, root, reference, from_step: int, env=None, uri=None) -
     assert rcs == [0, 0], [p.err[-2000:] for p in pods]
     for node, pod in enumerate(pods):
         recs = pod.records
-        assert {r["rank"] for r in recs} == {node}, f"node {node} wrote records as {sorted({r['rank'] for r in recs})}"
+        assert {r["rank"] for r in recs} == {node}, (
+            f"node {node} wrote records as {sorted({r['rank'] for r in recs})}"
+        )
         assert [r["event"] for r in recs if r["event"] == "done"] == ["done"]
     assert [r["from_step"] for r in pods[0].records if r["event"] == "resume"] == [from_step]
     assert equal_to(reference, root)
@@ -144,14 +165,17 @@ def reference(tiny_model, tmp_path_factory):
 
 @pytest.mark.parametrize("signalled", [0, 1])
 def test_a_sigterm_to_either_node_stops_both_at_the_same_step_both_exit_75_and_the_retry_is_bit_identical(
-        tiny_model, reference, tmp_path, signalled):
+    tiny_model, reference, tmp_path, signalled
+):
     root = tmp_path / "ckpt"
     pods = group(tiny_model, root, base_env(BATON_GRACE="20", BATON_PAUSE_AFTER_STEP="6"))
     pods[signalled].wait_for("step", 6)
     os.kill(pods[signalled].p.pid, signal.SIGTERM)  # the kubelet signals one pod's PID 1
     rcs = finish(pods)
     assert rcs == [75, 75], [p.err[-2000:] for p in pods]
-    stops = [[(r["rank"], r["step"], r["outcome"]) for r in p.records if r["event"] == "preempt"] for p in pods]
+    stops = [
+        [(r["rank"], r["step"], r["outcome"]) for r in p.records if r["event"] == "preempt"] for p in pods
+    ]
     assert stops == [[(0, 6, "saved")], [(1, 6, "saved")]]  # each pod's own record, one step for both
     assert committed(root) == [4, 6]
     retry_is_exact(tiny_model, root, reference, 6)
@@ -159,7 +183,8 @@ def test_a_sigterm_to_either_node_stops_both_at_the_same_step_both_exit_75_and_t
 
 @pytest.mark.parametrize("lost", [0, 1])
 def test_a_node_lost_mid_step_leaves_the_survivor_to_exit_75_commits_nothing_and_the_retry_is_exact(
-        tiny_model, reference, tmp_path, lost):
+    tiny_model, reference, tmp_path, lost
+):
     # Node `lost` goes whole (PID 1, torchrun, the rank) while both ranks hold after step 6; node 0 is also
     # the rendezvous store's host, so lost=0 takes the store with it.
     root = tmp_path / "ckpt"
@@ -170,7 +195,9 @@ def test_a_node_lost_mid_step_leaves_the_survivor_to_exit_75_commits_nothing_and
     assert survivor.wait() == 75, survivor.err[-3000:]
     pods[lost].wait()
     recs = survivor.records
-    assert [(r["reason"], r["rank"]) for r in recs if r["event"] == "retry_later"] == [("peer_lost", 1 - lost)]
+    assert [(r["reason"], r["rank"]) for r in recs if r["event"] == "retry_later"] == [
+        ("peer_lost", 1 - lost)
+    ]
     assert not any(r["event"] in ("preempt", "done") for r in recs)
     assert committed(root) == [4]
     retry_is_exact(tiny_model, root, reference, 4)
@@ -195,16 +222,26 @@ def test_a_node_lost_mid_save_commits_nothing_and_the_retry_is_exact(tiny_model,
     assert [r["reason"] for r in recs if r["event"] == "retry_later"] == ["peer_lost"]
     assert not any(r["event"] == "checkpoint" and r["step"] == 8 for r in recs)
     assert committed(root) == [4]  # step 8's files may be there, its _COMMIT is not
-    retry_is_exact(tiny_model, root, reference, 4, env={**fault_env(), "BATON_GRACE": "20"}, uri=f"faulty://{root}")
+    retry_is_exact(
+        tiny_model, root, reference, 4, env={**fault_env(), "BATON_GRACE": "20"}, uri=f"faulty://{root}"
+    )
 
 
 def test_the_evidence_of_two_nodes_counts_each_pod_event_once(tmp_path):
     from steps.lib.evidence import read_evidence
 
     rec = {"run_id": "r", "attempt": 2, "time": 1.0}
-    lines = {"node-0": [{**rec, "event": "step", "step": 6, "rank": 0}, {**rec, "event": "checkpoint", "step": 6, "rank": 0},
-                        {**rec, "event": "preempt", "step": 6, "rank": 0}],
-             "node-1": [{**rec, "event": "step", "step": 6, "rank": 1}, {**rec, "event": "preempt", "step": 6, "rank": 1}]}
+    lines = {
+        "node-0": [
+            {**rec, "event": "step", "step": 6, "rank": 0},
+            {**rec, "event": "checkpoint", "step": 6, "rank": 0},
+            {**rec, "event": "preempt", "step": 6, "rank": 0},
+        ],
+        "node-1": [
+            {**rec, "event": "step", "step": 6, "rank": 1},
+            {**rec, "event": "preempt", "step": 6, "rank": 1},
+        ],
+    }
     for name, recs in lines.items():
         Path(tmp_path, f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
     got = [(r["event"], r["rank"]) for r in read_evidence(str(tmp_path))]

@@ -9,12 +9,10 @@ import shutil
 import signal
 import subprocess
 import time
-from pathlib import Path
 
 import pytest
 import torch
 
-from tests.helpers import workers_of as helpers_workers_of
 from tests.helpers import (
     CORPUS,
     PY,
@@ -27,6 +25,7 @@ from tests.helpers import (
     step_dir,
     tensors,
 )
+from tests.helpers import workers_of as helpers_workers_of
 
 pytestmark = pytest.mark.dist
 DROPOUT = "model.dropout=0.1"
@@ -40,15 +39,22 @@ def workers_of(pid: int) -> dict[int, int]:
 
 def entry_cmd(model, ckpt, *sets, nproc=2):
     cmd = [PY, "-m", "steps.train", "--nproc", str(nproc), "--config", str(TINY_YAML)]
-    for s in (f"model.path={model}", f"checkpoint.uri={ckpt}", f"data.uri={CORPUS}", f"total_steps={TOTAL}",
-              DROPOUT, *sets):
+    for s in (
+        f"model.path={model}",
+        f"checkpoint.uri={ckpt}",
+        f"data.uri={CORPUS}",
+        f"total_steps={TOTAL}",
+        DROPOUT,
+        *sets,
+    ):
         cmd += ["--set", s]
     return cmd
 
 
 def run_entry(cmd, env=None, timeout=240):
-    p = subprocess.run(cmd, capture_output=True, text=True, env=env or base_env(BATON_GRACE="20"), cwd=REPO,
-                       timeout=timeout)
+    p = subprocess.run(
+        cmd, capture_output=True, text=True, env=env or base_env(BATON_GRACE="20"), cwd=REPO, timeout=timeout
+    )
     return p.returncode, records(p.stdout), p.stderr
 
 
@@ -59,7 +65,11 @@ def entry_sigterm(cmd, at_step, who, timeout=240):
     out = []
     for line in p.stdout:
         out.append(line)
-        if line.startswith("{") and json.loads(line).get("event") == "step" and json.loads(line)["step"] == at_step:
+        if (
+            line.startswith("{")
+            and json.loads(line).get("event") == "step"
+            and json.loads(line)["step"] == at_step
+        ):
             if who == "entry":
                 os.kill(p.pid, signal.SIGTERM)
             else:
@@ -122,7 +132,9 @@ def test_per_rank_state_lives_under_rank_keys(interrupted):
 def test_negative_control_swapped_rank_state_breaks_equivalence(tiny_model, reference, interrupted, tmp_path):
     ckpt = tmp_path / "t"
     shutil.copytree(interrupted[0], ckpt)
-    rc, _, err = run_entry(entry_cmd(tiny_model, ckpt), env=base_env(BATON_GRACE="20", BATON_SWAP_RANK_STATE="1"))
+    rc, _, err = run_entry(
+        entry_cmd(tiny_model, ckpt), env=base_env(BATON_GRACE="20", BATON_SWAP_RANK_STATE="1")
+    )
     assert rc == 0, err
     equal, total = equal_count(model_and_optim(reference[2]), model_and_optim(tensors(ckpt, TOTAL)))
     assert equal < total
@@ -140,16 +152,32 @@ def test_entrypoint_reports_1_on_a_crash(tiny_model, tmp_path):
 
 
 @pytest.mark.parametrize("saved_world, resume_world", [(2, 1), (1, 2)])
-def test_reshard_loads_exactly_and_continues_from_the_same_global_sample(tiny_model, tmp_path, saved_world,
-                                                                         resume_world):
+def test_reshard_loads_exactly_and_continues_from_the_same_global_sample(
+    tiny_model, tmp_path, saved_world, resume_world
+):
     ckpt = tmp_path / "ck"
-    rc, recs, err = entry_sigterm(entry_cmd(tiny_model, ckpt, nproc=saved_world), 13,
-                                  "entry" if saved_world == 1 else "rank0")
+    rc, recs, err = entry_sigterm(
+        entry_cmd(tiny_model, ckpt, nproc=saved_world), 13, "entry" if saved_world == 1 else "rank0"
+    )
     assert rc == 75, err
     out = tmp_path / "probe.json"
-    sets = [f"model.path={tiny_model}", f"checkpoint.uri={ckpt}", f"data.uri={CORPUS}", f"total_steps={TOTAL}", DROPOUT]
-    cmd = [PY, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={resume_world}",
-           str(REPO / "tests" / "dist" / "probe_reshard.py"), str(TINY_YAML), str(out)]
+    sets = [
+        f"model.path={tiny_model}",
+        f"checkpoint.uri={ckpt}",
+        f"data.uri={CORPUS}",
+        f"total_steps={TOTAL}",
+        DROPOUT,
+    ]
+    cmd = [
+        PY,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={resume_world}",
+        str(REPO / "tests" / "dist" / "probe_reshard.py"),
+        str(TINY_YAML),
+        str(out),
+    ]
     for s in sets:
         cmd += ["--set", s]
     p = subprocess.run(cmd, capture_output=True, text=True, env=base_env(), cwd=REPO, timeout=240)
@@ -161,4 +189,5 @@ def test_reshard_loads_exactly_and_continues_from_the_same_global_sample(tiny_mo
     assert probe["step"] == step == 13
     global_sample = start + yielded * probe["batch_size"] * saved_world
     assert (probe["epoch"], probe["position"]) == (epoch, global_sample) or (
-        probe["epoch"] == epoch + 1 and probe["position"] == 0)
+        probe["epoch"] == epoch + 1 and probe["position"] == 0
+    )

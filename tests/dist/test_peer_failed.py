@@ -38,9 +38,27 @@ sys.exit(1)
 
 
 def cmd(trainer, rdzv, node: int, attempt: int) -> list[str]:
-    return [PY, "-m", "steps.train", "--nproc", "1", "--trainer", str(trainer), "--nnodes", "2",
-            "--node-rank", str(node), "--rendezvous", str(rdzv), "--master-port", "0",
-            "--rendezvous-timeout", TIMEOUT_S, "--name", f"node-{node}-{attempt}"]
+    return [
+        PY,
+        "-m",
+        "steps.train",
+        "--nproc",
+        "1",
+        "--trainer",
+        str(trainer),
+        "--nnodes",
+        "2",
+        "--node-rank",
+        str(node),
+        "--rendezvous",
+        str(rdzv),
+        "--master-port",
+        "0",
+        "--rendezvous-timeout",
+        TIMEOUT_S,
+        "--name",
+        f"node-{node}-{attempt}",
+    ]
 
 
 @pytest.mark.parametrize("mark", ["kept", "removed", "forged"])
@@ -61,11 +79,17 @@ def test_node_0_stops_waiting_for_a_node_that_failed_for_good(tmp_path, pods, ma
     assert group.failed_peers(str(rdzv), 2, KEY.encode()) == [1]
     if mark == "removed":  # node 1's file as a join leaves it: no mark
         (rdzv / "node-1.json").unlink()
-        group._write(str(rdzv), "node-1.json", {"joined": old_round, "pod": "node-1-0", "time": 0}, KEY.encode())
+        group._write(
+            str(rdzv), "node-1.json", {"joined": old_round, "pod": "node-1-0", "time": 0}, KEY.encode()
+        )
     elif mark == "forged":  # the mark, signed with another key: counts as absent
         (rdzv / "node-1.json").unlink()
-        group._write(str(rdzv), "node-1.json", {**{k: v for k, v in marked.items() if k != "mac"}},
-                     b"another-drills-key-0123")
+        group._write(
+            str(rdzv),
+            "node-1.json",
+            {**{k: v for k, v in marked.items() if k != "mac"}},
+            b"another-drills-key-0123",
+        )
     retry0 = start(0, 1)
     rc = retry0.wait(timeout=240)
     new = json.loads((rdzv / "node-0.json").read_text())
@@ -83,7 +107,11 @@ def test_node_0_stops_waiting_for_a_node_that_failed_for_good(tmp_path, pods, ma
         assert new["state"] == "running"
         (later,) = [r for r in retry0.records if r["event"] == "retry_later"]
         assert (later["reason"], later["missing"], later["round"], later["node"]) == (
-            "round_not_formed", [1], new["round"], 0), later
+            "round_not_formed",
+            [1],
+            new["round"],
+            0,
+        ), later
         assert later["attempt"] is None and later["source"] == "steps.train" and later["step"] == 0
         assert not [r for r in retry0.records if r["event"] == "failed"]
         assert "ended with 1 for good" not in retry0.err
@@ -104,10 +132,15 @@ def test_a_node_leaves_a_round_that_node_0_gave_up_before_it_formed(tmp_path, po
     pods.append(Pod(cmd(trainer, rdzv, 1, 0), _base_env(BATON_ROUND_KEY=KEY, BATON_GRACE="5")))
     node1 = pods[-1]
     deadline = time.monotonic() + 120
-    while (json.loads((rdzv / "node-1.json").read_text()).get("joined") if (rdzv / "node-1.json").exists()
-           else None) != old.round_id:
+    while (
+        json.loads((rdzv / "node-1.json").read_text()).get("joined")
+        if (rdzv / "node-1.json").exists()
+        else None
+    ) != old.round_id:
         assert node1.p.poll() is None and time.monotonic() < deadline, node1.err[-3000:]
-        group.acknowledge(str(rdzv), old, "node-0-0", 2, key)  # what node 0's watch does while its round forms
+        group.acknowledge(
+            str(rdzv), old, "node-0-0", 2, key
+        )  # what node 0's watch does while its round forms
         time.sleep(0.1)
     if newer:
         new = group.host(str(rdzv), "127.0.0.1", "node-0-1", key)

@@ -7,8 +7,8 @@ did not bound would fail by pytest's own per-test timeout (pytest-timeout) and t
 
 from __future__ import annotations
 
-import json
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -64,7 +64,8 @@ def reference(tiny_model, tmp_path_factory):
 
 
 def test_a_hung_rank_ends_the_pod_with_75_within_the_collective_timeout_and_the_retry_is_bit_identical(
-        tiny_model, reference, tmp_path):
+    tiny_model, reference, tmp_path
+):
     root = tmp_path / "ckpt"
     cmd = entry_cmd(tiny_model, root, *SETS)
     # Rank 1 hangs after step 6, ignoring SIGTERM: rank 0 waits 5 s in the step's collective, not 30 min;
@@ -76,7 +77,8 @@ def test_a_hung_rank_ends_the_pod_with_75_within_the_collective_timeout_and_the_
 
 
 def test_ranks_that_disagree_on_the_stop_end_the_pod_within_the_bound_commit_nothing_and_the_retry_is_exact(
-        tiny_model, reference, tmp_path):
+    tiny_model, reference, tmp_path
+):
     # The bug that once left the 2-rank tests waiting on gloo's 30 minutes: rank 1 decides alone to stop
     # after step 6 and goes to save, while rank 0 trains on. Each waits in a collective the other never
     # joins, until the collective timeout (5 s) ends it; the save of rank 1 alone can commit nothing.
@@ -93,11 +95,22 @@ def test_ranks_that_disagree_on_the_stop_end_the_pod_within_the_bound_commit_not
 def test_planted_no_collective_timeout_leaves_the_hang_to_the_outer_timeouts(tiny_model, tmp_path):
     # Negative control: with gloo's default timeout the same hang outlives any bound this test can wait;
     # the subprocess timeout (standing in for pytest-timeout) is what ends it.
-    cmd = [c for c in entry_cmd(tiny_model, tmp_path / "ckpt", "checkpoint.every_steps=4",
-                                "faults.collective_timeout_s=1800")]
+    cmd = [
+        c
+        for c in entry_cmd(
+            tiny_model, tmp_path / "ckpt", "checkpoint.every_steps=4", "faults.collective_timeout_s=1800"
+        )
+    ]
     env = base_env(BATON_GRACE="5", BATON_TEST_HANG_AFTER_STEP="1:6")
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env, cwd=REPO,
-                         start_new_session=True)
+    p = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=env,
+        cwd=REPO,
+        start_new_session=True,
+    )
     try:
         with pytest.raises(subprocess.TimeoutExpired):
             p.wait(timeout=60)
@@ -110,8 +123,9 @@ def test_planted_no_collective_timeout_leaves_the_hang_to_the_outer_timeouts(tin
         p.wait()
 
 
-def test_a_rank_sigkilled_mid_step_ends_the_pod_with_75_and_the_retry_is_bit_identical(tiny_model, reference,
-                                                                                     tmp_path):
+def test_a_rank_sigkilled_mid_step_ends_the_pod_with_75_and_the_retry_is_bit_identical(
+    tiny_model, reference, tmp_path
+):
     root = tmp_path / "ckpt"
     cmd = entry_cmd(tiny_model, root, *SETS)
     # Both ranks hold after 2 micro-batches... of step 7 is not possible with grad_accum 1: they hold after
@@ -136,7 +150,8 @@ def test_a_rank_sigkilled_mid_step_ends_the_pod_with_75_and_the_retry_is_bit_ide
 
 
 def test_a_rank_sigkilled_mid_save_commits_nothing_ends_the_pod_with_75_and_the_retry_is_bit_identical(
-        tiny_model, reference, tmp_path):
+    tiny_model, reference, tmp_path
+):
     from tests.unit.test_faults import fault_env
 
     root = tmp_path / "ckpt"
@@ -161,16 +176,23 @@ def test_a_rank_sigkilled_mid_save_commits_nothing_ends_the_pod_with_75_and_the_
     retry_is_exact(cmd, reference, root, 4, env={**fault_env(), "BATON_GRACE": "20"})
 
 
-def test_a_rank_sigkilled_mid_restore_ends_the_pod_with_75_and_the_retry_is_bit_identical(tiny_model, reference,
-                                                                                        tmp_path):
+def test_a_rank_sigkilled_mid_restore_ends_the_pod_with_75_and_the_retry_is_bit_identical(
+    tiny_model, reference, tmp_path
+):
     from tests.unit.test_faults import fault_env
 
     root = tmp_path / "ckpt"
     cmd = entry_cmd(tiny_model, f"faulty://{root}", *SETS)
     # faulty:// needs tests/faultfs on the path of every process (fault_env), preempted after step 6 first.
     cmd_env = fault_env()
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
-                         env={**cmd_env, "BATON_GRACE": "20", "BATON_PAUSE_AFTER_STEP": "6"})
+    p = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+        env={**cmd_env, "BATON_GRACE": "20", "BATON_PAUSE_AFTER_STEP": "6"},
+    )
     out = []
     assert p.stdout is not None
     for line in p.stdout:

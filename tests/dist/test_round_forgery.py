@@ -65,15 +65,39 @@ def listener():
 def node1(rounds, timeout_s: float = 4) -> subprocess.CompletedProcess:
     """Node 1 of a 2-node group, alone: it waits for node 0's round in `rounds` and tries to join it.
     Nothing trains (the trainer starts only after the rendezvous), so no config is needed."""
-    cmd = [PY, "-m", "steps.train", "--nnodes", "2", "--node-rank", "1", "--rendezvous", str(rounds),
-           "--rendezvous-timeout", str(timeout_s), "--nproc", "1", "--name", "node-1-0",
-           "--evidence", str(rounds.parent / "evidence")]
-    return subprocess.run(cmd, capture_output=True, text=True, env=base_env(BATON_ROUND_KEY=KEY), cwd=REPO,
-                          timeout=120)
+    cmd = [
+        PY,
+        "-m",
+        "steps.train",
+        "--nnodes",
+        "2",
+        "--node-rank",
+        "1",
+        "--rendezvous",
+        str(rounds),
+        "--rendezvous-timeout",
+        str(timeout_s),
+        "--nproc",
+        "1",
+        "--name",
+        "node-1-0",
+        "--evidence",
+        str(rounds.parent / "evidence"),
+    ]
+    return subprocess.run(
+        cmd, capture_output=True, text=True, env=base_env(BATON_ROUND_KEY=KEY), cwd=REPO, timeout=120
+    )
 
 
 def plant(rounds, port: int, key: str | None, state: str = "running") -> None:
-    doc = {"round": "attacker-1", "addr": "127.0.0.1", "port": port, "pod": "evil", "state": state, "time": time.time()}
+    doc = {
+        "round": "attacker-1",
+        "addr": "127.0.0.1",
+        "port": port,
+        "pod": "evil",
+        "state": state,
+        "time": time.time(),
+    }
     rounds.mkdir(parents=True, exist_ok=True)
     if key is None:
         (rounds / "node-0.json").write_text(json.dumps(doc))
@@ -130,7 +154,9 @@ def test_control_the_signed_file_does_reach_the_store_and_the_wait_is_bounded(tm
     assert p.returncode == 75 and "the group did not form" in p.stderr, p.stderr[-3000:]
     rec = next(json.loads(line) for line in p.stdout.splitlines() if '"retry_later"' in line)
     assert rec["reason"] == "round_not_formed" and rec["round"] == "attacker-1" and rec["attempt"] is None
-    assert json.loads((tmp_path / "trial" / "evidence" / "node-1-0.jsonl").read_text().splitlines()[-1]) == rec
+    assert (
+        json.loads((tmp_path / "trial" / "evidence" / "node-1-0.jsonl").read_text().splitlines()[-1]) == rec
+    )
 
 
 def test_a_replayed_round_of_this_drill_is_ignored_and_the_node_waits_for_a_fresh_one(tmp_path, listener):
@@ -146,7 +172,9 @@ def test_a_replayed_round_of_this_drill_is_ignored_and_the_node_waits_for_a_fres
     assert listener.connections >= 1 and first.returncode == 75, first.stderr[-2000:]
     earlier = (rounds / "node-0.json").read_text()
     assert len(json.loads(earlier)["acks"]["1"]) == group.NONCE_LEN  # it acknowledged that attempt's nonce
-    (rounds / "node-1.json").unlink()  # node 1 as if it had never joined: only the nonce can refuse the replay
+    (
+        rounds / "node-1.json"
+    ).unlink()  # node 1 as if it had never joined: only the nonce can refuse the replay
     reached = listener.connections
     (rounds / "node-0.json").write_text(earlier)  # the replay
     assert group._read(str(rounds), "node-0.json", KEY.encode()) is not None  # control: its MAC is valid
@@ -185,7 +213,19 @@ def test_a_planted_failed_state_is_ignored_unless_signed(tmp_path):
 
 
 def test_a_rendezvous_without_the_key_is_a_config_error(tmp_path):
-    cmd = [PY, "-m", "steps.train", "--nnodes", "2", "--node-rank", "1", "--rendezvous", str(tmp_path), "--nproc", "1"]
+    cmd = [
+        PY,
+        "-m",
+        "steps.train",
+        "--nnodes",
+        "2",
+        "--node-rank",
+        "1",
+        "--rendezvous",
+        str(tmp_path),
+        "--nproc",
+        "1",
+    ]
     p = subprocess.run(cmd, capture_output=True, text=True, env=base_env(), cwd=REPO, timeout=60)
     assert p.returncode == 1 and "BATON_ROUND_KEY must hold the drill's secret" in p.stderr, p.stderr
 
@@ -193,8 +233,16 @@ def test_a_rendezvous_without_the_key_is_a_config_error(tmp_path):
 @pytest.mark.parametrize("mode", ["torch", "baton"])
 def test_a_peers_pickle_runs_under_torchs_object_collectives_and_never_under_batons(tmp_path, mode):
     marker = tmp_path / "marker"
-    cmd = [PY, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-           str(REPO / "tests" / "dist" / "peer_pickle.py"), str(marker), mode]
+    cmd = [
+        PY,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node=2",
+        str(REPO / "tests" / "dist" / "peer_pickle.py"),
+        str(marker),
+        mode,
+    ]
     p = subprocess.run(cmd, capture_output=True, text=True, env=base_env(), cwd=REPO, timeout=180)
     assert p.returncode == 0, p.stderr[-3000:]
     if mode == "torch":
@@ -207,14 +255,40 @@ def test_a_peers_pickle_runs_under_torchs_object_collectives_and_never_under_bat
 def _node1_workflow(rounds, key_value: str) -> dict:
     """One pod under the local runner: node 1 of a group, its key from the container's env as the drill
     renders it (`{{workflow.uid}}`), waiting for node 0's round in `rounds`."""
-    args = ["-m", "steps.train", "--nnodes", "2", "--node-rank", "1", "--rendezvous", str(rounds),
-            "--rendezvous-timeout", "3", "--nproc", "1"]
-    return {"apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow", "metadata": {"generateName": "forged-"},
-            "spec": {"entrypoint": "main",
-                     "templates": [{"name": "main", "dag": {"tasks": [{"name": "trial", "template": "node1"}]}},
-                                   {"name": "node1", "container": {
-                                       "image": "baton:test", "command": [PY], "args": args,
-                                       "env": [{"name": "BATON_ROUND_KEY", "value": key_value}]}}]}}
+    args = [
+        "-m",
+        "steps.train",
+        "--nnodes",
+        "2",
+        "--node-rank",
+        "1",
+        "--rendezvous",
+        str(rounds),
+        "--rendezvous-timeout",
+        "3",
+        "--nproc",
+        "1",
+    ]
+    return {
+        "apiVersion": "argoproj.io/v1alpha1",
+        "kind": "Workflow",
+        "metadata": {"generateName": "forged-"},
+        "spec": {
+            "entrypoint": "main",
+            "templates": [
+                {"name": "main", "dag": {"tasks": [{"name": "trial", "template": "node1"}]}},
+                {
+                    "name": "node1",
+                    "container": {
+                        "image": "baton:test",
+                        "command": [PY],
+                        "args": args,
+                        "env": [{"name": "BATON_ROUND_KEY", "value": key_value}],
+                    },
+                },
+            ],
+        },
+    }
 
 
 def test_under_run_a_forged_round_file_is_refused_and_the_signed_one_is_joined(tmp_path, listener):
@@ -229,13 +303,25 @@ def test_under_run_a_forged_round_file_is_refused_and_the_signed_one_is_joined(t
     plant(rounds, listener.port, None)  # unsigned
     forged = rounds / "node-0.json"
     guess = group._mac(KEY.encode(), str(rounds), "node-0.json", json.loads(forged.read_text()))
-    forged.write_text(json.dumps({**json.loads(forged.read_text()), "mac": guess}))  # signed with a guessed key
-    res = run_workflow(_node1_workflow(rounds, "{{workflow.uid}}"), tmp_path / "out", progress=io.StringIO(),
-                       cwd=REPO, env={"PYTHONPATH": str(REPO)})
+    forged.write_text(
+        json.dumps({**json.loads(forged.read_text()), "mac": guess})
+    )  # signed with a guessed key
+    res = run_workflow(
+        _node1_workflow(rounds, "{{workflow.uid}}"),
+        tmp_path / "out",
+        progress=io.StringIO(),
+        cwd=REPO,
+        env={"PYTHONPATH": str(REPO)},
+    )
     assert res.phase == "Failed" and listener.connections == 0
     log = next((tmp_path / "out").rglob("*.log")).read_text()
     assert "no round of node 0 to join (timeout)" in log, log[-2000:]
     with acked(rounds, listener.port):
-        res = run_workflow(_node1_workflow(rounds, KEY), tmp_path / "out2", progress=io.StringIO(), cwd=REPO,
-                           env={"PYTHONPATH": str(REPO)})
+        res = run_workflow(
+            _node1_workflow(rounds, KEY),
+            tmp_path / "out2",
+            progress=io.StringIO(),
+            cwd=REPO,
+            env={"PYTHONPATH": str(REPO)},
+        )
     assert listener.connections >= 1, "control: with the planter's key the pod joins the planted round"
