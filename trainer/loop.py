@@ -97,6 +97,20 @@ def deterministic_algorithms(compiled: bool) -> None:
         torch._C._set_deterministic_algorithms(True, warn_only=False)
 
 
+# The start's phases that every rank reports in the `resume` record's `rank_phases` (at world size > 1): the
+# restart is as slow as its slowest rank, which rank 0's own `phases` cannot show.
+RANK_PHASES = (
+    "startup_s",
+    "init_s",
+    "listing_s",
+    "build_s",
+    "build_model_s",
+    "manifest_s",
+    "load_verify_s",
+    "restore_s",
+)
+
+
 class Trainer:
     def __init__(self, cfg: Config, preempt: Preemption) -> None:
         self.times: dict[str, float] = {"startup_s": round(time.time() - process_start(), 3)}
@@ -254,7 +268,15 @@ class Trainer:
             if self.empty_model:
                 self._pretrained_fallback()
             self.times["restore_s"] = round(time.perf_counter() - t, 3)
-            self.emit("resume", 0, from_step=0, fresh=True, phases=self.times, corpus=self.packing)
+            self.emit(
+                "resume",
+                0,
+                from_step=0,
+                fresh=True,
+                phases=self.times,
+                corpus=self.packing,
+                **self._rank_phases(),
+            )
             # The exact start: what the drill compares between two fresh starts (trainer/trajectory.py).
             self.emit(trajectory.START_EVENT, 0, **trajectory.start_digests(self.model, self.optim))
             log("no committed checkpoint: starting fresh")
@@ -276,8 +298,25 @@ class Trainer:
             saved_world_size=manifest.get("world_size"),
             phases=self.times,
             corpus=self.packing,
+            **self._rank_phases(),
         )
         log(f"resumed from step {step} ({self.last_checkpoint})")
+
+    def _rank_phases(self) -> dict[str, Any]:
+        """`rank_phases` for the `resume` record: each rank's RANK_PHASES, gathered in one collective of floats
+        (nothing is pickled between ranks); a phase a rank did not time is left out of its entry. Every rank
+        calls it; empty on one rank."""
+        if self.world == 1:
+            return {}
+        mine = torch.tensor([float(self.times.get(k, -1.0)) for k in RANK_PHASES], dtype=torch.float64)
+        every = [torch.empty_like(mine) for _ in range(self.world)]
+        dist.all_gather(every, mine)
+        return {
+            "rank_phases": [
+                {k: round(v, 3) for k, v in zip(RANK_PHASES, t.tolist(), strict=True) if v >= 0}
+                for t in every
+            ]
+        }
 
     def _pretrained_fallback(self) -> None:
         """Every checkpoint was refused after the model was built empty: read the pretrained weights

@@ -118,6 +118,14 @@ def test_two_rank_resume_is_bit_identical(tiny_model, reference, interrupted, tm
     assert steps[8]["batch_sha"] == reference[1][8]["batch_sha"]
     equal, total = equal_count(reference[2], tensors(ckpt, TOTAL))
     assert equal == total and total > 100
+    # The restart's phases per rank (the bench's figure 10 shows them), beside rank 0's own `phases`: each
+    # rank's entry is its own timing (rank 0's equals its `phases`), the load and restore included.
+    (resume,) = [r for r in recs if r["event"] == "resume"]
+    ranks = resume["rank_phases"]
+    assert len(ranks) == 2 and all({"startup_s", "load_verify_s", "restore_s"} <= set(p) for p in ranks), (
+        ranks
+    )
+    assert all(ranks[0][k] == resume["phases"][k] for k in ranks[0]), (ranks[0], resume["phases"])
 
 
 def test_per_rank_state_lives_under_rank_keys(interrupted):

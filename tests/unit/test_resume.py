@@ -71,6 +71,9 @@ def test_resume_is_bit_identical_to_the_uninterrupted_run(tiny_model, reference,
     recs = _resume(tiny_model, interrupted[0], tmp_path / "trial")
     resume = [r for r in recs if r["event"] == "resume"]
     assert resume and resume[0]["from_step"] == 13 and resume[0]["checkpoint"].endswith("step-00000013")
+    assert (
+        "rank_phases" not in resume[0]
+    )  # one rank: its `phases` are the job's (two: tests/dist/test_multirank.py)
     steps = {r["step"]: r for r in recs if r["event"] == "step"}
     assert sorted(steps) == list(range(14, TOTAL + 1)), "no step replayed, none skipped"
     # The batch consumed at step K+1 is the reference's, and so is every later one.
