@@ -73,3 +73,43 @@ def startup_figure(r: dict[str, Any]) -> Figure:
         "size holds the restart to a floor whose imports were paused the same way."
     )
     return f
+
+
+RANKS_GOAL = 1.3
+RANKS_TEXT = (
+    "The multi-rank rows (bench/restart_ranks.py): a checkpoint of world size 2 committed by a real two-rank "
+    "run, then the restart through `steps.train --nproc 2` (torchrun, two gloo ranks) and through two PID 1s "
+    "on two nodes of this machine (`--nnodes 2`, the round published in a folder), each from the spawn to "
+    "rank 0's first step record, against a floor started the same way (`bench/restart_floor.py` under "
+    "torchrun: imports, a plain process group, each rank's share of the checkpoint's bytes read once, the "
+    f"model built and sharded, one step with one all-reduce). The goal is {RANKS_GOAL}x. The phases are "
+    "each rank's, from the `resume` record's `rank_phases` (medians)."
+)
+
+
+def ranks_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+    rows = []
+    for kind, how in (("ranks", "2 ranks, one pod (torchrun)"), ("nodes", "2 nodes, one rank each")):
+        v = r.get(kind)
+        if not v:
+            continue
+        phases = "; ".join(
+            f"rank {i}: "
+            + ", ".join(
+                f"{k.removesuffix('_s')} {p[k]:.2f}"
+                for k in ("startup_s", "init_s", "build_s", "load_verify_s", "restore_s")
+                if k in p
+            )
+            for i, p in enumerate(v.get("rank_phases") or [])
+        )
+        rows.append(
+            (
+                f"restart: {how}, {r['params'] / 1e6:.0f} M parameters, {r['checkpoint_bytes'] / 1e9:.2f} GB "
+                f"checkpoint: spawn to first step vs the floor (goal <= {RANKS_GOAL}x)"
+                + (f"; phases, s: {phases}" if phases else ""),
+                f"{v['first_step_s']:.2f} s",
+                f"{v['floor_s']:.2f} s",
+                fmt_x(v["ratio"]),
+            )
+        )
+    return rows

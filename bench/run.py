@@ -4,7 +4,7 @@
 
 Sections (each a fresh process, so that one's memory and process group never touch another's):
 flush-local, flush-s3 (figures 1, 2, 6), resume (3), equivalence (4), overhead (5), memory-sync,
-memory-async and memory-async-mmap (7), scaling (8), digest (9), startup (10). Progress goes to stderr; the table goes to stdout.
+memory-async and memory-async-mmap (7), scaling (8), digest (9), startup and restart-ranks (10). Progress goes to stderr; the table goes to stdout.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ SECTIONS: dict[str, list[str]] = {
     "scaling": ["bench.scaling"],
     "digest": ["bench.digest"],
     "startup": ["bench.startup"],
+    "restart-ranks": ["bench.restart_ranks"],
 }
 # glibc with a fixed mmap threshold, so that freed staging buffers go back to the OS: what steps.train
 # and the image give the workers (MALLOC_MMAP_THRESHOLD_); memory-async is the default allocator.
