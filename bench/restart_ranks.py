@@ -43,6 +43,7 @@ from bench.common import (
 )
 from bench.startup import CONFIG, SIZES, build_model
 from trainer.checkpoint import open_root
+from trainer.exits import EXIT_PREEMPTED
 from trainer.storage import local_path
 
 K = 10
@@ -92,8 +93,8 @@ def commit_at_world_2(s: list[str], ckpt: Path) -> tuple[Path, int]:
     finally:
         if p.poll() is None:
             kill_tree(p.pid)
-    if rc != 75:
-        raise RuntimeError(f"the two-rank run that commits the checkpoint exited {rc}, not 75")
+    if rc != EXIT_PREEMPTED:
+        raise RuntimeError(f"the two-rank run that commits the checkpoint exited {rc}, not {EXIT_PREEMPTED}")
     url, manifest = open_root(f"file://{ckpt}").final()
     if manifest.get("world_size") != 2:
         raise RuntimeError(f"the committed checkpoint is of world size {manifest.get('world_size')}, not 2")

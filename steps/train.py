@@ -66,6 +66,9 @@ class Evidence:
         self.last_flush = 0.0
         # add and flush hold it; a flush at SIGTERM runs on a thread of its own (flush_in_background)
         self._lock = threading.Lock()
+        # Set at SIGTERM: from then on every line is copied as it comes (the few records a stopping trainer
+        # writes are the ones a kill at the grace would otherwise take with it).
+        self.signalled = False
         # On an object store each flush rewrites the whole file: throttled (BATON_EVIDENCE_FLUSH_S,
         # default 2 s). What the drill's evict step sees of the trial lags by about this much.
         self.flush_every_s = baton_env.number("BATON_EVIDENCE_FLUSH_S")
@@ -89,7 +92,7 @@ class Evidence:
                     f.write(line + "\n")
                     f.flush()
                     os.fsync(f.fileno())
-            elif time.monotonic() - self.last_flush > self.flush_every_s:
+            elif self.signalled or time.monotonic() - self.last_flush > self.flush_every_s:
                 self._write()
 
     def flush(self) -> None:
@@ -107,7 +110,9 @@ class Evidence:
         """At SIGTERM: copy every line so far now, on a thread of its own (the signal handler may have
         interrupted add or flush, which hold the lock). A pod SIGKILLed at its grace loses only what its
         trainer wrote after the signal; without this, the throttle's last 2 s of step records were lost with
-        it, and the drill placed the kill and counted the replayed steps from a stale copy."""
+        it, and the drill placed the kill and counted the replayed steps from a stale copy. Every line added
+        after this is copied at once."""
+        self.signalled = True
         if self.path is None or self.local:
             return
 

@@ -703,8 +703,8 @@ def test_a_missing_environment_variable_is_reported():
 
 
 def test_a_version_other_than_the_pin_is_reported():
-    argo = version_homes()[r"argo(?: workflows)?"][0]
-    text = f"Argo {argo}, Argo v4.1.2, argo-v3.7, torch 2.13, torch 2.12.0, Kueue v0.18.1, kubelet v1.37, etcd v3.6.0"
+    argo, forward = version_homes()[r"argo(?: workflows)?"]
+    text = f"Argo {argo}, Argo {forward}, argo-v3.7, torch 2.13, torch 2.12.0, Kueue v0.18.1, kubelet v1.37, etcd v3.6.0"
     assert sorted(version_problems(text, DOC)) == [
         f"Kueue v0.18.1: the pin is {version_homes()['kueue'][0]}",
         f"etcd v3.6.0: the pin is {version_homes()['etcd'][0]}",

@@ -240,8 +240,10 @@ def test_the_evidence_is_copied_at_sigterm_so_a_kill_at_the_grace_loses_none_of_
     """On an object store the evidence is rewritten at most every BATON_EVIDENCE_FLUSH_S (here an hour), so a
     pod SIGKILLed at its grace lost the records since the last copy, and the drill placed the kill and counted
     the replayed steps from a stale copy (tests/e2e/test_real_node.py). At SIGTERM the wrapper copies every
-    line it has at once: the copy holds the last step while the rank still runs, and the SIGKILL loses
-    nothing. Control: before the SIGTERM, the throttled copy does not hold it."""
+    line it has at once, and every line after it as it comes (the wrapper may pass a record on to its
+    stdout, where this test reads it, just before it adds it to the copy): the copy holds the last step while
+    the rank still runs, and the SIGKILL loses nothing. Control: before the SIGTERM, the throttled copy does
+    not hold it."""
     import time
 
     script = tmp_path / "rank.py"
