@@ -1,7 +1,8 @@
 """What only a real node gives the drill's pods (infra/local/kubelet.py: the kubelet, containerd and runc, every
 container from baton's image), asserted on what the kubelet and Argo recorded: a memory limit enforced by the
-kernel (OOMKilled, and not retried), `argo stop` and `argo terminate` reaching running containers, and the exit
-codes and termination message the drill's retry strategy reads.
+kernel (OOMKilled, and not retried), `argo stop` and `argo terminate` reaching running containers, the exit
+codes and termination message the drill's retry strategy reads, and a pod grace shorter than the save (the
+kubelet's SIGKILL at the grace, the retry from the last commit, the drill's verdict).
 
 The cluster is conftest.py's, shared with the other modules. Skipped where the node cannot run
 (tests/e2e/localcluster.py, why_skip).
