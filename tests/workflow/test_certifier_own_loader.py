@@ -222,21 +222,31 @@ def test_an_endless_stream_with_workers_resumes_exactly(tiny_model, tmp_path):
     assert report["passed"] and report["differing_count"] == 0, report["verdict"]
 
 
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(x) for x in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
 @pytest.mark.parametrize("variant", ["correct", "workers_die"])
 def test_loader_workers_outlive_a_sigterm_to_the_pods_process_group(tiny_model, tmp_path, variant):
     """SIGTERM to the whole process group (what an eviction sends): the workers ignore it (the callback's
     worker_init_fn), the step is saved and the run exits 75. The control: a worker_init_fn that puts
-    SIGTERM back loses its workers in the middle of a step, and the run says so (exit 1, `failed`
-    loader_workers_killed) instead of dying without a word."""
+    SIGTERM back loses its workers to a SIGTERM, and the run says so (exit 1, `failed`
+    loader_workers_killed) instead of dying without a word. The control's SIGTERM goes to one worker while
+    the loop is held after step STOP: sent to the group, it also released the hold, and the save could
+    finish before torch's SIGCHLD handler raised in the main process (seen once in a loaded make test, exit 75
+    and no record), a race that says nothing about the callback."""
     runs = Runs(Path(tiny_model), tmp_path)
-    rc, recs, err = run_and_sigterm(
-        _cmd(runs.model, tmp_path / "bucket"), at_step=STOP, env=runs.env(variant, "trial"), group=True
-    )
+    cmd, env = _cmd(runs.model, tmp_path / "bucket"), runs.env(variant, "trial")
     if variant == "correct":
+        rc, recs, err = run_and_sigterm(cmd, at_step=STOP, env=env, group=True)
         assert rc == 75 and [r["step"] for r in recs if r["event"] == "preempt"] == [STOP], err[-3000:]
         assert "DataLoader worker" not in err
     else:
+        rc, recs, err = run_and_sigterm(cmd, at_step=STOP, env=env, target=lambda p: _children(p.pid)[0])
         (failed,) = [r for r in recs if r["event"] == "failed"]
         assert rc == 1 and failed["reason"] == "loader_workers_killed", err[-3000:]
-        assert "the data loader's workers were killed by the SIGTERM of the eviction" in failed["error"]
+        assert f"the data loader's workers were killed at step {STOP}" in failed["error"], failed["error"]
         assert "Traceback" not in err
