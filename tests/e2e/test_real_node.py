@@ -262,6 +262,7 @@ def test_an_eviction_with_a_grace_shorter_than_the_save_is_sigkilled_and_the_ret
     (faulty://, so the slow writes meet DCP's real writer); the other steps only see the protocol.
     Control: the session's drill, with the pod's full grace, saved at the eviction and replayed nothing."""
     from steps.evict import eviction_points
+    from trainer.checkpoint.layout import COMMIT
 
     env = cluster.user_env()
     store = cluster.state / "slow-store"
@@ -333,7 +334,7 @@ def test_an_eviction_with_a_grace_shorter_than_the_save_is_sigkilled_and_the_ret
     assert not [
         d
         for d in (root / "trial").rglob("step-*")
-        if last_before < int(d.name[5:]) <= stopped_at and (d / "_COMMIT").exists()
+        if last_before < int(d.name[5:]) <= stopped_at and (d / COMMIT).exists()
     ]
     # ...and the drill says so: the kill, where it came, and the steps since the last commit trained twice.
     verify = json.loads((root / "verify.json").read_text())
