@@ -7,6 +7,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -122,6 +123,13 @@ def timed_until(
             kill_tree(p.pid)
         rc = p.wait()
     return hit, recs, rc
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def kill_tree(pid: int) -> None:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import shutil
 import signal
-import socket
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -32,6 +31,7 @@ from bench.common import (
     TINY_CORPUS,
     WORK,
     child_env,
+    free_port,
     interleaved,
     kill_tree,
     log,
@@ -99,12 +99,6 @@ def commit_at_world_2(s: list[str], ckpt: Path) -> tuple[Path, int]:
     if manifest.get("world_size") != 2:
         raise RuntimeError(f"the committed checkpoint is of world size {manifest.get('world_size')}, not 2")
     return Path(local_path(url) or url), int(manifest["step"])
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def first_step(node0: list[str], others: list[list[str]], resumed_at: int | None) -> dict[str, Any]:

@@ -15,7 +15,7 @@ import sys
 import time
 from types import TracebackType
 
-from bench.common import PY, REPO, child_env, log
+from bench.common import PY, REPO, child_env, free_port, log
 
 BUCKET = "baton-bench"
 DUMMY = {
@@ -23,12 +23,6 @@ DUMMY = {
     "AWS_SECRET_ACCESS_KEY": "bench-secret-key",
     "AWS_DEFAULT_REGION": "us-east-1",
 }
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class LocalS3:

@@ -132,17 +132,21 @@ def equal_count(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> tuple
     return sum(torch.equal(a[k], b[k]) for k in a), len(a)
 
 
+def children(pid: int) -> list[int]:
+    """The pids of `pid`'s child processes, read from /proc (none once it is gone)."""
+    try:
+        return [int(k) for k in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
 def workers_of(pid: int, cmd_contains: bytes | None = None) -> dict[int, int]:
     """rank -> pid of the torchrun workers below `pid` (each runs in a session of its own), read from
     /proc; with `cmd_contains`, only workers whose command line holds it."""
     found, todo = {}, [pid]
     while todo:
         p = todo.pop()
-        try:
-            kids = Path(f"/proc/{p}/task/{p}/children").read_text().split()
-        except OSError:
-            continue
-        for k in map(int, kids):
+        for k in children(p):
             todo.append(k)
             try:
                 env = dict(

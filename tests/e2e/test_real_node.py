@@ -22,6 +22,7 @@ import pytest
 import yaml
 
 from tests.e2e.localcluster import REPO, SMALL, SMALL_STEPS, Local, watch, why_skip
+from tests.helpers import records
 
 _SKIP = why_skip()
 pytestmark = [pytest.mark.skipif(bool(_SKIP), reason=_SKIP), pytest.mark.slow, pytest.mark.e2e]
@@ -249,10 +250,6 @@ def _kill_and_exit(kubelet_log: str, pod: str) -> tuple[int, int, float]:
     )
 
 
-def _records(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
 def test_an_eviction_with_a_grace_shorter_than_the_save_is_sigkilled_and_the_retry_falls_back(cluster: Local):
     """The trial's pod grace cut to SHORT_GRACE_S while its save is slowed far past it (tests/faultfs: every
     write of a save from the step after the last checkpoint before the eviction waits 60 s, in the first
@@ -323,7 +320,7 @@ def test_an_eviction_with_a_grace_shorter_than_the_save_is_sigkilled_and_the_ret
     # The bucket: the first attempt committed nothing after last_before; the second resumed there. Its
     # evidence was copied at the SIGTERM (steps/train.py), so the kill lost none of its step records.
     root = store / "bucket" / "drills" / name
-    trial = [r for f in sorted((root / "evidence" / "trial").glob("*.jsonl")) for r in _records(f)]
+    trial = [r for f in sorted((root / "evidence" / "trial").glob("*.jsonl")) for r in records(f.read_text())]
     resumes = sorted((r["attempt"], r["from_step"]) for r in trial if r["event"] == "resume")
     first_steps = sorted(r["step"] for r in trial if r["event"] == "step" and r["attempt"] == resumes[0][0])
     stopped_at = first_steps[-1]

@@ -2,9 +2,11 @@
 code block or in a link; a link's #anchor; a `make TARGET`; a config key of the reference (docs/config.md)
 or of a `--set KEY=`; a `--flag` of `python -m steps.X`, `python workflows/equivalence.py` or any other
 `python -m MODULE` / `python FILE.py` of this repository; a `-p NAME=` of the drill; a `BATON_*` variable.
+And what the docs state twice agrees: a pinned component's version is its pin, and an `N min N s` figure is
+one that docs/results.md states (once per table).
 
-Pure text and `ast`: nothing here imports torch or the project. docs/gpu/ is left out: it is what
-`make gpu-check` wrote on one H200, copied as it was. Not checked: prose outside backticks and code
+Pure text and `ast`: nothing here imports torch or the project but infra/local/pins.py (the pinned
+versions' own reader, standard library only). docs/gpu/ is left out: it is what `make gpu-check` wrote on one H200, copied as it was. Not checked: prose outside backticks and code
 blocks, the flags of programs that are not this repository's (torchrun, kubectl, argo, pytest), which
 subcommand of `equivalence.py` a flag belongs to (a flag of any subcommand passes), the values given to
 flags and parameters, and whether what the docs *say* about a name is true. Each checker has a negative
@@ -455,16 +457,6 @@ def env_problems(text: str) -> list[str]:
 # ---- versions and figures stated twice ---------------------------------------------------------------------
 
 
-def _env_file(path: Path) -> dict[str, str]:
-    """`NAME=value` lines of a sourced env file (infra/local/pins.py reads them the same way)."""
-    out = {}
-    for line in path.read_text().splitlines():
-        name, sep, value = line.strip().partition("=")
-        if sep and not name.startswith("#"):
-            out[name] = value
-    return out
-
-
 def _pyproject_pins() -> dict[str, str]:
     """`name==version` requirements of pyproject.toml, by lowercase name."""
     text = (REPO / "pyproject.toml").read_text()
@@ -483,7 +475,8 @@ def version_homes() -> dict[str, tuple[str, ...]]:
     """Each pinned component, as the docs name it (a regular expression), and the versions its homes hold: the
     env files of the local cluster, pyproject.toml's pins, and the Argo release the CRDs are also checked
     against (tests/crd.py FORWARD)."""
-    env = {**_env_file(REPO / "infra/local/versions.env"), **_env_file(REPO / "infra/local/kueue.env")}
+    from infra.local.pins import PINS as env  # the env files' own reader (torch-free, stdlib only)
+
     pins = _pyproject_pins()
     return {
         r"argo(?: workflows)?": (env["ARGO_VERSION"], _module_constant(REPO / "tests/crd.py", "FORWARD")),

@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 
-from tests.helpers import PY, REPO, base_env
+from tests.helpers import PY, REPO, base_env, children
 
 # A rank that says who it is, then ignores SIGTERM (only SIGKILL ends it).
 RANK = (
@@ -273,16 +273,8 @@ def test_the_evidence_is_copied_at_sigterm_so_a_kill_at_the_grace_loses_none_of_
             assert time.monotonic() < deadline, f"the copy never got step {STEPS}: {steps_in_copy()}"
             time.sleep(0.05)
     finally:
-        for pid in _children(p.pid):
+        for pid in children(p.pid):
             os.kill(pid, signal.SIGKILL)
         p.kill()
         p.communicate(timeout=60)
     assert steps_in_copy() == list(range(1, STEPS + 1))
-
-
-def _children(pid: int) -> list[int]:
-    try:
-        with open(f"/proc/{pid}/task/{pid}/children") as f:
-            return [int(x) for x in f.read().split()]
-    except OSError:
-        return []

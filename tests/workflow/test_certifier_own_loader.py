@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from tests import helpers
-from tests.helpers import CORPUS, PY, REPO, base_env, records, run_and_sigterm
+from tests.helpers import CORPUS, PY, REPO, base_env, children, records, run_and_sigterm
 
 pytestmark = pytest.mark.slow
 
@@ -222,13 +222,6 @@ def test_an_endless_stream_with_workers_resumes_exactly(tiny_model, tmp_path):
     assert report["passed"] and report["differing_count"] == 0, report["verdict"]
 
 
-def _children(pid: int) -> list[int]:
-    try:
-        return [int(x) for x in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-    except OSError:
-        return []
-
-
 @pytest.mark.parametrize("variant", ["correct", "workers_die"])
 def test_loader_workers_outlive_a_sigterm_to_the_pods_process_group(tiny_model, tmp_path, variant):
     """SIGTERM to the whole process group (what an eviction sends): the workers ignore it (the callback's
@@ -245,7 +238,7 @@ def test_loader_workers_outlive_a_sigterm_to_the_pods_process_group(tiny_model, 
         assert rc == 75 and [r["step"] for r in recs if r["event"] == "preempt"] == [STOP], err[-3000:]
         assert "DataLoader worker" not in err
     else:
-        rc, recs, err = run_and_sigterm(cmd, at_step=STOP, env=env, target=lambda p: _children(p.pid)[0])
+        rc, recs, err = run_and_sigterm(cmd, at_step=STOP, env=env, target=lambda p: children(p.pid)[0])
         (failed,) = [r for r in recs if r["event"] == "failed"]
         assert rc == 1 and failed["reason"] == "loader_workers_killed", err[-3000:]
         assert f"the data loader's workers were killed at step {STOP}" in failed["error"], failed["error"]
