@@ -547,7 +547,7 @@ def store_lines(wf: dict[str, Any]) -> tuple[list[str], bool]:
     """The checkpoint store of a drill beside its nodes: the newest committed step per prefix, and the gap
     between the trial's newest commit and its last step record (what a kill right now would replay)."""
     from steps.lib.evidence import read_evidence
-    from trainer.storage import describe, redact
+    from trainer.storage import describe, local_path, redact
 
     name = (wf.get("metadata") or {}).get("name", "")
     bucket, prefix = _param(wf, "bucket"), _param(wf, "prefix")
@@ -555,6 +555,14 @@ def store_lines(wf: dict[str, Any]) -> tuple[list[str], bool]:
         return ["store: the workflow has no bucket or prefix parameter"], False
     root = drill_root(bucket, prefix, name)
     out = [f"store {redact(root)}"]
+    folder = local_path(bucket)
+    if folder is not None and not os.path.isdir(folder):
+        # A local bucket is a folder on the nodes' host: missing here, nothing can be said of the drill's state,
+        # and "nothing committed" would be a wrong answer.
+        out.append(
+            f"  error: the bucket {redact(bucket)} is not a folder on this host; run status where it is"
+        )
+        return out, False
     try:
         newest: dict[str, int | None] = {}
         for role in ROLES:

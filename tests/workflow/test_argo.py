@@ -458,6 +458,7 @@ def test_status_at_two_nodes_lists_each_items_attempts(argo, tmp_path, capsys):
     """At nodes > 1 each role is a task group: status lists every item (node) of it with its own attempts,
     as it lists a plain task's attempts. The control: an item Argo has not created yet is `not started`,
     with no attempts, and the other item is listed as before: the lines come from the nodes, not the names."""
+    (tmp_path / "bucket").mkdir()
     bucket = f"file://{tmp_path}/bucket"
     argo.routes[("GET", f"/api/v1/workflows/baton/{NAME2}")] = (200, _served2(bucket))
     assert eq.main(["status", NAME2]) == 0
@@ -518,6 +519,25 @@ def test_status_reports_an_unreadable_store_in_one_line_and_exits_1(argo, capsys
     assert "trial(0)" in out  # the nodes are still shown
     assert re.search(r"error: cannot read nosuchscheme://bucket/drills/" + NAME, out), out
     assert "Traceback" not in out
+
+
+@pytest.mark.parametrize("bucket", ["missing", "empty"])
+def test_status_says_when_a_local_bucket_is_not_a_folder_here(argo, tmp_path, capsys, bucket):
+    # A local bucket is a folder on the nodes' host: where it is missing, "nothing committed" would be wrong.
+    # The control: the same drill on a bucket folder that exists but holds nothing reports "none", exit 0.
+    if bucket == "empty":
+        (tmp_path / bucket).mkdir()
+    argo.routes[("GET", f"/api/v1/workflows/baton/{NAME}")] = (200, _served(f"file://{tmp_path / bucket}"))
+    code = eq.main(["status", NAME])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "trial(0)" in out  # the nodes are shown either way
+    if bucket == "missing":
+        assert code == 1
+        assert f"error: the bucket file://{tmp_path / bucket} is not a folder on this host" in out, out
+        assert "newest committed step" not in out
+    else:
+        assert code == 0
+        assert "trial newest committed step none" in out, out
 
 
 def test_status_of_an_unknown_workflow_is_a_clear_error(argo):
