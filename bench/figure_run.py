@@ -202,6 +202,17 @@ def overhead_figure(o: dict[str, Any], big_save_s: float | None) -> Figure:
             fmt_x(ry),
         )
     )
+    net = o.get("ratio_yd_net")
+    if net:
+        f.rows.append(
+            (
+                "loop: baton at the Young/Daly interval with its saves' own time (their `save_ms`) taken out, "
+                f"vs plain loop (goal >= 0.97x): the rounds' ratios, lowest and highest of {len(net['rounds'])}",
+                fmt_x(net["lowest"]),
+                fmt_x(net["highest"]),
+                fmt_x(net["median"]),
+            )
+        )
     fs = o.get("plain_fsdp_steps_per_s")
     if fs:
         f.rows.append(

@@ -77,12 +77,25 @@ PAIRS = {"ws1": ("baton", "plain"), "yd": ("baton_yd", "plain"), "ws2": ("baton_
 """The figure's ratios: name -> (baton's side, the plain side it is divided by, round by round)."""
 
 
-def round_ratios(runs: dict[str, list[dict[str, Any]]], side: str, plain: str) -> dict[str, Any] | None:
-    """Per round, `side`'s steps/s over `plain`'s of the same round: their median, lowest and highest."""
+def round_ratios(
+    runs: dict[str, list[dict[str, Any]]], side: str, plain: str, net_of_saves: bool = False
+) -> dict[str, Any] | None:
+    """Per round, `side`'s steps/s over `plain`'s of the same round: their median, lowest and highest.
+    `net_of_saves`: `side`'s steps/s with its periodic saves' own time (their `save_ms`) taken out of its span,
+    which leaves what the loop costs at that cadence besides the checkpoint itself."""
     if not runs.get(side) or not runs.get(plain):
         return None
-    ratios = [a["steps_per_s"] / b["steps_per_s"] for a, b in zip(runs[side], runs[plain], strict=True)]
+    ratios = [
+        (net_steps_per_s(a) if net_of_saves else a["steps_per_s"]) / b["steps_per_s"]
+        for a, b in zip(runs[side], runs[plain], strict=True)
+    ]
     return {"median": median(ratios), "lowest": min(ratios), "highest": max(ratios), "rounds": ratios}
+
+
+def net_steps_per_s(run: dict[str, Any]) -> float:
+    """A run's steps/s over its span less the time its periodic saves took (their records' `save_ms`)."""
+    steps = run["steps_per_s"] * run["span_s"]
+    return steps / (run["span_s"] - run["periodic_save_s"])
 
 
 def _extra(ap: argparse.ArgumentParser) -> None:
@@ -185,6 +198,7 @@ def main() -> None:
         result[f"{side}_steps_per_s"] = median([r["steps_per_s"] for r in rs])
     for name, (side, plain) in PAIRS.items():
         result[f"ratio_{name}"] = round_ratios(runs, side, plain)
+    result["ratio_yd_net"] = round_ratios(runs, "baton_yd", "plain", net_of_saves=True)
     loads = [r["load1"] for rs in runs.values() for r in rs]
     result["load1"] = {"median": median(loads), "lowest": min(loads), "highest": max(loads)}
     result["yd_saves"] = median([r["periodic_saves"] for r in runs["baton_yd"]])
