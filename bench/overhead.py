@@ -19,7 +19,7 @@ the plain run of the same round: rounds are interleaved, so a round's two runs s
 with their lowest and highest, over at least MIN_ROUNDS rounds; every run records the machine's 1-minute
 load average when it started.
 
-    python -m bench.overhead --result FILE [--reps 7] [--steps 120] [--ws2 | --ws2-only]
+    python -m bench.overhead --result FILE [--reps 7] [--steps 120] [--ws2] [--sides A,B,...]
 """
 
 from __future__ import annotations
@@ -102,7 +102,10 @@ def _extra(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--steps", type=int, default=120)
     ap.add_argument("--ws2", action="store_true", help="also world size 2 (torchrun, gloo)")
     ap.add_argument(
-        "--ws2-only", action="store_true", help="only the world-size-2 pair: many rounds in less time"
+        "--sides",
+        default="",
+        help="only these sides, comma-separated (plain_ws2,baton_ws2; or plain,baton,baton_yd): many rounds "
+        "of one pair in less time",
     )
 
 
@@ -117,10 +120,16 @@ def main() -> None:
     steps = 60 if args.quick else args.steps
     reps = args.reps if args.quick else max(args.reps, MIN_ROUNDS)
     runs: dict[str, list[dict[str, Any]]] = {"plain": [], "plain_fsdp": [], "baton": [], "baton_yd": []}
-    if args.ws2_only:
-        runs = {}
-    if args.ws2 or args.ws2_only:
+    if args.ws2:
         runs.update(plain_ws2=[], baton_ws2=[])
+    if args.sides:
+        wanted = args.sides.split(",")
+        known = [*runs, "plain_ws2", "baton_ws2"]
+        if unknown := [w for w in wanted if w not in known]:
+            raise SystemExit(f"--sides: unknown {unknown}; known: {', '.join(known)}")
+        if "baton_yd" in wanted and not {"plain", "baton"} <= set(wanted):
+            raise SystemExit("--sides: baton_yd needs plain and baton (its interval comes from their runs)")
+        runs = {w: [] for w in known if w in wanted}
     save_cost: list[float] = []
     plan: dict[str, float] = {}
     for rep, side in interleaved(reps, list(runs)):
