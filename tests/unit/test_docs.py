@@ -226,7 +226,8 @@ def program_flags(source: str) -> frozenset[str] | None:
         found = next((p for p in candidates if p.is_file()), None)
         if found is None:
             return None
-        files = [found]
+        # A bench section's common flags (--result, --reps, --quick) come from bench/common.py's section_args.
+        files = [found] + ([REPO / "bench/common.py"] if "section_args(" in found.read_text() else [])
     else:
         if not (REPO / source).is_file():
             return None
