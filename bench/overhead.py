@@ -110,6 +110,8 @@ def _extra(ap: argparse.ArgumentParser) -> None:
 
 
 TORCHRUN = [PY, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+SIDES = ("plain", "plain_fsdp", "baton", "baton_yd", "plain_ws2", "baton_ws2")
+"""Every side, in a round's order; the last two only with --ws2 (or named in --sides)."""
 
 
 def main() -> None:
@@ -119,17 +121,12 @@ def main() -> None:
     shutil.rmtree(root, ignore_errors=True)
     steps = 60 if args.quick else args.steps
     reps = args.reps if args.quick else max(args.reps, MIN_ROUNDS)
-    runs: dict[str, list[dict[str, Any]]] = {"plain": [], "plain_fsdp": [], "baton": [], "baton_yd": []}
-    if args.ws2:
-        runs.update(plain_ws2=[], baton_ws2=[])
-    if args.sides:
-        wanted = args.sides.split(",")
-        known = [*runs, "plain_ws2", "baton_ws2"]
-        if unknown := [w for w in wanted if w not in known]:
-            raise SystemExit(f"--sides: unknown {unknown}; known: {', '.join(known)}")
-        if "baton_yd" in wanted and not {"plain", "baton"} <= set(wanted):
-            raise SystemExit("--sides: baton_yd needs plain and baton (its interval comes from their runs)")
-        runs = {w: [] for w in known if w in wanted}
+    wanted = args.sides.split(",") if args.sides else [s for s in SIDES if args.ws2 or not s.endswith("_ws2")]
+    if unknown := [w for w in wanted if w not in SIDES]:
+        raise SystemExit(f"--sides: unknown {unknown}; known: {', '.join(SIDES)}")
+    if "baton_yd" in wanted and not {"plain", "baton"} <= set(wanted):
+        raise SystemExit("--sides: baton_yd needs plain and baton (its interval comes from their runs)")
+    runs: dict[str, list[dict[str, Any]]] = {s: [] for s in SIDES if s in wanted}
     save_cost: list[float] = []
     plan: dict[str, float] = {}
     for rep, side in interleaved(reps, list(runs)):

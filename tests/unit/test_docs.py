@@ -6,11 +6,12 @@ And what the docs state twice agrees: a pinned component's version is its pin, a
 one that docs/results.md states (once per table).
 
 Pure text and `ast`: nothing here imports torch or the project but infra/local/pins.py (the pinned
-versions' own reader, standard library only). docs/gpu/ is left out: it is what `make gpu-check` wrote on one H200, copied as it was. Not checked: prose outside backticks and code
-blocks, the flags of programs that are not this repository's (torchrun, kubectl, argo, pytest), which
-subcommand of `equivalence.py` a flag belongs to (a flag of any subcommand passes), the values given to
-flags and parameters, and whether what the docs *say* about a name is true. Each checker has a negative
-control below that plants a bad name and requires the checker to report it.
+versions' own reader, standard library only). docs/gpu/ is left out: it is what `make gpu-check` wrote on
+one H200, copied as it was. Not checked: prose outside backticks and code blocks, the flags of programs
+that are not this repository's (torchrun, kubectl, argo, pytest), which subcommand of `equivalence.py` a
+flag belongs to (a flag of any subcommand passes), the values given to flags and parameters, and whether
+what the docs *say* about a name is true. Each checker has a negative control below that plants a bad name
+and requires the checker to report it.
 """
 
 from __future__ import annotations
